@@ -1,0 +1,144 @@
+# kvtier client <-> daemon protocol (Unix socket, Cap'n Proto RPC).
+#
+# The KV bytes do not travel in these messages on the default path: the daemon answers with block
+# references into pool extents that the client has mapped, and the client reads and writes them in
+# place. The `inline` variants carry the bytes in the messages for clients that cannot map the pool.
+#
+# Every count and size below is bounded by the daemon (see daemon/limits.h); a call that exceeds a
+# bound fails with invalidArgument and changes nothing.
+
+@0xa3069de4643f569f;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("kvtier::rpc");
+
+const protocolVersion :UInt32 = 1;
+# Sent in Daemon.hello. A daemon refuses a client whose major protocol differs (protocolMismatch).
+
+enum ErrorCode {
+  # Stable, numbered error codes. The same numbers are kvtier::ErrorCode in C++ (store/include/kvtier/error.h).
+  # They travel in the description of a kj::Exception as "kvtier error <n> (<NAME>): <message>".
+  ok @0;
+  invalidArgument @1;   # a bad position, size, name, layout or key; never retry unchanged
+  notFound @2;          # unknown sequence
+  full @3;              # the pool is full and nothing is evictable; retry later (OVERLOADED)
+  notSupported @4;      # the call is valid but not offered for this namespace (UNIMPLEMENTED)
+  staleReference @5;    # a block reference whose generation no longer matches: the block was reused
+  checksumMismatch @6;  # stored bytes failed their checksum; treated as a miss
+  permissionDenied @7;  # the peer is not allowed to use this daemon
+  unavailable @8;       # a tier or peer is not reachable; retry (DISCONNECTED)
+  conflict @9;          # another write lease holds the sequence, or it changed under this lease
+  protocolMismatch @10; # client and daemon speak different protocol versions
+  internal @11;         # a bug in kvtier
+  released @12;         # the lease was already committed, aborted or released
+}
+
+enum DType {
+  float16 @0;
+  bfloat16 @1;
+  float32 @2;
+  float8E4M3 @3;
+  float8E5M2 @4;
+  int8 @5;
+}
+
+struct Layout {
+  # What a block holds. Bytes inside a block are layer-major:
+  # [layer][K|V][token][kvHead][headDim], so one layer's K and V for the block are contiguous.
+  modelId @0 :Text;
+  numLayers @1 :UInt32;
+  numKvHeads @2 :UInt32;
+  headDim @3 :UInt32;
+  dtype @4 :DType;
+  blockTokens @5 :UInt32;   # 16..512
+}
+
+struct Extent {
+  # One exportable allocation of the pool. Host extents are POSIX shared-memory segments.
+  id @0 :UInt32;
+  shmName @1 :Text;
+  bytes @2 :UInt64;
+}
+
+struct BlockRef {
+  extent @0 :UInt32;
+  offset @1 :UInt64;
+  bytes @2 :UInt32;
+  generation @3 :UInt64;    # changes every time the block is reused; a stale reference is refused
+}
+
+struct SpaceStats {
+  fingerprint @0 :UInt64;
+  blockBytes @1 :UInt32;
+  blocksTotal @2 :UInt64;
+  blocksUsed @3 :UInt64;
+  sequences @4 :UInt64;
+}
+
+struct Stats {
+  blocksTotal @0 :UInt64;     # blocks the pool holds now plus those its uncarved bytes can still make
+  blocksUsed @1 :UInt64;      # held by a sequence, a lease or the prefix index
+  blocksPinned @2 :UInt64;    # pinned by a read or write lease: never evicted
+  blocksCached @3 :UInt64;    # sealed, indexed, held by nothing: evictable
+  bytesTotal @4 :UInt64;
+  bytesUsed @5 :UInt64;
+  hits @6 :UInt64;            # blocks found by lookup
+  misses @7 :UInt64;          # lookups that stopped short (one per lookup that did not match every block)
+  evictions @8 :UInt64;
+  clients @9 :UInt64;         # connected sessions
+  sequences @10 :UInt64;
+  readLeases @11 :UInt64;
+  writeLeases @12 :UInt64;
+  bytesPut @13 :UInt64;       # committed block bytes
+  bytesGot @14 :UInt64;       # bytes handed out under read leases
+  spaces @15 :List(SpaceStats);
+}
+
+interface Daemon {
+  hello @0 (protocolVersion :UInt32, clientName :Text) -> (session :Session, protocolVersion :UInt32, daemonVersion :Text);
+  # The daemon checks the peer's Unix credentials (SO_PEERCRED) and assigns its tenant.
+}
+
+interface Session {
+  # Dropping the session (or the connection) removes every sequence it opened that is not detached.
+  open @0 (layout :Layout) -> (space :Space, extents :List(Extent), fingerprint :UInt64, blockBytes :UInt32);
+  stats @1 () -> (stats :Stats);
+}
+
+interface Space {
+  # One namespace: (tenant salt, layout). Positions are token indices; END (2^64-1) means "the end".
+
+  put @0 (seq :Text, begin :UInt64, tokens :List(UInt32), keys :List(Data), detached :Bool)
+      -> (lease :WriteLease, blocks :List(BlockRef), firstPosition :UInt64, inPlaceTokens :UInt32);
+  # Grants blocks for positions [begin, begin + len(tokens)); blocks[0] starts at firstPosition
+  # (begin rounded down to a block). Positions of blocks[0] before begin already hold the sequence's
+  # bytes. Nothing is visible until commit. `keys`, when given, are the client's own 16-byte keys,
+  # one for each block this put completes, in order.
+
+  get @1 (seq :Text, begin :UInt64, end :UInt64, inline :Bool)
+      -> (lease :ReadLease, blocks :List(BlockRef), firstPosition :UInt64, end :UInt64, data :List(Data));
+
+  lookup @2 (tokens :List(UInt32), keys :List(Data), bindSeq :Text, detached :Bool, inline :Bool)
+      -> (matchedTokens :UInt64, lease :ReadLease, blocks :List(BlockRef), data :List(Data));
+  # Longest prefix made of sealed full blocks. With bindSeq, that prefix also becomes the sequence.
+
+  copyPrefix @3 (src :Text, dst :Text, len :UInt64, detached :Bool) -> ();
+  remove @4 (seq :Text, begin :UInt64, end :UInt64) -> ();
+  truncate @5 (seq :Text, len :UInt64) -> ();
+  canResume @6 (seq :Text, pos :UInt64) -> (ok :Bool);
+  length @7 (seq :Text) -> (length :UInt64, exists :Bool);
+  read @8 (refs :List(BlockRef)) -> (data :List(Data));
+  # Inline read of sealed blocks by reference; a reference whose generation is stale is refused.
+}
+
+interface WriteLease {
+  write @0 (block :UInt32, offset :UInt32, data :Data) -> ();
+  # Inline write into granted block `block` at byte `offset`.
+  commit @1 (upTo :UInt64) -> (length :UInt64, sealedBlocks :UInt32);
+  # Makes positions [begin, upTo) visible (upTo = END: all granted). Full blocks are sealed and keyed.
+  abort @2 () -> ();
+}
+
+interface ReadLease {
+  release @0 () -> ();
+}

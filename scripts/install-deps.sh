@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs kvtier's build and test dependencies from Debian 12 packages.
+# Each one is chosen on purpose; docs/dependencies.md says why.
+set -euo pipefail
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends \
+  build-essential cmake pkg-config \
+  capnproto libcapnp-dev \
+  libboost-dev \
+  libssl-dev \
+  libxxhash-dev \
+  libgtest-dev \
+  libhiredis-dev redis-server

@@ -1,0 +1,125 @@
+#include "store/block_pool.h"
+
+#include <algorithm>
+#include <cassert>
+#include <stdexcept>
+
+namespace kvtier {
+namespace {
+
+// Blocks of a page or more start on a page boundary (cheaper to map and copy); smaller ones on a
+// cache line.
+uint64_t alignmentFor(uint32_t blockBytes) { return blockBytes >= 4096 ? 4096 : 64; }
+
+uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// Extents are far smaller than 2^48 bytes (BlockPool's constructor checks).
+uint64_t locationKey(uint32_t extent, uint64_t offset) { return uint64_t{extent} << 48 | offset; }
+
+}  // namespace
+
+BlockPool::BlockPool(std::vector<Extent> extents) : extents_(std::move(extents)) {
+  for (const auto& e : extents_) {
+    if (e.bytes >= (uint64_t{1} << 48) || e.id >= (1u << 16)) throw std::invalid_argument("pool extent too large");
+    bytesTotal_ += e.bytes;
+  }
+}
+
+BlockId BlockPool::find(uint32_t extent, uint64_t offset) const {
+  auto it = byLocation_.find(locationKey(extent, offset));
+  return it == byLocation_.end() ? kNoBlock : it->second;
+}
+
+uint32_t BlockPool::sizeClass(uint32_t blockBytes) {
+  for (uint32_t i = 0; i < classes_.size(); ++i) {
+    if (classes_[i].blockBytes == blockBytes) return i;
+  }
+  classes_.push_back(SizeClass{blockBytes});
+  return static_cast<uint32_t>(classes_.size() - 1);
+}
+
+BlockId BlockPool::carve(uint32_t cls) {
+  const uint32_t bytes = classes_[cls].blockBytes;
+  const uint64_t align = alignmentFor(bytes);
+  while (carveExtent_ < extents_.size()) {
+    const uint64_t offset = alignUp(carveOffset_, align);
+    if (offset + bytes <= extents_[carveExtent_].bytes) {
+      carveOffset_ = offset + bytes;
+      BlockMeta meta;
+      meta.extent = extents_[carveExtent_].id;
+      meta.offset = offset;
+      meta.sizeClass = cls;
+      blocks_.push_back(meta);
+      classes_[cls].carved++;
+      const auto id = static_cast<BlockId>(blocks_.size() - 1);
+      byLocation_.emplace(locationKey(meta.extent, offset), id);
+      return id;
+    }
+    // A block never straddles two extents: the tail of this one stays unused.
+    ++carveExtent_;
+    carveOffset_ = 0;
+  }
+  return kNoBlock;
+}
+
+BlockId BlockPool::allocate(uint32_t cls) {
+  SizeClass& c = classes_[cls];
+  BlockId id = c.freeHead;
+  if (id != kNoBlock) {
+    c.freeHead = blocks_[id].nextFree;
+  } else {
+    id = carve(cls);
+    if (id == kNoBlock) return kNoBlock;
+  }
+  BlockMeta& m = blocks_[id];
+  assert(m.state == BlockState::kFree && m.refs == 0 && m.pins == 0);
+  m.state = BlockState::kWriting;
+  m.nextFree = kNoBlock;
+  c.used++;
+  used_++;
+  bytesUsed_ += c.blockBytes;
+  return id;
+}
+
+void BlockPool::release(BlockId id) {
+  BlockMeta& m = blocks_[id];
+  assert(m.state != BlockState::kFree && m.refs == 0 && m.pins == 0);
+  SizeClass& c = classes_[m.sizeClass];
+  m.state = BlockState::kFree;
+  m.generation++;
+  m.key = {};
+  m.nextFree = c.freeHead;
+  c.freeHead = id;
+  c.used--;
+  used_--;
+  bytesUsed_ -= c.blockBytes;
+}
+
+BlockLocation BlockPool::location(BlockId id) const {
+  const BlockMeta& m = blocks_[id];
+  return BlockLocation{m.extent, m.offset, classes_[m.sizeClass].blockBytes, m.generation};
+}
+
+uint64_t BlockPool::carvableBlocks(uint32_t blockBytes) const {
+  const uint64_t align = alignmentFor(blockBytes);
+  const uint64_t stride = alignUp(blockBytes, align);
+  uint64_t n = 0;
+  for (size_t e = carveExtent_; e < extents_.size(); ++e) {
+    const uint64_t offset = alignUp(e == carveExtent_ ? carveOffset_ : 0, align);
+    if (offset + blockBytes <= extents_[e].bytes) n += (extents_[e].bytes - offset - blockBytes) / stride + 1;
+  }
+  return n;
+}
+
+uint64_t BlockPool::blocksTotal(uint32_t cls) const {
+  return classes_[cls].carved + carvableBlocks(classes_[cls].blockBytes);
+}
+
+HeapBlockMemory::HeapBlockMemory(const std::vector<BlockPool::Extent>& extents) {
+  uint32_t maxId = 0;
+  for (const auto& e : extents) maxId = std::max(maxId, e.id);
+  extents_.resize(maxId + 1);
+  for (const auto& e : extents) extents_[e.id].resize(e.bytes);
+}
+
+}  // namespace kvtier

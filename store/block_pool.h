@@ -1,0 +1,132 @@
+// BlockPool: fixed-size blocks carved from a pool's extents, with O(1) allocate and release.
+//
+// The pool knows extents only as (id, bytes): where their memory lives is transport/'s business
+// (see BlockMemory). Blocks of one size form a size class with its own free list; memory is carved
+// from the extents lazily, the first time a class needs more blocks, and a carved block keeps its
+// class for the daemon's life (one model per daemon is the common case; docs/architecture.md).
+//
+// Every block has a generation that changes each time it is released, so a reference handed to a
+// client ({extent, offset, bytes, generation}) is detected as stale once the block is reused.
+//
+// Not thread-safe: owned by the daemon's event loop.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <unordered_map>
+#include <vector>
+
+#include "kvtier/block_key.h"
+
+namespace kvtier {
+
+using BlockId = uint32_t;
+inline constexpr BlockId kNoBlock = std::numeric_limits<BlockId>::max();
+
+enum class BlockState : uint8_t {
+  kFree,     // on a free list
+  kWriting,  // granted to a write lease, not yet committed: invisible
+  kPartial,  // committed, not full: owned by exactly the sequences that hold it
+  kSealed,   // full, keyed, immutable, in the prefix index
+};
+
+struct BlockLocation {
+  uint32_t extent = 0;
+  uint64_t offset = 0;
+  uint32_t bytes = 0;
+  uint64_t generation = 0;
+  bool operator==(const BlockLocation&) const = default;
+};
+
+struct BlockMeta {
+  uint32_t extent = 0;
+  uint32_t sizeClass = 0;
+  uint64_t offset = 0;
+  uint64_t generation = 1;
+  uint32_t refs = 0;  // sequences holding the block
+  uint32_t pins = 0;  // leases pinning the block: never evicted or reused while > 0
+  BlockState state = BlockState::kFree;
+  uint32_t space = 0;  // namespace of a sealed block
+  Key128 key;          // key of a sealed block
+  BlockId nextFree = kNoBlock;
+};
+
+class BlockPool {
+ public:
+  struct Extent {
+    uint32_t id;
+    uint64_t bytes;
+  };
+
+  explicit BlockPool(std::vector<Extent> extents);
+  BlockPool(const BlockPool&) = delete;
+  BlockPool& operator=(const BlockPool&) = delete;
+
+  // The size class of blocks of `blockBytes` bytes, created on first use.
+  uint32_t sizeClass(uint32_t blockBytes);
+  uint32_t classBytes(uint32_t cls) const { return classes_[cls].blockBytes; }
+
+  // A free block of class `cls` (state kWriting, refs 0, pins 0), or kNoBlock when the class has
+  // no free block and the extents have no room to carve one. Hot path: O(1), amortised no allocation.
+  BlockId allocate(uint32_t cls);
+  // Returns a block to its free list and bumps its generation. O(1).
+  void release(BlockId id);
+
+  BlockMeta& operator[](BlockId id) { return blocks_[id]; }
+  const BlockMeta& operator[](BlockId id) const { return blocks_[id]; }
+  bool valid(BlockId id) const { return id < blocks_.size(); }
+  BlockLocation location(BlockId id) const;
+  // The block at (extent, offset), or kNoBlock. O(1).
+  BlockId find(uint32_t extent, uint64_t offset) const;
+
+  // Blocks of class `cls` that exist or could still be carved.
+  uint64_t blocksTotal(uint32_t cls) const;
+  uint64_t blocksUsed(uint32_t cls) const { return classes_[cls].used; }
+  uint64_t blocksUsed() const { return used_; }
+  uint64_t bytesUsed() const { return bytesUsed_; }
+  uint64_t bytesTotal() const { return bytesTotal_; }
+  size_t classCount() const { return classes_.size(); }
+  const std::vector<Extent>& extents() const { return extents_; }
+
+ private:
+  struct SizeClass {
+    uint32_t blockBytes;
+    BlockId freeHead = kNoBlock;
+    uint64_t carved = 0;
+    uint64_t used = 0;
+  };
+
+  BlockId carve(uint32_t cls);
+  uint64_t carvableBlocks(uint32_t blockBytes) const;
+
+  std::vector<Extent> extents_;
+  std::vector<SizeClass> classes_;
+  std::vector<BlockMeta> blocks_;
+  std::unordered_map<uint64_t, BlockId> byLocation_;  // (extent << 48 | offset) -> block
+  size_t carveExtent_ = 0;
+  uint64_t carveOffset_ = 0;
+  uint64_t used_ = 0;
+  uint64_t bytesUsed_ = 0;
+  uint64_t bytesTotal_ = 0;
+};
+
+// Where a block's bytes are: implemented over shared memory by transport/ and over the heap for
+// in-process use and tests. Pointers stay valid for the pool's life.
+class BlockMemory {
+ public:
+  virtual ~BlockMemory() = default;
+  virtual uint8_t* extentBase(uint32_t extent) = 0;
+  uint8_t* blockData(const BlockMeta& meta) { return extentBase(meta.extent) + meta.offset; }
+};
+
+// Heap-backed extents: for in-process engines and unit tests.
+class HeapBlockMemory final : public BlockMemory {
+ public:
+  explicit HeapBlockMemory(const std::vector<BlockPool::Extent>& extents);
+  uint8_t* extentBase(uint32_t extent) override { return extents_.at(extent).data(); }
+
+ private:
+  std::vector<std::vector<uint8_t>> extents_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,599 @@
+#include "store/engine.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cstring>
+
+namespace kvtier {
+namespace {
+
+Error invalid(auto&&... args) { return makeError(ErrorCode::kInvalidArgument, args...); }
+
+Status checkName(std::string_view name, const char* what) {
+  if (name.empty()) return invalid(what, " name is empty");
+  if (name.size() > kMaxSeqNameBytes) {
+    return invalid(what, " name of ", name.size(), " bytes exceeds ", kMaxSeqNameBytes);
+  }
+  return {};
+}
+
+uint64_t ceilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+Engine::Engine(BlockPool& pool, BlockMemory& memory, std::unique_ptr<EvictionPolicy> policy)
+    : pool_(pool), memory_(memory), policy_(policy ? std::move(policy) : std::make_unique<LruEvictionPolicy>()) {}
+
+Result<SpaceId> Engine::openSpace(const Layout& layout, const Salt& salt) {
+  if (auto s = layout.validate(); !s) return s.error();
+  const uint64_t fingerprint = layout.fingerprint();
+  for (SpaceId id = 0; id < spaces_.size(); ++id) {
+    if (spaces_[id].info.fingerprint == fingerprint && spaces_[id].info.salt == salt) return id;
+  }
+  uint64_t largestExtent = 0;
+  for (const auto& e : pool_.extents()) largestExtent = std::max(largestExtent, e.bytes);
+  if (layout.blockBytes() > largestExtent) {
+    return invalid("a block of ", layout.blockBytes(), " bytes does not fit in a pool extent of ", largestExtent);
+  }
+  Space space;
+  space.info.layout = layout;
+  space.info.fingerprint = fingerprint;
+  space.info.salt = salt;
+  space.info.blockBytes = static_cast<uint32_t>(layout.blockBytes());
+  space.info.sizeClass = pool_.sizeClass(space.info.blockBytes);
+  spaces_.push_back(std::move(space));
+  return static_cast<SpaceId>(spaces_.size() - 1);
+}
+
+Status Engine::checkSpace(SpaceId space) const {
+  if (space >= spaces_.size()) return invalid("unknown space ", space);
+  return {};
+}
+
+Engine::Sequence* Engine::findSeq(SpaceId space, std::string_view name) {
+  auto& seqs = spaces_[space].seqs;
+  auto it = seqs.find(std::string(name));
+  return it == seqs.end() ? nullptr : &it->second;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block holding rules. A block is held by sequences (refs) and pinned by leases (pins). When both
+// drop to zero: a sealed block becomes evictable (it stays in the prefix index), any other is freed.
+
+void Engine::ref(BlockId id) {
+  BlockMeta& m = pool_[id];
+  if (m.refs++ == 0 && m.pins == 0) policy_->erase(id);
+}
+
+void Engine::unref(BlockId id) {
+  BlockMeta& m = pool_[id];
+  assert(m.refs > 0);
+  if (--m.refs == 0 && m.pins == 0) settle(id);
+}
+
+void Engine::pin(BlockId id) {
+  BlockMeta& m = pool_[id];
+  if (m.pins++ == 0) {
+    ++pinnedBlocks_;
+    if (m.refs == 0) policy_->erase(id);
+  }
+}
+
+void Engine::unpin(BlockId id) {
+  BlockMeta& m = pool_[id];
+  assert(m.pins > 0);
+  if (--m.pins == 0) {
+    --pinnedBlocks_;
+    if (m.refs == 0) settle(id);
+  }
+}
+
+void Engine::settle(BlockId id) {
+  BlockMeta& m = pool_[id];
+  if (m.state == BlockState::kSealed) {
+    policy_->insert(id, m.sizeClass);
+  } else {
+    pool_.release(id);
+  }
+}
+
+BlockId Engine::allocate(SpaceId space) {
+  const uint32_t cls = spaces_[space].info.sizeClass;
+  BlockId id = pool_.allocate(cls);
+  if (id != kNoBlock) return id;
+  const BlockId victim = policy_->victim(cls);
+  if (victim == kNoBlock) return kNoBlock;
+  BlockMeta& v = pool_[victim];
+  assert(v.state == BlockState::kSealed && v.refs == 0 && v.pins == 0);
+  policy_->erase(victim);
+  index_.erase(IndexKey{v.space, v.key});
+  pool_.release(victim);
+  ++evictions_;
+  return pool_.allocate(cls);
+}
+
+bool Engine::allocateMany(SpaceId space, size_t n, std::vector<BlockId>& out) {
+  const size_t start = out.size();
+  for (size_t i = 0; i < n; ++i) {
+    const BlockId id = allocate(space);
+    if (id == kNoBlock) {
+      for (size_t j = start; j < out.size(); ++j) pool_.release(out[j]);
+      out.resize(start);
+      return false;
+    }
+    out.push_back(id);
+  }
+  return true;
+}
+
+void Engine::copySlots(SpaceId space, BlockId from, BlockId to, uint32_t slots) {
+  const Layout& layout = spaces_[space].info.layout;
+  const uint8_t* src = memory_.blockData(pool_[from]);
+  uint8_t* dst = memory_.blockData(pool_[to]);
+  const uint64_t run = uint64_t{slots} * layout.tokenBytes();
+  for (uint32_t layer = 0; layer < layout.numLayers; ++layer) {
+    for (uint32_t kv = 0; kv < 2; ++kv) {
+      const uint64_t off = layout.slotOffset(layer, kv, 0);
+      std::memcpy(dst + off, src + off, run);
+    }
+  }
+}
+
+BlockId Engine::seal(SpaceId space, Sequence& seq, size_t index, const Key128& key) {
+  const BlockId id = seq.blocks[index];
+  auto [it, inserted] = index_.try_emplace(IndexKey{space, key}, id);
+  if (inserted) {
+    BlockMeta& m = pool_[id];
+    m.state = BlockState::kSealed;
+    m.space = space;
+    m.key = key;
+    return id;
+  }
+  // The same prefix was sealed before (by this or another sequence): share it, drop ours.
+  const BlockId twin = it->second;
+  ref(twin);
+  seq.blocks[index] = twin;
+  unref(id);
+  return twin;
+}
+
+void Engine::replaceBlocks(Sequence& seq, std::vector<BlockId> blocks) {
+  // Take the new references before dropping the old ones: they may share blocks.
+  for (BlockId id : blocks) ref(id);
+  for (BlockId id : seq.blocks) unref(id);
+  seq.blocks = std::move(blocks);
+}
+
+void Engine::eraseSeq(SpaceId space, std::string_view name) {
+  auto& seqs = spaces_[space].seqs;
+  auto it = seqs.find(std::string(name));
+  if (it == seqs.end()) return;
+  for (BlockId id : it->second.blocks) unref(id);
+  seqs.erase(it);
+}
+
+LeaseId Engine::newReadLease(std::vector<BlockId> blocks) {
+  if (blocks.empty()) return 0;
+  for (BlockId id : blocks) pin(id);
+  const LeaseId id = nextLease_++;
+  readLeases_.emplace(id, ReadLease{std::move(blocks)});
+  return id;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Put / commit / abort
+
+Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name, uint64_t begin,
+                             std::span<const uint32_t> tokens, std::span<const Key128> keys, bool detached) {
+  if (auto s = checkSpace(space); !s) return s.error();
+  if (auto s = checkName(name, "sequence"); !s) return s.error();
+  if (tokens.empty()) return invalid("put of no tokens (use truncate to shorten a sequence)");
+  if (tokens.size() > kMaxTokensPerCall) {
+    return invalid("put of ", tokens.size(), " tokens exceeds ", kMaxTokensPerCall);
+  }
+  Space& sp = spaces_[space];
+  Sequence* seq = findSeq(space, name);
+  const uint64_t length = seq ? seq->tokens.size() : 0;
+  if (begin > length) return invalid("begin ", begin, " is past the sequence length ", length);
+  if (sp.writers.count(std::string(name))) {
+    return makeError(ErrorCode::kConflict, "sequence '", name, "' already has an open write lease");
+  }
+  const uint32_t bt = sp.info.layout.blockTokens;
+  const uint64_t first = begin / bt;
+  const uint64_t end = begin + tokens.size();
+  const uint64_t blockCount = ceilDiv(end, bt) - first;
+  if (blockCount > kMaxBlocksPerLease) {
+    return invalid("put needs ", blockCount, " blocks, more than ", kMaxBlocksPerLease, " per lease");
+  }
+  const uint64_t completed = end / bt - first;  // blocks this put fills to the end
+  if (!keys.empty() && keys.size() != completed) {
+    return invalid("put completes ", completed, " blocks but ", keys.size(), " keys were given");
+  }
+  if (keys.empty() && completed > 0 && seq && seq->clientKeyed) {
+    return invalid("sequence '", name, "' is keyed by the client: pass keys for the blocks this put completes");
+  }
+
+  const uint32_t slot0 = static_cast<uint32_t>(begin % bt);
+  // Appending at the end of the sequence's own partial block: write in place, no copy. Readers see
+  // only positions below the length, which this lease never touches.
+  const bool inPlace = slot0 != 0 && seq && begin == length && first == seq->blocks.size() - 1 &&
+                       pool_[seq->blocks[first]].state == BlockState::kPartial && pool_[seq->blocks[first]].refs == 1;
+
+  WriteLease lease;
+  if (inPlace) lease.blocks.push_back(seq->blocks[first]);
+  if (!allocateMany(space, blockCount - (inPlace ? 1 : 0), lease.blocks)) {
+    return makeError(ErrorCode::kFull, "pool has no free or evictable block of ", sp.info.blockBytes,
+                     " bytes for ", blockCount, " blocks");
+  }
+  if (inPlace) {
+    pin(lease.blocks[0]);
+  } else if (slot0 != 0) {
+    // Copy-on-write: the block holding `begin` may be sealed or shared; start a private copy.
+    copySlots(space, seq->blocks[first], lease.blocks[0], slot0);
+  }
+  lease.space = space;
+  lease.seq = std::string(name);
+  lease.owner = owner;
+  lease.detached = detached;
+  lease.begin = begin;
+  lease.firstPosition = first * bt;
+  lease.tokens.assign(tokens.begin(), tokens.end());
+  lease.keys.assign(keys.begin(), keys.end());
+  lease.firstInPlace = inPlace;
+  lease.seqVersion = seq ? seq->version : 0;
+
+  PutGrant grant;
+  grant.firstPosition = lease.firstPosition;
+  grant.blocks.reserve(lease.blocks.size());
+  for (BlockId id : lease.blocks) grant.blocks.push_back(pool_.location(id));
+  grant.lease = nextLease_++;
+  sp.writers.emplace(lease.seq, grant.lease);
+  writeLeases_.emplace(grant.lease, std::move(lease));
+  return grant;
+}
+
+void Engine::finishWrite(LeaseId id, WriteLease& lease, size_t keepFrom) {
+  // Blocks [keepFrom, end) were not taken by the sequence: free them (the in-place block is the
+  // sequence's own and only loses the lease's pin).
+  for (size_t i = keepFrom; i < lease.blocks.size(); ++i) {
+    if (i == 0 && lease.firstInPlace) continue;
+    pool_.release(lease.blocks[i]);
+  }
+  if (lease.firstInPlace) unpin(lease.blocks[0]);
+  spaces_[lease.space].writers.erase(lease.seq);
+  writeLeases_.erase(id);
+}
+
+Result<CommitResult> Engine::commit(LeaseId id, uint64_t upTo) {
+  auto it = writeLeases_.find(id);
+  if (it == writeLeases_.end()) return makeError(ErrorCode::kReleased, "write lease ", id, " is not open");
+  WriteLease& lease = it->second;
+  const uint64_t grantEnd = lease.begin + lease.tokens.size();
+  if (upTo == kEnd) upTo = grantEnd;
+  if (upTo < lease.begin || upTo > grantEnd) {
+    return invalid("commit up to ", upTo, " is outside the granted positions [", lease.begin, ", ", grantEnd, "]");
+  }
+  const SpaceId space = lease.space;
+  Sequence* seq = findSeq(space, lease.seq);
+  if ((seq ? seq->version : 0) != lease.seqVersion) {
+    finishWrite(id, lease, 0);
+    return makeError(ErrorCode::kConflict, "sequence changed while the write lease was open; nothing committed");
+  }
+  const uint32_t bt = blockTokens(space);
+  const uint64_t first = lease.firstPosition / bt;
+  const size_t needed = static_cast<size_t>(ceilDiv(upTo - lease.firstPosition, bt));
+
+  if (upTo == 0) {
+    // Replacing from position 0 with nothing: the sequence ends up empty.
+    eraseSeq(space, lease.seq);
+    finishWrite(id, lease, 0);
+    return CommitResult{0, 0};
+  }
+  if (!seq) {
+    Sequence fresh;
+    fresh.owner = lease.owner;
+    fresh.detached = lease.detached;
+    seq = &spaces_[space].seqs.emplace(lease.seq, std::move(fresh)).first->second;
+  }
+  // The sequence: its blocks before `first`, then the lease's first `needed` blocks.
+  for (size_t i = first; i < seq->blocks.size(); ++i) {
+    if (i == first && lease.firstInPlace) continue;
+    unref(seq->blocks[i]);
+  }
+  seq->blocks.resize(first);
+  for (size_t i = 0; i < needed; ++i) {
+    const BlockId b = lease.blocks[i];
+    if (!(i == 0 && lease.firstInPlace)) {
+      pool_[b].refs = 1;
+      pool_[b].state = BlockState::kPartial;
+    }
+    seq->blocks.push_back(b);
+  }
+  seq->tokens.resize(lease.begin);
+  seq->tokens.insert(seq->tokens.end(), lease.tokens.begin(), lease.tokens.begin() + (upTo - lease.begin));
+  if (!lease.keys.empty()) seq->clientKeyed = true;
+
+  CommitResult result;
+  BlockKeyHasher hasher(spaces_[space].info.fingerprint, spaces_[space].info.salt);
+  for (size_t i = first; i < seq->blocks.size(); ++i) {
+    if ((i + 1) * bt > upTo) break;  // partial last block: not keyed, never matched
+    Key128 key;
+    if (!lease.keys.empty()) {
+      key = lease.keys[i - first];
+    } else {
+      const Key128* prev = i == 0 ? nullptr : &pool_[seq->blocks[i - 1]].key;
+      key = hasher.next(prev, std::span<const uint32_t>(seq->tokens).subspan(i * bt, bt));
+    }
+    seal(space, *seq, i, key);
+    ++result.sealedBlocks;
+  }
+  seq->version = nextVersion_++;
+  bytesPut_ += (upTo - lease.begin) * spaces_[space].info.layout.tokenKvBytes();
+  result.length = upTo;
+  finishWrite(id, lease, needed);
+  return result;
+}
+
+Status Engine::abortWrite(LeaseId id) {
+  auto it = writeLeases_.find(id);
+  if (it == writeLeases_.end()) return makeError(ErrorCode::kReleased, "write lease ", id, " is not open");
+  finishWrite(id, it->second, 0);
+  return {};
+}
+
+Result<uint8_t*> Engine::leaseBlockData(LeaseId id, uint32_t index) {
+  auto it = writeLeases_.find(id);
+  if (it == writeLeases_.end()) return makeError(ErrorCode::kReleased, "write lease ", id, " is not open");
+  if (index >= it->second.blocks.size()) {
+    return invalid("block ", index, " is outside the lease's ", it->second.blocks.size(), " blocks");
+  }
+  return memory_.blockData(pool_[it->second.blocks[index]]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reads
+
+Result<ReadGrant> Engine::get(SpaceId space, std::string_view name, uint64_t begin, uint64_t end) {
+  if (auto s = checkSpace(space); !s) return s.error();
+  if (auto s = checkName(name, "sequence"); !s) return s.error();
+  Sequence* seq = findSeq(space, name);
+  if (!seq) return makeError(ErrorCode::kNotFound, "no sequence '", name, "'");
+  const uint64_t length = seq->tokens.size();
+  if (end == kEnd) end = length;
+  if (begin > end || end > length) {
+    return invalid("range [", begin, ", ", end, ") is outside the sequence's [0, ", length, ")");
+  }
+  const uint32_t bt = blockTokens(space);
+  ReadGrant grant;
+  grant.firstPosition = begin / bt * bt;
+  grant.end = end;
+  if (begin == end) {
+    grant.firstPosition = begin;
+    return grant;
+  }
+  const size_t firstBlock = begin / bt, lastBlock = ceilDiv(end, bt);
+  if (lastBlock - firstBlock > kMaxBlocksPerLease) {
+    return invalid("range covers ", lastBlock - firstBlock, " blocks, more than ", kMaxBlocksPerLease, " per lease");
+  }
+  std::vector<BlockId> blocks(seq->blocks.begin() + firstBlock, seq->blocks.begin() + lastBlock);
+  grant.blocks.reserve(blocks.size());
+  for (BlockId id : blocks) grant.blocks.push_back(pool_.location(id));
+  bytesGot_ += (end - begin) * spaces_[space].info.layout.tokenKvBytes();
+  grant.lease = newReadLease(std::move(blocks));
+  return grant;
+}
+
+Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<const uint32_t> tokens,
+                                    std::span<const Key128> keys, std::string_view bindSeq, bool detached) {
+  if (auto s = checkSpace(space); !s) return s.error();
+  if (!tokens.empty() && !keys.empty()) return invalid("lookup takes tokens or keys, not both");
+  if (tokens.size() > kMaxTokensPerCall) {
+    return invalid("lookup of ", tokens.size(), " tokens exceeds ", kMaxTokensPerCall);
+  }
+  if (keys.size() > kMaxBlocksPerLease) {
+    return invalid("lookup of ", keys.size(), " keys exceeds ", kMaxBlocksPerLease);
+  }
+  if (!bindSeq.empty()) {
+    if (auto s = checkName(bindSeq, "sequence"); !s) return s.error();
+  }
+  const uint32_t bt = blockTokens(space);
+  const size_t candidates = keys.empty() ? std::min(tokens.size() / bt, kMaxBlocksPerLease) : keys.size();
+  std::vector<BlockId> blocks;
+  BlockKeyHasher hasher(spaces_[space].info.fingerprint, spaces_[space].info.salt);
+  Key128 key;
+  for (size_t i = 0; i < candidates; ++i) {
+    key = keys.empty() ? hasher.next(i == 0 ? nullptr : &key, tokens.subspan(i * bt, bt)) : keys[i];
+    auto it = index_.find(IndexKey{space, key});
+    if (it == index_.end()) break;
+    blocks.push_back(it->second);
+  }
+  hits_ += blocks.size();
+  if (blocks.size() < candidates) ++misses_;
+
+  LookupResult result;
+  result.matchedTokens = blocks.size() * bt;
+  if (!bindSeq.empty()) {
+    if (blocks.empty()) {
+      eraseSeq(space, bindSeq);
+    } else {
+      Sequence* seq = findSeq(space, bindSeq);
+      if (!seq) {
+        Sequence fresh;
+        fresh.owner = owner;
+        fresh.detached = detached;
+        seq = &spaces_[space].seqs.emplace(std::string(bindSeq), std::move(fresh)).first->second;
+      }
+      replaceBlocks(*seq, blocks);
+      if (keys.empty()) {
+        seq->tokens.assign(tokens.begin(), tokens.begin() + result.matchedTokens);
+        seq->clientKeyed = false;
+      } else {
+        seq->tokens.assign(result.matchedTokens, 0);
+        seq->clientKeyed = true;
+      }
+      seq->version = nextVersion_++;
+    }
+  }
+  result.blocks.reserve(blocks.size());
+  for (BlockId id : blocks) result.blocks.push_back(pool_.location(id));
+  bytesGot_ += result.matchedTokens * spaces_[space].info.layout.tokenKvBytes();
+  result.lease = newReadLease(std::move(blocks));
+  return result;
+}
+
+Status Engine::releaseRead(LeaseId id) {
+  auto it = readLeases_.find(id);
+  if (it == readLeases_.end()) return makeError(ErrorCode::kReleased, "read lease ", id, " is not open");
+  for (BlockId b : it->second.blocks) unpin(b);
+  readLeases_.erase(it);
+  return {};
+}
+
+Result<const uint8_t*> Engine::resolveSealed(SpaceId space, const BlockLocation& ref) {
+  if (auto s = checkSpace(space); !s) return s.error();
+  const BlockId id = pool_.find(ref.extent, ref.offset);
+  if (id == kNoBlock) {
+    return invalid("reference names no block (extent ", ref.extent, ", offset ", ref.offset, ")");
+  }
+  const BlockMeta& m = pool_[id];
+  if (ref.bytes != pool_.classBytes(m.sizeClass)) return invalid("reference has the wrong block size");
+  if (m.generation != ref.generation || m.state != BlockState::kSealed || m.space != space) {
+    return makeError(ErrorCode::kStaleReference, "block at extent ", ref.extent, " offset ", ref.offset,
+                     " was reused (generation ", m.generation, ", reference ", ref.generation, ")");
+  }
+  return static_cast<const uint8_t*>(memory_.blockData(m));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sequence edits
+
+Status Engine::copyPrefix(OwnerId owner, SpaceId space, std::string_view src, std::string_view dst, uint64_t len,
+                          bool detached) {
+  if (auto s = checkSpace(space); !s) return s;
+  if (auto s = checkName(src, "source"); !s) return s;
+  if (auto s = checkName(dst, "destination"); !s) return s;
+  if (src == dst) return truncate(space, src, len);
+  Sequence* from = findSeq(space, src);
+  const uint64_t n = from ? std::min<uint64_t>(len, from->tokens.size()) : 0;
+  if (n == 0) {
+    eraseSeq(space, dst);
+    return {};
+  }
+  const uint32_t bt = blockTokens(space);
+  const size_t full = n / bt;
+  const uint32_t partial = static_cast<uint32_t>(n % bt);
+  std::vector<BlockId> blocks(from->blocks.begin(), from->blocks.begin() + full);
+  if (partial != 0) {
+    // A partially covered block is copied, so later writes to dst never change src.
+    const BlockId copy = allocate(space);
+    if (copy == kNoBlock) {
+      return makeError(ErrorCode::kFull, "pool has no block for the copied partial block");
+    }
+    copySlots(space, from->blocks[full], copy, partial);
+    pool_[copy].state = BlockState::kPartial;
+    blocks.push_back(copy);
+  }
+  // `from` stays valid: emplace into an unordered_map does not move other elements.
+  Sequence* to = findSeq(space, dst);
+  if (!to) {
+    Sequence fresh;
+    fresh.owner = owner;
+    fresh.detached = detached;
+    to = &spaces_[space].seqs.emplace(std::string(dst), std::move(fresh)).first->second;
+  }
+  replaceBlocks(*to, std::move(blocks));
+  to->tokens.assign(from->tokens.begin(), from->tokens.begin() + n);
+  to->clientKeyed = from->clientKeyed;
+  to->version = nextVersion_++;
+  return {};
+}
+
+Status Engine::truncate(SpaceId space, std::string_view name, uint64_t len) {
+  if (auto s = checkSpace(space); !s) return s;
+  if (auto s = checkName(name, "sequence"); !s) return s;
+  Sequence* seq = findSeq(space, name);
+  if (!seq || len >= seq->tokens.size()) return {};
+  if (len == 0) {
+    eraseSeq(space, name);
+    return {};
+  }
+  const size_t keep = ceilDiv(len, blockTokens(space));
+  for (size_t i = keep; i < seq->blocks.size(); ++i) unref(seq->blocks[i]);
+  seq->blocks.resize(keep);
+  seq->tokens.resize(len);
+  seq->version = nextVersion_++;
+  return {};
+}
+
+Status Engine::remove(SpaceId space, std::string_view name, uint64_t begin, uint64_t end) {
+  if (auto s = checkSpace(space); !s) return s;
+  if (auto s = checkName(name, "sequence"); !s) return s;
+  if (end == kEnd) return truncate(space, name, begin);
+  if (begin > end) return invalid("remove range [", begin, ", ", end, ") has begin after end");
+  Sequence* seq = findSeq(space, name);
+  if (!seq || begin == end || begin >= seq->tokens.size()) return {};
+  if (end >= seq->tokens.size()) return truncate(space, name, begin);
+  // Removing a middle range shifts later tokens, whose K must be re-rotated for their new
+  // positions: that needs the namespace's rotary scheme.
+  return makeError(ErrorCode::kNotSupported,
+                   "removing a middle range needs a declared rotary position scheme for this namespace");
+}
+
+Result<bool> Engine::canResume(SpaceId space, std::string_view name, uint64_t pos) {
+  if (auto s = checkSpace(space); !s) return s.error();
+  if (auto s = checkName(name, "sequence"); !s) return s.error();
+  const Sequence* seq = findSeq(space, name);
+  if (!seq) return pos == 0;
+  return pos <= seq->tokens.size();
+}
+
+Result<std::optional<uint64_t>> Engine::length(SpaceId space, std::string_view name) {
+  if (auto s = checkSpace(space); !s) return s.error();
+  if (auto s = checkName(name, "sequence"); !s) return s.error();
+  const Sequence* seq = findSeq(space, name);
+  return seq ? std::optional<uint64_t>(seq->tokens.size()) : std::nullopt;
+}
+
+void Engine::endOwner(OwnerId owner) {
+  for (SpaceId space = 0; space < spaces_.size(); ++space) {
+    std::vector<std::string> doomed;
+    for (const auto& [name, seq] : spaces_[space].seqs) {
+      if (seq.owner == owner && !seq.detached) doomed.push_back(name);
+    }
+    for (const auto& name : doomed) eraseSeq(space, name);
+  }
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s;
+  s.blocksUsed = pool_.blocksUsed();
+  s.blocksPinned = pinnedBlocks_;
+  s.blocksCached = policy_->size();
+  s.bytesTotal = pool_.bytesTotal();
+  s.bytesUsed = pool_.bytesUsed();
+  s.hits = hits_;
+  s.misses = misses_;
+  s.evictions = evictions_;
+  s.readLeases = readLeases_.size();
+  s.writeLeases = writeLeases_.size();
+  s.bytesPut = bytesPut_;
+  s.bytesGot = bytesGot_;
+  for (const auto& sp : spaces_) {
+    EngineStats::Space x;
+    x.fingerprint = sp.info.fingerprint;
+    x.blockBytes = sp.info.blockBytes;
+    x.blocksTotal = pool_.blocksTotal(sp.info.sizeClass);
+    x.blocksUsed = pool_.blocksUsed(sp.info.sizeClass);
+    x.sequences = sp.seqs.size();
+    s.sequences += x.sequences;
+    s.spaces.push_back(x);
+  }
+  // Exact for one block size; with several, blocks of every class in use plus what the largest
+  // class could still carve.
+  for (uint32_t cls = 0; cls < pool_.classCount(); ++cls) {
+    s.blocksTotal = std::max(s.blocksTotal, pool_.blocksTotal(cls) + (pool_.blocksUsed() - pool_.blocksUsed(cls)));
+  }
+  return s;
+}
+
+}  // namespace kvtier

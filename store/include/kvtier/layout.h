@@ -1,0 +1,55 @@
+// Layout: what one KV block holds and how its bytes are arranged.
+//
+// Bytes inside a block are layer-major: [layer][K|V][token][kvHead][headDim]. One layer's K for
+// the block is `blockTokens * tokenBytes()` contiguous bytes, followed by its V.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kvtier/error.h"
+
+namespace kvtier {
+
+enum class DType : uint8_t { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2, kFloat8E4M3 = 3, kFloat8E5M2 = 4, kInt8 = 5 };
+
+// Bytes per element; 0 for a value outside the enum.
+uint32_t dtypeBytes(DType dtype);
+
+// Bounds on a layout a client may open (a peer's layout is input, checked where used).
+inline constexpr uint32_t kMinBlockTokens = 16;
+inline constexpr uint32_t kMaxBlockTokens = 512;
+inline constexpr uint32_t kMaxLayers = 1024;
+inline constexpr uint32_t kMaxKvHeads = 1024;
+inline constexpr uint32_t kMaxHeadDim = 1024;
+inline constexpr size_t kMaxModelIdBytes = 256;
+// One block must fit in one pool extent and in a 32-bit size.
+inline constexpr uint64_t kMaxBlockBytes = 1ull << 30;
+
+struct Layout {
+  std::string modelId;
+  uint32_t numLayers = 0;
+  uint32_t numKvHeads = 0;
+  uint32_t headDim = 0;
+  DType dtype = DType::kFloat16;
+  uint32_t blockTokens = 16;
+
+  // Bytes of one token's K (or V) for one layer.
+  uint64_t tokenBytes() const { return uint64_t{numKvHeads} * headDim * dtypeBytes(dtype); }
+  // Bytes of one token's K and V over all layers.
+  uint64_t tokenKvBytes() const { return 2 * numLayers * tokenBytes(); }
+  uint64_t blockBytes() const { return tokenKvBytes() * blockTokens; }
+  // Offset inside a block of token slot `slot` of layer `layer`, K (kv = 0) or V (kv = 1).
+  uint64_t slotOffset(uint32_t layer, uint32_t kv, uint32_t slot) const {
+    return ((uint64_t{layer} * 2 + kv) * blockTokens + slot) * tokenBytes();
+  }
+
+  // INVALID_ARGUMENT naming the first bound a field breaks.
+  Status validate() const;
+  // 64-bit fingerprint of every field and of the byte arrangement; part of every block key.
+  uint64_t fingerprint() const;
+
+  bool operator==(const Layout&) const = default;
+};
+
+}  // namespace kvtier

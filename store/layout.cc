@@ -1,0 +1,71 @@
+#include "kvtier/layout.h"
+
+#include <cstring>
+
+#include "kvtier/block_key.h"
+
+namespace kvtier {
+
+uint32_t dtypeBytes(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+    case DType::kBFloat16: return 2;
+    case DType::kFloat32: return 4;
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2:
+    case DType::kInt8: return 1;
+  }
+  return 0;
+}
+
+Status Layout::validate() const {
+  if (modelId.size() > kMaxModelIdBytes) {
+    return makeError(ErrorCode::kInvalidArgument, "model id of ", modelId.size(), " bytes exceeds ",
+                     kMaxModelIdBytes);
+  }
+  if (numLayers == 0 || numLayers > kMaxLayers) {
+    return makeError(ErrorCode::kInvalidArgument, "numLayers ", numLayers, " is outside 1..", kMaxLayers);
+  }
+  if (numKvHeads == 0 || numKvHeads > kMaxKvHeads) {
+    return makeError(ErrorCode::kInvalidArgument, "numKvHeads ", numKvHeads, " is outside 1..", kMaxKvHeads);
+  }
+  if (headDim == 0 || headDim > kMaxHeadDim) {
+    return makeError(ErrorCode::kInvalidArgument, "headDim ", headDim, " is outside 1..", kMaxHeadDim);
+  }
+  if (dtypeBytes(dtype) == 0) {
+    return makeError(ErrorCode::kInvalidArgument, "unknown dtype ", static_cast<int>(dtype));
+  }
+  if (blockTokens < kMinBlockTokens || blockTokens > kMaxBlockTokens) {
+    return makeError(ErrorCode::kInvalidArgument, "blockTokens ", blockTokens, " is outside ", kMinBlockTokens,
+                     "..", kMaxBlockTokens);
+  }
+  if (blockBytes() > kMaxBlockBytes) {
+    return makeError(ErrorCode::kInvalidArgument, "a block of ", blockBytes(), " bytes exceeds ", kMaxBlockBytes);
+  }
+  return {};
+}
+
+uint64_t Layout::fingerprint() const {
+  // Version 1 of the byte arrangement: layer-major [layer][K|V][token][kvHead][headDim].
+  constexpr uint32_t kArrangementVersion = 1;
+  Sha256 sha;
+  sha.begin();
+  auto add32 = [&](uint32_t v) {
+    unsigned char b[4] = {uint8_t(v), uint8_t(v >> 8), uint8_t(v >> 16), uint8_t(v >> 24)};
+    sha.update(b, 4);
+  };
+  add32(kArrangementVersion);
+  add32(static_cast<uint32_t>(modelId.size()));
+  sha.update(modelId.data(), modelId.size());
+  add32(numLayers);
+  add32(numKvHeads);
+  add32(headDim);
+  add32(static_cast<uint32_t>(dtype));
+  add32(blockTokens);
+  auto digest = sha.finish();
+  uint64_t fp;
+  std::memcpy(&fp, digest.data(), sizeof fp);
+  return fp;
+}
+
+}  // namespace kvtier
