@@ -109,7 +109,7 @@ interface Space {
   # One namespace: (tenant salt, layout). Positions are token indices; END (2^64-1) means "the end".
 
   put @0 (seq :Text, begin :UInt64, tokens :List(UInt32), keys :List(Data), detached :Bool)
-      -> (lease :WriteLease, blocks :List(BlockRef), firstPosition :UInt64, inPlaceTokens :UInt32);
+      -> (lease :WriteLease, blocks :List(BlockRef), firstPosition :UInt64);
   # Grants blocks for positions [begin, begin + len(tokens)); blocks[0] starts at firstPosition
   # (begin rounded down to a block). Positions of blocks[0] before begin already hold the sequence's
   # bytes. Nothing is visible until commit. `keys`, when given, are the client's own 16-byte keys,
@@ -132,8 +132,9 @@ interface Space {
 }
 
 interface WriteLease {
-  write @0 (block :UInt32, offset :UInt32, data :Data) -> ();
-  # Inline write into granted block `block` at byte `offset`.
+  write @0 (block :UInt32, firstSlot :UInt32, slots :UInt32, data :Data) -> ();
+  # Inline write of token slots [firstSlot, firstSlot + slots) of granted block `block`; `data` is
+  # laid out [layer][K|V][slot][kvHead][headDim] over those slots.
   commit @1 (upTo :UInt64) -> (length :UInt64, sealedBlocks :UInt32);
   # Makes positions [begin, upTo) visible (upTo = END: all granted). Full blocks are sealed and keyed.
   abort @2 () -> ();

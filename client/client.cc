@@ -1,0 +1,614 @@
+#include "kvtier/client.h"
+
+#include <capnp/rpc-twoparty.h>
+#include <kj/async-io.h>
+#include <kj/debug.h>
+
+#include <future>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "kernels/block_copy.h"
+#include "schemas/kvtier.capnp.h"
+#include "store/limits.h"
+#include "transport/rpc_codec.h"
+#include "transport/shm_segment.h"
+
+namespace kvtier {
+
+// ---------------------------------------------------------------------------------------------
+// The client's event-loop thread. Every capnp object lives there; other threads reach it through
+// the loop's kj::Executor, which runs a function on the loop and blocks until its promise resolves.
+
+struct Client::Impl {
+  ClientOptions options;
+  std::thread thread;
+  const kj::Executor* executor = nullptr;
+
+  // Loop-thread state (touched only inside run()).
+  kj::AsyncIoContext* io = nullptr;
+  kj::Own<kj::PromiseFulfiller<void>> stop;
+  kj::Own<kj::AsyncIoStream> stream;
+  kj::Own<capnp::TwoPartyVatNetwork> network;
+  kj::Own<capnp::RpcSystem<capnp::rpc::twoparty::VatId>> rpcSystem;
+  kj::Maybe<rpc::Session::Client> session;
+
+  // Written once during open() under the loop, read by handles: the loop serialises both.
+  std::map<uint32_t, std::unique_ptr<ShmSegment>> mappings;
+  bool mapped = false;
+  bool mappingTried = false;
+  std::string daemonVersion;
+
+  // Runs `f` on the loop thread and waits for its result; kj::Exceptions become kvtier Errors.
+  template <typename F>
+  auto run(F&& f) -> Result<kj::_::UnwrapPromise<kj::PromiseForResult<F, void>>> {
+    try {
+      if constexpr (std::is_void_v<kj::_::UnwrapPromise<kj::PromiseForResult<F, void>>>) {
+        executor->executeSync(kj::fwd<F>(f));
+        return {};
+      } else {
+        return executor->executeSync(kj::fwd<F>(f));
+      }
+    } catch (const kj::Exception& e) {
+      return fromKjException(e);
+    }
+  }
+
+  Status connect();
+  void loop(std::promise<Status>& ready);
+  rpc::Session::Client& sessionCap() { return KJ_ASSERT_NONNULL(session); }
+  Status mapExtents(const std::vector<std::pair<uint32_t, std::pair<std::string, uint64_t>>>& extents);
+  const uint8_t* view(const BlockRef& ref) const;
+};
+
+namespace {
+
+capnp::ReaderOptions clientReaderOptions() {
+  capnp::ReaderOptions options;
+  options.traversalLimitInWords = 2 * (kMaxInlineBytesPerCall + (uint64_t{8} << 20)) / sizeof(capnp::word);
+  return options;
+}
+
+BlockRef refFrom(rpc::BlockRef::Reader r) { return BlockRef{r.getExtent(), r.getOffset(), r.getBytes(), r.getGeneration()}; }
+
+kernels::BlockGeometry geometry(const Layout& l) { return {l.numLayers, l.blockTokens, l.tokenBytes()}; }
+
+void setTokens(capnp::List<uint32_t>::Builder out, std::span<const uint32_t> tokens) {
+  for (uint32_t i = 0; i < tokens.size(); ++i) out.set(i, tokens[i]);
+}
+
+void setKeys(capnp::List<capnp::Data>::Builder out, std::span<const Key128> keys) {
+  for (uint32_t i = 0; i < keys.size(); ++i) out.set(i, capnp::Data::Reader(keys[i].bytes.data(), keys[i].bytes.size()));
+}
+
+Error invalid(auto&&... args) { return makeError(ErrorCode::kInvalidArgument, args...); }
+
+}  // namespace
+
+void Client::Impl::loop(std::promise<Status>& ready) {
+  auto context = kj::setupAsyncIo();
+  io = &context;
+  executor = &kj::getCurrentThreadExecutor();
+  Status status;
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] {
+    auto address = context.provider->getNetwork()
+                       .parseAddress(kj::str("unix:", options.socketPath.c_str()))
+                       .wait(context.waitScope);
+    stream = address->connect().wait(context.waitScope);
+    network = kj::heap<capnp::TwoPartyVatNetwork>(*stream, capnp::rpc::twoparty::Side::CLIENT, clientReaderOptions());
+    rpcSystem = kj::heap(capnp::makeRpcClient(*network));
+    capnp::word scratch[4];
+    memset(scratch, 0, sizeof scratch);
+    capnp::MallocMessageBuilder message(scratch);
+    auto vatId = message.getRoot<capnp::rpc::twoparty::VatId>();
+    vatId.setSide(capnp::rpc::twoparty::Side::SERVER);
+    auto daemon = rpcSystem->bootstrap(vatId).castAs<rpc::Daemon>();
+    auto req = daemon.helloRequest();
+    req.setProtocolVersion(rpc::PROTOCOL_VERSION);
+    req.setClientName(options.clientName);
+    auto resp = req.send().wait(context.waitScope);
+    daemonVersion = resp.getDaemonVersion().cStr();
+    session = resp.getSession();
+  })) {
+    Error error = fromKjException(*e);
+    if (error.code() == ErrorCode::kInternal || error.code() == ErrorCode::kUnavailable) {
+      error = makeError(ErrorCode::kUnavailable, "cannot reach kvtierd at ", options.socketPath, ": ",
+                        e->getDescription().cStr());
+    }
+    status = error;
+  }
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  stop = kj::mv(paf.fulfiller);
+  ready.set_value(status);
+  if (status) paf.promise.wait(context.waitScope);
+  // Tear down in reverse order, on this thread.
+  session = nullptr;
+  rpcSystem = nullptr;
+  network = nullptr;
+  stream = nullptr;
+  io = nullptr;
+}
+
+Status Client::Impl::connect() {
+  std::promise<Status> ready;
+  auto future = ready.get_future();
+  thread = std::thread([this, &ready] { loop(ready); });
+  Status status = future.get();
+  if (!status) thread.join();
+  return status;
+}
+
+Status Client::Impl::mapExtents(const std::vector<std::pair<uint32_t, std::pair<std::string, uint64_t>>>& extents) {
+  if (!options.mapPool) return {};
+  for (const auto& [id, e] : extents) {
+    if (mappings.count(id)) continue;
+    auto seg = ShmSegment::open(e.first, e.second);
+    if (!seg) {
+      // Another host or no permission: fall back to inline bytes for this client.
+      mapped = false;
+      mappings.clear();
+      return seg.error();
+    }
+    mappings.emplace(id, std::move(seg).value());
+  }
+  mapped = true;
+  return {};
+}
+
+const uint8_t* Client::Impl::view(const BlockRef& ref) const {
+  auto it = mappings.find(ref.extent);
+  if (it == mappings.end() || ref.offset + ref.bytes > it->second->size() || ref.offset + ref.bytes < ref.offset) {
+    return nullptr;
+  }
+  return it->second->data() + ref.offset;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  if (auto s = impl->connect(); !s) return s.error();
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Client::~Client() {
+  (void)impl_->run([this] { impl_->stop->fulfill(); });
+  impl_->thread.join();
+}
+
+const std::string& Client::daemonVersion() const { return impl_->daemonVersion; }
+bool Client::mapped() const { return impl_->mapped; }
+
+struct Space::Impl {
+  kj::Maybe<rpc::Space::Client> cap;
+  rpc::Space::Client& space() { return KJ_ASSERT_NONNULL(cap); }
+};
+
+Result<std::unique_ptr<Space>> Client::open(const Layout& layout) {
+  if (auto s = layout.validate(); !s) return s.error();
+  struct Opened {
+    kj::Own<Space::Impl> impl;
+    uint64_t fingerprint;
+    std::vector<std::pair<uint32_t, std::pair<std::string, uint64_t>>> extents;
+  };
+  auto opened = impl_->run([&] {
+    auto req = impl_->sessionCap().openRequest();
+    layoutToRpc(layout, req.initLayout());
+    return req.send().then([](capnp::Response<rpc::Session::OpenResults>&& r) {
+      Opened o{kj::heap<Space::Impl>(), r.getFingerprint(), {}};
+      o.impl->cap = r.getSpace();
+      for (auto e : r.getExtents()) o.extents.push_back({e.getId(), {e.getShmName().cStr(), e.getBytes()}});
+      return o;
+    });
+  });
+  if (!opened) return opened.error();
+  // Mapping the pool is best effort: without it, bytes travel inline.
+  (void)impl_->run([&] { (void)impl_->mapExtents(opened->extents); });
+  auto spaceImpl = std::make_unique<Space::Impl>();
+  (void)impl_->run([&] { spaceImpl->cap = kj::mv(opened->impl->cap); opened->impl = nullptr; });
+  return std::unique_ptr<Space>(new Space(*this, std::move(spaceImpl), layout, opened->fingerprint));
+}
+
+Result<Stats> Client::stats() {
+  return impl_->run([&] {
+    return impl_->sessionCap().statsRequest().send().then([](capnp::Response<rpc::Session::StatsResults>&& r) {
+      auto s = r.getStats();
+      Stats out;
+      out.blocksTotal = s.getBlocksTotal();
+      out.blocksUsed = s.getBlocksUsed();
+      out.blocksPinned = s.getBlocksPinned();
+      out.blocksCached = s.getBlocksCached();
+      out.bytesTotal = s.getBytesTotal();
+      out.bytesUsed = s.getBytesUsed();
+      out.hits = s.getHits();
+      out.misses = s.getMisses();
+      out.evictions = s.getEvictions();
+      out.clients = s.getClients();
+      out.sequences = s.getSequences();
+      out.readLeases = s.getReadLeases();
+      out.writeLeases = s.getWriteLeases();
+      out.bytesPut = s.getBytesPut();
+      out.bytesGot = s.getBytesGot();
+      for (auto sp : s.getSpaces()) {
+        out.spaces.push_back(SpaceStats{sp.getFingerprint(), sp.getBlockBytes(), sp.getBlocksTotal(),
+                                        sp.getBlocksUsed(), sp.getSequences()});
+      }
+      return out;
+    });
+  });
+}
+
+std::string Stats::toJson() const {
+  std::ostringstream o;
+  o << "{\"blocks\": {\"total\": " << blocksTotal << ", \"used\": " << blocksUsed << ", \"pinned\": " << blocksPinned
+    << ", \"cached\": " << blocksCached << "}, \"bytes\": {\"total\": " << bytesTotal << ", \"used\": " << bytesUsed
+    << ", \"put\": " << bytesPut << ", \"got\": " << bytesGot << "}, \"hits\": " << hits << ", \"misses\": " << misses
+    << ", \"evictions\": " << evictions << ", \"clients\": " << clients << ", \"sequences\": " << sequences
+    << ", \"leases\": {\"read\": " << readLeases << ", \"write\": " << writeLeases << "}, \"spaces\": [";
+  for (size_t i = 0; i < spaces.size(); ++i) {
+    const auto& s = spaces[i];
+    o << (i ? ", " : "") << "{\"fingerprint\": \"" << std::hex << s.fingerprint << std::dec
+      << "\", \"block_bytes\": " << s.blockBytes << ", \"blocks_total\": " << s.blocksTotal
+      << ", \"blocks_used\": " << s.blocksUsed << ", \"sequences\": " << s.sequences << "}";
+  }
+  o << "]}";
+  return o.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Leases
+
+struct LeaseState {
+  Client::Impl* client = nullptr;
+  kj::Maybe<capnp::Capability::Client> cap;
+  ~LeaseState() {
+    // Dropping the capability sends the daemon a release without waiting for it.
+    if (cap != nullptr) (void)client->run([this] { cap = nullptr; });
+  }
+};
+
+ReadHandle::ReadHandle(Space* space, std::unique_ptr<LeaseState> lease) noexcept
+    : space_(space), lease_(std::move(lease)) {}
+ReadHandle::ReadHandle(ReadHandle&&) noexcept = default;
+ReadHandle& ReadHandle::operator=(ReadHandle&&) noexcept = default;
+ReadHandle::~ReadHandle() = default;
+
+void ReadHandle::release() {
+  if (!lease_) return;
+  auto* client = lease_->client;
+  (void)client->run([&]() -> kj::Promise<void> {
+    KJ_IF_MAYBE(cap, lease_->cap) {
+      auto promise = cap->castAs<rpc::ReadLease>().releaseRequest().send().ignoreResult();
+      lease_->cap = nullptr;
+      return promise;
+    }
+    return kj::READY_NOW;
+  });
+  lease_.reset();
+  views_.clear();
+  inline_.clear();
+}
+
+Status ReadHandle::copyTo(uint64_t from, uint64_t to, void* out, size_t bytes) const {
+  const Layout& layout = space_->layout();
+  if (from > to || from < begin_ || to > end_) {
+    return invalid("copy range [", from, ", ", to, ") is outside the held [", begin_, ", ", end_, ")");
+  }
+  if (bytes != (to - from) * layout.tokenKvBytes()) {
+    return invalid("copy buffer of ", bytes, " bytes, expected ", (to - from) * layout.tokenKvBytes());
+  }
+  if (views_.empty() && from < to) return makeError(ErrorCode::kReleased, "read handle was released");
+  const uint32_t bt = layout.blockTokens;
+  const auto g = geometry(layout);
+  for (uint64_t pos = from; pos < to;) {
+    const uint64_t block = (pos - firstPosition_) / bt;
+    const uint32_t slot = static_cast<uint32_t>((pos - firstPosition_) % bt);
+    const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(bt - slot, to - pos));
+    kernels::packSlots(g, views_[block].data(), slot, n, static_cast<uint8_t*>(out), to - from, pos - from);
+    pos += n;
+  }
+  return {};
+}
+
+WriteHandle::WriteHandle(Space* space, std::unique_ptr<LeaseState> lease) noexcept
+    : space_(space), lease_(std::move(lease)) {}
+WriteHandle::WriteHandle(WriteHandle&&) noexcept = default;
+WriteHandle& WriteHandle::operator=(WriteHandle&&) noexcept = default;
+WriteHandle::~WriteHandle() = default;
+
+Status WriteHandle::write(uint64_t from, uint64_t to, const void* kv, size_t bytes) {
+  if (!lease_) return makeError(ErrorCode::kReleased, "write handle was committed or aborted");
+  const Layout& layout = space_->layout();
+  if (from > to || from < begin_ || to > end_) {
+    return invalid("write range [", from, ", ", to, ") is outside the granted [", begin_, ", ", end_, ")");
+  }
+  if (bytes != (to - from) * layout.tokenKvBytes()) {
+    return invalid("write buffer of ", bytes, " bytes, expected ", (to - from) * layout.tokenKvBytes());
+  }
+  const uint32_t bt = layout.blockTokens;
+  const auto g = geometry(layout);
+  const auto* packed = static_cast<const uint8_t*>(kv);
+  if (!views_.empty()) {
+    for (uint64_t pos = from; pos < to;) {
+      const uint64_t block = (pos - firstPosition_) / bt;
+      const uint32_t slot = static_cast<uint32_t>((pos - firstPosition_) % bt);
+      const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(bt - slot, to - pos));
+      kernels::unpackSlots(g, views_[block].data(), slot, n, packed, to - from, pos - from);
+      pos += n;
+    }
+    return {};
+  }
+  // Inline: one write message per block, all in flight at once.
+  return lease_->client->run([&] {
+    auto lease = KJ_ASSERT_NONNULL(lease_->cap).castAs<rpc::WriteLease>();
+    kj::Vector<kj::Promise<void>> sends;
+    for (uint64_t pos = from; pos < to;) {
+      const uint64_t block = (pos - firstPosition_) / bt;
+      const uint32_t slot = static_cast<uint32_t>((pos - firstPosition_) % bt);
+      const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(bt - slot, to - pos));
+      auto req = lease.writeRequest();
+      req.setBlock(static_cast<uint32_t>(block));
+      req.setFirstSlot(slot);
+      req.setSlots(n);
+      auto data = req.initData(n * layout.tokenKvBytes());
+      // Gather this block's slots out of the caller's packed run into a packed run of n tokens.
+      for (uint64_t lkv = 0; lkv < 2ull * layout.numLayers; ++lkv) {
+        std::memcpy(data.begin() + lkv * n * g.tokenBytes, packed + (lkv * (to - from) + (pos - from)) * g.tokenBytes,
+                    n * g.tokenBytes);
+      }
+      sends.add(req.send().ignoreResult());
+      pos += n;
+    }
+    return kj::joinPromises(sends.releaseAsArray());
+  });
+}
+
+Result<CommitInfo> WriteHandle::commit(uint64_t upTo) {
+  if (!lease_) return makeError(ErrorCode::kReleased, "write handle was committed or aborted");
+  auto result = lease_->client->run([&] {
+    auto req = KJ_ASSERT_NONNULL(lease_->cap).castAs<rpc::WriteLease>().commitRequest();
+    req.setUpTo(upTo);
+    return req.send().then([](capnp::Response<rpc::WriteLease::CommitResults>&& r) {
+      return CommitInfo{r.getLength(), r.getSealedBlocks()};
+    });
+  });
+  // A bad upTo leaves the lease open for another try; anything else ends it.
+  if (result || result.code() != ErrorCode::kInvalidArgument) {
+    lease_.reset();
+    views_.clear();
+  }
+  return result;
+}
+
+Status WriteHandle::abort() {
+  if (!lease_) return makeError(ErrorCode::kReleased, "write handle was committed or aborted");
+  auto status = lease_->client->run([&] {
+    return KJ_ASSERT_NONNULL(lease_->cap).castAs<rpc::WriteLease>().abortRequest().send().ignoreResult();
+  });
+  lease_.reset();
+  views_.clear();
+  return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Space
+
+Space::Space(Client& client, std::unique_ptr<Impl> impl, Layout layout, uint64_t fingerprint)
+    : client_(client), impl_(std::move(impl)), layout_(std::move(layout)), fingerprint_(fingerprint) {}
+
+Space::~Space() {
+  (void)client_.impl_->run([this] { impl_->cap = nullptr; });
+}
+
+Result<WriteHandle> Space::beginPut(std::string_view seq, uint64_t begin, std::span<const uint32_t> tokens,
+                                    const PutOptions& options) {
+  if (tokens.size() > kMaxTokensPerCall) return invalid("put of ", tokens.size(), " tokens exceeds ", kMaxTokensPerCall);
+  auto* client = client_.impl_.get();
+  auto lease = std::make_unique<LeaseState>();
+  lease->client = client;
+  struct Granted {
+    uint64_t firstPosition;
+    std::vector<BlockRef> refs;
+  };
+  auto granted = client->run([&] {
+    auto req = impl_->space().putRequest();
+    req.setSeq(std::string(seq));
+    req.setBegin(begin);
+    setTokens(req.initTokens(tokens.size()), tokens);
+    setKeys(req.initKeys(options.keys.size()), options.keys);
+    req.setDetached(options.detached);
+    return req.send().then([&lease](capnp::Response<rpc::Space::PutResults>&& r) {
+      lease->cap = r.getLease();
+      Granted g{r.getFirstPosition(), {}};
+      for (auto b : r.getBlocks()) g.refs.push_back(refFrom(b));
+      return g;
+    });
+  });
+  if (!granted) return granted.error();
+  WriteHandle handle(this, std::move(lease));
+  handle.begin_ = begin;
+  handle.end_ = begin + tokens.size();
+  handle.firstPosition_ = granted->firstPosition;
+  handle.refs_ = std::move(granted->refs);
+  if (client->mapped) {
+    for (const auto& ref : handle.refs_) {
+      const uint8_t* p = client->view(ref);
+      if (!p) return makeError(ErrorCode::kInternal, "daemon granted a block outside the mapped pool");
+      handle.views_.emplace_back(const_cast<uint8_t*>(p), ref.bytes);
+    }
+  }
+  return handle;
+}
+
+Result<CommitInfo> Space::put(std::string_view seq, uint64_t begin, std::span<const uint32_t> tokens, const void* kv,
+                              size_t bytes, const PutOptions& options) {
+  if (bytes != tokens.size() * layout_.tokenKvBytes()) {
+    return invalid("put of ", tokens.size(), " tokens needs ", tokens.size() * layout_.tokenKvBytes(),
+                   " bytes of KV, got ", bytes);
+  }
+  auto handle = beginPut(seq, begin, tokens, options);
+  if (!handle) return handle.error();
+  if (auto s = handle->write(begin, begin + tokens.size(), kv, bytes); !s) return s.error();
+  return handle->commit();
+}
+
+namespace {
+
+// Fills a ReadHandle's views from refs, mapped or inline.
+Status attachViews(Client::Impl& client, std::vector<BlockRef>& refs, std::vector<std::vector<uint8_t>>& inlineData,
+                   std::vector<std::span<const uint8_t>>& views) {
+  if (!inlineData.empty()) {
+    for (auto& d : inlineData) views.emplace_back(d.data(), d.size());
+    return {};
+  }
+  for (const auto& ref : refs) {
+    const uint8_t* p = client.view(ref);
+    if (!p) return makeError(ErrorCode::kInternal, "daemon returned a block outside the mapped pool");
+    views.emplace_back(p, ref.bytes);
+  }
+  return {};
+}
+
+template <typename Response>
+void readBlocks(Response& r, std::vector<BlockRef>& refs, std::vector<std::vector<uint8_t>>& data) {
+  for (auto b : r.getBlocks()) refs.push_back(refFrom(b));
+  for (auto d : r.getData()) data.emplace_back(d.begin(), d.end());
+}
+
+}  // namespace
+
+Result<ReadHandle> Space::get(std::string_view seq, uint64_t begin, uint64_t end) {
+  auto* client = client_.impl_.get();
+  auto lease = std::make_unique<LeaseState>();
+  lease->client = client;
+  ReadHandle handle(this, nullptr);
+  auto status = client->run([&] {
+    auto req = impl_->space().getRequest();
+    req.setSeq(std::string(seq));
+    req.setBegin(begin);
+    req.setEnd(end);
+    req.setInline(!client->mapped);
+    return req.send().then([&](capnp::Response<rpc::Space::GetResults>&& r) {
+      lease->cap = r.getLease();
+      handle.begin_ = begin;
+      handle.end_ = r.getEnd();
+      handle.firstPosition_ = r.getFirstPosition();
+      readBlocks(r, handle.refs_, handle.inline_);
+    });
+  });
+  if (!status) return status.error();
+  handle.lease_ = std::move(lease);
+  if (auto s = attachViews(*client, handle.refs_, handle.inline_, handle.views_); !s) return s.error();
+  return handle;
+}
+
+Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span<const Key128> keys,
+                                     const LookupOptions& options) {
+  if (tokens.size() > kMaxTokensPerCall) {
+    return invalid("lookup of ", tokens.size(), " tokens exceeds ", kMaxTokensPerCall);
+  }
+  auto* client = client_.impl_.get();
+  auto lease = std::make_unique<LeaseState>();
+  lease->client = client;
+  ReadHandle handle(this, nullptr);
+  auto status = client->run([&] {
+    auto req = impl_->space().lookupRequest();
+    setTokens(req.initTokens(tokens.size()), tokens);
+    setKeys(req.initKeys(keys.size()), keys);
+    req.setBindSeq(options.bindSeq);
+    req.setDetached(options.detached);
+    req.setInline(!client->mapped);
+    return req.send().then([&](capnp::Response<rpc::Space::LookupResults>&& r) {
+      lease->cap = r.getLease();
+      handle.begin_ = 0;
+      handle.end_ = r.getMatchedTokens();
+      handle.firstPosition_ = 0;
+      readBlocks(r, handle.refs_, handle.inline_);
+    });
+  });
+  if (!status) return status.error();
+  handle.lease_ = std::move(lease);
+  if (auto s = attachViews(*client, handle.refs_, handle.inline_, handle.views_); !s) return s.error();
+  return handle;
+}
+
+Result<ReadHandle> Space::lookup(std::span<const uint32_t> tokens, const LookupOptions& options) {
+  return lookupImpl(tokens, {}, options);
+}
+
+Result<ReadHandle> Space::lookupKeys(std::span<const Key128> keys, const LookupOptions& options) {
+  return lookupImpl({}, keys, options);
+}
+
+Status Space::copyPrefix(std::string_view src, std::string_view dst, uint64_t len, bool detached) {
+  return client_.impl_->run([&] {
+    auto req = impl_->space().copyPrefixRequest();
+    req.setSrc(std::string(src));
+    req.setDst(std::string(dst));
+    req.setLen(len);
+    req.setDetached(detached);
+    return req.send().ignoreResult();
+  });
+}
+
+Status Space::remove(std::string_view seq, uint64_t begin, uint64_t end) {
+  return client_.impl_->run([&] {
+    auto req = impl_->space().removeRequest();
+    req.setSeq(std::string(seq));
+    req.setBegin(begin);
+    req.setEnd(end);
+    return req.send().ignoreResult();
+  });
+}
+
+Status Space::truncate(std::string_view seq, uint64_t len) {
+  return client_.impl_->run([&] {
+    auto req = impl_->space().truncateRequest();
+    req.setSeq(std::string(seq));
+    req.setLen(len);
+    return req.send().ignoreResult();
+  });
+}
+
+Result<bool> Space::canResume(std::string_view seq, uint64_t pos) {
+  return client_.impl_->run([&] {
+    auto req = impl_->space().canResumeRequest();
+    req.setSeq(std::string(seq));
+    req.setPos(pos);
+    return req.send().then([](capnp::Response<rpc::Space::CanResumeResults>&& r) { return r.getOk(); });
+  });
+}
+
+Result<std::optional<uint64_t>> Space::length(std::string_view seq) {
+  return client_.impl_->run([&] {
+    auto req = impl_->space().lengthRequest();
+    req.setSeq(std::string(seq));
+    return req.send().then([](capnp::Response<rpc::Space::LengthResults>&& r) {
+      return r.getExists() ? std::optional<uint64_t>(r.getLength()) : std::nullopt;
+    });
+  });
+}
+
+Result<std::vector<std::vector<uint8_t>>> Space::readRefs(std::span<const BlockRef> refs) {
+  return client_.impl_->run([&] {
+    auto req = impl_->space().readRequest();
+    auto out = req.initRefs(refs.size());
+    for (uint32_t i = 0; i < refs.size(); ++i) {
+      out[i].setExtent(refs[i].extent);
+      out[i].setOffset(refs[i].offset);
+      out[i].setBytes(refs[i].bytes);
+      out[i].setGeneration(refs[i].generation);
+    }
+    return req.send().then([](capnp::Response<rpc::Space::ReadResults>&& r) {
+      std::vector<std::vector<uint8_t>> data;
+      for (auto d : r.getData()) data.emplace_back(d.begin(), d.end());
+      return data;
+    });
+  });
+}
+
+}  // namespace kvtier

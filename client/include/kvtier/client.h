@@ -1,0 +1,235 @@
+// The kvtier client SDK (blocking C++ API).
+//
+//   auto client = kvtier::Client::connect({.socketPath = "kvtier-data/kvtierd.sock"}).value();
+//   auto space = client->open(layout).value();
+//   space->put("req-1", 0, tokens, kv.data(), kv.size()).value();      // bytes go into shared memory
+//   auto hit = space->lookup(prompt).value();                           // longest cached prefix
+//   hit.copyTo(0, hit.matchedTokens(), out.data(), out.size()).value(); // or read hit.block(i) in place
+//
+// Threading: a Client runs its own event-loop thread; every method may be called from any thread
+// and blocks the caller until the daemon answers. Spaces, handles and views borrow the Client and
+// must not outlive it.
+//
+// Bytes: a block holds [layer][K|V][slot][kvHead][headDim] (see kvtier/layout.h). The `kv`
+// buffers of put() and copyTo() are "packed": [layer][K|V][token][kvHead][headDim] over the tokens
+// of the call, so each call moves 2 * numLayers contiguous runs per block.
+//
+// Errors: every call returns a Result whose error code is one of kvtier::ErrorCode (stable); the
+// daemon's typed errors arrive unchanged, a lost connection is UNAVAILABLE.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvtier/block_key.h"
+#include "kvtier/error.h"
+#include "kvtier/layout.h"
+
+namespace kvtier {
+
+inline constexpr uint64_t kEndPosition = UINT64_MAX;
+
+struct ClientOptions {
+  std::string socketPath = "kvtier-data/kvtierd.sock";
+  std::string clientName = "kvtier-client";
+  // Map the daemon's pool and move bytes in place (the default). When false, or when the pool
+  // cannot be mapped, bytes travel inline in the RPC messages.
+  bool mapPool = true;
+};
+
+struct BlockRef {
+  uint32_t extent = 0;
+  uint64_t offset = 0;
+  uint32_t bytes = 0;
+  uint64_t generation = 0;
+};
+
+struct SpaceStats {
+  uint64_t fingerprint = 0;
+  uint32_t blockBytes = 0;
+  uint64_t blocksTotal = 0, blocksUsed = 0, sequences = 0;
+};
+
+struct Stats {
+  uint64_t blocksTotal = 0, blocksUsed = 0, blocksPinned = 0, blocksCached = 0;
+  uint64_t bytesTotal = 0, bytesUsed = 0;
+  uint64_t hits = 0, misses = 0, evictions = 0;
+  uint64_t clients = 0, sequences = 0, readLeases = 0, writeLeases = 0;
+  uint64_t bytesPut = 0, bytesGot = 0;
+  std::vector<SpaceStats> spaces;
+  std::string toJson() const;
+};
+
+struct CommitInfo {
+  uint64_t length = 0;
+  uint32_t sealedBlocks = 0;
+};
+
+class Client;
+class Space;
+struct LeaseState;
+
+// Blocks held under a read lease (get or lookup). The views stay valid, and the blocks pinned,
+// until release() or destruction. Movable, not copyable.
+class ReadHandle {
+ public:
+  ReadHandle(ReadHandle&&) noexcept;
+  ReadHandle& operator=(ReadHandle&&) noexcept;
+  ~ReadHandle();
+
+  // lookup: tokens matched. get: end - begin of the request.
+  uint64_t matchedTokens() const { return end_ - begin_; }
+  uint64_t begin() const { return begin_; }
+  uint64_t end() const { return end_; }
+  // Position of block(0)'s first slot.
+  uint64_t firstPosition() const { return firstPosition_; }
+  size_t blockCount() const { return views_.size(); }
+  // The bytes of block i, in place in the shared pool (or in a private copy for inline clients).
+  std::span<const uint8_t> block(size_t i) const { return views_[i]; }
+  const std::vector<BlockRef>& refs() const { return refs_; }
+  bool inlineData() const { return !inline_.empty(); }
+
+  // Copies positions [from, to) into `out`, packed. INVALID_ARGUMENT if the range is outside
+  // [begin(), end()) or `bytes` is not (to - from) * layout.tokenKvBytes().
+  Status copyTo(uint64_t from, uint64_t to, void* out, size_t bytes) const;
+  // Unpins the blocks; the views become invalid. Idempotent.
+  void release();
+
+ private:
+  friend class Space;
+  ReadHandle(Space* space, std::unique_ptr<LeaseState> lease) noexcept;
+  Space* space_ = nullptr;
+  std::unique_ptr<LeaseState> lease_;
+  uint64_t begin_ = 0, end_ = 0, firstPosition_ = 0;
+  std::vector<BlockRef> refs_;
+  std::vector<std::span<const uint8_t>> views_;
+  std::vector<std::vector<uint8_t>> inline_;
+};
+
+// Blocks held under a write lease (put). Nothing is visible to anyone until commit(); dropping
+// the handle without commit aborts. Movable, not copyable.
+class WriteHandle {
+ public:
+  WriteHandle(WriteHandle&&) noexcept;
+  WriteHandle& operator=(WriteHandle&&) noexcept;
+  ~WriteHandle();
+
+  uint64_t begin() const { return begin_; }
+  uint64_t end() const { return end_; }
+  uint64_t firstPosition() const { return firstPosition_; }
+  size_t blockCount() const { return refs_.size(); }
+  // Writable bytes of granted block i, in the shared pool; empty for inline clients. Slots of
+  // block(0) before begin() hold the sequence's existing bytes: do not write them.
+  std::span<uint8_t> block(size_t i) const { return i < views_.size() ? views_[i] : std::span<uint8_t>(); }
+
+  // Writes positions [from, to) ⊆ [begin(), end()) from a packed buffer (into the mapped blocks,
+  // or inline). INVALID_ARGUMENT on a bad range or size.
+  Status write(uint64_t from, uint64_t to, const void* kv, size_t bytes);
+  // Makes [begin(), upTo) visible; kEndPosition: all granted positions.
+  Result<CommitInfo> commit(uint64_t upTo = kEndPosition);
+  Status abort();
+
+ private:
+  friend class Space;
+  WriteHandle(Space* space, std::unique_ptr<LeaseState> lease) noexcept;
+  Space* space_ = nullptr;
+  std::unique_ptr<LeaseState> lease_;
+  uint64_t begin_ = 0, end_ = 0, firstPosition_ = 0;
+  std::vector<BlockRef> refs_;
+  std::vector<std::span<uint8_t>> views_;
+};
+
+struct PutOptions {
+  // Detached sequences outlive the session that wrote them (prefill -> decode hand-off).
+  bool detached = false;
+  // The client's own 16-byte keys for the blocks this put completes (engines that already hash
+  // blocks, trace replay). Empty: the daemon derives chained SHA-256 keys from the tokens.
+  std::vector<Key128> keys;
+};
+
+struct LookupOptions {
+  // Also make the matched prefix the whole of this sequence, in the same round trip.
+  std::string bindSeq;
+  bool detached = false;
+};
+
+// One namespace (tenant, layout) on the daemon. Borrowed from its Client.
+class Space {
+ public:
+  ~Space();
+  Space(const Space&) = delete;
+  Space& operator=(const Space&) = delete;
+
+  const Layout& layout() const { return layout_; }
+  uint64_t fingerprint() const { return fingerprint_; }
+
+  // Stores the KV of `tokens` at positions [begin, begin + n) of seq in one round trip for the
+  // lease and one for the commit; `kv` is packed, n * layout().tokenKvBytes() bytes.
+  Result<CommitInfo> put(std::string_view seq, uint64_t begin, std::span<const uint32_t> tokens, const void* kv,
+                         size_t bytes, const PutOptions& options = {});
+  // The two steps of put, for engines that write the blocks themselves (e.g. with kernels/).
+  Result<WriteHandle> beginPut(std::string_view seq, uint64_t begin, std::span<const uint32_t> tokens,
+                               const PutOptions& options = {});
+
+  // Read lease on positions [begin, end) of seq (end = kEndPosition: its length).
+  Result<ReadHandle> get(std::string_view seq, uint64_t begin = 0, uint64_t end = kEndPosition);
+  // Longest cached prefix of `tokens` (whole blocks only).
+  Result<ReadHandle> lookup(std::span<const uint32_t> tokens, const LookupOptions& options = {});
+  // Longest cached prefix of a chain of client keys, one per block.
+  Result<ReadHandle> lookupKeys(std::span<const Key128> keys, const LookupOptions& options = {});
+
+  Status copyPrefix(std::string_view src, std::string_view dst, uint64_t len, bool detached = false);
+  Status remove(std::string_view seq, uint64_t begin, uint64_t end = kEndPosition);
+  Status truncate(std::string_view seq, uint64_t len);
+  Result<bool> canResume(std::string_view seq, uint64_t pos);
+  // Length of seq; nullopt if it does not exist.
+  Result<std::optional<uint64_t>> length(std::string_view seq);
+  // Inline copies of sealed blocks named by references (STALE_REFERENCE once a block is reused).
+  Result<std::vector<std::vector<uint8_t>>> readRefs(std::span<const BlockRef> refs);
+
+ private:
+  friend class Client;
+  friend class ReadHandle;
+  friend class WriteHandle;
+  struct Impl;
+  Space(Client& client, std::unique_ptr<Impl> impl, Layout layout, uint64_t fingerprint);
+  Result<ReadHandle> lookupImpl(std::span<const uint32_t> tokens, std::span<const Key128> keys,
+                                const LookupOptions& options);
+  Client& client_;
+  std::unique_ptr<Impl> impl_;
+  Layout layout_;
+  uint64_t fingerprint_;
+};
+
+class Client {
+ public:
+  // Connects, says hello (protocol version, peer credentials checked by the daemon) and starts the
+  // client's event-loop thread. UNAVAILABLE if no daemon answers on the socket.
+  static Result<std::unique_ptr<Client>> connect(const ClientOptions& options = {});
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Opens (or joins) the namespace for `layout`; maps the pool on first use.
+  Result<std::unique_ptr<Space>> open(const Layout& layout);
+  Result<Stats> stats();
+  const std::string& daemonVersion() const;
+  // True when bytes move through the mapped pool, false when they travel inline.
+  bool mapped() const;
+
+  struct Impl;  // opaque: the event-loop thread and the daemon connection
+
+ private:
+  friend class Space;
+  friend class ReadHandle;
+  friend class WriteHandle;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvtier

@@ -1,0 +1,80 @@
+#include "daemon/config.h"
+
+#include <cctype>
+#include <charconv>
+
+namespace kvtier {
+
+Result<uint64_t> parseByteSize(std::string_view text) {
+  uint64_t value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end == text.data()) {
+    return makeError(ErrorCode::kInvalidArgument, "'", text, "' is not a size (e.g. 512M, 4G)");
+  }
+  std::string suffix(end, text.data() + text.size());
+  for (auto& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  for (const char* tail : {"IB", "B", "I"}) {
+    const std::string_view t(tail);
+    if (suffix.size() > t.size() && suffix.ends_with(t)) {
+      suffix.resize(suffix.size() - t.size());
+      break;
+    }
+  }
+  int shift = 0;
+  if (suffix.empty() || suffix == "B") shift = 0;
+  else if (suffix == "K") shift = 10;
+  else if (suffix == "M") shift = 20;
+  else if (suffix == "G") shift = 30;
+  else if (suffix == "T") shift = 40;
+  else return makeError(ErrorCode::kInvalidArgument, "unknown size suffix in '", text, "'");
+  if (shift > 0 && value > (UINT64_MAX >> shift)) {
+    return makeError(ErrorCode::kInvalidArgument, "size '", text, "' overflows");
+  }
+  return value << shift;
+}
+
+Result<DaemonConfig> parseDaemonArgs(const std::vector<std::string>& args) {
+  DaemonConfig config;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i], value;
+    const bool hasInline = flag.find('=') != std::string::npos;
+    if (hasInline) {
+      value = flag.substr(flag.find('=') + 1);
+      flag = flag.substr(0, flag.find('='));
+    }
+    if (flag == "-h" || flag == "--help") {
+      config.showHelp = true;
+      continue;
+    }
+    if (!hasInline) {
+      if (i + 1 >= args.size()) return makeError(ErrorCode::kInvalidArgument, flag, " needs a value");
+      value = args[++i];
+    }
+    if (flag == "--socket") {
+      if (value.empty()) return makeError(ErrorCode::kInvalidArgument, "--socket is empty");
+      config.socketPath = value;
+    } else if (flag == "--data-dir") {
+      if (value.empty()) return makeError(ErrorCode::kInvalidArgument, "--data-dir is empty");
+      config.dataDir = value;
+    } else if (flag == "--host-pool-bytes" || flag == "--extent-bytes") {
+      auto bytes = parseByteSize(value);
+      if (!bytes) return makeError(ErrorCode::kInvalidArgument, flag, ": ", bytes.error().message());
+      if (*bytes == 0) return makeError(ErrorCode::kInvalidArgument, flag, " must be positive");
+      (flag == "--host-pool-bytes" ? config.hostPoolBytes : config.extentBytes) = *bytes;
+    } else {
+      return makeError(ErrorCode::kInvalidArgument, "unknown flag '", flag, "' (see --help)");
+    }
+  }
+  return config;
+}
+
+const char* daemonUsage() {
+  return "usage: kvtierd [flags]\n"
+         "  --socket PATH           Unix socket to serve (default: <data-dir>/kvtierd.sock)\n"
+         "  --data-dir DIR          lock file and socket live here (default: ./kvtier-data)\n"
+         "  --host-pool-bytes N     host shared-memory pool size, K/M/G suffixes (default: 1G)\n"
+         "  --extent-bytes N        size of one shared-memory extent (default: 1G)\n"
+         "Runs with no flags on these defaults. SIGTERM or SIGINT stop it cleanly.\n";
+}
+
+}  // namespace kvtier

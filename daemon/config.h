@@ -1,0 +1,32 @@
+// kvtierd's configuration: embedded defaults, overridden by flags.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvtier/error.h"
+
+namespace kvtier {
+
+struct DaemonConfig {
+  // With no flags at all the daemon serves from the working directory: ./kvtier-data holds its
+  // lock and socket, and a 1 GiB host pool lives in POSIX shared memory.
+  std::string dataDir = "kvtier-data";
+  std::string socketPath;  // empty: <dataDir>/kvtierd.sock
+  uint64_t hostPoolBytes = uint64_t{1} << 30;
+  uint64_t extentBytes = uint64_t{1} << 30;
+  bool showHelp = false;
+
+  std::string effectiveSocketPath() const { return socketPath.empty() ? dataDir + "/kvtierd.sock" : socketPath; }
+};
+
+// "64M" -> 67108864. Suffixes K, M, G, T (powers of 1024), optionally followed by "i" or "iB"/"B".
+Result<uint64_t> parseByteSize(std::string_view text);
+
+// Parses kvtierd's command line (argv[0] excluded). INVALID_ARGUMENT names the bad flag.
+Result<DaemonConfig> parseDaemonArgs(const std::vector<std::string>& args);
+
+const char* daemonUsage();
+
+}  // namespace kvtier

@@ -1,0 +1,421 @@
+#include "daemon/server.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <capnp/rpc-twoparty.h>
+#include <kj/debug.h>
+
+#include <cstdio>
+
+#include "daemon/log.h"
+#include "kernels/block_copy.h"
+#include "schemas/kvtier.capnp.h"
+#include "transport/rpc_codec.h"
+
+namespace kvtier {
+namespace {
+
+constexpr const char* kDaemonVersion = "kvtierd 0.1.0";
+
+// Messages carry at most kMaxInlineBytesPerCall of KV plus a 1M-token list: allow twice that.
+capnp::ReaderOptions readerOptions() {
+  capnp::ReaderOptions options;
+  options.traversalLimitInWords = 2 * (kMaxInlineBytesPerCall + (uint64_t{8} << 20)) / sizeof(capnp::word);
+  options.nestingLimit = 16;
+  return options;
+}
+
+template <typename T>
+T orThrow(Result<T>&& r) {
+  if (!r) throwRpcError(r.error());
+  return std::move(r).value();
+}
+
+void orThrow(Status&& s) {
+  if (!s) throwRpcError(s.error());
+}
+
+std::string_view text(capnp::Text::Reader t) { return std::string_view(t.cStr(), t.size()); }
+
+std::vector<uint32_t> tokensFrom(capnp::List<uint32_t>::Reader list) {
+  if (list.size() > kMaxTokensPerCall) {
+    throwRpcError(makeError(ErrorCode::kInvalidArgument, list.size(), " tokens exceed ", kMaxTokensPerCall));
+  }
+  std::vector<uint32_t> out(list.size());
+  for (uint32_t i = 0; i < list.size(); ++i) out[i] = list[i];
+  return out;
+}
+
+std::vector<Key128> keysFrom(capnp::List<capnp::Data>::Reader list) {
+  if (list.size() > kMaxBlocksPerLease) {
+    throwRpcError(makeError(ErrorCode::kInvalidArgument, list.size(), " keys exceed ", kMaxBlocksPerLease));
+  }
+  std::vector<Key128> out(list.size());
+  for (uint32_t i = 0; i < list.size(); ++i) {
+    auto k = list[i];
+    if (k.size() != out[i].bytes.size()) {
+      throwRpcError(makeError(ErrorCode::kInvalidArgument, "key ", i, " has ", k.size(), " bytes, not 16"));
+    }
+    std::memcpy(out[i].bytes.data(), k.begin(), k.size());
+  }
+  return out;
+}
+
+template <typename Builder>
+void setBlocks(Builder&& out, const std::vector<BlockLocation>& blocks) {
+  for (uint32_t i = 0; i < blocks.size(); ++i) blockToRpc(blocks[i], out[i]);
+}
+
+// Copies whole blocks into the result for clients that cannot map the pool.
+void setInlineData(capnp::List<capnp::Data>::Builder out, Engine& engine, const std::vector<BlockLocation>& blocks) {
+  for (uint32_t i = 0; i < blocks.size(); ++i) {
+    const uint8_t* base = engine.memory().extentBase(blocks[i].extent) + blocks[i].offset;
+    out.set(i, capnp::Data::Reader(base, blocks[i].bytes));
+  }
+}
+
+void checkInlineBytes(size_t blocks, uint32_t blockBytes) {
+  if (uint64_t{blocks} * blockBytes > kMaxInlineBytesPerCall) {
+    throwRpcError(makeError(ErrorCode::kInvalidArgument, "inline transfer of ", blocks, " blocks exceeds ",
+                            kMaxInlineBytesPerCall, " bytes per call; map the pool or ask for less"));
+  }
+}
+
+class ReadLeaseImpl final : public rpc::ReadLease::Server {
+ public:
+  ReadLeaseImpl(Engine& engine, LeaseId id) : engine_(engine), id_(id) {}
+  ~ReadLeaseImpl() noexcept(false) {
+    if (id_ != 0) (void)engine_.releaseRead(id_);
+  }
+  kj::Promise<void> release(ReleaseContext) override {
+    const LeaseId id = id_;
+    id_ = 0;
+    orThrow(engine_.releaseRead(id));
+    return kj::READY_NOW;
+  }
+
+ private:
+  Engine& engine_;
+  LeaseId id_;
+};
+
+rpc::ReadLease::Client readLease(Engine& engine, LeaseId id) {
+  // An empty grant still returns a lease capability, so clients treat every result alike.
+  return kj::heap<ReadLeaseImpl>(engine, id);
+}
+
+class WriteLeaseImpl final : public rpc::WriteLease::Server {
+ public:
+  WriteLeaseImpl(Engine& engine, SpaceId space, LeaseId id, uint64_t begin, uint64_t end, uint64_t firstPosition,
+                 uint32_t blocks)
+      : engine_(engine), space_(space), id_(id), begin_(begin), end_(end), first_(firstPosition), blocks_(blocks) {}
+  ~WriteLeaseImpl() noexcept(false) {
+    if (id_ != 0) (void)engine_.abortWrite(id_);
+  }
+
+  kj::Promise<void> write(WriteContext context) override {
+    auto p = context.getParams();
+    const Layout& layout = engine_.space(space_).layout;
+    const uint32_t bt = layout.blockTokens;
+    const uint32_t block = p.getBlock(), firstSlot = p.getFirstSlot(), slots = p.getSlots();
+    if (block >= blocks_ || firstSlot >= bt || slots == 0 || slots > bt - firstSlot) {
+      throwRpcError(makeError(ErrorCode::kInvalidArgument, "write of block ", block, " slots [", firstSlot, ", +",
+                              slots, ") is outside the lease's ", blocks_, " blocks of ", bt, " slots"));
+    }
+    const uint64_t pos = first_ + uint64_t{block} * bt + firstSlot;
+    if (pos < begin_ || pos + slots > end_) {
+      throwRpcError(makeError(ErrorCode::kInvalidArgument, "write of positions [", pos, ", ", pos + slots,
+                              ") is outside the granted [", begin_, ", ", end_, ")"));
+    }
+    auto data = p.getData();
+    if (data.size() != slots * layout.tokenKvBytes()) {
+      throwRpcError(makeError(ErrorCode::kInvalidArgument, "write carries ", data.size(), " bytes, expected ",
+                              slots * layout.tokenKvBytes()));
+    }
+    uint8_t* dst = orThrow(engine_.leaseBlockData(id_, block));
+    kernels::unpackSlots({layout.numLayers, bt, layout.tokenBytes()}, dst, firstSlot, slots, data.begin(), slots, 0);
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> commit(CommitContext context) override {
+    auto r = engine_.commit(id_, context.getParams().getUpTo());
+    if (!r && r.code() != ErrorCode::kInvalidArgument) id_ = 0;  // the lease ended
+    const CommitResult result = orThrow(std::move(r));
+    id_ = 0;
+    auto out = context.getResults();
+    out.setLength(result.length);
+    out.setSealedBlocks(result.sealedBlocks);
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> abort(AbortContext) override {
+    const LeaseId id = id_;
+    id_ = 0;
+    orThrow(engine_.abortWrite(id));
+    return kj::READY_NOW;
+  }
+
+ private:
+  Engine& engine_;
+  SpaceId space_;
+  LeaseId id_;
+  uint64_t begin_, end_, first_;
+  uint32_t blocks_;
+};
+
+class SpaceImpl final : public rpc::Space::Server {
+ public:
+  SpaceImpl(Engine& engine, OwnerId owner, SpaceId space) : engine_(engine), owner_(owner), space_(space) {}
+
+  kj::Promise<void> put(PutContext context) override {
+    auto p = context.getParams();
+    const auto tokens = tokensFrom(p.getTokens());
+    const auto keys = keysFrom(p.getKeys());
+    const uint64_t begin = p.getBegin();
+    PutGrant grant = orThrow(engine_.put(owner_, space_, text(p.getSeq()), begin, tokens, keys, p.getDetached()));
+    auto out = context.getResults();
+    out.setFirstPosition(grant.firstPosition);
+    setBlocks(out.initBlocks(grant.blocks.size()), grant.blocks);
+    out.setLease(kj::heap<WriteLeaseImpl>(engine_, space_, grant.lease, begin, begin + tokens.size(),
+                                          grant.firstPosition, static_cast<uint32_t>(grant.blocks.size())));
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> get(GetContext context) override {
+    auto p = context.getParams();
+    if (p.getInline()) {
+      // Check the size before pinning anything.
+      auto length = orThrow(engine_.length(space_, text(p.getSeq())));
+      if (length) {
+        const uint32_t bt = engine_.space(space_).layout.blockTokens;
+        const uint64_t end = std::min(p.getEnd(), *length);
+        if (p.getBegin() < end) checkInlineBytes((end + bt - 1) / bt - p.getBegin() / bt, blockBytes());
+      }
+    }
+    ReadGrant grant = orThrow(engine_.get(space_, text(p.getSeq()), p.getBegin(), p.getEnd()));
+    auto out = context.getResults();
+    out.setFirstPosition(grant.firstPosition);
+    out.setEnd(grant.end);
+    setBlocks(out.initBlocks(grant.blocks.size()), grant.blocks);
+    if (p.getInline()) setInlineData(out.initData(grant.blocks.size()), engine_, grant.blocks);
+    out.setLease(readLease(engine_, grant.lease));
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> lookup(LookupContext context) override {
+    auto p = context.getParams();
+    const auto tokens = tokensFrom(p.getTokens());
+    const auto keys = keysFrom(p.getKeys());
+    LookupResult result =
+        orThrow(engine_.lookup(owner_, space_, tokens, keys, text(p.getBindSeq()), p.getDetached()));
+    auto out = context.getResults();
+    out.setMatchedTokens(result.matchedTokens);
+    setBlocks(out.initBlocks(result.blocks.size()), result.blocks);
+    if (p.getInline()) {
+      if (uint64_t{result.blocks.size()} * blockBytes() > kMaxInlineBytesPerCall) {
+        (void)engine_.releaseRead(result.lease);
+        checkInlineBytes(result.blocks.size(), blockBytes());
+      }
+      setInlineData(out.initData(result.blocks.size()), engine_, result.blocks);
+    }
+    out.setLease(readLease(engine_, result.lease));
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> copyPrefix(CopyPrefixContext context) override {
+    auto p = context.getParams();
+    orThrow(engine_.copyPrefix(owner_, space_, text(p.getSrc()), text(p.getDst()), p.getLen(), p.getDetached()));
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> remove(RemoveContext context) override {
+    auto p = context.getParams();
+    orThrow(engine_.remove(space_, text(p.getSeq()), p.getBegin(), p.getEnd()));
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> truncate(TruncateContext context) override {
+    auto p = context.getParams();
+    orThrow(engine_.truncate(space_, text(p.getSeq()), p.getLen()));
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> canResume(CanResumeContext context) override {
+    auto p = context.getParams();
+    context.getResults().setOk(orThrow(engine_.canResume(space_, text(p.getSeq()), p.getPos())));
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> length(LengthContext context) override {
+    auto length = orThrow(engine_.length(space_, text(context.getParams().getSeq())));
+    auto out = context.getResults();
+    out.setExists(length.has_value());
+    out.setLength(length.value_or(0));
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> read(ReadContext context) override {
+    auto refs = context.getParams().getRefs();
+    if (refs.size() > kMaxRefsPerRead) {
+      throwRpcError(makeError(ErrorCode::kInvalidArgument, refs.size(), " references exceed ", kMaxRefsPerRead));
+    }
+    checkInlineBytes(refs.size(), blockBytes());
+    std::vector<const uint8_t*> data;
+    for (auto ref : refs) data.push_back(orThrow(engine_.resolveSealed(space_, blockFromRpc(ref))));
+    auto out = context.getResults().initData(refs.size());
+    for (uint32_t i = 0; i < refs.size(); ++i) out.set(i, capnp::Data::Reader(data[i], blockBytes()));
+    return kj::READY_NOW;
+  }
+
+ private:
+  uint32_t blockBytes() const { return engine_.space(space_).blockBytes; }
+
+  Engine& engine_;
+  OwnerId owner_;
+  SpaceId space_;
+};
+
+class SessionImpl final : public rpc::Session::Server {
+ public:
+  SessionImpl(kvtier::Server& server, OwnerId owner, Salt salt) : server_(server), owner_(owner), salt_(salt) {
+    server_.sessionOpened();
+  }
+  ~SessionImpl() noexcept(false) {
+    server_.engine().endOwner(owner_);
+    server_.sessionClosed();
+    logInfo("session_closed", "owner=" + std::to_string(owner_));
+  }
+
+  kj::Promise<void> open(OpenContext context) override {
+    const Layout layout = layoutFromRpc(context.getParams().getLayout());
+    const SpaceId space = orThrow(server_.engine().openSpace(layout, salt_));
+    auto out = context.getResults();
+    out.setFingerprint(server_.engine().space(space).fingerprint);
+    out.setBlockBytes(server_.engine().space(space).blockBytes);
+    auto& pool = server_.hostPool();
+    auto extents = out.initExtents(pool.extentCount());
+    for (uint32_t i = 0; i < pool.extentCount(); ++i) {
+      extents[i].setId(i);
+      extents[i].setShmName(pool.segment(i).name());
+      extents[i].setBytes(pool.segment(i).size());
+    }
+    out.setSpace(kj::heap<SpaceImpl>(server_.engine(), owner_, space));
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> stats(StatsContext context) override {
+    const EngineStats s = server_.engine().stats();
+    auto out = context.getResults().initStats();
+    out.setBlocksTotal(s.blocksTotal);
+    out.setBlocksUsed(s.blocksUsed);
+    out.setBlocksPinned(s.blocksPinned);
+    out.setBlocksCached(s.blocksCached);
+    out.setBytesTotal(s.bytesTotal);
+    out.setBytesUsed(s.bytesUsed);
+    out.setHits(s.hits);
+    out.setMisses(s.misses);
+    out.setEvictions(s.evictions);
+    out.setClients(server_.sessions());
+    out.setSequences(s.sequences);
+    out.setReadLeases(s.readLeases);
+    out.setWriteLeases(s.writeLeases);
+    out.setBytesPut(s.bytesPut);
+    out.setBytesGot(s.bytesGot);
+    auto spaces = out.initSpaces(s.spaces.size());
+    for (uint32_t i = 0; i < s.spaces.size(); ++i) {
+      spaces[i].setFingerprint(s.spaces[i].fingerprint);
+      spaces[i].setBlockBytes(s.spaces[i].blockBytes);
+      spaces[i].setBlocksTotal(s.spaces[i].blocksTotal);
+      spaces[i].setBlocksUsed(s.spaces[i].blocksUsed);
+      spaces[i].setSequences(s.spaces[i].sequences);
+    }
+    return kj::READY_NOW;
+  }
+
+ private:
+  kvtier::Server& server_;
+  OwnerId owner_;
+  Salt salt_;
+};
+
+class DaemonImpl final : public rpc::Daemon::Server {
+ public:
+  DaemonImpl(kvtier::Server& server, PeerCredentials peer, bool allowed) : server_(server), peer_(peer), allowed_(allowed) {}
+
+  kj::Promise<void> hello(HelloContext context) override {
+    if (!allowed_) {
+      throwRpcError(makeError(ErrorCode::kPermissionDenied, "uid ", peer_.uid, " may not use this kvtierd"));
+    }
+    auto p = context.getParams();
+    if (p.getProtocolVersion() != rpc::PROTOCOL_VERSION) {
+      throwRpcError(makeError(ErrorCode::kProtocolMismatch, "client speaks protocol ", p.getProtocolVersion(),
+                              ", this daemon speaks ", rpc::PROTOCOL_VERSION));
+    }
+    // Tenancy: by default each Unix user is its own tenant, so two users never share blocks.
+    const Salt salt = saltFor("uid:" + std::to_string(peer_.uid));
+    const OwnerId owner = server_.newOwner();
+    logInfo("session_opened", "owner=" + std::to_string(owner) + " pid=" + std::to_string(peer_.pid) +
+                                  " uid=" + std::to_string(peer_.uid) + " client=" + std::string(text(p.getClientName())));
+    auto out = context.getResults();
+    out.setProtocolVersion(rpc::PROTOCOL_VERSION);
+    out.setDaemonVersion(kDaemonVersion);
+    out.setSession(kj::heap<SessionImpl>(server_, owner, salt));
+    return kj::READY_NOW;
+  }
+
+ private:
+  kvtier::Server& server_;
+  PeerCredentials peer_;
+  bool allowed_;
+};
+
+// One client connection: its stream, its two-party network and its RPC system.
+struct Connection {
+  Connection(kj::Own<kj::AsyncIoStream> s, rpc::Daemon::Client bootstrap)
+      : stream(kj::mv(s)),
+        network(*stream, capnp::rpc::twoparty::Side::SERVER, readerOptions()),
+        rpcSystem(capnp::makeRpcServer(network, kj::mv(bootstrap))) {}
+  kj::Own<kj::AsyncIoStream> stream;
+  capnp::TwoPartyVatNetwork network;
+  capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpcSystem;
+};
+
+}  // namespace
+
+bool peerAllowed(const PeerCredentials& peer, int64_t daemonUid, int64_t daemonGid) {
+  return peer.uid == 0 || peer.uid == daemonUid || (peer.gid >= 0 && peer.gid == daemonGid);
+}
+
+Server::Server(Engine& engine, HostPool& pool) : engine_(engine), pool_(pool), tasks_(*this) {}
+
+Server::~Server() = default;
+
+kj::Promise<void> Server::acceptLoop(kj::ConnectionReceiver& listener) {
+  return listener.accept().then([this, &listener](kj::Own<kj::AsyncIoStream> stream) {
+    accept(kj::mv(stream));
+    return acceptLoop(listener);
+  });
+}
+
+void Server::accept(kj::Own<kj::AsyncIoStream> stream) {
+  PeerCredentials peer;
+  struct ucred cred {};
+  uint len = sizeof cred;
+  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] { stream->getsockopt(SOL_SOCKET, SO_PEERCRED, &cred, &len); })) {
+    logWarn("peer_credentials_unavailable", e->getDescription().cStr());
+  } else {
+    peer = PeerCredentials{cred.pid, cred.uid, cred.gid};
+  }
+  const bool allowed = peerAllowed(peer, geteuid(), getegid());
+  if (!allowed) logWarn("peer_refused", "pid=" + std::to_string(peer.pid) + " uid=" + std::to_string(peer.uid));
+  auto connection = kj::heap<Connection>(kj::mv(stream), kj::heap<DaemonImpl>(*this, peer, allowed));
+  auto done = connection->network.onDisconnect();
+  tasks_.add(done.attach(kj::mv(connection)));
+}
+
+void Server::taskFailed(kj::Exception&& exception) {
+  logWarn("connection_failed", exception.getDescription().cStr());
+}
+
+}  // namespace kvtier

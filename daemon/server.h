@@ -1,0 +1,58 @@
+// The kvtierd RPC server: Cap'n Proto over a Unix socket, on top of the engine.
+//
+// One KJ event loop owns everything here (single writer, no locks). Each accepted connection gets
+// its own RpcSystem whose bootstrap is a Daemon capability bound to the peer's credentials. When a
+// connection ends — orderly, or because the client died — its RpcSystem drops every capability the
+// client held: each lease's destructor releases its pins or frees its uncommitted blocks, and the
+// session's destructor removes the sequences it owned that are not detached.
+#pragma once
+
+#include <kj/async-io.h>
+
+#include <cstdint>
+#include <string>
+
+#include "store/engine.h"
+#include "transport/host_pool.h"
+
+namespace kvtier {
+
+struct PeerCredentials {
+  int pid = -1;
+  int64_t uid = -1;
+  int64_t gid = -1;
+};
+
+class Server final : private kj::TaskSet::ErrorHandler {
+ public:
+  // `engine` and `pool` are borrowed and must outlive the server.
+  Server(Engine& engine, HostPool& pool);
+  ~Server();
+
+  // Accepts connections until the returned promise is cancelled.
+  kj::Promise<void> acceptLoop(kj::ConnectionReceiver& listener);
+
+  uint64_t sessions() const { return sessions_; }
+
+  // Used by the RPC objects (server.cc); not for callers of the server.
+  Engine& engine() { return engine_; }
+  HostPool& hostPool() { return pool_; }
+  OwnerId newOwner() { return nextOwner_++; }
+  void sessionOpened() { ++sessions_; }
+  void sessionClosed() { --sessions_; }
+
+ private:
+  void taskFailed(kj::Exception&& exception) override;
+  void accept(kj::Own<kj::AsyncIoStream> stream);
+
+  Engine& engine_;
+  HostPool& pool_;
+  uint64_t sessions_ = 0;
+  OwnerId nextOwner_ = 1;
+  kj::TaskSet tasks_;
+};
+
+// Peers allowed to talk to the daemon: root, the daemon's own user, or its group.
+bool peerAllowed(const PeerCredentials& peer, int64_t daemonUid, int64_t daemonGid);
+
+}  // namespace kvtier
