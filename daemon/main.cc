@@ -106,7 +106,7 @@ int run(const DaemonConfig& config) {
   logInfo("ready", "socket=" + socketPath + " host_pool_bytes=" + std::to_string(config.hostPoolBytes) +
                        " extents=" + std::to_string((*pool)->extentCount()) + " pid=" + std::to_string(::getpid()));
   // Tests and scripts wait for this line on stdout.
-  std::printf("kvtierd ready socket=%s\n", socketPath.c_str());
+  std::printf("kvtierd ready socket=%s segments=%s\n", socketPath.c_str(), prefix.c_str());
   std::fflush(stdout);
 
   auto stop = io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(io.unixEventPort.onSignal(SIGINT));

@@ -115,6 +115,7 @@ class WriteLeaseImpl final : public rpc::WriteLease::Server {
   }
 
   kj::Promise<void> write(WriteContext context) override {
+    if (id_ == 0) throwRpcError(makeError(ErrorCode::kReleased, "write lease was committed or aborted"));
     auto p = context.getParams();
     const Layout& layout = engine_.space(space_).layout;
     const uint32_t bt = layout.blockTokens;

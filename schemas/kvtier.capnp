@@ -115,7 +115,7 @@ interface Space {
   # bytes. Nothing is visible until commit. `keys`, when given, are the client's own 16-byte keys,
   # one for each block this put completes, in order.
 
-  get @1 (seq :Text, begin :UInt64, end :UInt64, inline :Bool)
+  get @1 (seq :Text, begin :UInt64, end :UInt64 = 0xffffffffffffffff, inline :Bool)
       -> (lease :ReadLease, blocks :List(BlockRef), firstPosition :UInt64, end :UInt64, data :List(Data));
 
   lookup @2 (tokens :List(UInt32), keys :List(Data), bindSeq :Text, detached :Bool, inline :Bool)
@@ -123,7 +123,7 @@ interface Space {
   # Longest prefix made of sealed full blocks. With bindSeq, that prefix also becomes the sequence.
 
   copyPrefix @3 (src :Text, dst :Text, len :UInt64, detached :Bool) -> ();
-  remove @4 (seq :Text, begin :UInt64, end :UInt64) -> ();
+  remove @4 (seq :Text, begin :UInt64, end :UInt64 = 0xffffffffffffffff) -> ();
   truncate @5 (seq :Text, len :UInt64) -> ();
   canResume @6 (seq :Text, pos :UInt64) -> (ok :Bool);
   length @7 (seq :Text) -> (length :UInt64, exists :Bool);
@@ -135,7 +135,7 @@ interface WriteLease {
   write @0 (block :UInt32, firstSlot :UInt32, slots :UInt32, data :Data) -> ();
   # Inline write of token slots [firstSlot, firstSlot + slots) of granted block `block`; `data` is
   # laid out [layer][K|V][slot][kvHead][headDim] over those slots.
-  commit @1 (upTo :UInt64) -> (length :UInt64, sealedBlocks :UInt32);
+  commit @1 (upTo :UInt64 = 0xffffffffffffffff) -> (length :UInt64, sealedBlocks :UInt32);
   # Makes positions [begin, upTo) visible (upTo = END: all granted). Full blocks are sealed and keyed.
   abort @2 () -> ();
 }

@@ -225,9 +225,10 @@ Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name
     return makeError(ErrorCode::kFull, "pool has no free or evictable block of ", sp.info.blockBytes,
                      " bytes for ", blockCount, " blocks");
   }
-  if (inPlace) {
-    pin(lease.blocks[0]);
-  } else if (slot0 != 0) {
+  // The lease pins every block it grants: never evicted, freed when the lease ends unless the
+  // sequence took them.
+  for (BlockId id : lease.blocks) pin(id);
+  if (!inPlace && slot0 != 0) {
     // Copy-on-write: the block holding `begin` may be sealed or shared; start a private copy.
     copySlots(space, seq->blocks[first], lease.blocks[0], slot0);
   }
@@ -252,14 +253,9 @@ Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name
   return grant;
 }
 
-void Engine::finishWrite(LeaseId id, WriteLease& lease, size_t keepFrom) {
-  // Blocks [keepFrom, end) were not taken by the sequence: free them (the in-place block is the
-  // sequence's own and only loses the lease's pin).
-  for (size_t i = keepFrom; i < lease.blocks.size(); ++i) {
-    if (i == 0 && lease.firstInPlace) continue;
-    pool_.release(lease.blocks[i]);
-  }
-  if (lease.firstInPlace) unpin(lease.blocks[0]);
+void Engine::finishWrite(LeaseId id, WriteLease& lease) {
+  // Blocks the sequence took keep its reference; the others (refs 0, never sealed) are freed.
+  for (BlockId b : lease.blocks) unpin(b);
   spaces_[lease.space].writers.erase(lease.seq);
   writeLeases_.erase(id);
 }
@@ -276,7 +272,7 @@ Result<CommitResult> Engine::commit(LeaseId id, uint64_t upTo) {
   const SpaceId space = lease.space;
   Sequence* seq = findSeq(space, lease.seq);
   if ((seq ? seq->version : 0) != lease.seqVersion) {
-    finishWrite(id, lease, 0);
+    finishWrite(id, lease);
     return makeError(ErrorCode::kConflict, "sequence changed while the write lease was open; nothing committed");
   }
   const uint32_t bt = blockTokens(space);
@@ -286,7 +282,7 @@ Result<CommitResult> Engine::commit(LeaseId id, uint64_t upTo) {
   if (upTo == 0) {
     // Replacing from position 0 with nothing: the sequence ends up empty.
     eraseSeq(space, lease.seq);
-    finishWrite(id, lease, 0);
+    finishWrite(id, lease);
     return CommitResult{0, 0};
   }
   if (!seq) {
@@ -304,7 +300,7 @@ Result<CommitResult> Engine::commit(LeaseId id, uint64_t upTo) {
   for (size_t i = 0; i < needed; ++i) {
     const BlockId b = lease.blocks[i];
     if (!(i == 0 && lease.firstInPlace)) {
-      pool_[b].refs = 1;
+      ref(b);
       pool_[b].state = BlockState::kPartial;
     }
     seq->blocks.push_back(b);
@@ -330,14 +326,14 @@ Result<CommitResult> Engine::commit(LeaseId id, uint64_t upTo) {
   seq->version = nextVersion_++;
   bytesPut_ += (upTo - lease.begin) * spaces_[space].info.layout.tokenKvBytes();
   result.length = upTo;
-  finishWrite(id, lease, needed);
+  finishWrite(id, lease);
   return result;
 }
 
 Status Engine::abortWrite(LeaseId id) {
   auto it = writeLeases_.find(id);
   if (it == writeLeases_.end()) return makeError(ErrorCode::kReleased, "write lease ", id, " is not open");
-  finishWrite(id, it->second, 0);
+  finishWrite(id, it->second);
   return {};
 }
 

@@ -201,7 +201,7 @@ class Engine {
   void replaceBlocks(Sequence& seq, std::vector<BlockId> blocks);
   void eraseSeq(SpaceId space, std::string_view name);
   LeaseId newReadLease(std::vector<BlockId> blocks);
-  void finishWrite(LeaseId id, WriteLease& lease, size_t keepFrom);
+  void finishWrite(LeaseId id, WriteLease& lease);
 
   BlockPool& pool_;
   BlockMemory& memory_;

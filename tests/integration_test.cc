@@ -1,0 +1,310 @@
+// Integration tests: a real kvtierd process, clients in this process and in separate peer
+// processes, bytes through the shared pool.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "tests/test_support.h"
+#include "tools/synthetic_kv.h"
+#include "transport/shm_segment.h"
+
+namespace kvtier {
+namespace {
+
+using test::DaemonProcess;
+using test::PeerProcess;
+using test::runPeer;
+using test::testLayout;
+
+constexpr uint64_t kBlockBytes = 16 << 10;  // testLayout()'s block
+
+std::vector<uint8_t> kvFor(const std::vector<uint32_t>& tokens, uint64_t from, uint64_t to) {
+  return synthetic::packedKv(testLayout(), tokens, from, to);
+}
+
+std::vector<uint8_t> readAll(const ReadHandle& h) {
+  std::vector<uint8_t> out((h.end() - h.begin()) * testLayout().tokenKvBytes());
+  h.copyTo(h.begin(), h.end(), out.data(), out.size()).value();
+  return out;
+}
+
+TEST(Integration, BytesWrittenByOneProcessAreReadIdenticallyByAnother) {
+  DaemonProcess daemon;
+  std::string out;
+  ASSERT_EQ(runPeer({"put", daemon.socket(), "prompt-1", "1", "100"}, &out), 0) << out;
+  EXPECT_NE(out.find("sealed=6"), std::string::npos) << out;
+  // A second process looks the same prompt up: the 6 full blocks (96 tokens) match, byte for byte.
+  ASSERT_EQ(runPeer({"verify", daemon.socket(), "1", "100", "100", "96"}, &out), 0) << out;
+  EXPECT_NE(out.find("MATCHED 96 identical"), std::string::npos) << out;
+}
+
+TEST(Integration, LookupFromAnotherProcessFindsLongestBlockAlignedPrefix) {
+  DaemonProcess daemon;
+  ASSERT_EQ(runPeer({"put", daemon.socket(), "prompt-2", "2", "100"}), 0);
+  // Diverging at d keeps the d / 16 blocks before it, whatever the alignment of d.
+  for (uint64_t diverge : {0, 1, 15, 16, 17, 40, 95, 96, 100}) {
+    const uint64_t expected = std::min<uint64_t>(diverge, 100) / 16 * 16;
+    std::string out;
+    EXPECT_EQ(runPeer({"verify", daemon.socket(), "2", "100", std::to_string(diverge), std::to_string(expected)},
+                      &out),
+              0)
+        << "diverge at " << diverge << ": " << out;
+  }
+}
+
+TEST(Integration, InProcessAndInlineClientsAgreeWithMappedOnes) {
+  DaemonProcess daemon;
+  auto mapped = daemon.connect(true);
+  auto inlined = daemon.connect(false);
+  auto ms = mapped->open(testLayout()).value();  // the pool is mapped on first open
+  auto is = inlined->open(testLayout()).value();
+  ASSERT_TRUE(mapped->mapped());
+  ASSERT_FALSE(inlined->mapped());
+
+  const auto a = synthetic::tokens(10, 70), b = synthetic::tokens(11, 70);
+  const auto kva = kvFor(a, 0, 70), kvb = kvFor(b, 0, 70);
+  ASSERT_TRUE(ms->put("a", 0, a, kva.data(), kva.size()).ok());
+  ASSERT_TRUE(is->put("b", 0, b, kvb.data(), kvb.size()).ok());  // written inline through the RPC
+
+  auto viaInline = is->lookup(a).value();  // mapped writer, inline reader
+  EXPECT_EQ(viaInline.matchedTokens(), 64u);
+  EXPECT_TRUE(viaInline.inlineData());
+  EXPECT_EQ(readAll(viaInline), kvFor(a, 0, 64));
+  auto viaMapped = ms->lookup(b).value();  // inline writer, mapped reader
+  EXPECT_EQ(viaMapped.matchedTokens(), 64u);
+  EXPECT_EQ(readAll(viaMapped), kvFor(b, 0, 64));
+  // get covers the partial last block too.
+  auto whole = is->get("b").value();
+  EXPECT_EQ(whole.end(), 70u);
+  EXPECT_EQ(readAll(whole), kvb);
+}
+
+TEST(Integration, AppendsAcrossCallsAndPartialRewritesKeepBytes) {
+  DaemonProcess daemon;
+  auto client = daemon.connect();
+  auto space = client->open(testLayout()).value();
+  const auto tokens = synthetic::tokens(20, 90);
+  const auto kv = kvFor(tokens, 0, 90);
+  // Decode-style appends of uneven sizes, including inside a partial block.
+  uint64_t pos = 0;
+  for (uint64_t step : {5, 11, 1, 23, 16, 34}) {
+    const auto chunk = kvFor(tokens, pos, pos + step);
+    auto info = space->put("s", pos, std::span(tokens).subspan(pos, step), chunk.data(), chunk.size());
+    ASSERT_TRUE(info.ok()) << info.error();
+    pos += step;
+    EXPECT_EQ(info->length, pos);
+  }
+  auto all = space->get("s").value();
+  EXPECT_EQ(readAll(all), kv);
+  all.release();
+  // The full blocks were sealed as they filled: a lookup finds all 5 of them.
+  EXPECT_EQ(space->lookup(tokens).value().matchedTokens(), 80u);
+}
+
+TEST(Integration, ClientKilledWithLeasesReleasesPinsAndFreesUncommittedBlocks) {
+  DaemonProcess daemon;
+  auto client = daemon.connect();
+  auto space = client->open(testLayout()).value();
+  ASSERT_EQ(runPeer({"put", daemon.socket(), "prompt-3", "3", "64"}), 0);
+  const Stats before = client->stats().value();
+  ASSERT_EQ(before.blocksPinned, 0u);
+
+  PeerProcess holder({"hold", daemon.socket(), "3", "64"});
+  ASSERT_EQ(holder.waitForLine("READY"), "READY 4") << holder.output();
+  const Stats holding = client->stats().value();
+  EXPECT_EQ(holding.blocksPinned, 4u + 4u);  // 4 read-pinned, 4 granted to the open write lease
+  EXPECT_EQ(holding.readLeases, 1u);
+  EXPECT_EQ(holding.writeLeases, 1u);
+  EXPECT_EQ(holding.blocksUsed, before.blocksUsed + 4);
+
+  holder.kill(SIGKILL);
+  EXPECT_EQ(holder.wait(), 128 + SIGKILL);
+  const Stats after = test::waitForStats(*client, [&](const Stats& s) { return s.clients == before.clients; });
+  EXPECT_EQ(after.clients, before.clients);
+  EXPECT_EQ(after.blocksPinned, 0u);
+  EXPECT_EQ(after.readLeases, 0u);
+  EXPECT_EQ(after.writeLeases, 0u);
+  EXPECT_EQ(after.blocksUsed, before.blocksUsed);
+  // The uncommitted write is visible to nobody, then or now.
+  EXPECT_EQ(space->length("uncommitted").value(), std::nullopt);
+  EXPECT_EQ(space->lookup(synthetic::tokens(1003, 64)).value().matchedTokens(), 0u);
+  // What was committed before is intact.
+  std::string out;
+  EXPECT_EQ(runPeer({"verify", daemon.socket(), "3", "64", "64", "64"}, &out), 0) << out;
+}
+
+TEST(Integration, SessionEndRemovesOwnedSequencesButDetachedOnesSurvive) {
+  DaemonProcess daemon;
+  ASSERT_EQ(runPeer({"put", daemon.socket(), "owned", "4", "40"}), 0);
+  ASSERT_EQ(runPeer({"put", daemon.socket(), "handoff", "5", "40", "detached"}), 0);
+  auto client = daemon.connect();
+  auto space = client->open(testLayout()).value();
+  EXPECT_EQ(space->length("owned").value(), std::nullopt);
+  EXPECT_EQ(space->length("handoff").value(), std::optional<uint64_t>(40));
+  // The owned sequence's sealed blocks outlive it in the prefix index.
+  EXPECT_EQ(space->lookup(synthetic::tokens(4, 40)).value().matchedTokens(), 32u);
+  // A "decode" process continues the detached sequence a "prefill" process wrote.
+  std::string out;
+  EXPECT_EQ(runPeer({"verify-seq", daemon.socket(), "handoff", "5", "40"}, &out), 0) << out;
+}
+
+TEST(Integration, PoolFullWithNothingEvictableAnswersFullAndStoresNothing) {
+  DaemonProcess daemon(16 * kBlockBytes);  // 16 blocks
+  auto client = daemon.connect();
+  auto space = client->open(testLayout()).value();
+  const auto a = synthetic::tokens(30, 12 * 16);
+  const auto kva = kvFor(a, 0, a.size());
+  ASSERT_TRUE(space->put("a", 0, a, kva.data(), kva.size()).ok());  // 12 blocks held by "a"
+  const Stats before = client->stats().value();
+  ASSERT_EQ(before.blocksTotal, 16u);
+
+  const auto b = synthetic::tokens(31, 8 * 16);
+  const auto kvb = kvFor(b, 0, b.size());
+  auto full = space->put("b", 0, b, kvb.data(), kvb.size());
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.code(), ErrorCode::kFull);
+  const Stats after = client->stats().value();
+  EXPECT_EQ(after.blocksUsed, before.blocksUsed);
+  EXPECT_EQ(after.writeLeases, 0u);
+  EXPECT_EQ(space->length("b").value(), std::nullopt);
+  EXPECT_EQ(readAll(space->get("a").value()), kva);
+}
+
+TEST(Integration, EvictionUnderPressureNeverTouchesPinnedBlocks) {
+  DaemonProcess daemon(16 * kBlockBytes);
+  auto client = daemon.connect();
+  auto space = client->open(testLayout()).value();
+  const auto p = synthetic::tokens(40, 64);
+  const auto kvp = kvFor(p, 0, 64);
+  ASSERT_TRUE(space->put("p", 0, p, kvp.data(), kvp.size()).ok());
+  ASSERT_TRUE(space->remove("p", 0).ok());  // sealed blocks stay cached, held by nothing
+  auto pinned = space->lookup(p).value();
+  ASSERT_EQ(pinned.matchedTokens(), 64u);
+
+  // Churn: 20 prompts of 4 blocks through the 12 unpinned blocks.
+  for (uint64_t i = 0; i < 20; ++i) {
+    const auto t = synthetic::tokens(100 + i, 64);
+    const auto kv = kvFor(t, 0, 64);
+    auto r = space->put("churn", 0, t, kv.data(), kv.size());
+    ASSERT_TRUE(r.ok()) << "prompt " << i << ": " << r.error();
+    ASSERT_TRUE(space->remove("churn", 0).ok());
+  }
+  const Stats s = client->stats().value();
+  EXPECT_GT(s.evictions, 0u);
+  // The pinned prefix kept its blocks and its bytes, and still hits.
+  EXPECT_EQ(readAll(pinned), kvp);
+  EXPECT_EQ(space->lookup(p).value().matchedTokens(), 64u);
+  pinned.release();
+  // Unpinned, it is evictable like the rest: enough churn pushes it out.
+  for (uint64_t i = 0; i < 4; ++i) {
+    const auto t = synthetic::tokens(200 + i, 64);
+    const auto kv = kvFor(t, 0, 64);
+    ASSERT_TRUE(space->put("churn", 0, t, kv.data(), kv.size()).ok());
+  }
+  EXPECT_LT(space->lookup(p).value().matchedTokens(), 64u);
+}
+
+TEST(Integration, StaleBlockReferenceIsRefusedNeverServed) {
+  DaemonProcess daemon(8 * kBlockBytes);
+  auto client = daemon.connect();
+  auto space = client->open(testLayout()).value();
+  const auto p = synthetic::tokens(50, 32);
+  const auto kvp = kvFor(p, 0, 32);
+  ASSERT_TRUE(space->put("p", 0, p, kvp.data(), kvp.size()).ok());
+  std::vector<BlockRef> refs;
+  {
+    auto hit = space->lookup(p).value();
+    refs = hit.refs();
+  }
+  ASSERT_EQ(refs.size(), 2u);
+  auto fresh = space->readRefs(refs);
+  ASSERT_TRUE(fresh.ok()) << fresh.error();
+  EXPECT_EQ(fresh->size(), 2u);
+  // Evict and reuse every block: the references' generations are now stale.
+  ASSERT_TRUE(space->remove("p", 0).ok());
+  const auto filler = synthetic::tokens(300, 128);  // all 8 blocks of the pool
+  const auto kvf = kvFor(filler, 0, 128);
+  ASSERT_TRUE(space->put("filler", 0, filler, kvf.data(), kvf.size()).ok());
+  ASSERT_EQ(client->stats().value().evictions, 2u);
+  auto stale = space->readRefs(refs);
+  ASSERT_FALSE(stale.ok());
+  EXPECT_EQ(stale.code(), ErrorCode::kStaleReference);
+  BlockRef garbage{0, 12345, static_cast<uint32_t>(kBlockBytes), 1};
+  EXPECT_EQ(space->readRefs(std::span(&garbage, 1)).code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(Integration, PeerOfAnotherUserIsRefusedByItsCredentials) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to run a peer as another user";
+  DaemonProcess daemon;
+  // Open the file-system path to everyone, so that only the daemon's own check can refuse.
+  ASSERT_EQ(chmod(daemon.dataDir().c_str(), 0755), 0);
+  ASSERT_EQ(chmod(daemon.socket().c_str(), 0666), 0);
+  std::string out;
+  // "nobody" is not the daemon's user or group: the daemon refuses it by its Unix credentials.
+  ASSERT_EQ(runPeer({"connect-as", "65534", daemon.socket()}, &out), 0) << out;
+  EXPECT_NE(out.find("CONNECT PERMISSION_DENIED"), std::string::npos) << out;
+}
+
+TEST(Integration, SigtermRemovesSocketAndSegments) {
+  DaemonProcess daemon;
+  {
+    auto client = daemon.connect();
+    auto space = client->open(testLayout()).value();
+  }
+  const std::string prefix = daemon.segmentPrefix();
+  ASSERT_FALSE(test::shmSegments(prefix).empty());
+  ASSERT_TRUE(std::filesystem::exists(daemon.socket()));
+  struct stat st {};
+  ASSERT_EQ(stat(daemon.socket().c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  const std::string socket = daemon.socket();
+  const int status = daemon.stop(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_FALSE(std::filesystem::exists(socket));
+  EXPECT_TRUE(test::shmSegments(prefix).empty());
+}
+
+TEST(Integration, RestartAfterCrashReplacesStaleSegments) {
+  std::string dataDir;
+  std::string prefix;
+  {
+    DaemonProcess crashed;
+    dataDir = crashed.dataDir();
+    prefix = crashed.segmentPrefix();
+    crashed.stop(SIGKILL);
+  }
+  // The crashed daemon's segment is still there; scribble on it.
+  const auto left = test::shmSegments(prefix);
+  ASSERT_EQ(left.size(), 1u);
+  {
+    auto seg = ShmSegment::open(left[0], 4096).value();
+    std::memset(seg->data(), 0xAB, 4096);
+  }
+  DaemonProcess restarted(64 << 20, dataDir);
+  EXPECT_EQ(restarted.segmentPrefix(), prefix);
+  auto seg = ShmSegment::open(left[0], 4096).value();
+  EXPECT_EQ(seg->data()[0], 0) << "the stale segment was reused instead of replaced";
+  auto client = restarted.connect();
+  EXPECT_TRUE(client->open(testLayout()).ok());
+}
+
+TEST(Integration, SecondDaemonOnTheSameDataDirRefusesToStart) {
+  DaemonProcess first;
+  EXPECT_THROW(DaemonProcess second(64 << 20, first.dataDir()), std::runtime_error);
+  auto client = first.connect();  // the first one is unharmed
+  EXPECT_TRUE(client->stats().ok());
+}
+
+TEST(Integration, ConnectToMissingDaemonIsUnavailable) {
+  auto client = Client::connect({.socketPath = "/tmp/kvtier-no-such-daemon.sock"});
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.code(), ErrorCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace kvtier

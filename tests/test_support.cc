@@ -1,0 +1,159 @@
+#include "tests/test_support.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+
+extern char** environ;
+
+namespace kvtier::test {
+namespace {
+
+// Spawns argv with stdout on a pipe (returned in *out) and stderr inherited.
+pid_t spawnPiped(const std::vector<std::string>& args, int* out) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    throw std::runtime_error("cannot spawn " + args[0] + ": " + std::strerror(rc));
+  }
+  *out = fds[0];
+  return pid;
+}
+
+// Reads from fd into `buffer` until it holds a complete line starting with `prefix`, and returns
+// that line; "" on end of file or after 20 s.
+std::string readLine(int fd, std::string& buffer, const std::string& prefix) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (true) {
+    for (size_t start = 0, nl; (nl = buffer.find('\n', start)) != std::string::npos; start = nl + 1) {
+      if (buffer.compare(start, prefix.size(), prefix) == 0) return buffer.substr(start, nl - start);
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return "";
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) return "";
+    char chunk[4096];
+    const ssize_t n = read(fd, chunk, sizeof chunk);
+    if (n <= 0) return "";
+    buffer.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+int exitCode(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+}  // namespace
+
+std::string peerPath() { return KVTIER_PEER_PATH; }
+
+DaemonProcess::DaemonProcess(uint64_t hostPoolBytes, std::string dataDir) {
+  if (dataDir.empty()) {
+    char tmpl[] = "/tmp/kvtier-test-XXXXXX";
+    if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+    dataDir = tmpl;
+  }
+  dataDir_ = dataDir;
+  socket_ = dataDir_ + "/kvtierd.sock";
+  int out = -1;
+  pid_ = spawnPiped({KVTIER_DAEMON_PATH, "--data-dir", dataDir_, "--host-pool-bytes", std::to_string(hostPoolBytes)},
+                    &out);
+  std::string buffer;
+  const std::string line = readLine(out, buffer, "kvtierd ready");
+  close(out);
+  if (line.empty()) {
+    stop(SIGKILL);
+    throw std::runtime_error("kvtierd did not become ready");
+  }
+  segmentPrefix_ = line.substr(line.find("segments=") + 9);
+}
+
+DaemonProcess::~DaemonProcess() {
+  if (pid_ > 0) stop(SIGTERM);
+}
+
+int DaemonProcess::stop(int signal) {
+  if (pid_ <= 0) return -1;
+  ::kill(pid_, signal);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+  return status;
+}
+
+std::unique_ptr<Client> DaemonProcess::connect(bool mapPool) const {
+  auto client = Client::connect({.socketPath = socket_, .clientName = "test", .mapPool = mapPool});
+  if (!client) throw std::runtime_error("connect failed: " + client.error().toString());
+  return std::move(client).value();
+}
+
+PeerProcess::PeerProcess(const std::vector<std::string>& args) {
+  std::vector<std::string> full = {peerPath()};
+  full.insert(full.end(), args.begin(), args.end());
+  pid_ = spawnPiped(full, &out_);
+}
+
+PeerProcess::~PeerProcess() {
+  if (!reaped_) {
+    ::kill(pid_, SIGKILL);
+    wait();
+  }
+  if (out_ >= 0) close(out_);
+}
+
+std::string PeerProcess::waitForLine(const std::string& prefix) { return readLine(out_, output_, prefix); }
+
+int PeerProcess::wait() {
+  if (reaped_) return -1;
+  // Drain stdout so the peer never blocks on a full pipe.
+  char chunk[4096];
+  ssize_t n;
+  while ((n = read(out_, chunk, sizeof chunk)) > 0) output_.append(chunk, static_cast<size_t>(n));
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  reaped_ = true;
+  return exitCode(status);
+}
+
+void PeerProcess::kill(int signal) { ::kill(pid_, signal); }
+
+int runPeer(const std::vector<std::string>& args, std::string* output) {
+  PeerProcess peer(args);
+  const int rc = peer.wait();
+  if (output) *output = peer.output();
+  return rc;
+}
+
+std::vector<std::string> shmSegments(const std::string& prefix) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) names.push_back(name);
+  }
+  return names;
+}
+
+}  // namespace kvtier::test

@@ -1,0 +1,76 @@
+// Support for integration tests: a real kvtierd process per test, peer client processes, and the
+// small layout the tests share with the peer executable.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvtier/client.h"
+#include "kvtier/layout.h"
+
+namespace kvtier::test {
+
+// 4 layers, 2 KV heads, head dim 32, fp16, 16 tokens per block: 1 KiB per token, 16 KiB blocks.
+inline Layout testLayout() { return Layout{"test/tiny", 4, 2, 32, DType::kFloat16, 16}; }
+
+// A kvtierd started in a fresh temporary data directory; stopped (SIGTERM) by the destructor.
+class DaemonProcess {
+ public:
+  explicit DaemonProcess(uint64_t hostPoolBytes = 64 << 20, std::string dataDir = "");
+  ~DaemonProcess();
+  DaemonProcess(const DaemonProcess&) = delete;
+  DaemonProcess& operator=(const DaemonProcess&) = delete;
+
+  const std::string& socket() const { return socket_; }
+  const std::string& dataDir() const { return dataDir_; }
+  const std::string& segmentPrefix() const { return segmentPrefix_; }
+  pid_t pid() const { return pid_; }
+  // Sends `signal` and waits; returns the wait status. The daemon is gone afterwards.
+  int stop(int signal);
+
+  std::unique_ptr<Client> connect(bool mapPool = true) const;
+
+ private:
+  std::string dataDir_, socket_, segmentPrefix_;
+  pid_t pid_ = -1;
+};
+
+// A peer process (tests/test_peer.cc) with stdout piped back to the test.
+class PeerProcess {
+ public:
+  explicit PeerProcess(const std::vector<std::string>& args);
+  ~PeerProcess();
+  // Reads stdout until a line starting with `prefix` (bounded by a deadline); returns the line.
+  std::string waitForLine(const std::string& prefix);
+  // Waits for exit; returns the exit code (or 128 + signal).
+  int wait();
+  void kill(int signal);
+  pid_t pid() const { return pid_; }
+  // Everything read from stdout so far.
+  const std::string& output() const { return output_; }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+  bool reaped_ = false;
+  std::string output_;
+};
+
+// Runs a peer to completion and returns its exit code.
+int runPeer(const std::vector<std::string>& args, std::string* output = nullptr);
+
+// Names of /dev/shm entries starting with `prefix`.
+std::vector<std::string> shmSegments(const std::string& prefix);
+
+// Polls `client.stats()` until pred(stats) holds or 10 s pass; returns the last stats.
+template <typename Pred>
+Stats waitForStats(Client& client, Pred pred);
+
+std::string peerPath();
+
+}  // namespace kvtier::test
+
+#include "tests/test_support_inl.h"
