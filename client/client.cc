@@ -58,7 +58,8 @@ struct Client::Impl {
   Status connect();
   void loop(std::promise<Status>& ready);
   rpc::Session::Client& sessionCap() { return KJ_ASSERT_NONNULL(session); }
-  Status mapExtents(const std::vector<std::pair<uint32_t, std::pair<std::string, uint64_t>>>& extents);
+  Status mapExtents(
+      const std::vector<std::pair<uint32_t, std::pair<std::string, uint64_t>>>& extents);
   const uint8_t* view(const BlockRef& ref) const;
 };
 
@@ -66,20 +67,26 @@ namespace {
 
 capnp::ReaderOptions clientReaderOptions() {
   capnp::ReaderOptions options;
-  options.traversalLimitInWords = 2 * (kMaxInlineBytesPerCall + (uint64_t{8} << 20)) / sizeof(capnp::word);
+  options.traversalLimitInWords =
+      2 * (kMaxInlineBytesPerCall + (uint64_t{8} << 20)) / sizeof(capnp::word);
   return options;
 }
 
-BlockRef refFrom(rpc::BlockRef::Reader r) { return BlockRef{r.getExtent(), r.getOffset(), r.getBytes(), r.getGeneration()}; }
+BlockRef refFrom(rpc::BlockRef::Reader r) {
+  return BlockRef{r.getExtent(), r.getOffset(), r.getBytes(), r.getGeneration()};
+}
 
-kernels::BlockGeometry geometry(const Layout& l) { return {l.numLayers, l.blockTokens, l.tokenBytes()}; }
+kernels::BlockGeometry geometry(const Layout& l) {
+  return {l.numLayers, l.blockTokens, l.tokenBytes()};
+}
 
 void setTokens(capnp::List<uint32_t>::Builder out, std::span<const uint32_t> tokens) {
   for (uint32_t i = 0; i < tokens.size(); ++i) out.set(i, tokens[i]);
 }
 
 void setKeys(capnp::List<capnp::Data>::Builder out, std::span<const Key128> keys) {
-  for (uint32_t i = 0; i < keys.size(); ++i) out.set(i, capnp::Data::Reader(keys[i].bytes.data(), keys[i].bytes.size()));
+  for (uint32_t i = 0; i < keys.size(); ++i)
+    out.set(i, capnp::Data::Reader(keys[i].bytes.data(), keys[i].bytes.size()));
 }
 
 Error invalid(auto&&... args) { return makeError(ErrorCode::kInvalidArgument, args...); }
@@ -91,30 +98,31 @@ void Client::Impl::loop(std::promise<Status>& ready) {
   io = &context;
   executor = &kj::getCurrentThreadExecutor();
   Status status;
-  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] {
-    auto address = context.provider->getNetwork()
-                       .parseAddress(kj::str("unix:", options.socketPath.c_str()))
-                       .wait(context.waitScope);
-    stream = address->connect().wait(context.waitScope);
-    network = kj::heap<capnp::TwoPartyVatNetwork>(*stream, capnp::rpc::twoparty::Side::CLIENT, clientReaderOptions());
-    rpcSystem = kj::heap(capnp::makeRpcClient(*network));
-    capnp::word scratch[4];
-    memset(scratch, 0, sizeof scratch);
-    capnp::MallocMessageBuilder message(scratch);
-    auto vatId = message.getRoot<capnp::rpc::twoparty::VatId>();
-    vatId.setSide(capnp::rpc::twoparty::Side::SERVER);
-    auto daemon = rpcSystem->bootstrap(vatId).castAs<rpc::Daemon>();
-    auto req = daemon.helloRequest();
-    req.setProtocolVersion(rpc::PROTOCOL_VERSION);
-    req.setClientName(options.clientName);
-    auto resp = req.send().wait(context.waitScope);
-    daemonVersion = resp.getDaemonVersion().cStr();
-    session = resp.getSession();
-  })) {
+  KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] {
+                 auto address = context.provider->getNetwork()
+                                    .parseAddress(kj::str("unix:", options.socketPath.c_str()))
+                                    .wait(context.waitScope);
+                 stream = address->connect().wait(context.waitScope);
+                 network = kj::heap<capnp::TwoPartyVatNetwork>(
+                     *stream, capnp::rpc::twoparty::Side::CLIENT, clientReaderOptions());
+                 rpcSystem = kj::heap(capnp::makeRpcClient(*network));
+                 capnp::word scratch[4];
+                 memset(scratch, 0, sizeof scratch);
+                 capnp::MallocMessageBuilder message(scratch);
+                 auto vatId = message.getRoot<capnp::rpc::twoparty::VatId>();
+                 vatId.setSide(capnp::rpc::twoparty::Side::SERVER);
+                 auto daemon = rpcSystem->bootstrap(vatId).castAs<rpc::Daemon>();
+                 auto req = daemon.helloRequest();
+                 req.setProtocolVersion(rpc::PROTOCOL_VERSION);
+                 req.setClientName(options.clientName);
+                 auto resp = req.send().wait(context.waitScope);
+                 daemonVersion = resp.getDaemonVersion().cStr();
+                 session = resp.getSession();
+               })) {
     Error error = fromKjException(*e);
     if (error.code() == ErrorCode::kInternal || error.code() == ErrorCode::kUnavailable) {
-      error = makeError(ErrorCode::kUnavailable, "cannot reach kvtierd at ", options.socketPath, ": ",
-                        e->getDescription().cStr());
+      error = makeError(ErrorCode::kUnavailable, "cannot reach kvtierd at ", options.socketPath,
+                        ": ", e->getDescription().cStr());
     }
     status = error;
   }
@@ -139,7 +147,8 @@ Status Client::Impl::connect() {
   return status;
 }
 
-Status Client::Impl::mapExtents(const std::vector<std::pair<uint32_t, std::pair<std::string, uint64_t>>>& extents) {
+Status Client::Impl::mapExtents(
+    const std::vector<std::pair<uint32_t, std::pair<std::string, uint64_t>>>& extents) {
   if (!options.mapPool) return {};
   for (const auto& [id, e] : extents) {
     if (mappings.count(id)) continue;
@@ -158,7 +167,8 @@ Status Client::Impl::mapExtents(const std::vector<std::pair<uint32_t, std::pair<
 
 const uint8_t* Client::Impl::view(const BlockRef& ref) const {
   auto it = mappings.find(ref.extent);
-  if (it == mappings.end() || ref.offset + ref.bytes > it->second->size() || ref.offset + ref.bytes < ref.offset) {
+  if (it == mappings.end() || ref.offset + ref.bytes > it->second->size() ||
+      ref.offset + ref.bytes < ref.offset) {
     return nullptr;
   }
   return it->second->data() + ref.offset;
@@ -201,7 +211,8 @@ Result<std::unique_ptr<Space>> Client::open(const Layout& layout) {
     return req.send().then([](capnp::Response<rpc::Session::OpenResults>&& r) {
       Opened o{kj::heap<Space::Impl>(), r.getFingerprint(), {}};
       o.impl->cap = r.getSpace();
-      for (auto e : r.getExtents()) o.extents.push_back({e.getId(), {e.getShmName().cStr(), e.getBytes()}});
+      for (auto e : r.getExtents())
+        o.extents.push_back({e.getId(), {e.getShmName().cStr(), e.getBytes()}});
       return o;
     });
   });
@@ -209,46 +220,55 @@ Result<std::unique_ptr<Space>> Client::open(const Layout& layout) {
   // Mapping the pool is best effort: without it, bytes travel inline.
   (void)impl_->run([&] { (void)impl_->mapExtents(opened->extents); });
   auto spaceImpl = std::make_unique<Space::Impl>();
-  (void)impl_->run([&] { spaceImpl->cap = kj::mv(opened->impl->cap); opened->impl = nullptr; });
-  return std::unique_ptr<Space>(new Space(*this, std::move(spaceImpl), layout, opened->fingerprint));
+  (void)impl_->run([&] {
+    spaceImpl->cap = kj::mv(opened->impl->cap);
+    opened->impl = nullptr;
+  });
+  return std::unique_ptr<Space>(
+      new Space(*this, std::move(spaceImpl), layout, opened->fingerprint));
 }
 
 Result<Stats> Client::stats() {
   return impl_->run([&] {
-    return impl_->sessionCap().statsRequest().send().then([](capnp::Response<rpc::Session::StatsResults>&& r) {
-      auto s = r.getStats();
-      Stats out;
-      out.blocksTotal = s.getBlocksTotal();
-      out.blocksUsed = s.getBlocksUsed();
-      out.blocksPinned = s.getBlocksPinned();
-      out.blocksCached = s.getBlocksCached();
-      out.bytesTotal = s.getBytesTotal();
-      out.bytesUsed = s.getBytesUsed();
-      out.hits = s.getHits();
-      out.misses = s.getMisses();
-      out.evictions = s.getEvictions();
-      out.clients = s.getClients();
-      out.sequences = s.getSequences();
-      out.readLeases = s.getReadLeases();
-      out.writeLeases = s.getWriteLeases();
-      out.bytesPut = s.getBytesPut();
-      out.bytesGot = s.getBytesGot();
-      for (auto sp : s.getSpaces()) {
-        out.spaces.push_back(SpaceStats{sp.getFingerprint(), sp.getBlockBytes(), sp.getBlocksTotal(),
-                                        sp.getBlocksUsed(), sp.getSequences()});
-      }
-      return out;
-    });
+    return impl_->sessionCap().statsRequest().send().then(
+        [](capnp::Response<rpc::Session::StatsResults>&& r) {
+          auto s = r.getStats();
+          Stats out;
+          out.blocksTotal = s.getBlocksTotal();
+          out.blocksUsed = s.getBlocksUsed();
+          out.blocksPinned = s.getBlocksPinned();
+          out.blocksCached = s.getBlocksCached();
+          out.bytesTotal = s.getBytesTotal();
+          out.bytesUsed = s.getBytesUsed();
+          out.hits = s.getHits();
+          out.misses = s.getMisses();
+          out.evictions = s.getEvictions();
+          out.clients = s.getClients();
+          out.sequences = s.getSequences();
+          out.readLeases = s.getReadLeases();
+          out.writeLeases = s.getWriteLeases();
+          out.bytesPut = s.getBytesPut();
+          out.bytesGot = s.getBytesGot();
+          for (auto sp : s.getSpaces()) {
+            out.spaces.push_back(SpaceStats{sp.getFingerprint(), sp.getBlockBytes(),
+                                            sp.getBlocksTotal(), sp.getBlocksUsed(),
+                                            sp.getSequences()});
+          }
+          return out;
+        });
   });
 }
 
 std::string Stats::toJson() const {
   std::ostringstream o;
-  o << "{\"blocks\": {\"total\": " << blocksTotal << ", \"used\": " << blocksUsed << ", \"pinned\": " << blocksPinned
-    << ", \"cached\": " << blocksCached << "}, \"bytes\": {\"total\": " << bytesTotal << ", \"used\": " << bytesUsed
-    << ", \"put\": " << bytesPut << ", \"got\": " << bytesGot << "}, \"hits\": " << hits << ", \"misses\": " << misses
-    << ", \"evictions\": " << evictions << ", \"clients\": " << clients << ", \"sequences\": " << sequences
-    << ", \"leases\": {\"read\": " << readLeases << ", \"write\": " << writeLeases << "}, \"spaces\": [";
+  o << "{\"blocks\": {\"total\": " << blocksTotal << ", \"used\": " << blocksUsed
+    << ", \"pinned\": " << blocksPinned << ", \"cached\": " << blocksCached
+    << "}, \"bytes\": {\"total\": " << bytesTotal << ", \"used\": " << bytesUsed
+    << ", \"put\": " << bytesPut << ", \"got\": " << bytesGot << "}, \"hits\": " << hits
+    << ", \"misses\": " << misses << ", \"evictions\": " << evictions
+    << ", \"clients\": " << clients << ", \"sequences\": " << sequences
+    << ", \"leases\": {\"read\": " << readLeases << ", \"write\": " << writeLeases
+    << "}, \"spaces\": [";
   for (size_t i = 0; i < spaces.size(); ++i) {
     const auto& s = spaces[i];
     o << (i ? ", " : "") << "{\"fingerprint\": \"" << std::hex << s.fingerprint << std::dec
@@ -281,7 +301,7 @@ void ReadHandle::release() {
   if (!lease_) return;
   auto* client = lease_->client;
   (void)client->run([&]() -> kj::Promise<void> {
-    KJ_IF_MAYBE(cap, lease_->cap) {
+    KJ_IF_MAYBE (cap, lease_->cap) {
       auto promise = cap->castAs<rpc::ReadLease>().releaseRequest().send().ignoreResult();
       lease_->cap = nullptr;
       return promise;
@@ -296,19 +316,23 @@ void ReadHandle::release() {
 Status ReadHandle::copyTo(uint64_t from, uint64_t to, void* out, size_t bytes) const {
   const Layout& layout = space_->layout();
   if (from > to || from < begin_ || to > end_) {
-    return invalid("copy range [", from, ", ", to, ") is outside the held [", begin_, ", ", end_, ")");
+    return invalid("copy range [", from, ", ", to, ") is outside the held [", begin_, ", ", end_,
+                   ")");
   }
   if (bytes != (to - from) * layout.tokenKvBytes()) {
-    return invalid("copy buffer of ", bytes, " bytes, expected ", (to - from) * layout.tokenKvBytes());
+    return invalid("copy buffer of ", bytes, " bytes, expected ",
+                   (to - from) * layout.tokenKvBytes());
   }
-  if (views_.empty() && from < to) return makeError(ErrorCode::kReleased, "read handle was released");
+  if (views_.empty() && from < to)
+    return makeError(ErrorCode::kReleased, "read handle was released");
   const uint32_t bt = layout.blockTokens;
   const auto g = geometry(layout);
   for (uint64_t pos = from; pos < to;) {
     const uint64_t block = (pos - firstPosition_) / bt;
     const uint32_t slot = static_cast<uint32_t>((pos - firstPosition_) % bt);
     const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(bt - slot, to - pos));
-    kernels::packSlots(g, views_[block].data(), slot, n, static_cast<uint8_t*>(out), to - from, pos - from);
+    kernels::packSlots(g, views_[block].data(), slot, n, static_cast<uint8_t*>(out), to - from,
+                       pos - from);
     pos += n;
   }
   return {};
@@ -324,10 +348,12 @@ Status WriteHandle::write(uint64_t from, uint64_t to, const void* kv, size_t byt
   if (!lease_) return makeError(ErrorCode::kReleased, "write handle was committed or aborted");
   const Layout& layout = space_->layout();
   if (from > to || from < begin_ || to > end_) {
-    return invalid("write range [", from, ", ", to, ") is outside the granted [", begin_, ", ", end_, ")");
+    return invalid("write range [", from, ", ", to, ") is outside the granted [", begin_, ", ",
+                   end_, ")");
   }
   if (bytes != (to - from) * layout.tokenKvBytes()) {
-    return invalid("write buffer of ", bytes, " bytes, expected ", (to - from) * layout.tokenKvBytes());
+    return invalid("write buffer of ", bytes, " bytes, expected ",
+                   (to - from) * layout.tokenKvBytes());
   }
   const uint32_t bt = layout.blockTokens;
   const auto g = geometry(layout);
@@ -357,8 +383,8 @@ Status WriteHandle::write(uint64_t from, uint64_t to, const void* kv, size_t byt
       auto data = req.initData(n * layout.tokenKvBytes());
       // Gather this block's slots out of the caller's packed run into a packed run of n tokens.
       for (uint64_t lkv = 0; lkv < 2ull * layout.numLayers; ++lkv) {
-        std::memcpy(data.begin() + lkv * n * g.tokenBytes, packed + (lkv * (to - from) + (pos - from)) * g.tokenBytes,
-                    n * g.tokenBytes);
+        std::memcpy(data.begin() + lkv * n * g.tokenBytes,
+                    packed + (lkv * (to - from) + (pos - from)) * g.tokenBytes, n * g.tokenBytes);
       }
       sends.add(req.send().ignoreResult());
       pos += n;
@@ -387,7 +413,11 @@ Result<CommitInfo> WriteHandle::commit(uint64_t upTo) {
 Status WriteHandle::abort() {
   if (!lease_) return makeError(ErrorCode::kReleased, "write handle was committed or aborted");
   auto status = lease_->client->run([&] {
-    return KJ_ASSERT_NONNULL(lease_->cap).castAs<rpc::WriteLease>().abortRequest().send().ignoreResult();
+    return KJ_ASSERT_NONNULL(lease_->cap)
+        .castAs<rpc::WriteLease>()
+        .abortRequest()
+        .send()
+        .ignoreResult();
   });
   lease_.reset();
   views_.clear();
@@ -398,15 +428,19 @@ Status WriteHandle::abort() {
 // Space
 
 Space::Space(Client& client, std::unique_ptr<Impl> impl, Layout layout, uint64_t fingerprint)
-    : client_(client), impl_(std::move(impl)), layout_(std::move(layout)), fingerprint_(fingerprint) {}
+    : client_(client),
+      impl_(std::move(impl)),
+      layout_(std::move(layout)),
+      fingerprint_(fingerprint) {}
 
 Space::~Space() {
   (void)client_.impl_->run([this] { impl_->cap = nullptr; });
 }
 
-Result<WriteHandle> Space::beginPut(std::string_view seq, uint64_t begin, std::span<const uint32_t> tokens,
-                                    const PutOptions& options) {
-  if (tokens.size() > kMaxTokensPerCall) return invalid("put of ", tokens.size(), " tokens exceeds ", kMaxTokensPerCall);
+Result<WriteHandle> Space::beginPut(std::string_view seq, uint64_t begin,
+                                    std::span<const uint32_t> tokens, const PutOptions& options) {
+  if (tokens.size() > kMaxTokensPerCall)
+    return invalid("put of ", tokens.size(), " tokens exceeds ", kMaxTokensPerCall);
   auto* client = client_.impl_.get();
   auto lease = std::make_unique<LeaseState>();
   lease->client = client;
@@ -437,18 +471,20 @@ Result<WriteHandle> Space::beginPut(std::string_view seq, uint64_t begin, std::s
   if (client->mapped) {
     for (const auto& ref : handle.refs_) {
       const uint8_t* p = client->view(ref);
-      if (!p) return makeError(ErrorCode::kInternal, "daemon granted a block outside the mapped pool");
+      if (!p)
+        return makeError(ErrorCode::kInternal, "daemon granted a block outside the mapped pool");
       handle.views_.emplace_back(const_cast<uint8_t*>(p), ref.bytes);
     }
   }
   return handle;
 }
 
-Result<CommitInfo> Space::put(std::string_view seq, uint64_t begin, std::span<const uint32_t> tokens, const void* kv,
-                              size_t bytes, const PutOptions& options) {
+Result<CommitInfo> Space::put(std::string_view seq, uint64_t begin,
+                              std::span<const uint32_t> tokens, const void* kv, size_t bytes,
+                              const PutOptions& options) {
   if (bytes != tokens.size() * layout_.tokenKvBytes()) {
-    return invalid("put of ", tokens.size(), " tokens needs ", tokens.size() * layout_.tokenKvBytes(),
-                   " bytes of KV, got ", bytes);
+    return invalid("put of ", tokens.size(), " tokens needs ",
+                   tokens.size() * layout_.tokenKvBytes(), " bytes of KV, got ", bytes);
   }
   auto handle = beginPut(seq, begin, tokens, options);
   if (!handle) return handle.error();
@@ -459,7 +495,8 @@ Result<CommitInfo> Space::put(std::string_view seq, uint64_t begin, std::span<co
 namespace {
 
 // Fills a ReadHandle's views from refs, mapped or inline.
-Status attachViews(Client::Impl& client, std::vector<BlockRef>& refs, std::vector<std::vector<uint8_t>>& inlineData,
+Status attachViews(Client::Impl& client, std::vector<BlockRef>& refs,
+                   std::vector<std::vector<uint8_t>>& inlineData,
                    std::vector<std::span<const uint8_t>>& views) {
   if (!inlineData.empty()) {
     for (auto& d : inlineData) views.emplace_back(d.data(), d.size());
@@ -467,7 +504,8 @@ Status attachViews(Client::Impl& client, std::vector<BlockRef>& refs, std::vecto
   }
   for (const auto& ref : refs) {
     const uint8_t* p = client.view(ref);
-    if (!p) return makeError(ErrorCode::kInternal, "daemon returned a block outside the mapped pool");
+    if (!p)
+      return makeError(ErrorCode::kInternal, "daemon returned a block outside the mapped pool");
     views.emplace_back(p, ref.bytes);
   }
   return {};
@@ -502,7 +540,8 @@ Result<ReadHandle> Space::get(std::string_view seq, uint64_t begin, uint64_t end
   });
   if (!status) return status.error();
   handle.lease_ = std::move(lease);
-  if (auto s = attachViews(*client, handle.refs_, handle.inline_, handle.views_); !s) return s.error();
+  if (auto s = attachViews(*client, handle.refs_, handle.inline_, handle.views_); !s)
+    return s.error();
   return handle;
 }
 
@@ -532,7 +571,8 @@ Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span
   });
   if (!status) return status.error();
   handle.lease_ = std::move(lease);
-  if (auto s = attachViews(*client, handle.refs_, handle.inline_, handle.views_); !s) return s.error();
+  if (auto s = attachViews(*client, handle.refs_, handle.inline_, handle.views_); !s)
+    return s.error();
   return handle;
 }
 
@@ -579,7 +619,8 @@ Result<bool> Space::canResume(std::string_view seq, uint64_t pos) {
     auto req = impl_->space().canResumeRequest();
     req.setSeq(std::string(seq));
     req.setPos(pos);
-    return req.send().then([](capnp::Response<rpc::Space::CanResumeResults>&& r) { return r.getOk(); });
+    return req.send().then(
+        [](capnp::Response<rpc::Space::CanResumeResults>&& r) { return r.getOk(); });
   });
 }
 

@@ -21,12 +21,18 @@ Result<uint64_t> parseByteSize(std::string_view text) {
     }
   }
   int shift = 0;
-  if (suffix.empty() || suffix == "B") shift = 0;
-  else if (suffix == "K") shift = 10;
-  else if (suffix == "M") shift = 20;
-  else if (suffix == "G") shift = 30;
-  else if (suffix == "T") shift = 40;
-  else return makeError(ErrorCode::kInvalidArgument, "unknown size suffix in '", text, "'");
+  if (suffix.empty() || suffix == "B")
+    shift = 0;
+  else if (suffix == "K")
+    shift = 10;
+  else if (suffix == "M")
+    shift = 20;
+  else if (suffix == "G")
+    shift = 30;
+  else if (suffix == "T")
+    shift = 40;
+  else
+    return makeError(ErrorCode::kInvalidArgument, "unknown size suffix in '", text, "'");
   if (shift > 0 && value > (UINT64_MAX >> shift)) {
     return makeError(ErrorCode::kInvalidArgument, "size '", text, "' overflows");
   }
@@ -47,7 +53,8 @@ Result<DaemonConfig> parseDaemonArgs(const std::vector<std::string>& args) {
       continue;
     }
     if (!hasInline) {
-      if (i + 1 >= args.size()) return makeError(ErrorCode::kInvalidArgument, flag, " needs a value");
+      if (i + 1 >= args.size())
+        return makeError(ErrorCode::kInvalidArgument, flag, " needs a value");
       value = args[++i];
     }
     if (flag == "--socket") {
@@ -58,7 +65,8 @@ Result<DaemonConfig> parseDaemonArgs(const std::vector<std::string>& args) {
       config.dataDir = value;
     } else if (flag == "--host-pool-bytes" || flag == "--extent-bytes") {
       auto bytes = parseByteSize(value);
-      if (!bytes) return makeError(ErrorCode::kInvalidArgument, flag, ": ", bytes.error().message());
+      if (!bytes)
+        return makeError(ErrorCode::kInvalidArgument, flag, ": ", bytes.error().message());
       if (*bytes == 0) return makeError(ErrorCode::kInvalidArgument, flag, " must be positive");
       (flag == "--host-pool-bytes" ? config.hostPoolBytes : config.extentBytes) = *bytes;
     } else {

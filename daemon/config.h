@@ -18,7 +18,9 @@ struct DaemonConfig {
   uint64_t extentBytes = uint64_t{1} << 30;
   bool showHelp = false;
 
-  std::string effectiveSocketPath() const { return socketPath.empty() ? dataDir + "/kvtierd.sock" : socketPath; }
+  std::string effectiveSocketPath() const {
+    return socketPath.empty() ? dataDir + "/kvtierd.sock" : socketPath;
+  }
 };
 
 // "64M" -> 67108864. Suffixes K, M, G, T (powers of 1024), optionally followed by "i" or "iB"/"B".

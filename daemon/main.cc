@@ -29,7 +29,9 @@ class InstanceLock {
  public:
   static Result<InstanceLock> acquire(const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) return makeError(ErrorCode::kUnavailable, "cannot open lock file ", path, ": ", strerror(errno));
+    if (fd < 0)
+      return makeError(ErrorCode::kUnavailable, "cannot open lock file ", path, ": ",
+                       strerror(errno));
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       ::close(fd);
       return makeError(ErrorCode::kUnavailable, "another kvtierd holds ", path);
@@ -64,7 +66,8 @@ int run(const DaemonConfig& config) {
   std::error_code ec;
   std::filesystem::create_directories(config.dataDir, ec);
   if (ec) {
-    logWarn("startup_failed", "reason=\"cannot create data dir " + config.dataDir + ": " + ec.message() + "\"");
+    logWarn("startup_failed",
+            "reason=\"cannot create data dir " + config.dataDir + ": " + ec.message() + "\"");
     return 1;
   }
   auto lock = InstanceLock::acquire(config.dataDir + "/kvtierd.lock");
@@ -91,20 +94,25 @@ int run(const DaemonConfig& config) {
   kj::UnixEventPort::captureSignal(SIGINT);
   auto io = kj::setupAsyncIo();
   kj::Own<kj::ConnectionReceiver> listener;
-  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] {
-    auto address = io.provider->getNetwork().parseAddress(kj::str("unix:", socketPath.c_str())).wait(io.waitScope);
-    const mode_t old = ::umask(0117);  // the socket is created 0660
-    listener = address->listen();
-    ::umask(old);
-  })) {
-    logWarn("startup_failed", "reason=\"cannot listen on " + socketPath + ": " + e->getDescription().cStr() + "\"");
+  KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] {
+                 auto address = io.provider->getNetwork()
+                                    .parseAddress(kj::str("unix:", socketPath.c_str()))
+                                    .wait(io.waitScope);
+                 const mode_t old = ::umask(0117);  // the socket is created 0660
+                 listener = address->listen();
+                 ::umask(old);
+               })) {
+    logWarn("startup_failed",
+            "reason=\"cannot listen on " + socketPath + ": " + e->getDescription().cStr() + "\"");
     return 1;
   }
   ::chmod(socketPath.c_str(), 0660);
 
   Server server(engine, **pool);
-  logInfo("ready", "socket=" + socketPath + " host_pool_bytes=" + std::to_string(config.hostPoolBytes) +
-                       " extents=" + std::to_string((*pool)->extentCount()) + " pid=" + std::to_string(::getpid()));
+  logInfo("ready", "socket=" + socketPath +
+                       " host_pool_bytes=" + std::to_string(config.hostPoolBytes) +
+                       " extents=" + std::to_string((*pool)->extentCount()) +
+                       " pid=" + std::to_string(::getpid()));
   // Tests and scripts wait for this line on stdout.
   std::printf("kvtierd ready socket=%s segments=%s\n", socketPath.c_str(), prefix.c_str());
   std::fflush(stdout);
@@ -112,7 +120,8 @@ int run(const DaemonConfig& config) {
   auto stop = io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(io.unixEventPort.onSignal(SIGINT));
   auto serving = server.acceptLoop(*listener).then([]() -> siginfo_t { KJ_UNREACHABLE; });
   const siginfo_t signal = stop.exclusiveJoin(kj::mv(serving)).wait(io.waitScope);
-  logInfo("shutdown", "signal=" + std::to_string(signal.si_signo) + " sessions=" + std::to_string(server.sessions()));
+  logInfo("shutdown", "signal=" + std::to_string(signal.si_signo) +
+                          " sessions=" + std::to_string(server.sessions()));
   listener = nullptr;
   ::unlink(socketPath.c_str());
   return 0;
@@ -127,7 +136,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   auto config = kvtier::parseDaemonArgs(args);
   if (!config) {
-    std::fprintf(stderr, "kvtierd: %s\n%s", config.error().message().c_str(), kvtier::daemonUsage());
+    std::fprintf(stderr, "kvtierd: %s\n%s", config.error().message().c_str(),
+                 kvtier::daemonUsage());
     return 2;
   }
   if (config->showHelp) {

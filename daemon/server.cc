@@ -21,7 +21,8 @@ constexpr const char* kDaemonVersion = "kvtierd 0.1.0";
 // Messages carry at most kMaxInlineBytesPerCall of KV plus a 1M-token list: allow twice that.
 capnp::ReaderOptions readerOptions() {
   capnp::ReaderOptions options;
-  options.traversalLimitInWords = 2 * (kMaxInlineBytesPerCall + (uint64_t{8} << 20)) / sizeof(capnp::word);
+  options.traversalLimitInWords =
+      2 * (kMaxInlineBytesPerCall + (uint64_t{8} << 20)) / sizeof(capnp::word);
   options.nestingLimit = 16;
   return options;
 }
@@ -40,7 +41,8 @@ std::string_view text(capnp::Text::Reader t) { return std::string_view(t.cStr(),
 
 std::vector<uint32_t> tokensFrom(capnp::List<uint32_t>::Reader list) {
   if (list.size() > kMaxTokensPerCall) {
-    throwRpcError(makeError(ErrorCode::kInvalidArgument, list.size(), " tokens exceed ", kMaxTokensPerCall));
+    throwRpcError(
+        makeError(ErrorCode::kInvalidArgument, list.size(), " tokens exceed ", kMaxTokensPerCall));
   }
   std::vector<uint32_t> out(list.size());
   for (uint32_t i = 0; i < list.size(); ++i) out[i] = list[i];
@@ -49,13 +51,15 @@ std::vector<uint32_t> tokensFrom(capnp::List<uint32_t>::Reader list) {
 
 std::vector<Key128> keysFrom(capnp::List<capnp::Data>::Reader list) {
   if (list.size() > kMaxBlocksPerLease) {
-    throwRpcError(makeError(ErrorCode::kInvalidArgument, list.size(), " keys exceed ", kMaxBlocksPerLease));
+    throwRpcError(
+        makeError(ErrorCode::kInvalidArgument, list.size(), " keys exceed ", kMaxBlocksPerLease));
   }
   std::vector<Key128> out(list.size());
   for (uint32_t i = 0; i < list.size(); ++i) {
     auto k = list[i];
     if (k.size() != out[i].bytes.size()) {
-      throwRpcError(makeError(ErrorCode::kInvalidArgument, "key ", i, " has ", k.size(), " bytes, not 16"));
+      throwRpcError(
+          makeError(ErrorCode::kInvalidArgument, "key ", i, " has ", k.size(), " bytes, not 16"));
     }
     std::memcpy(out[i].bytes.data(), k.begin(), k.size());
   }
@@ -68,7 +72,8 @@ void setBlocks(Builder&& out, const std::vector<BlockLocation>& blocks) {
 }
 
 // Copies whole blocks into the result for clients that cannot map the pool.
-void setInlineData(capnp::List<capnp::Data>::Builder out, Engine& engine, const std::vector<BlockLocation>& blocks) {
+void setInlineData(capnp::List<capnp::Data>::Builder out, Engine& engine,
+                   const std::vector<BlockLocation>& blocks) {
   for (uint32_t i = 0; i < blocks.size(); ++i) {
     const uint8_t* base = engine.memory().extentBase(blocks[i].extent) + blocks[i].offset;
     out.set(i, capnp::Data::Reader(base, blocks[i].bytes));
@@ -77,8 +82,9 @@ void setInlineData(capnp::List<capnp::Data>::Builder out, Engine& engine, const 
 
 void checkInlineBytes(size_t blocks, uint32_t blockBytes) {
   if (uint64_t{blocks} * blockBytes > kMaxInlineBytesPerCall) {
-    throwRpcError(makeError(ErrorCode::kInvalidArgument, "inline transfer of ", blocks, " blocks exceeds ",
-                            kMaxInlineBytesPerCall, " bytes per call; map the pool or ask for less"));
+    throwRpcError(makeError(ErrorCode::kInvalidArgument, "inline transfer of ", blocks,
+                            " blocks exceeds ", kMaxInlineBytesPerCall,
+                            " bytes per call; map the pool or ask for less"));
   }
 }
 
@@ -107,35 +113,44 @@ rpc::ReadLease::Client readLease(Engine& engine, LeaseId id) {
 
 class WriteLeaseImpl final : public rpc::WriteLease::Server {
  public:
-  WriteLeaseImpl(Engine& engine, SpaceId space, LeaseId id, uint64_t begin, uint64_t end, uint64_t firstPosition,
-                 uint32_t blocks)
-      : engine_(engine), space_(space), id_(id), begin_(begin), end_(end), first_(firstPosition), blocks_(blocks) {}
+  WriteLeaseImpl(Engine& engine, SpaceId space, LeaseId id, uint64_t begin, uint64_t end,
+                 uint64_t firstPosition, uint32_t blocks)
+      : engine_(engine),
+        space_(space),
+        id_(id),
+        begin_(begin),
+        end_(end),
+        first_(firstPosition),
+        blocks_(blocks) {}
   ~WriteLeaseImpl() noexcept(false) {
     if (id_ != 0) (void)engine_.abortWrite(id_);
   }
 
   kj::Promise<void> write(WriteContext context) override {
-    if (id_ == 0) throwRpcError(makeError(ErrorCode::kReleased, "write lease was committed or aborted"));
+    if (id_ == 0)
+      throwRpcError(makeError(ErrorCode::kReleased, "write lease was committed or aborted"));
     auto p = context.getParams();
     const Layout& layout = engine_.space(space_).layout;
     const uint32_t bt = layout.blockTokens;
     const uint32_t block = p.getBlock(), firstSlot = p.getFirstSlot(), slots = p.getSlots();
     if (block >= blocks_ || firstSlot >= bt || slots == 0 || slots > bt - firstSlot) {
-      throwRpcError(makeError(ErrorCode::kInvalidArgument, "write of block ", block, " slots [", firstSlot, ", +",
-                              slots, ") is outside the lease's ", blocks_, " blocks of ", bt, " slots"));
+      throwRpcError(makeError(ErrorCode::kInvalidArgument, "write of block ", block, " slots [",
+                              firstSlot, ", +", slots, ") is outside the lease's ", blocks_,
+                              " blocks of ", bt, " slots"));
     }
     const uint64_t pos = first_ + uint64_t{block} * bt + firstSlot;
     if (pos < begin_ || pos + slots > end_) {
-      throwRpcError(makeError(ErrorCode::kInvalidArgument, "write of positions [", pos, ", ", pos + slots,
-                              ") is outside the granted [", begin_, ", ", end_, ")"));
+      throwRpcError(makeError(ErrorCode::kInvalidArgument, "write of positions [", pos, ", ",
+                              pos + slots, ") is outside the granted [", begin_, ", ", end_, ")"));
     }
     auto data = p.getData();
     if (data.size() != slots * layout.tokenKvBytes()) {
-      throwRpcError(makeError(ErrorCode::kInvalidArgument, "write carries ", data.size(), " bytes, expected ",
-                              slots * layout.tokenKvBytes()));
+      throwRpcError(makeError(ErrorCode::kInvalidArgument, "write carries ", data.size(),
+                              " bytes, expected ", slots * layout.tokenKvBytes()));
     }
     uint8_t* dst = orThrow(engine_.leaseBlockData(id_, block));
-    kernels::unpackSlots({layout.numLayers, bt, layout.tokenBytes()}, dst, firstSlot, slots, data.begin(), slots, 0);
+    kernels::unpackSlots({layout.numLayers, bt, layout.tokenBytes()}, dst, firstSlot, slots,
+                         data.begin(), slots, 0);
     return kj::READY_NOW;
   }
 
@@ -167,19 +182,22 @@ class WriteLeaseImpl final : public rpc::WriteLease::Server {
 
 class SpaceImpl final : public rpc::Space::Server {
  public:
-  SpaceImpl(Engine& engine, OwnerId owner, SpaceId space) : engine_(engine), owner_(owner), space_(space) {}
+  SpaceImpl(Engine& engine, OwnerId owner, SpaceId space)
+      : engine_(engine), owner_(owner), space_(space) {}
 
   kj::Promise<void> put(PutContext context) override {
     auto p = context.getParams();
     const auto tokens = tokensFrom(p.getTokens());
     const auto keys = keysFrom(p.getKeys());
     const uint64_t begin = p.getBegin();
-    PutGrant grant = orThrow(engine_.put(owner_, space_, text(p.getSeq()), begin, tokens, keys, p.getDetached()));
+    PutGrant grant = orThrow(
+        engine_.put(owner_, space_, text(p.getSeq()), begin, tokens, keys, p.getDetached()));
     auto out = context.getResults();
     out.setFirstPosition(grant.firstPosition);
     setBlocks(out.initBlocks(grant.blocks.size()), grant.blocks);
-    out.setLease(kj::heap<WriteLeaseImpl>(engine_, space_, grant.lease, begin, begin + tokens.size(),
-                                          grant.firstPosition, static_cast<uint32_t>(grant.blocks.size())));
+    out.setLease(kj::heap<WriteLeaseImpl>(engine_, space_, grant.lease, begin,
+                                          begin + tokens.size(), grant.firstPosition,
+                                          static_cast<uint32_t>(grant.blocks.size())));
     return kj::READY_NOW;
   }
 
@@ -191,7 +209,8 @@ class SpaceImpl final : public rpc::Space::Server {
       if (length) {
         const uint32_t bt = engine_.space(space_).layout.blockTokens;
         const uint64_t end = std::min(p.getEnd(), *length);
-        if (p.getBegin() < end) checkInlineBytes((end + bt - 1) / bt - p.getBegin() / bt, blockBytes());
+        if (p.getBegin() < end)
+          checkInlineBytes((end + bt - 1) / bt - p.getBegin() / bt, blockBytes());
       }
     }
     ReadGrant grant = orThrow(engine_.get(space_, text(p.getSeq()), p.getBegin(), p.getEnd()));
@@ -208,8 +227,8 @@ class SpaceImpl final : public rpc::Space::Server {
     auto p = context.getParams();
     const auto tokens = tokensFrom(p.getTokens());
     const auto keys = keysFrom(p.getKeys());
-    LookupResult result =
-        orThrow(engine_.lookup(owner_, space_, tokens, keys, text(p.getBindSeq()), p.getDetached()));
+    LookupResult result = orThrow(
+        engine_.lookup(owner_, space_, tokens, keys, text(p.getBindSeq()), p.getDetached()));
     auto out = context.getResults();
     out.setMatchedTokens(result.matchedTokens);
     setBlocks(out.initBlocks(result.blocks.size()), result.blocks);
@@ -226,7 +245,8 @@ class SpaceImpl final : public rpc::Space::Server {
 
   kj::Promise<void> copyPrefix(CopyPrefixContext context) override {
     auto p = context.getParams();
-    orThrow(engine_.copyPrefix(owner_, space_, text(p.getSrc()), text(p.getDst()), p.getLen(), p.getDetached()));
+    orThrow(engine_.copyPrefix(owner_, space_, text(p.getSrc()), text(p.getDst()), p.getLen(),
+                               p.getDetached()));
     return kj::READY_NOW;
   }
 
@@ -259,13 +279,15 @@ class SpaceImpl final : public rpc::Space::Server {
   kj::Promise<void> read(ReadContext context) override {
     auto refs = context.getParams().getRefs();
     if (refs.size() > kMaxRefsPerRead) {
-      throwRpcError(makeError(ErrorCode::kInvalidArgument, refs.size(), " references exceed ", kMaxRefsPerRead));
+      throwRpcError(makeError(ErrorCode::kInvalidArgument, refs.size(), " references exceed ",
+                              kMaxRefsPerRead));
     }
     checkInlineBytes(refs.size(), blockBytes());
     std::vector<const uint8_t*> data;
     for (auto ref : refs) data.push_back(orThrow(engine_.resolveSealed(space_, blockFromRpc(ref))));
     auto out = context.getResults().initData(refs.size());
-    for (uint32_t i = 0; i < refs.size(); ++i) out.set(i, capnp::Data::Reader(data[i], blockBytes()));
+    for (uint32_t i = 0; i < refs.size(); ++i)
+      out.set(i, capnp::Data::Reader(data[i], blockBytes()));
     return kj::READY_NOW;
   }
 
@@ -279,7 +301,8 @@ class SpaceImpl final : public rpc::Space::Server {
 
 class SessionImpl final : public rpc::Session::Server {
  public:
-  SessionImpl(kvtier::Server& server, OwnerId owner, Salt salt) : server_(server), owner_(owner), salt_(salt) {
+  SessionImpl(kvtier::Server& server, OwnerId owner, Salt salt)
+      : server_(server), owner_(owner), salt_(salt) {
     server_.sessionOpened();
   }
   ~SessionImpl() noexcept(false) {
@@ -342,22 +365,26 @@ class SessionImpl final : public rpc::Session::Server {
 
 class DaemonImpl final : public rpc::Daemon::Server {
  public:
-  DaemonImpl(kvtier::Server& server, PeerCredentials peer, bool allowed) : server_(server), peer_(peer), allowed_(allowed) {}
+  DaemonImpl(kvtier::Server& server, PeerCredentials peer, bool allowed)
+      : server_(server), peer_(peer), allowed_(allowed) {}
 
   kj::Promise<void> hello(HelloContext context) override {
     if (!allowed_) {
-      throwRpcError(makeError(ErrorCode::kPermissionDenied, "uid ", peer_.uid, " may not use this kvtierd"));
+      throwRpcError(
+          makeError(ErrorCode::kPermissionDenied, "uid ", peer_.uid, " may not use this kvtierd"));
     }
     auto p = context.getParams();
     if (p.getProtocolVersion() != rpc::PROTOCOL_VERSION) {
-      throwRpcError(makeError(ErrorCode::kProtocolMismatch, "client speaks protocol ", p.getProtocolVersion(),
-                              ", this daemon speaks ", rpc::PROTOCOL_VERSION));
+      throwRpcError(makeError(ErrorCode::kProtocolMismatch, "client speaks protocol ",
+                              p.getProtocolVersion(), ", this daemon speaks ",
+                              rpc::PROTOCOL_VERSION));
     }
     // Tenancy: by default each Unix user is its own tenant, so two users never share blocks.
     const Salt salt = saltFor("uid:" + std::to_string(peer_.uid));
     const OwnerId owner = server_.newOwner();
-    logInfo("session_opened", "owner=" + std::to_string(owner) + " pid=" + std::to_string(peer_.pid) +
-                                  " uid=" + std::to_string(peer_.uid) + " client=" + std::string(text(p.getClientName())));
+    logInfo("session_opened", "owner=" + std::to_string(owner) + " pid=" +
+                                  std::to_string(peer_.pid) + " uid=" + std::to_string(peer_.uid) +
+                                  " client=" + std::string(text(p.getClientName())));
     auto out = context.getResults();
     out.setProtocolVersion(rpc::PROTOCOL_VERSION);
     out.setDaemonVersion(kDaemonVersion);
@@ -403,14 +430,17 @@ void Server::accept(kj::Own<kj::AsyncIoStream> stream) {
   PeerCredentials peer;
   struct ucred cred {};
   uint len = sizeof cred;
-  KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] { stream->getsockopt(SOL_SOCKET, SO_PEERCRED, &cred, &len); })) {
+  KJ_IF_MAYBE (e, kj::runCatchingExceptions(
+                      [&] { stream->getsockopt(SOL_SOCKET, SO_PEERCRED, &cred, &len); })) {
     logWarn("peer_credentials_unavailable", e->getDescription().cStr());
   } else {
     peer = PeerCredentials{cred.pid, cred.uid, cred.gid};
   }
   const bool allowed = peerAllowed(peer, geteuid(), getegid());
-  if (!allowed) logWarn("peer_refused", "pid=" + std::to_string(peer.pid) + " uid=" + std::to_string(peer.uid));
-  auto connection = kj::heap<Connection>(kj::mv(stream), kj::heap<DaemonImpl>(*this, peer, allowed));
+  if (!allowed)
+    logWarn("peer_refused", "pid=" + std::to_string(peer.pid) + " uid=" + std::to_string(peer.uid));
+  auto connection =
+      kj::heap<Connection>(kj::mv(stream), kj::heap<DaemonImpl>(*this, peer, allowed));
   auto done = connection->network.onDisconnect();
   tasks_.add(done.attach(kj::mv(connection)));
 }

@@ -17,9 +17,9 @@ struct BlockGeometry {
 };
 
 // Hot path: no allocation, no syscall.
-void packSlots(const BlockGeometry& g, const uint8_t* block, uint32_t firstSlot, uint32_t slots, uint8_t* packed,
-               uint64_t packedTokens, uint64_t packedFirst);
-void unpackSlots(const BlockGeometry& g, uint8_t* block, uint32_t firstSlot, uint32_t slots, const uint8_t* packed,
-                 uint64_t packedTokens, uint64_t packedFirst);
+void packSlots(const BlockGeometry& g, const uint8_t* block, uint32_t firstSlot, uint32_t slots,
+               uint8_t* packed, uint64_t packedTokens, uint64_t packedFirst);
+void unpackSlots(const BlockGeometry& g, uint8_t* block, uint32_t firstSlot, uint32_t slots,
+                 const uint8_t* packed, uint64_t packedTokens, uint64_t packedFirst);
 
 }  // namespace kvtier::kernels

@@ -22,7 +22,8 @@ Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
 Sha256::~Sha256() { EVP_MD_CTX_free(ctx_); }
 
 void Sha256::begin() {
-  if (EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) != 1) throw std::runtime_error("EVP_DigestInit_ex failed");
+  if (EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) != 1)
+    throw std::runtime_error("EVP_DigestInit_ex failed");
 }
 
 void Sha256::update(const void* data, size_t size) {

@@ -20,7 +20,8 @@ uint64_t locationKey(uint32_t extent, uint64_t offset) { return uint64_t{extent}
 
 BlockPool::BlockPool(std::vector<Extent> extents) : extents_(std::move(extents)) {
   for (const auto& e : extents_) {
-    if (e.bytes >= (uint64_t{1} << 48) || e.id >= (1u << 16)) throw std::invalid_argument("pool extent too large");
+    if (e.bytes >= (uint64_t{1} << 48) || e.id >= (1u << 16))
+      throw std::invalid_argument("pool extent too large");
     bytesTotal_ += e.bytes;
   }
 }
@@ -106,7 +107,8 @@ uint64_t BlockPool::carvableBlocks(uint32_t blockBytes) const {
   uint64_t n = 0;
   for (size_t e = carveExtent_; e < extents_.size(); ++e) {
     const uint64_t offset = alignUp(e == carveExtent_ ? carveOffset_ : 0, align);
-    if (offset + blockBytes <= extents_[e].bytes) n += (extents_[e].bytes - offset - blockBytes) / stride + 1;
+    if (offset + blockBytes <= extents_[e].bytes)
+      n += (extents_[e].bytes - offset - blockBytes) / stride + 1;
   }
   return n;
 }

@@ -67,7 +67,8 @@ class BlockPool {
   uint32_t classBytes(uint32_t cls) const { return classes_[cls].blockBytes; }
 
   // A free block of class `cls` (state kWriting, refs 0, pins 0), or kNoBlock when the class has
-  // no free block and the extents have no room to carve one. Hot path: O(1), amortised no allocation.
+  // no free block and the extents have no room to carve one. Hot path: O(1), amortised no
+  // allocation.
   BlockId allocate(uint32_t cls);
   // Returns a block to its free list and bumps its generation. O(1).
   void release(BlockId id);

@@ -22,7 +22,9 @@ uint64_t ceilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
 Engine::Engine(BlockPool& pool, BlockMemory& memory, std::unique_ptr<EvictionPolicy> policy)
-    : pool_(pool), memory_(memory), policy_(policy ? std::move(policy) : std::make_unique<LruEvictionPolicy>()) {}
+    : pool_(pool),
+      memory_(memory),
+      policy_(policy ? std::move(policy) : std::make_unique<LruEvictionPolicy>()) {}
 
 Result<SpaceId> Engine::openSpace(const Layout& layout, const Salt& salt) {
   if (auto s = layout.validate(); !s) return s.error();
@@ -33,7 +35,8 @@ Result<SpaceId> Engine::openSpace(const Layout& layout, const Salt& salt) {
   uint64_t largestExtent = 0;
   for (const auto& e : pool_.extents()) largestExtent = std::max(largestExtent, e.bytes);
   if (layout.blockBytes() > largestExtent) {
-    return invalid("a block of ", layout.blockBytes(), " bytes does not fit in a pool extent of ", largestExtent);
+    return invalid("a block of ", layout.blockBytes(), " bytes does not fit in a pool extent of ",
+                   largestExtent);
   }
   Space space;
   space.info.layout = layout;
@@ -58,7 +61,8 @@ Engine::Sequence* Engine::findSeq(SpaceId space, std::string_view name) {
 
 // ---------------------------------------------------------------------------------------------
 // Block holding rules. A block is held by sequences (refs) and pinned by leases (pins). When both
-// drop to zero: a sealed block becomes evictable (it stays in the prefix index), any other is freed.
+// drop to zero: a sealed block becomes evictable (it stays in the prefix index), any other is
+// freed.
 
 void Engine::ref(BlockId id) {
   BlockMeta& m = pool_[id];
@@ -184,7 +188,8 @@ LeaseId Engine::newReadLease(std::vector<BlockId> blocks) {
 // Put / commit / abort
 
 Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name, uint64_t begin,
-                             std::span<const uint32_t> tokens, std::span<const Key128> keys, bool detached) {
+                             std::span<const uint32_t> tokens, std::span<const Key128> keys,
+                             bool detached) {
   if (auto s = checkSpace(space); !s) return s.error();
   if (auto s = checkName(name, "sequence"); !s) return s.error();
   if (tokens.empty()) return invalid("put of no tokens (use truncate to shorten a sequence)");
@@ -203,27 +208,30 @@ Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name
   const uint64_t end = begin + tokens.size();
   const uint64_t blockCount = ceilDiv(end, bt) - first;
   if (blockCount > kMaxBlocksPerLease) {
-    return invalid("put needs ", blockCount, " blocks, more than ", kMaxBlocksPerLease, " per lease");
+    return invalid("put needs ", blockCount, " blocks, more than ", kMaxBlocksPerLease,
+                   " per lease");
   }
   const uint64_t completed = end / bt - first;  // blocks this put fills to the end
   if (!keys.empty() && keys.size() != completed) {
     return invalid("put completes ", completed, " blocks but ", keys.size(), " keys were given");
   }
   if (keys.empty() && completed > 0 && seq && seq->clientKeyed) {
-    return invalid("sequence '", name, "' is keyed by the client: pass keys for the blocks this put completes");
+    return invalid("sequence '", name,
+                   "' is keyed by the client: pass keys for the blocks this put completes");
   }
 
   const uint32_t slot0 = static_cast<uint32_t>(begin % bt);
   // Appending at the end of the sequence's own partial block: write in place, no copy. Readers see
   // only positions below the length, which this lease never touches.
   const bool inPlace = slot0 != 0 && seq && begin == length && first == seq->blocks.size() - 1 &&
-                       pool_[seq->blocks[first]].state == BlockState::kPartial && pool_[seq->blocks[first]].refs == 1;
+                       pool_[seq->blocks[first]].state == BlockState::kPartial &&
+                       pool_[seq->blocks[first]].refs == 1;
 
   WriteLease lease;
   if (inPlace) lease.blocks.push_back(seq->blocks[first]);
   if (!allocateMany(space, blockCount - (inPlace ? 1 : 0), lease.blocks)) {
-    return makeError(ErrorCode::kFull, "pool has no free or evictable block of ", sp.info.blockBytes,
-                     " bytes for ", blockCount, " blocks");
+    return makeError(ErrorCode::kFull, "pool has no free or evictable block of ",
+                     sp.info.blockBytes, " bytes for ", blockCount, " blocks");
   }
   // The lease pins every block it grants: never evicted, freed when the lease ends unless the
   // sequence took them.
@@ -262,18 +270,21 @@ void Engine::finishWrite(LeaseId id, WriteLease& lease) {
 
 Result<CommitResult> Engine::commit(LeaseId id, uint64_t upTo) {
   auto it = writeLeases_.find(id);
-  if (it == writeLeases_.end()) return makeError(ErrorCode::kReleased, "write lease ", id, " is not open");
+  if (it == writeLeases_.end())
+    return makeError(ErrorCode::kReleased, "write lease ", id, " is not open");
   WriteLease& lease = it->second;
   const uint64_t grantEnd = lease.begin + lease.tokens.size();
   if (upTo == kEnd) upTo = grantEnd;
   if (upTo < lease.begin || upTo > grantEnd) {
-    return invalid("commit up to ", upTo, " is outside the granted positions [", lease.begin, ", ", grantEnd, "]");
+    return invalid("commit up to ", upTo, " is outside the granted positions [", lease.begin, ", ",
+                   grantEnd, "]");
   }
   const SpaceId space = lease.space;
   Sequence* seq = findSeq(space, lease.seq);
   if ((seq ? seq->version : 0) != lease.seqVersion) {
     finishWrite(id, lease);
-    return makeError(ErrorCode::kConflict, "sequence changed while the write lease was open; nothing committed");
+    return makeError(ErrorCode::kConflict,
+                     "sequence changed while the write lease was open; nothing committed");
   }
   const uint32_t bt = blockTokens(space);
   const uint64_t first = lease.firstPosition / bt;
@@ -306,7 +317,8 @@ Result<CommitResult> Engine::commit(LeaseId id, uint64_t upTo) {
     seq->blocks.push_back(b);
   }
   seq->tokens.resize(lease.begin);
-  seq->tokens.insert(seq->tokens.end(), lease.tokens.begin(), lease.tokens.begin() + (upTo - lease.begin));
+  seq->tokens.insert(seq->tokens.end(), lease.tokens.begin(),
+                     lease.tokens.begin() + (upTo - lease.begin));
   if (!lease.keys.empty()) seq->clientKeyed = true;
 
   CommitResult result;
@@ -332,16 +344,19 @@ Result<CommitResult> Engine::commit(LeaseId id, uint64_t upTo) {
 
 Status Engine::abortWrite(LeaseId id) {
   auto it = writeLeases_.find(id);
-  if (it == writeLeases_.end()) return makeError(ErrorCode::kReleased, "write lease ", id, " is not open");
+  if (it == writeLeases_.end())
+    return makeError(ErrorCode::kReleased, "write lease ", id, " is not open");
   finishWrite(id, it->second);
   return {};
 }
 
 Result<uint8_t*> Engine::leaseBlockData(LeaseId id, uint32_t index) {
   auto it = writeLeases_.find(id);
-  if (it == writeLeases_.end()) return makeError(ErrorCode::kReleased, "write lease ", id, " is not open");
+  if (it == writeLeases_.end())
+    return makeError(ErrorCode::kReleased, "write lease ", id, " is not open");
   if (index >= it->second.blocks.size()) {
-    return invalid("block ", index, " is outside the lease's ", it->second.blocks.size(), " blocks");
+    return invalid("block ", index, " is outside the lease's ", it->second.blocks.size(),
+                   " blocks");
   }
   return memory_.blockData(pool_[it->second.blocks[index]]);
 }
@@ -369,7 +384,8 @@ Result<ReadGrant> Engine::get(SpaceId space, std::string_view name, uint64_t beg
   }
   const size_t firstBlock = begin / bt, lastBlock = ceilDiv(end, bt);
   if (lastBlock - firstBlock > kMaxBlocksPerLease) {
-    return invalid("range covers ", lastBlock - firstBlock, " blocks, more than ", kMaxBlocksPerLease, " per lease");
+    return invalid("range covers ", lastBlock - firstBlock, " blocks, more than ",
+                   kMaxBlocksPerLease, " per lease");
   }
   std::vector<BlockId> blocks(seq->blocks.begin() + firstBlock, seq->blocks.begin() + lastBlock);
   grant.blocks.reserve(blocks.size());
@@ -380,7 +396,8 @@ Result<ReadGrant> Engine::get(SpaceId space, std::string_view name, uint64_t beg
 }
 
 Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<const uint32_t> tokens,
-                                    std::span<const Key128> keys, std::string_view bindSeq, bool detached) {
+                                    std::span<const Key128> keys, std::string_view bindSeq,
+                                    bool detached) {
   if (auto s = checkSpace(space); !s) return s.error();
   if (!tokens.empty() && !keys.empty()) return invalid("lookup takes tokens or keys, not both");
   if (tokens.size() > kMaxTokensPerCall) {
@@ -393,7 +410,8 @@ Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<cons
     if (auto s = checkName(bindSeq, "sequence"); !s) return s.error();
   }
   const uint32_t bt = blockTokens(space);
-  const size_t candidates = keys.empty() ? std::min(tokens.size() / bt, kMaxBlocksPerLease) : keys.size();
+  const size_t candidates =
+      keys.empty() ? std::min(tokens.size() / bt, kMaxBlocksPerLease) : keys.size();
   std::vector<BlockId> blocks;
   BlockKeyHasher hasher(spaces_[space].info.fingerprint, spaces_[space].info.salt);
   Key128 key;
@@ -439,7 +457,8 @@ Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<cons
 
 Status Engine::releaseRead(LeaseId id) {
   auto it = readLeases_.find(id);
-  if (it == readLeases_.end()) return makeError(ErrorCode::kReleased, "read lease ", id, " is not open");
+  if (it == readLeases_.end())
+    return makeError(ErrorCode::kReleased, "read lease ", id, " is not open");
   for (BlockId b : it->second.blocks) unpin(b);
   readLeases_.erase(it);
   return {};
@@ -452,10 +471,12 @@ Result<const uint8_t*> Engine::resolveSealed(SpaceId space, const BlockLocation&
     return invalid("reference names no block (extent ", ref.extent, ", offset ", ref.offset, ")");
   }
   const BlockMeta& m = pool_[id];
-  if (ref.bytes != pool_.classBytes(m.sizeClass)) return invalid("reference has the wrong block size");
+  if (ref.bytes != pool_.classBytes(m.sizeClass))
+    return invalid("reference has the wrong block size");
   if (m.generation != ref.generation || m.state != BlockState::kSealed || m.space != space) {
-    return makeError(ErrorCode::kStaleReference, "block at extent ", ref.extent, " offset ", ref.offset,
-                     " was reused (generation ", m.generation, ", reference ", ref.generation, ")");
+    return makeError(ErrorCode::kStaleReference, "block at extent ", ref.extent, " offset ",
+                     ref.offset, " was reused (generation ", m.generation, ", reference ",
+                     ref.generation, ")");
   }
   return static_cast<const uint8_t*>(memory_.blockData(m));
 }
@@ -463,8 +484,8 @@ Result<const uint8_t*> Engine::resolveSealed(SpaceId space, const BlockLocation&
 // ---------------------------------------------------------------------------------------------
 // Sequence edits
 
-Status Engine::copyPrefix(OwnerId owner, SpaceId space, std::string_view src, std::string_view dst, uint64_t len,
-                          bool detached) {
+Status Engine::copyPrefix(OwnerId owner, SpaceId space, std::string_view src, std::string_view dst,
+                          uint64_t len, bool detached) {
   if (auto s = checkSpace(space); !s) return s;
   if (auto s = checkName(src, "source"); !s) return s;
   if (auto s = checkName(dst, "destination"); !s) return s;
@@ -531,8 +552,9 @@ Status Engine::remove(SpaceId space, std::string_view name, uint64_t begin, uint
   if (end >= seq->tokens.size()) return truncate(space, name, begin);
   // Removing a middle range shifts later tokens, whose K must be re-rotated for their new
   // positions: that needs the namespace's rotary scheme.
-  return makeError(ErrorCode::kNotSupported,
-                   "removing a middle range needs a declared rotary position scheme for this namespace");
+  return makeError(
+      ErrorCode::kNotSupported,
+      "removing a middle range needs a declared rotary position scheme for this namespace");
 }
 
 Result<bool> Engine::canResume(SpaceId space, std::string_view name, uint64_t pos) {
@@ -587,7 +609,8 @@ EngineStats Engine::stats() const {
   // Exact for one block size; with several, blocks of every class in use plus what the largest
   // class could still carve.
   for (uint32_t cls = 0; cls < pool_.classCount(); ++cls) {
-    s.blocksTotal = std::max(s.blocksTotal, pool_.blocksTotal(cls) + (pool_.blocksUsed() - pool_.blocksUsed(cls)));
+    s.blocksTotal = std::max(s.blocksTotal,
+                             pool_.blocksTotal(cls) + (pool_.blocksUsed() - pool_.blocksUsed(cls)));
   }
   return s;
 }

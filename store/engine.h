@@ -97,7 +97,8 @@ class Engine {
   // blocks this put completes, in order. Errors: INVALID_ARGUMENT (begin > length, sizes, names,
   // key count), CONFLICT (another write lease holds seq), FULL.
   Result<PutGrant> put(OwnerId owner, SpaceId space, std::string_view seq, uint64_t begin,
-                       std::span<const uint32_t> tokens, std::span<const Key128> keys, bool detached);
+                       std::span<const uint32_t> tokens, std::span<const Key128> keys,
+                       bool detached);
   // Makes positions [begin, upTo) visible (kEnd: all granted) and ends the lease. Errors: RELEASED
   // (unknown lease), INVALID_ARGUMENT (upTo outside the grant; the lease stays open), CONFLICT (the
   // sequence changed since the put: the lease ends, the sequence is untouched).
@@ -110,15 +111,16 @@ class Engine {
   // Read lease on the blocks covering [begin, end) of seq (end = kEnd: the length).
   // Errors: NOT_FOUND (unknown seq), INVALID_ARGUMENT (begin > end or end > length).
   Result<ReadGrant> get(SpaceId space, std::string_view seq, uint64_t begin, uint64_t end);
-  // Longest prefix of `tokens` (or of the client `keys`, one per block) made of sealed blocks, under
-  // a read lease. With `bindSeq`, that prefix also becomes the whole of sequence bindSeq.
+  // Longest prefix of `tokens` (or of the client `keys`, one per block) made of sealed blocks,
+  // under a read lease. With `bindSeq`, that prefix also becomes the whole of sequence bindSeq.
   Result<LookupResult> lookup(OwnerId owner, SpaceId space, std::span<const uint32_t> tokens,
-                              std::span<const Key128> keys, std::string_view bindSeq, bool detached);
+                              std::span<const Key128> keys, std::string_view bindSeq,
+                              bool detached);
   // Unpins the blocks of a read lease. RELEASED if unknown.
   Status releaseRead(LeaseId lease);
 
-  Status copyPrefix(OwnerId owner, SpaceId space, std::string_view src, std::string_view dst, uint64_t len,
-                    bool detached);
+  Status copyPrefix(OwnerId owner, SpaceId space, std::string_view src, std::string_view dst,
+                    uint64_t len, bool detached);
   Status remove(SpaceId space, std::string_view seq, uint64_t begin, uint64_t end);
   Status truncate(SpaceId space, std::string_view seq, uint64_t len);
   Result<bool> canResume(SpaceId space, std::string_view seq, uint64_t pos);

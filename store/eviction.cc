@@ -19,8 +19,14 @@ void LruEvictionPolicy::erase(BlockId id) {
   if (id >= nodes_.size() || !nodes_[id].linked) return;
   Node& n = nodes_[id];
   List& l = lists_[n.sizeClass];
-  if (n.prev != kNoBlock) nodes_[n.prev].next = n.next; else l.head = n.next;
-  if (n.next != kNoBlock) nodes_[n.next].prev = n.prev; else l.tail = n.prev;
+  if (n.prev != kNoBlock)
+    nodes_[n.prev].next = n.next;
+  else
+    l.head = n.next;
+  if (n.next != kNoBlock)
+    nodes_[n.next].prev = n.prev;
+  else
+    l.tail = n.prev;
   n = Node{};
   --size_;
 }

@@ -9,11 +9,14 @@ namespace kvtier {
 uint32_t dtypeBytes(DType dtype) {
   switch (dtype) {
     case DType::kFloat16:
-    case DType::kBFloat16: return 2;
-    case DType::kFloat32: return 4;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kFloat32:
+      return 4;
     case DType::kFloat8E4M3:
     case DType::kFloat8E5M2:
-    case DType::kInt8: return 1;
+    case DType::kInt8:
+      return 1;
   }
   return 0;
 }
@@ -24,23 +27,27 @@ Status Layout::validate() const {
                      kMaxModelIdBytes);
   }
   if (numLayers == 0 || numLayers > kMaxLayers) {
-    return makeError(ErrorCode::kInvalidArgument, "numLayers ", numLayers, " is outside 1..", kMaxLayers);
+    return makeError(ErrorCode::kInvalidArgument, "numLayers ", numLayers, " is outside 1..",
+                     kMaxLayers);
   }
   if (numKvHeads == 0 || numKvHeads > kMaxKvHeads) {
-    return makeError(ErrorCode::kInvalidArgument, "numKvHeads ", numKvHeads, " is outside 1..", kMaxKvHeads);
+    return makeError(ErrorCode::kInvalidArgument, "numKvHeads ", numKvHeads, " is outside 1..",
+                     kMaxKvHeads);
   }
   if (headDim == 0 || headDim > kMaxHeadDim) {
-    return makeError(ErrorCode::kInvalidArgument, "headDim ", headDim, " is outside 1..", kMaxHeadDim);
+    return makeError(ErrorCode::kInvalidArgument, "headDim ", headDim, " is outside 1..",
+                     kMaxHeadDim);
   }
   if (dtypeBytes(dtype) == 0) {
     return makeError(ErrorCode::kInvalidArgument, "unknown dtype ", static_cast<int>(dtype));
   }
   if (blockTokens < kMinBlockTokens || blockTokens > kMaxBlockTokens) {
-    return makeError(ErrorCode::kInvalidArgument, "blockTokens ", blockTokens, " is outside ", kMinBlockTokens,
-                     "..", kMaxBlockTokens);
+    return makeError(ErrorCode::kInvalidArgument, "blockTokens ", blockTokens, " is outside ",
+                     kMinBlockTokens, "..", kMaxBlockTokens);
   }
   if (blockBytes() > kMaxBlockBytes) {
-    return makeError(ErrorCode::kInvalidArgument, "a block of ", blockBytes(), " bytes exceeds ", kMaxBlockBytes);
+    return makeError(ErrorCode::kInvalidArgument, "a block of ", blockBytes(), " bytes exceeds ",
+                     kMaxBlockBytes);
   }
   return {};
 }

@@ -50,7 +50,8 @@ TEST(Integration, LookupFromAnotherProcessFindsLongestBlockAlignedPrefix) {
   for (uint64_t diverge : {0, 1, 15, 16, 17, 40, 95, 96, 100}) {
     const uint64_t expected = std::min<uint64_t>(diverge, 100) / 16 * 16;
     std::string out;
-    EXPECT_EQ(runPeer({"verify", daemon.socket(), "2", "100", std::to_string(diverge), std::to_string(expected)},
+    EXPECT_EQ(runPeer({"verify", daemon.socket(), "2", "100", std::to_string(diverge),
+                       std::to_string(expected)},
                       &out),
               0)
         << "diverge at " << diverge << ": " << out;
@@ -94,7 +95,8 @@ TEST(Integration, AppendsAcrossCallsAndPartialRewritesKeepBytes) {
   uint64_t pos = 0;
   for (uint64_t step : {5, 11, 1, 23, 16, 34}) {
     const auto chunk = kvFor(tokens, pos, pos + step);
-    auto info = space->put("s", pos, std::span(tokens).subspan(pos, step), chunk.data(), chunk.size());
+    auto info =
+        space->put("s", pos, std::span(tokens).subspan(pos, step), chunk.data(), chunk.size());
     ASSERT_TRUE(info.ok()) << info.error();
     pos += step;
     EXPECT_EQ(info->length, pos);
@@ -124,7 +126,8 @@ TEST(Integration, ClientKilledWithLeasesReleasesPinsAndFreesUncommittedBlocks) {
 
   holder.kill(SIGKILL);
   EXPECT_EQ(holder.wait(), 128 + SIGKILL);
-  const Stats after = test::waitForStats(*client, [&](const Stats& s) { return s.clients == before.clients; });
+  const Stats after =
+      test::waitForStats(*client, [&](const Stats& s) { return s.clients == before.clients; });
   EXPECT_EQ(after.clients, before.clients);
   EXPECT_EQ(after.blocksPinned, 0u);
   EXPECT_EQ(after.readLeases, 0u);

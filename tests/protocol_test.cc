@@ -1,8 +1,8 @@
 // Bad input on every call, sent over raw Cap'n Proto (no SDK-side checks in the way): each gets
 // a typed error and leaves the daemon's state unchanged.
 #include <capnp/rpc-twoparty.h>
-#include <kj/async-io.h>
 #include <gtest/gtest.h>
+#include <kj/async-io.h>
 
 #include "schemas/kvtier.capnp.h"
 #include "store/limits.h"
@@ -15,7 +15,9 @@ namespace {
 class RawClient {
  public:
   explicit RawClient(const std::string& socket) : io_(kj::setupAsyncIo()) {
-    auto address = io_.provider->getNetwork().parseAddress(kj::str("unix:", socket.c_str())).wait(io_.waitScope);
+    auto address = io_.provider->getNetwork()
+                       .parseAddress(kj::str("unix:", socket.c_str()))
+                       .wait(io_.waitScope);
     stream_ = address->connect().wait(io_.waitScope);
     rpc_ = kj::heap<capnp::TwoPartyClient>(*stream_);
     daemon_ = rpc_->bootstrap().castAs<rpc::Daemon>();
@@ -40,7 +42,7 @@ class RawClient {
   // The kvtier error code a request fails with (kOk if it succeeds).
   template <typename Request>
   ErrorCode errorOf(Request&& req) {
-    KJ_IF_MAYBE(e, kj::runCatchingExceptions([&] { req.send().wait(ws()); })) {
+    KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] { req.send().wait(ws()); })) {
       return fromKjException(*e).code();
     }
     return ErrorCode::kOk;
@@ -52,7 +54,8 @@ class RawClient {
   };
   Counts counts(rpc::Session::Client& session) {
     auto s = session.statsRequest().send().wait(ws()).getStats();
-    return {s.getBlocksUsed(), s.getSequences(), s.getReadLeases(), s.getWriteLeases(), s.getBlocksPinned()};
+    return {s.getBlocksUsed(), s.getSequences(), s.getReadLeases(), s.getWriteLeases(),
+            s.getBlocksPinned()};
   }
 
  private:
@@ -149,13 +152,15 @@ TEST_F(ProtocolTest, PutWithBadArgumentsIsInvalidAndChangesNothing) {
   auto shortKey = space.putRequest();
   shortKey.setSeq("k");
   setTokens(shortKey.initTokens(16), 5);
-  shortKey.initKeys(1).set(0, capnp::Data::Reader(reinterpret_cast<const uint8_t*>("fifteen bytes!!"), 15));
+  shortKey.initKeys(1).set(
+      0, capnp::Data::Reader(reinterpret_cast<const uint8_t*>("fifteen bytes!!"), 15));
   EXPECT_EQ(raw.errorOf(shortKey), ErrorCode::kInvalidArgument);
 
   auto keyCount = space.putRequest();  // 32 tokens complete 2 blocks: 1 key is wrong
   keyCount.setSeq("k");
   setTokens(keyCount.initTokens(32), 5);
-  keyCount.initKeys(1).set(0, capnp::Data::Reader(reinterpret_cast<const uint8_t*>("sixteen bytes!!!"), 16));
+  keyCount.initKeys(1).set(
+      0, capnp::Data::Reader(reinterpret_cast<const uint8_t*>("sixteen bytes!!!"), 16));
   EXPECT_EQ(raw.errorOf(keyCount), ErrorCode::kInvalidArgument);
   expectUnchanged();
 }
@@ -192,9 +197,9 @@ TEST_F(ProtocolTest, WriteOutsideTheLeaseOrWithWrongSizeIsInvalid) {
   };
   const size_t tb = layout.tokenKvBytes();
   EXPECT_EQ(write(0, 8, 8, 8 * tb), ErrorCode::kOk);
-  EXPECT_EQ(write(0, 0, 8, 8 * tb), ErrorCode::kInvalidArgument);   // the sequence's existing slots
-  EXPECT_EQ(write(1, 0, 1, tb), ErrorCode::kInvalidArgument);       // no such block
-  EXPECT_EQ(write(0, 8, 9, 9 * tb), ErrorCode::kInvalidArgument);   // past the block and the grant
+  EXPECT_EQ(write(0, 0, 8, 8 * tb), ErrorCode::kInvalidArgument);  // the sequence's existing slots
+  EXPECT_EQ(write(1, 0, 1, tb), ErrorCode::kInvalidArgument);      // no such block
+  EXPECT_EQ(write(0, 8, 9, 9 * tb), ErrorCode::kInvalidArgument);  // past the block and the grant
   EXPECT_EQ(write(0, 8, 8, 8 * tb - 1), ErrorCode::kInvalidArgument);  // wrong size
   EXPECT_EQ(write(0, 8, 0, 0), ErrorCode::kInvalidArgument);
 
@@ -231,7 +236,8 @@ TEST_F(ProtocolTest, ReadsOfUnknownSequencesOrBadRangesAreTyped) {
   EXPECT_EQ(raw.errorOf(inverted), ErrorCode::kInvalidArgument);
   auto both = space.lookupRequest();
   setTokens(both.initTokens(16), 1);
-  both.initKeys(1).set(0, capnp::Data::Reader(reinterpret_cast<const uint8_t*>("sixteen bytes!!!"), 16));
+  both.initKeys(1).set(
+      0, capnp::Data::Reader(reinterpret_cast<const uint8_t*>("sixteen bytes!!!"), 16));
   EXPECT_EQ(raw.errorOf(both), ErrorCode::kInvalidArgument);
   auto tooManyRefs = space.readRequest();
   tooManyRefs.initRefs(kMaxRefsPerRead + 1);

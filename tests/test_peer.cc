@@ -7,8 +7,10 @@
 //   verify-seq SOCKET SEQ SEED N             get SEQ; exit 0 iff it is N tokens of tokens(SEED, N)
 //   hold SOCKET SEED N                       lookup tokens(SEED, N) (read lease) and write an
 //                                            uncommitted put of tokens(SEED + 1000, 64) to seq
-//                                            "uncommitted"; print "READY <pinned>"; sleep until killed
-//   connect-as UID SOCKET                    setuid(UID), connect, print "CONNECT <error code name>"
+//                                            "uncommitted"; print "READY <pinned>"; sleep until
+//                                            killed
+//   connect-as UID SOCKET                    setuid(UID), connect, print "CONNECT <error code
+//   name>"
 #include <unistd.h>
 
 #include <cstdio>
@@ -59,7 +61,8 @@ int main(int argc, char** argv) {
     options.detached = a.size() > 5 && a[5] == "detached";
     auto info = space->put(a[2], 0, tokens, kv.data(), kv.size(), options);
     if (!info) fail("put", info.error());
-    std::printf("OK sealed=%u length=%lu\n", info->sealedBlocks, static_cast<unsigned long>(info->length));
+    std::printf("OK sealed=%u length=%lu\n", info->sealedBlocks,
+                static_cast<unsigned long>(info->length));
     return 0;
   }
   if (a[0] == "verify" && a.size() == 6) {
@@ -72,7 +75,8 @@ int main(int argc, char** argv) {
     std::vector<uint8_t> got(matched * layout.tokenKvBytes());
     if (auto s = hit->copyTo(0, matched, got.data(), got.size()); !s) fail("copy", s.error());
     const bool same = got == synthetic::packedKv(layout, tokens, 0, matched);
-    std::printf("MATCHED %lu %s\n", static_cast<unsigned long>(matched), same ? "identical" : "DIFFERENT");
+    std::printf("MATCHED %lu %s\n", static_cast<unsigned long>(matched),
+                same ? "identical" : "DIFFERENT");
     return matched == std::stoull(a[5]) && same ? 0 : 1;
   }
   if (a[0] == "verify-seq" && a.size() == 5) {
@@ -83,8 +87,10 @@ int main(int argc, char** argv) {
     if (!held) fail("get", held.error());
     std::vector<uint8_t> got(held->end() * layout.tokenKvBytes());
     if (auto s = held->copyTo(0, held->end(), got.data(), got.size()); !s) fail("copy", s.error());
-    const bool same = held->end() == tokens.size() && got == synthetic::packedKv(layout, tokens, 0, tokens.size());
-    std::printf("SEQ %lu %s\n", static_cast<unsigned long>(held->end()), same ? "identical" : "DIFFERENT");
+    const bool same = held->end() == tokens.size() &&
+                      got == synthetic::packedKv(layout, tokens, 0, tokens.size());
+    std::printf("SEQ %lu %s\n", static_cast<unsigned long>(held->end()),
+                same ? "identical" : "DIFFERENT");
     return same ? 0 : 1;
   }
   if (a[0] == "hold" && a.size() == 4) {

@@ -46,10 +46,13 @@ pid_t spawnPiped(const std::vector<std::string>& args, int* out) {
 std::string readLine(int fd, std::string& buffer, const std::string& prefix) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (true) {
-    for (size_t start = 0, nl; (nl = buffer.find('\n', start)) != std::string::npos; start = nl + 1) {
-      if (buffer.compare(start, prefix.size(), prefix) == 0) return buffer.substr(start, nl - start);
+    for (size_t start = 0, nl; (nl = buffer.find('\n', start)) != std::string::npos;
+         start = nl + 1) {
+      if (buffer.compare(start, prefix.size(), prefix) == 0)
+        return buffer.substr(start, nl - start);
     }
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return "";
     pollfd p{fd, POLLIN, 0};
     if (poll(&p, 1, static_cast<int>(left.count())) <= 0) return "";
@@ -79,7 +82,8 @@ DaemonProcess::DaemonProcess(uint64_t hostPoolBytes, std::string dataDir) {
   dataDir_ = dataDir;
   socket_ = dataDir_ + "/kvtierd.sock";
   int out = -1;
-  pid_ = spawnPiped({KVTIER_DAEMON_PATH, "--data-dir", dataDir_, "--host-pool-bytes", std::to_string(hostPoolBytes)},
+  pid_ = spawnPiped({KVTIER_DAEMON_PATH, "--data-dir", dataDir_, "--host-pool-bytes",
+                     std::to_string(hostPoolBytes)},
                     &out);
   std::string buffer;
   const std::string line = readLine(out, buffer, "kvtierd ready");
@@ -124,7 +128,9 @@ PeerProcess::~PeerProcess() {
   if (out_ >= 0) close(out_);
 }
 
-std::string PeerProcess::waitForLine(const std::string& prefix) { return readLine(out_, output_, prefix); }
+std::string PeerProcess::waitForLine(const std::string& prefix) {
+  return readLine(out_, output_, prefix);
+}
 
 int PeerProcess::wait() {
   if (reaped_) return -1;

@@ -56,15 +56,18 @@ int demoWriter(const std::string& socket) {
   const auto kv = synthetic::packedKv(space->layout(), prompt, 0, prompt.size());
   const auto t0 = std::chrono::steady_clock::now();
   auto info = space->put("chat-A", 0, prompt, kv.data(), kv.size());
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!info) {
     std::fprintf(stderr, "[A pid %d] put failed: %s\n", getpid(), info.error().toString().c_str());
     return 1;
   }
-  std::printf("[A pid %d] put %zu tokens of 'chat-A': %u full blocks sealed and indexed, %zu tokens in a partial "
-              "block; %.1f MiB written %s in %.1f ms\n",
-              getpid(), prompt.size(), info->sealedBlocks, prompt.size() % space->layout().blockTokens, mib(kv.size()),
-              client->mapped() ? "straight into the shared pool" : "inline", ms);
+  std::printf(
+      "[A pid %d] put %zu tokens of 'chat-A': %u full blocks sealed and indexed, %zu tokens in a "
+      "partial "
+      "block; %.1f MiB written %s in %.1f ms\n",
+      getpid(), prompt.size(), info->sealedBlocks, prompt.size() % space->layout().blockTokens,
+      mib(kv.size()), client->mapped() ? "straight into the shared pool" : "inline", ms);
   return 0;
 }
 
@@ -74,14 +77,17 @@ int demoReader(const std::string& socket) {
   const auto prompt = demoPrompt(true);
   auto hit = space->lookup(prompt);
   if (!hit) {
-    std::fprintf(stderr, "[B pid %d] lookup failed: %s\n", getpid(), hit.error().toString().c_str());
+    std::fprintf(stderr, "[B pid %d] lookup failed: %s\n", getpid(),
+                 hit.error().toString().c_str());
     return 1;
   }
   const uint64_t matched = hit->matchedTokens();
-  std::printf("[B pid %d] lookup of a %zu-token prompt sharing A's first 100 tokens: hit %lu tokens (%zu blocks), "
-              "miss %lu tokens to recompute\n",
-              getpid(), prompt.size(), static_cast<unsigned long>(matched), hit->blockCount(),
-              static_cast<unsigned long>(prompt.size() - matched));
+  std::printf(
+      "[B pid %d] lookup of a %zu-token prompt sharing A's first 100 tokens: hit %lu tokens (%zu "
+      "blocks), "
+      "miss %lu tokens to recompute\n",
+      getpid(), prompt.size(), static_cast<unsigned long>(matched), hit->blockCount(),
+      static_cast<unsigned long>(prompt.size() - matched));
   std::vector<uint8_t> got(matched * space->layout().tokenKvBytes());
   if (auto s = hit->copyTo(0, matched, got.data(), got.size()); !s) {
     std::fprintf(stderr, "[B pid %d] copy failed: %s\n", getpid(), s.error().toString().c_str());
@@ -95,8 +101,8 @@ int demoReader(const std::string& socket) {
   const uint64_t bt = space->layout().blockTokens;
   const uint64_t expectedMatch = 100 / bt * bt;
   if (matched != expectedMatch) {
-    std::printf("[B pid %d] expected the longest block-aligned shared prefix, %lu tokens\n", getpid(),
-                static_cast<unsigned long>(expectedMatch));
+    std::printf("[B pid %d] expected the longest block-aligned shared prefix, %lu tokens\n",
+                getpid(), static_cast<unsigned long>(expectedMatch));
     return 1;
   }
   return same ? 0 : 1;
@@ -119,7 +125,8 @@ int runChild(const std::string& socket, const char* role) {
 }
 
 int demo(const std::string& socket) {
-  std::printf("kvtier demo: two separate processes share KV through kvtierd at %s\n", socket.c_str());
+  std::printf("kvtier demo: two separate processes share KV through kvtierd at %s\n",
+              socket.c_str());
   std::fflush(stdout);
   if (int rc = runChild(socket, "demo-writer"); rc != 0) return rc;
   if (int rc = runChild(socket, "demo-reader"); rc != 0) return rc;
@@ -145,7 +152,8 @@ int stats(const std::string& socket) {
 }  // namespace kvtier
 
 int main(int argc, char** argv) {
-  std::string socket = std::getenv("KVTIER_SOCKET") ? std::getenv("KVTIER_SOCKET") : "kvtier-data/kvtierd.sock";
+  std::string socket =
+      std::getenv("KVTIER_SOCKET") ? std::getenv("KVTIER_SOCKET") : "kvtier-data/kvtierd.sock";
   int i = 1;
   for (; i < argc; ++i) {
     std::string a = argv[i];

@@ -6,8 +6,8 @@
 // that diverges at position d has different KV from d on.
 #pragma once
 
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <span>
 #include <vector>
@@ -36,8 +36,8 @@ inline std::vector<uint64_t> prefixHashes(std::span<const uint32_t> tokens) {
 }
 
 // Packed KV ([layer][K|V][token][kvHead][headDim]) for positions [from, to) of `tokens`.
-inline std::vector<uint8_t> packedKv(const Layout& layout, std::span<const uint32_t> tokens, uint64_t from,
-                                     uint64_t to) {
+inline std::vector<uint8_t> packedKv(const Layout& layout, std::span<const uint32_t> tokens,
+                                     uint64_t from, uint64_t to) {
   const auto hashes = prefixHashes(tokens.subspan(0, to));
   const uint64_t tb = layout.tokenBytes(), n = to - from;
   std::vector<uint8_t> out(n * layout.tokenKvBytes());

@@ -6,11 +6,14 @@
 
 namespace kvtier {
 
-Result<std::unique_ptr<HostPool>> HostPool::create(const std::string& prefix, uint64_t bytes, uint64_t extentBytes,
-                                                   unsigned mode) {
+Result<std::unique_ptr<HostPool>> HostPool::create(const std::string& prefix, uint64_t bytes,
+                                                   uint64_t extentBytes, unsigned mode) {
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  if (bytes < page) return makeError(ErrorCode::kInvalidArgument, "host pool of ", bytes, " bytes is below one page");
-  if (extentBytes < page) return makeError(ErrorCode::kInvalidArgument, "extent size below one page");
+  if (bytes < page)
+    return makeError(ErrorCode::kInvalidArgument, "host pool of ", bytes,
+                     " bytes is below one page");
+  if (extentBytes < page)
+    return makeError(ErrorCode::kInvalidArgument, "extent size below one page");
   extentBytes = extentBytes / page * page;
   auto pool = std::unique_ptr<HostPool>(new HostPool());
   for (uint64_t left = bytes / page * page, i = 0; left > 0; ++i) {

@@ -20,7 +20,8 @@ class HostPool final : public BlockMemory {
   static constexpr uint64_t kDefaultExtentBytes = uint64_t{1} << 30;
 
   static Result<std::unique_ptr<HostPool>> create(const std::string& prefix, uint64_t bytes,
-                                                  uint64_t extentBytes = kDefaultExtentBytes, unsigned mode = 0600);
+                                                  uint64_t extentBytes = kDefaultExtentBytes,
+                                                  unsigned mode = 0600);
 
   uint8_t* extentBase(uint32_t extent) override { return segments_.at(extent)->data(); }
   // (id, bytes) of every extent, for BlockPool.

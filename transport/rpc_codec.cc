@@ -11,10 +11,14 @@ constexpr std::string_view kTag = "kvtier error ";
 kj::Exception::Type typeFor(ErrorCode code) {
   switch (code) {
     case ErrorCode::kFull:
-    case ErrorCode::kConflict: return kj::Exception::Type::OVERLOADED;
-    case ErrorCode::kUnavailable: return kj::Exception::Type::DISCONNECTED;
-    case ErrorCode::kNotSupported: return kj::Exception::Type::UNIMPLEMENTED;
-    default: return kj::Exception::Type::FAILED;
+    case ErrorCode::kConflict:
+      return kj::Exception::Type::OVERLOADED;
+    case ErrorCode::kUnavailable:
+      return kj::Exception::Type::DISCONNECTED;
+    case ErrorCode::kNotSupported:
+      return kj::Exception::Type::UNIMPLEMENTED;
+    default:
+      return kj::Exception::Type::FAILED;
   }
 }
 

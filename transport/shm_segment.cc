@@ -9,7 +9,8 @@ namespace kvtier {
 
 namespace bip = boost::interprocess;
 
-Result<std::unique_ptr<ShmSegment>> ShmSegment::create(const std::string& name, uint64_t bytes, unsigned mode) {
+Result<std::unique_ptr<ShmSegment>> ShmSegment::create(const std::string& name, uint64_t bytes,
+                                                       unsigned mode) {
   try {
     bip::permissions perms(mode);
     bip::shared_memory_object shm(bip::create_only, name.c_str(), bip::read_write, perms);
@@ -32,8 +33,8 @@ Result<std::unique_ptr<ShmSegment>> ShmSegment::open(const std::string& name, ui
     bip::shared_memory_object shm(bip::open_only, name.c_str(), bip::read_write);
     bip::offset_t size = 0;
     if (!shm.get_size(size) || static_cast<uint64_t>(size) < minBytes) {
-      return makeError(ErrorCode::kUnavailable, "shared memory '", name, "' has ", static_cast<uint64_t>(size),
-                       " bytes, expected ", minBytes);
+      return makeError(ErrorCode::kUnavailable, "shared memory '", name, "' has ",
+                       static_cast<uint64_t>(size), " bytes, expected ", minBytes);
     }
     bip::mapped_region region(shm, bip::read_write, 0, minBytes);
     return std::unique_ptr<ShmSegment>(new ShmSegment(name, std::move(region), false));

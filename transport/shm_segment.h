@@ -21,7 +21,8 @@ class ShmSegment {
  public:
   // Creates a new segment of `bytes` bytes with permissions `mode` and maps it read-write.
   // Fails (UNAVAILABLE) if the name exists or the system refuses.
-  static Result<std::unique_ptr<ShmSegment>> create(const std::string& name, uint64_t bytes, unsigned mode = 0600);
+  static Result<std::unique_ptr<ShmSegment>> create(const std::string& name, uint64_t bytes,
+                                                    unsigned mode = 0600);
   // Maps an existing segment read-write. Fails (UNAVAILABLE) if it does not exist, cannot be
   // opened, or is smaller than `minBytes`.
   static Result<std::unique_ptr<ShmSegment>> open(const std::string& name, uint64_t minBytes);

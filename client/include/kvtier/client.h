@@ -2,9 +2,10 @@
 //
 //   auto client = kvtier::Client::connect({.socketPath = "kvtier-data/kvtierd.sock"}).value();
 //   auto space = client->open(layout).value();
-//   space->put("req-1", 0, tokens, kv.data(), kv.size()).value();      // bytes go into shared memory
-//   auto hit = space->lookup(prompt).value();                           // longest cached prefix
-//   hit.copyTo(0, hit.matchedTokens(), out.data(), out.size()).value(); // or read hit.block(i) in place
+//   space->put("req-1", 0, tokens, kv.data(), kv.size()).value();      // bytes go into shared
+//   memory auto hit = space->lookup(prompt).value();                           // longest cached
+//   prefix hit.copyTo(0, hit.matchedTokens(), out.data(), out.size()).value(); // or read
+//   hit.block(i) in place
 //
 // Threading: a Client runs its own event-loop thread; every method may be called from any thread
 // and blocks the caller until the daemon answers. Spaces, handles and views borrow the Client and
@@ -125,7 +126,9 @@ class WriteHandle {
   size_t blockCount() const { return refs_.size(); }
   // Writable bytes of granted block i, in the shared pool; empty for inline clients. Slots of
   // block(0) before begin() hold the sequence's existing bytes: do not write them.
-  std::span<uint8_t> block(size_t i) const { return i < views_.size() ? views_[i] : std::span<uint8_t>(); }
+  std::span<uint8_t> block(size_t i) const {
+    return i < views_.size() ? views_[i] : std::span<uint8_t>();
+  }
 
   // Writes positions [from, to) ⊆ [begin(), end()) from a packed buffer (into the mapped blocks,
   // or inline). INVALID_ARGUMENT on a bad range or size.
@@ -170,11 +173,11 @@ class Space {
 
   // Stores the KV of `tokens` at positions [begin, begin + n) of seq in one round trip for the
   // lease and one for the commit; `kv` is packed, n * layout().tokenKvBytes() bytes.
-  Result<CommitInfo> put(std::string_view seq, uint64_t begin, std::span<const uint32_t> tokens, const void* kv,
-                         size_t bytes, const PutOptions& options = {});
+  Result<CommitInfo> put(std::string_view seq, uint64_t begin, std::span<const uint32_t> tokens,
+                         const void* kv, size_t bytes, const PutOptions& options = {});
   // The two steps of put, for engines that write the blocks themselves (e.g. with kernels/).
-  Result<WriteHandle> beginPut(std::string_view seq, uint64_t begin, std::span<const uint32_t> tokens,
-                               const PutOptions& options = {});
+  Result<WriteHandle> beginPut(std::string_view seq, uint64_t begin,
+                               std::span<const uint32_t> tokens, const PutOptions& options = {});
 
   // Read lease on positions [begin, end) of seq (end = kEndPosition: its length).
   Result<ReadHandle> get(std::string_view seq, uint64_t begin = 0, uint64_t end = kEndPosition);
@@ -183,7 +186,8 @@ class Space {
   // Longest cached prefix of a chain of client keys, one per block.
   Result<ReadHandle> lookupKeys(std::span<const Key128> keys, const LookupOptions& options = {});
 
-  Status copyPrefix(std::string_view src, std::string_view dst, uint64_t len, bool detached = false);
+  Status copyPrefix(std::string_view src, std::string_view dst, uint64_t len,
+                    bool detached = false);
   Status remove(std::string_view seq, uint64_t begin, uint64_t end = kEndPosition);
   Status truncate(std::string_view seq, uint64_t len);
   Result<bool> canResume(std::string_view seq, uint64_t pos);

@@ -11,7 +11,6 @@
 
 #include <array>
 #include <bit>
-#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <functional>

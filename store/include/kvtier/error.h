@@ -57,7 +57,7 @@ std::ostream& operator<<(std::ostream& os, const Error& error);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : state_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : state_(std::move(value)) {}      // NOLINT: implicit by design
   Result(Error error) : state_(std::move(error)) {}  // NOLINT
 
   bool ok() const { return state_.index() == 0; }
@@ -120,13 +120,14 @@ inline void Result<void>::value() const {
 template <typename... Args>
 Error makeError(ErrorCode code, Args&&... args) {
   std::string message;
-  ((message += [](auto&& a) {
-     if constexpr (std::is_convertible_v<decltype(a), std::string_view>) {
-       return std::string(std::string_view(a));
-     } else {
-       return std::to_string(a);
-     }
-   }(args)),
+  ((message +=
+    [](auto&& a) {
+      if constexpr (std::is_convertible_v<decltype(a), std::string_view>) {
+        return std::string(std::string_view(a));
+      } else {
+        return std::to_string(a);
+      }
+    }(args)),
    ...);
   return Error(code, std::move(message));
 }

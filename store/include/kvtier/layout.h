@@ -11,7 +11,14 @@
 
 namespace kvtier {
 
-enum class DType : uint8_t { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2, kFloat8E4M3 = 3, kFloat8E5M2 = 4, kInt8 = 5 };
+enum class DType : uint8_t {
+  kFloat16 = 0,
+  kBFloat16 = 1,
+  kFloat32 = 2,
+  kFloat8E4M3 = 3,
+  kFloat8E5M2 = 4,
+  kInt8 = 5
+};
 
 // Bytes per element; 0 for a value outside the enum.
 uint32_t dtypeBytes(DType dtype);
