@@ -6,12 +6,14 @@
 
 #include <future>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include "kernels/block_copy.h"
 #include "schemas/kvtier.capnp.h"
 #include "store/limits.h"
+#include "transport/buffered_stream.h"
 #include "transport/rpc_codec.h"
 #include "transport/shm_segment.h"
 
@@ -25,6 +27,9 @@ struct Client::Impl {
   ClientOptions options;
   std::thread thread;
   const kj::Executor* executor = nullptr;
+  bool callerThread = false;
+  std::thread::id callerThreadId;
+  std::optional<kj::AsyncIoContext> ownedIo;  // caller-thread mode: the caller's event loop
 
   // Loop-thread state (touched only inside run()).
   kj::AsyncIoContext* io = nullptr;
@@ -41,10 +46,37 @@ struct Client::Impl {
   std::string daemonVersion;
 
   // Runs `f` on the loop thread and waits for its result; kj::Exceptions become kvtier Errors.
+  // In caller-thread mode it runs `f` right here, and refuses calls from other threads.
   template <typename F>
   auto run(F&& f) -> Result<kj::_::UnwrapPromise<kj::PromiseForResult<F, void>>> {
+    using T = kj::_::UnwrapPromise<kj::PromiseForResult<F, void>>;
+    if (callerThread && std::this_thread::get_id() != callerThreadId) {
+      return makeError(ErrorCode::kInvalidArgument,
+                       "a caller-thread kvtier::Client was used from another thread");
+    }
     try {
-      if constexpr (std::is_void_v<kj::_::UnwrapPromise<kj::PromiseForResult<F, void>>>) {
+      if (callerThread) {
+        using R = decltype(f());
+        auto& ws = ownedIo->waitScope;
+        if constexpr (std::is_void_v<R>) {
+          f();
+          ws.poll();  // flush the messages the call queued (releases, finishes)
+          return {};
+        } else if constexpr (std::is_void_v<T>) {
+          f().wait(ws);
+          ws.poll();
+          return {};
+        } else if constexpr (kj::isSameType<R, T>()) {
+          T value = f();
+          ws.poll();
+          return value;
+        } else {
+          T value = f().wait(ws);
+          ws.poll();
+          return value;
+        }
+      }
+      if constexpr (std::is_void_v<T>) {
         executor->executeSync(kj::fwd<F>(f));
         return {};
       } else {
@@ -56,6 +88,9 @@ struct Client::Impl {
   }
 
   Status connect();
+  // Connects and says hello on the current thread's event loop.
+  Status setup(kj::AsyncIoContext& context);
+  void teardown();
   void loop(std::promise<Status>& ready);
   rpc::Session::Client& sessionCap() { return KJ_ASSERT_NONNULL(session); }
   Status mapExtents(
@@ -93,16 +128,13 @@ Error invalid(auto&&... args) { return makeError(ErrorCode::kInvalidArgument, ar
 
 }  // namespace
 
-void Client::Impl::loop(std::promise<Status>& ready) {
-  auto context = kj::setupAsyncIo();
+Status Client::Impl::setup(kj::AsyncIoContext& context) {
   io = &context;
-  executor = &kj::getCurrentThreadExecutor();
-  Status status;
   KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] {
                  auto address = context.provider->getNetwork()
                                     .parseAddress(kj::str("unix:", options.socketPath.c_str()))
                                     .wait(context.waitScope);
-                 stream = address->connect().wait(context.waitScope);
+                 stream = kj::heap<BufferedIoStream>(address->connect().wait(context.waitScope));
                  network = kj::heap<capnp::TwoPartyVatNetwork>(
                      *stream, capnp::rpc::twoparty::Side::CLIENT, clientReaderOptions());
                  rpcSystem = kj::heap(capnp::makeRpcClient(*network));
@@ -124,13 +156,13 @@ void Client::Impl::loop(std::promise<Status>& ready) {
       error = makeError(ErrorCode::kUnavailable, "cannot reach kvtierd at ", options.socketPath,
                         ": ", e->getDescription().cStr());
     }
-    status = error;
+    return error;
   }
-  auto paf = kj::newPromiseAndFulfiller<void>();
-  stop = kj::mv(paf.fulfiller);
-  ready.set_value(status);
-  if (status) paf.promise.wait(context.waitScope);
-  // Tear down in reverse order, on this thread.
+  return {};
+}
+
+void Client::Impl::teardown() {
+  // In reverse order, on the loop's thread.
   session = nullptr;
   rpcSystem = nullptr;
   network = nullptr;
@@ -138,7 +170,29 @@ void Client::Impl::loop(std::promise<Status>& ready) {
   io = nullptr;
 }
 
+void Client::Impl::loop(std::promise<Status>& ready) {
+  auto context = kj::setupAsyncIo();
+  executor = &kj::getCurrentThreadExecutor();
+  const Status status = setup(context);
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  stop = kj::mv(paf.fulfiller);
+  ready.set_value(status);
+  if (status) paf.promise.wait(context.waitScope);
+  teardown();
+}
+
 Status Client::Impl::connect() {
+  if (options.threading == ClientThreading::kCallerThread) {
+    callerThread = true;
+    callerThreadId = std::this_thread::get_id();
+    ownedIo.emplace(kj::setupAsyncIo());
+    Status status = setup(*ownedIo);
+    if (!status) {
+      teardown();
+      ownedIo.reset();
+    }
+    return status;
+  }
   std::promise<Status> ready;
   auto future = ready.get_future();
   thread = std::thread([this, &ready] { loop(ready); });
@@ -186,6 +240,11 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Client::~Client() {
+  if (impl_->callerThread) {
+    impl_->teardown();
+    impl_->ownedIo.reset();
+    return;
+  }
   (void)impl_->run([this] { impl_->stop->fulfill(); });
   impl_->thread.join();
 }
@@ -298,16 +357,8 @@ ReadHandle& ReadHandle::operator=(ReadHandle&&) noexcept = default;
 ReadHandle::~ReadHandle() = default;
 
 void ReadHandle::release() {
-  if (!lease_) return;
-  auto* client = lease_->client;
-  (void)client->run([&]() -> kj::Promise<void> {
-    KJ_IF_MAYBE (cap, lease_->cap) {
-      auto promise = cap->castAs<rpc::ReadLease>().releaseRequest().send().ignoreResult();
-      lease_->cap = nullptr;
-      return promise;
-    }
-    return kj::READY_NOW;
-  });
+  // Dropping the lease capability sends the daemon a release message without waiting for an
+  // answer: it is ordered before anything else this client sends.
   lease_.reset();
   views_.clear();
   inline_.clear();

@@ -11,6 +11,7 @@
 #include "daemon/log.h"
 #include "kernels/block_copy.h"
 #include "schemas/kvtier.capnp.h"
+#include "transport/buffered_stream.h"
 #include "transport/rpc_codec.h"
 
 namespace kvtier {
@@ -401,7 +402,7 @@ class DaemonImpl final : public rpc::Daemon::Server {
 // One client connection: its stream, its two-party network and its RPC system.
 struct Connection {
   Connection(kj::Own<kj::AsyncIoStream> s, rpc::Daemon::Client bootstrap)
-      : stream(kj::mv(s)),
+      : stream(kj::heap<BufferedIoStream>(kj::mv(s))),
         network(*stream, capnp::rpc::twoparty::Side::SERVER, readerOptions()),
         rpcSystem(capnp::makeRpcServer(network, kj::mv(bootstrap))) {}
   kj::Own<kj::AsyncIoStream> stream;

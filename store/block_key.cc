@@ -21,9 +21,21 @@ Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
 
 Sha256::~Sha256() { EVP_MD_CTX_free(ctx_); }
 
+namespace {
+
+// OpenSSL 3 looks an algorithm up (under a lock) every time EVP_sha256() is passed to an init;
+// fetch it once for the process.
+const EVP_MD* sha256Digest() {
+  static EVP_MD* const md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  return md;
+}
+
+}  // namespace
+
 void Sha256::begin() {
-  if (EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) != 1)
+  if (EVP_DigestInit_ex(ctx_, sha256Digest(), nullptr) != 1) {
     throw std::runtime_error("EVP_DigestInit_ex failed");
+  }
 }
 
 void Sha256::update(const void* data, size_t size) {

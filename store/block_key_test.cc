@@ -5,12 +5,17 @@
 
 #include <array>
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
 #include "kvtier/layout.h"
 
 namespace kvtier {
+
+// Readable failure messages for error codes (same definition as in engine_test.cc).
+inline void PrintTo(ErrorCode code, std::ostream* os) { *os << errorName(code); }
+
 namespace {
 
 constexpr uint32_t kBt = 16;
@@ -22,7 +27,8 @@ std::vector<uint32_t> iota(size_t n, uint32_t first) {
 }
 
 // The key chain of `tokens` (whole blocks only), computed with a fresh hasher.
-std::vector<Key128> chain(uint64_t fingerprint, const Salt& salt, const std::vector<uint32_t>& tokens) {
+std::vector<Key128> chain(uint64_t fingerprint, const Salt& salt,
+                          const std::vector<uint32_t>& tokens) {
   BlockKeyHasher hasher(fingerprint, salt);
   std::vector<Key128> keys;
   std::span<const uint32_t> all(tokens);
@@ -80,8 +86,11 @@ TEST(BlockKeyTest, ChainIsDeterministic) {
 }
 
 TEST(BlockKeyTest, KeyZeroIsSha256OfFingerprintSaltAndLittleEndianTokens) {
-  const std::vector<uint32_t> tokens = {0x01020304u, 0xa0b0c0d0u, 7, 0, 1, 2, 3, 4,
-                                        5,           6,           7, 8, 9, 10, 11, 0xffffffffu};
+  // Tokens whose four bytes differ, so that a byte-order mistake changes the key.
+  std::vector<uint32_t> tokens = iota(kBt, 0);
+  tokens[0] = 0x01020304u;
+  tokens[1] = 0xa0b0c0d0u;
+  tokens[15] = 0xffffffffu;
   std::vector<uint8_t> preimage;
   for (int i = 0; i < 8; ++i) preimage.push_back(static_cast<uint8_t>(kFp >> (8 * i)));
   preimage.insert(preimage.end(), kSaltA.begin(), kSaltA.end());
@@ -147,7 +156,9 @@ TEST(BlockKeyTest, KeyIDependsOnAllEarlierTokens) {
     changed[pos] += 1;
     const auto keys = chain(kFp, kSaltA, changed);
     const size_t block = pos / kBt;
-    for (size_t i = 0; i < block; ++i) EXPECT_EQ(keys[i], base[i]) << "pos " << pos << " block " << i;
+    for (size_t i = 0; i < block; ++i) {
+      EXPECT_EQ(keys[i], base[i]) << "pos " << pos << " block " << i;
+    }
     for (size_t i = block; i < keys.size(); ++i) {
       EXPECT_NE(keys[i], base[i]) << "pos " << pos << " block " << i;
     }

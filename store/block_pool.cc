@@ -27,6 +27,8 @@ BlockPool::BlockPool(std::vector<Extent> extents) : extents_(std::move(extents))
 }
 
 BlockId BlockPool::find(uint32_t extent, uint64_t offset) const {
+  // Out-of-range values would alias another location in the packed key.
+  if (extent >= (1u << 16) || offset >= (uint64_t{1} << 48)) return kNoBlock;
   auto it = byLocation_.find(locationKey(extent, offset));
   return it == byLocation_.end() ? kNoBlock : it->second;
 }

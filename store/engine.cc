@@ -221,11 +221,12 @@ Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name
   }
 
   const uint32_t slot0 = static_cast<uint32_t>(begin % bt);
-  // Appending at the end of the sequence's own partial block: write in place, no copy. Readers see
-  // only positions below the length, which this lease never touches.
+  // Appending at the end of the sequence's own partial block: write in place, no copy. Only when no
+  // lease pins it: a reader may hold positions past today's length (taken before a truncate), and
+  // its bytes must never change under it.
   const bool inPlace = slot0 != 0 && seq && begin == length && first == seq->blocks.size() - 1 &&
                        pool_[seq->blocks[first]].state == BlockState::kPartial &&
-                       pool_[seq->blocks[first]].refs == 1;
+                       pool_[seq->blocks[first]].refs == 1 && pool_[seq->blocks[first]].pins == 0;
 
   WriteLease lease;
   if (inPlace) lease.blocks.push_back(seq->blocks[first]);

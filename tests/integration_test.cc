@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "tests/test_support.h"
 #include "tools/synthetic_kv.h"
@@ -307,6 +308,34 @@ TEST(Integration, ConnectToMissingDaemonIsUnavailable) {
   auto client = Client::connect({.socketPath = "/tmp/kvtier-no-such-daemon.sock"});
   ASSERT_FALSE(client.ok());
   EXPECT_EQ(client.code(), ErrorCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+TEST(Integration, CallerThreadClientWorksOnItsThreadAndRefusesOthers) {
+  test::DaemonProcess daemon;
+  auto client =
+      Client::connect({.socketPath = daemon.socket(), .threading = ClientThreading::kCallerThread})
+          .value();
+  auto space = client->open(test::testLayout()).value();
+  const auto t = synthetic::tokens(60, 40);
+  const auto kv = synthetic::packedKv(test::testLayout(), t, 0, 40);
+  ASSERT_TRUE(space->put("c", 0, t, kv.data(), kv.size()).ok());
+  {
+    auto hit = space->lookup(t).value();
+    EXPECT_EQ(hit.matchedTokens(), 32u);
+    hit.release();  // flushed to the daemon without waiting
+  }
+  EXPECT_EQ(client->stats().value().blocksPinned, 0u);
+  Status fromOther;
+  std::thread other([&] { fromOther = space->truncate("c", 10); });
+  other.join();
+  EXPECT_EQ(fromOther.code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(space->length("c").value(), std::optional<uint64_t>(40));
 }
 
 }  // namespace

@@ -7,9 +7,10 @@
 //   prefix hit.copyTo(0, hit.matchedTokens(), out.data(), out.size()).value(); // or read
 //   hit.block(i) in place
 //
-// Threading: a Client runs its own event-loop thread; every method may be called from any thread
-// and blocks the caller until the daemon answers. Spaces, handles and views borrow the Client and
-// must not outlive it.
+// Threading: by default a Client runs its own event-loop thread; every method may be called from
+// any thread and blocks the caller until the daemon answers. ClientThreading::kCallerThread runs
+// it on the connecting thread instead (no thread hop per call; that thread only). Spaces, handles
+// and views borrow the Client and must not outlive it.
 //
 // Bytes: a block holds [layer][K|V][slot][kvHead][headDim] (see kvtier/layout.h). The `kv`
 // buffers of put() and copyTo() are "packed": [layer][K|V][token][kvHead][headDim] over the tokens
@@ -35,12 +36,22 @@ namespace kvtier {
 
 inline constexpr uint64_t kEndPosition = UINT64_MAX;
 
+enum class ClientThreading {
+  // The client runs its own event-loop thread; any thread may call it (each call hops to the loop
+  // thread and back).
+  kOwnThread,
+  // The client runs on the thread that calls connect(), with no hop: lowest latency, for engines
+  // whose scheduler thread does all cache calls. Calls from another thread fail (INVALID_ARGUMENT).
+  kCallerThread,
+};
+
 struct ClientOptions {
   std::string socketPath = "kvtier-data/kvtierd.sock";
   std::string clientName = "kvtier-client";
   // Map the daemon's pool and move bytes in place (the default). When false, or when the pool
   // cannot be mapped, bytes travel inline in the RPC messages.
   bool mapPool = true;
+  ClientThreading threading = ClientThreading::kOwnThread;
 };
 
 struct BlockRef {
@@ -98,7 +109,8 @@ class ReadHandle {
   // Copies positions [from, to) into `out`, packed. INVALID_ARGUMENT if the range is outside
   // [begin(), end()) or `bytes` is not (to - from) * layout.tokenKvBytes().
   Status copyTo(uint64_t from, uint64_t to, void* out, size_t bytes) const;
-  // Unpins the blocks; the views become invalid. Idempotent.
+  // Unpins the blocks; the views become invalid. Idempotent. Does not wait for the daemon: the
+  // release reaches it before any later call of this client.
   void release();
 
  private:

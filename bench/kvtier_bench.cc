@@ -1,0 +1,1131 @@
+// kvtier-bench: kvtier's local data and control paths, each quoted as a ratio against an anchor
+// measured in the same run on the same machine (absolute times on small shared machines are noise).
+//
+//   kvtier-bench --suite local --json bench/results/local.json [--reps N] [--daemon PATH]
+//
+// The bench starts its own kvtierd (a fresh temporary data directory, a 256 MiB pool) and, when
+// redis-server is on PATH, its own redis-server on a Unix socket in the same directory; both are
+// stopped at the end, on failure too. After one warm-up repetition, every repetition measures each
+// kvtier figure next to its anchor; a ratio is computed per repetition and reported as the median
+// and min-max over repetitions, in a table and as JSON. The exit status is 0 whenever the
+// measurements ran, targets met or not: this is a measurement, not a test.
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "kvtier/client.h"
+#include "tools/synthetic_kv.h"
+
+extern char** environ;
+
+namespace kvtier {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const char* kUsage =
+    "usage: kvtier-bench --suite local [--json FILE] [--reps N] [--daemon PATH]\n"
+    "  --suite local   the local suite: shared-pool get/put vs memcpy, lookup round trip vs a\n"
+    "                  Unix-socket ping-pong, get/put vs redis-server\n"
+    "  --json FILE     also write the figures as JSON (e.g. bench/results/local.json)\n"
+    "  --reps N        measured repetitions after one warm-up (default 7)\n"
+    "  --daemon PATH   the kvtierd to start (default: the one built with this binary)\n";
+
+// The suite's shapes. 8 layers x 8 KV heads x head dim 64 x fp16 = 1 KiB per token and layer, so
+// 16 KiB of K and V per token and 256 KiB per 16-token block; the prefix is 64 blocks, 16 MiB.
+Layout benchLayout() { return Layout{"bench/256k", 8, 8, 64, DType::kFloat16, 16}; }
+constexpr uint64_t kPrefixTokens = 1024;
+constexpr uint32_t kPrefixBlocks = 64;
+constexpr const char* kPoolBytes = "256M";
+// A repetition is kRounds rounds; a round runs every measurement once, back to back. Per
+// repetition that is 32 gets, puts and memcpys of 16 MiB, 8 pipelined redis batches each way, and
+// 2000 round trips of each kind (a repetition's round-trip figure is their median).
+constexpr int kRounds = 8;
+constexpr int kBandwidthIterationsPerRound = 4;
+constexpr int kRttIterationsPerRound = 250;
+// Iterations of the per-step breakdown printed after the ratios (it is not part of any ratio).
+constexpr int kBreakdownIterations = 16;
+constexpr size_t kPingBytes = 64;
+// How long a child server may take to say it is ready, and to exit after SIGTERM.
+constexpr auto kStartTimeout = std::chrono::seconds(15);
+constexpr auto kStopTimeout = std::chrono::seconds(5);
+
+// Set by SIGINT and SIGTERM. The suite stops at the next round and cleans up (daemon, redis, temp
+// directory) instead of leaving its servers running. A global because a signal handler needs one.
+volatile std::sig_atomic_t gInterrupted = 0;
+
+extern "C" void onInterrupt(int) { gInterrupted = 1; }
+
+double seconds(Clock::time_point t0, Clock::time_point t1) {
+  return std::chrono::duration<double>(t1 - t0).count();
+}
+
+double secondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+Error unavailable(auto&&... args) { return makeError(ErrorCode::kUnavailable, args...); }
+
+std::string lastLines(const std::string& path, size_t maxBytes = 2000) {
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return text.size() > maxBytes ? "..." + text.substr(text.size() - maxBytes) : text;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Processes and directories the bench owns.
+
+// A fresh directory under $TMPDIR (or /tmp), removed with everything in it on destruction.
+class TempDir {
+ public:
+  static Result<TempDir> create() {
+    const char* base = std::getenv("TMPDIR");
+    std::string pattern = std::string(base && *base ? base : "/tmp") + "/kvtier-bench-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      return unavailable("cannot create a temporary directory from ", pattern, ": ",
+                         std::strerror(errno));
+    }
+    return TempDir(pattern);
+  }
+  TempDir(TempDir&& o) noexcept : path_(std::exchange(o.path_, {})) {}
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  std::string file(std::string_view name) const { return path_ + "/" + std::string(name); }
+
+ private:
+  explicit TempDir(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
+
+// A child process started with posix_spawn: stdin from /dev/null, stdout into a pipe this process
+// reads (or into the log), stderr appended to a log file. Destruction sends SIGTERM and reaps it
+// (SIGKILL after kStopTimeout), so a failing bench never leaves a server behind.
+class ChildProcess {
+ public:
+  static Result<ChildProcess> spawn(const std::vector<std::string>& argv,
+                                    const std::string& logPath, bool pipeStdout) {
+    int pipeFds[2] = {-1, -1};
+    if (pipeStdout && ::pipe2(pipeFds, O_CLOEXEC) != 0)
+      return unavailable("pipe: ", std::strerror(errno));
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, logPath.c_str(),
+                                     O_WRONLY | O_CREAT | O_APPEND, 0600);
+    if (pipeStdout) {
+      posix_spawn_file_actions_adddup2(&actions, pipeFds[1], STDOUT_FILENO);
+    } else {
+      posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);
+    }
+    // The bench ignores SIGPIPE; its servers start with the default disposition.
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t defaults;
+    sigemptyset(&defaults);
+    sigaddset(&defaults, SIGPIPE);
+    posix_spawnattr_setsigdefault(&attr, &defaults);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF);
+
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    pid_t pid = -1;
+    const int rc = ::posix_spawn(&pid, argv[0].c_str(), &actions, &attr, args.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attr);
+    if (pipeStdout) ::close(pipeFds[1]);
+    if (rc != 0) {
+      if (pipeStdout) ::close(pipeFds[0]);
+      return unavailable("cannot start ", argv[0], ": ", std::strerror(rc));
+    }
+    return ChildProcess(pid, pipeFds[0], logPath);
+  }
+
+  ChildProcess(ChildProcess&& o) noexcept
+      : pid_(std::exchange(o.pid_, -1)),
+        stdout_(std::exchange(o.stdout_, -1)),
+        log_(std::move(o.log_)) {}
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+  ~ChildProcess() {
+    stop();
+    if (stdout_ >= 0) ::close(stdout_);
+  }
+
+  const std::string& logPath() const { return log_; }
+
+  // Reads the child's stdout until a line starting with `prefix`; returns that line. UNAVAILABLE
+  // if the child closes its stdout (exits) first or `timeout` passes.
+  Result<std::string> waitForLine(std::string_view prefix, std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    std::string pending;
+    for (;;) {
+      for (size_t eol; (eol = pending.find('\n')) != std::string::npos; pending.erase(0, eol + 1)) {
+        if (std::string_view(pending).substr(0, eol).starts_with(prefix))
+          return pending.substr(0, eol);
+      }
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0)
+        return unavailable("no '", prefix, "' line within ", timeout.count(), " ms");
+      pollfd p{stdout_, POLLIN, 0};
+      const int n = ::poll(&p, 1, static_cast<int>(left.count()));
+      if (n < 0 && errno != EINTR) return unavailable("poll: ", std::strerror(errno));
+      if (n <= 0) continue;
+      char buf[4096];
+      const ssize_t got = ::read(stdout_, buf, sizeof buf);
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) return unavailable("exited before printing '", prefix, "'");
+      pending.append(buf, static_cast<size_t>(got));
+    }
+  }
+
+  // Exit status once the child has exited (reaping it), nullopt while it runs.
+  std::optional<int> poll() {
+    if (pid_ < 0) return exitStatus_;
+    int status = 0;
+    if (::waitpid(pid_, &status, WNOHANG) != pid_) return std::nullopt;
+    pid_ = -1;
+    exitStatus_ = status;
+    return exitStatus_;
+  }
+
+  // Waits up to `timeout` for the child to exit on its own (after a shutdown request).
+  bool waitExit(std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    while (!poll()) {
+      if (Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return true;
+  }
+
+  // SIGTERM, then reap; SIGKILL if it has not exited within kStopTimeout. Idempotent.
+  void stop() {
+    if (pid_ < 0 || poll()) return;
+    ::kill(pid_, SIGTERM);
+    if (waitExit(kStopTimeout)) return;
+    std::fprintf(stderr, "kvtier-bench: pid %d ignored SIGTERM for %lld s, killing it\n", pid_,
+                 static_cast<long long>(kStopTimeout.count()));
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+  }
+
+ private:
+  ChildProcess(pid_t pid, int stdoutFd, std::string log)
+      : pid_(pid), stdout_(stdoutFd), log_(std::move(log)) {}
+  pid_t pid_;
+  int stdout_;
+  std::string log_;
+  std::optional<int> exitStatus_;
+};
+
+// Removes the shared-memory segments of a daemon that could not remove them itself (killed,
+// crashed): no later kvtierd reuses this run's temporary data directory, so nothing else would
+// ever free them. Declare it before the daemon's ChildProcess, so it runs once the daemon is gone.
+class SegmentSweeper {
+ public:
+  SegmentSweeper() = default;
+  SegmentSweeper(const SegmentSweeper&) = delete;
+  SegmentSweeper& operator=(const SegmentSweeper&) = delete;
+  ~SegmentSweeper() {
+    if (prefix_.empty()) return;
+    std::error_code ec;
+    size_t removed = 0;
+    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+      if (entry.path().filename().string().starts_with(prefix_)) {
+        removed += std::filesystem::remove(entry.path(), ec) ? 1 : 0;
+      }
+    }
+    if (removed > 0) {
+      std::fprintf(stderr, "kvtier-bench: removed %zu shared-memory segment(s) kvtierd left\n",
+                   removed);
+    }
+  }
+
+  // Takes the prefix from kvtierd's ready line ("... segments=kvtier-<digest>-"); a line without
+  // one leaves nothing to sweep.
+  void watchReadyLine(std::string_view line) {
+    constexpr std::string_view kField = " segments=";
+    const size_t at = line.find(kField);
+    if (at == std::string_view::npos) return;
+    const std::string_view value = line.substr(at + kField.size());
+    const std::string prefix(value.substr(0, value.find(' ')));
+    // Only names kvtierd makes, and never an empty or bare prefix that would match others'.
+    if (prefix.starts_with("kvtier-") && prefix.size() > 8 &&
+        prefix.find('/') == std::string::npos) {
+      prefix_ = prefix;
+    }
+  }
+
+ private:
+  std::string prefix_;
+};
+
+// The anchor for one control-plane round trip: a forked child that echoes whatever arrives on its
+// end of a socketpair(AF_UNIX, SOCK_STREAM). Start it before any thread exists (fork).
+class EchoPeer {
+ public:
+  static Result<EchoPeer> start() {
+    int fds[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
+      return unavailable("socketpair: ", std::strerror(errno));
+    }
+    const pid_t pid = ::fork();
+    if (pid < 0) return unavailable("fork: ", std::strerror(errno));
+    if (pid == 0) {
+      ::close(fds[0]);
+      echoLoop(fds[1]);
+    }
+    ::close(fds[1]);
+    return EchoPeer(pid, fds[0]);
+  }
+  EchoPeer(EchoPeer&& o) noexcept
+      : pid_(std::exchange(o.pid_, -1)), fd_(std::exchange(o.fd_, -1)) {}
+  EchoPeer(const EchoPeer&) = delete;
+  EchoPeer& operator=(const EchoPeer&) = delete;
+  ~EchoPeer() {
+    if (fd_ >= 0) ::close(fd_);  // the child reads end-of-file and exits
+    if (pid_ > 0) {
+      int status = 0;
+      ::waitpid(pid_, &status, 0);
+    }
+  }
+
+  // One round trip of `bytes` bytes from `buf`; false if the peer is gone.
+  bool pingPong(uint8_t* buf, size_t bytes) {
+    if (!writeAll(fd_, buf, bytes)) return false;
+    for (size_t got = 0; got < bytes;) {
+      const ssize_t n = ::read(fd_, buf + got, bytes - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      got += static_cast<size_t>(n);
+    }
+    return true;
+  }
+
+ private:
+  EchoPeer(pid_t pid, int fd) : pid_(pid), fd_(fd) {}
+
+  static bool writeAll(int fd, const uint8_t* p, size_t n) {
+    while (n > 0) {
+      const ssize_t w = ::write(fd, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return false;
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+    return true;
+  }
+
+  // The child: only async-signal-safe calls, then _exit.
+  [[noreturn]] static void echoLoop(int fd) {
+    uint8_t buf[4096];
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0 || !writeAll(fd, buf, static_cast<size_t>(n))) ::_exit(0);
+    }
+  }
+
+  pid_t pid_;
+  int fd_;
+};
+
+struct RedisFree {
+  void operator()(redisContext* c) const { redisFree(c); }
+  void operator()(redisReply* r) const { freeReplyObject(r); }
+};
+using RedisContextPtr = std::unique_ptr<redisContext, RedisFree>;
+using RedisReplyPtr = std::unique_ptr<redisReply, RedisFree>;
+
+// Debian's redis-server on a Unix socket in the bench's directory, nothing persisted, and one
+// hiredis connection to it. Destruction asks it to SHUTDOWN NOSAVE, then SIGTERM as a fallback.
+class RedisServer {
+ public:
+  static Result<std::unique_ptr<RedisServer>> start(const std::string& exe, const TempDir& dir) {
+    const std::string socket = dir.file("redis.sock");
+    auto child = ChildProcess::spawn({exe, "--port", "0", "--unixsocket", socket, "--save", "",
+                                      "--appendonly", "no", "--dir", dir.path()},
+                                     dir.file("redis.log"), false);
+    if (!child) return child.error();
+    auto server = std::unique_ptr<RedisServer>(new RedisServer(std::move(child).value()));
+    // redis-server has no readiness line on a pipe we can rely on: poll with PING until it answers.
+    const auto deadline = Clock::now() + kStartTimeout;
+    for (;;) {
+      RedisContextPtr c(redisConnectUnix(socket.c_str()));
+      if (c && c->err == 0) {
+        RedisReplyPtr pong(static_cast<redisReply*>(redisCommand(c.get(), "PING")));
+        if (pong && pong->type == REDIS_REPLY_STATUS &&
+            std::string_view(pong->str, pong->len) == "PONG") {
+          server->context_ = std::move(c);
+          break;
+        }
+      }
+      if (server->child_.poll()) {
+        return unavailable("redis-server exited at startup; its log:\n",
+                           lastLines(server->child_.logPath()));
+      }
+      if (Clock::now() >= deadline)
+        return unavailable("redis-server did not answer PING on ", socket);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    RedisReplyPtr info(static_cast<redisReply*>(redisCommand(server->context(), "INFO server")));
+    if (info && info->type == REDIS_REPLY_STRING) {
+      const std::string_view text(info->str, info->len);
+      const auto at = text.find("redis_version:");
+      if (at != std::string_view::npos) {
+        const auto value = text.substr(at + 14);
+        server->version_ = std::string(value.substr(0, value.find_first_of("\r\n")));
+      }
+    }
+    return server;
+  }
+
+  ~RedisServer() {
+    if (context_) {
+      // The server closes the connection instead of answering.
+      freeReplyObject(redisCommand(context_.get(), "SHUTDOWN NOSAVE"));
+      context_.reset();
+      child_.waitExit(kStopTimeout);
+    }
+    // child_'s destructor sends SIGTERM if it still runs.
+  }
+
+  redisContext* context() { return context_.get(); }
+  const std::string& version() const { return version_; }
+
+ private:
+  explicit RedisServer(ChildProcess child) : child_(std::move(child)) {}
+  ChildProcess child_;
+  RedisContextPtr context_;
+  std::string version_ = "unknown";
+};
+
+std::optional<std::string> findOnPath(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::stringstream in(path ? path : "/usr/local/bin:/usr/bin:/bin");
+  for (std::string dir; std::getline(in, dir, ':');) {
+    if (dir.empty()) continue;
+    const std::string candidate = dir + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The measurements. Each runs some iterations and returns their seconds (or adds per-call
+// samples); an error means the bench cannot go on.
+
+// A page-aligned host buffer, written in full at construction so no page fault lands in a timed
+// window. Page-aligned like the pinned buffers engines hand kvtier, and so that every copy in the
+// suite has mutually aligned source and destination: with glibc 2.36 on AMD EPYC, memcpy of
+// 16-256 KiB runs (rep movsb) is ~2x slower when destination and source differ by 16 bytes mod
+// 64, which would otherwise let malloc's placement decide the figures.
+class HostBuffer {
+ public:
+  explicit HostBuffer(size_t bytes) : bytes_(bytes) {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    data_.reset(static_cast<uint8_t*>(std::aligned_alloc(page, (bytes + page - 1) / page * page)));
+    if (!data_) throw std::bad_alloc();
+    std::memset(data_.get(), 0, bytes_);
+  }
+  uint8_t* data() const { return data_.get(); }
+  size_t size() const { return bytes_; }
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  size_t bytes_;
+  std::unique_ptr<uint8_t, Free> data_;
+};
+
+// The suite's data: the prompt, its packed KV (also the memcpy source) and the reader's buffer
+// (also the memcpy destination).
+struct Workload {
+  Workload() {
+    const auto packed = synthetic::packedKv(layout, tokens, 0, kPrefixTokens);
+    std::memcpy(kv.data(), packed.data(), kv.size());
+  }
+  size_t bytes() const { return kv.size(); }
+
+  Layout layout = benchLayout();
+  std::vector<uint32_t> tokens = synthetic::tokens(2024, kPrefixTokens);
+  std::vector<uint32_t> firstBlock =
+      std::vector<uint32_t>(tokens.begin(), tokens.begin() + layout.blockTokens);
+  HostBuffer kv{kPrefixTokens * layout.tokenKvBytes()};
+  HostBuffer out{kPrefixTokens * layout.tokenKvBytes()};
+};
+
+// The anchor for bytes: one core's memcpy of the same 16 MiB.
+double timeMemcpy(Workload& w, int iterations) {
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iterations; ++i) {
+    std::memcpy(w.out.data(), w.kv.data(), w.bytes());
+    // Keep the compiler from treating the copies as dead or merging them.
+    asm volatile("" : : "r"(w.out.data()) : "memory");
+  }
+  return secondsSince(t0);
+}
+
+Status expectMatched(const ReadHandle& hit, uint64_t tokens) {
+  if (hit.matchedTokens() == tokens) return {};
+  return makeError(ErrorCode::kInternal, "lookup matched ", hit.matchedTokens(),
+                   " tokens, expected ", tokens, " (was the prefix evicted?)");
+}
+
+// A reader's whole path: lookup of the 1024-token prompt (one round trip, 64 blocks pinned),
+// copyTo of all of it out of the shared pool into its own buffer, release (one round trip).
+Result<double> timeGet(Space& space, Workload& w, int iterations) {
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iterations; ++i) {
+    auto hit = space.lookup(w.tokens);
+    if (!hit) return hit.error();
+    if (auto s = expectMatched(*hit, kPrefixTokens); !s) return s.error();
+    if (auto s = hit->copyTo(0, kPrefixTokens, w.out.data(), w.out.size()); !s) return s.error();
+    hit->release();
+  }
+  return secondsSince(t0);
+}
+
+// A writer's whole path: put of the 1024-token prompt at position 0 of one sequence (lease round
+// trip, 16 MiB written into 64 freshly granted pool blocks, commit round trip). Each put replaces
+// the sequence's previous contents, so no separate remove is needed; the commit then finds the
+// blocks already indexed and dedups them, freeing the fresh ones for the next put. The 16 MiB are
+// still written into the pool every time, which is what is measured.
+Result<double> timePut(Space& space, Workload& w, int iterations) {
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iterations; ++i) {
+    auto info = space.put("bench-put", 0, w.tokens, w.kv.data(), w.kv.size());
+    if (!info) return info.error();
+    if (info->sealedBlocks != kPrefixBlocks) {
+      return makeError(ErrorCode::kInternal, "put sealed ", info->sealedBlocks,
+                       " blocks, expected ", kPrefixBlocks);
+    }
+  }
+  return secondsSince(t0);
+}
+
+// Seconds of each lookup that hits exactly one block, its ReadHandle dropped right after (the drop
+// sends the release without waiting for an answer).
+Status sampleLookups(Space& space, const Workload& w, int iterations, std::vector<double>& out) {
+  for (int i = 0; i < iterations; ++i) {
+    const auto t0 = Clock::now();
+    {
+      auto hit = space.lookup(w.firstBlock);
+      if (!hit) return hit.error();
+      if (auto s = expectMatched(*hit, w.layout.blockTokens); !s) return s;
+    }
+    out.push_back(secondsSince(t0));
+  }
+  return {};
+}
+
+Status samplePings(EchoPeer& echo, int iterations, std::vector<double>& out) {
+  uint8_t message[kPingBytes];
+  std::memset(message, 0x6b, sizeof message);
+  for (int i = 0; i < iterations; ++i) {
+    const auto t0 = Clock::now();
+    if (!echo.pingPong(message, sizeof message)) return unavailable("echo peer is gone");
+    out.push_back(secondsSince(t0));
+  }
+  return {};
+}
+
+std::string redisKey(uint32_t i) { return "kvtier-bench:" + std::to_string(i); }
+
+// The same 64 chunks of 256 KiB as SETs, pipelined: 64 commands appended, then 64 replies read.
+Result<double> timeRedisSet(redisContext* c, const Workload& w) {
+  const size_t chunk = w.bytes() / kPrefixBlocks;
+  const auto t0 = Clock::now();
+  for (uint32_t i = 0; i < kPrefixBlocks; ++i) {
+    const std::string key = redisKey(i);
+    if (redisAppendCommand(c, "SET %b %b", key.data(), key.size(), w.kv.data() + i * chunk,
+                           chunk) != REDIS_OK) {
+      return unavailable("redis: ", c->errstr);
+    }
+  }
+  for (uint32_t i = 0; i < kPrefixBlocks; ++i) {
+    void* raw = nullptr;
+    if (redisGetReply(c, &raw) != REDIS_OK) return unavailable("redis: ", c->errstr);
+    RedisReplyPtr reply(static_cast<redisReply*>(raw));
+    if (reply->type != REDIS_REPLY_STATUS) {
+      return unavailable("redis SET answered type ", reply->type);
+    }
+  }
+  return secondsSince(t0);
+}
+
+// GET of the same 64 chunks, pipelined. The bytes end in hiredis' reply buffers and are not copied
+// further, which favours redis: kvtier's figure includes the copy into the reader's own buffer.
+Result<double> timeRedisGet(redisContext* c, const Workload& w, bool verify) {
+  const size_t chunk = w.bytes() / kPrefixBlocks;
+  const auto t0 = Clock::now();
+  for (uint32_t i = 0; i < kPrefixBlocks; ++i) {
+    const std::string key = redisKey(i);
+    if (redisAppendCommand(c, "GET %b", key.data(), key.size()) != REDIS_OK) {
+      return unavailable("redis: ", c->errstr);
+    }
+  }
+  for (uint32_t i = 0; i < kPrefixBlocks; ++i) {
+    void* raw = nullptr;
+    if (redisGetReply(c, &raw) != REDIS_OK) return unavailable("redis: ", c->errstr);
+    RedisReplyPtr reply(static_cast<redisReply*>(raw));
+    if (reply->type != REDIS_REPLY_STRING || static_cast<size_t>(reply->len) != chunk) {
+      return unavailable("redis GET ", redisKey(i), " answered type ", reply->type, " of ",
+                         reply->len, " bytes");
+    }
+    if (verify && std::memcmp(reply->str, w.kv.data() + i * chunk, chunk) != 0) {
+      return unavailable("redis GET ", redisKey(i), " returned different bytes");
+    }
+  }
+  return secondsSince(t0);
+}
+
+double medianOf(std::vector<double> v) {
+  if (v.empty()) return std::nan("");
+  const size_t mid = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + mid, v.end());
+  if (v.size() % 2 == 1) return v[mid];
+  const double upper = v[mid];
+  return (upper + *std::max_element(v.begin(), v.begin() + mid)) / 2;
+}
+
+// One repetition's figures: bytes/s for the bandwidths, median seconds for the round trips.
+struct RepFigures {
+  double memcpy = 0, get = 0, put = 0, lookupRtt = 0, echoRtt = 0;
+  std::optional<double> redisSet, redisGet;
+};
+
+// One repetition is kRounds rounds of every measurement back to back, so a change in the shared
+// machine's load hits kvtier and its anchors alike instead of whichever ran at the time.
+Result<RepFigures> measureRepetition(Space& space, Workload& w, EchoPeer& echo, redisContext* redis,
+                                     bool verify) {
+  double memcpySeconds = 0, getSeconds = 0, putSeconds = 0, setSeconds = 0, redisGetSeconds = 0;
+  std::vector<double> lookups, pings;
+  for (int round = 0; round < kRounds; ++round) {
+    if (gInterrupted) return unavailable("interrupted");
+    memcpySeconds += timeMemcpy(w, kBandwidthIterationsPerRound);
+    auto get = timeGet(space, w, kBandwidthIterationsPerRound);
+    if (!get) return get.error();
+    getSeconds += *get;
+    auto put = timePut(space, w, kBandwidthIterationsPerRound);
+    if (!put) return put.error();
+    putSeconds += *put;
+    if (redis) {
+      auto set = timeRedisSet(redis, w);
+      if (!set) return set.error();
+      setSeconds += *set;
+      auto got = timeRedisGet(redis, w, verify && round == 0);
+      if (!got) return got.error();
+      redisGetSeconds += *got;
+    }
+    if (auto s = sampleLookups(space, w, kRttIterationsPerRound, lookups); !s) return s.error();
+    if (auto s = samplePings(echo, kRttIterationsPerRound, pings); !s) return s.error();
+  }
+  const double bandwidthBytes = double(w.bytes()) * kBandwidthIterationsPerRound * kRounds;
+  const double redisBytes = double(w.bytes()) * kRounds;
+  RepFigures f;
+  f.memcpy = bandwidthBytes / memcpySeconds;
+  f.get = bandwidthBytes / getSeconds;
+  f.put = bandwidthBytes / putSeconds;
+  f.lookupRtt = medianOf(std::move(lookups));
+  f.echoRtt = medianOf(std::move(pings));
+  if (redis) {
+    f.redisSet = redisBytes / setSeconds;
+    f.redisGet = redisBytes / redisGetSeconds;
+  }
+  return f;
+}
+
+// Where one get, one put and one small call spend their time: medians over kBreakdownIterations
+// of each step on its own, for whoever chases a missed target. Not part of any ratio.
+struct Breakdown {
+  std::vector<std::pair<std::string, double>> steps;  // name, median seconds
+};
+
+Result<Breakdown> measureBreakdown(Space& space, Workload& w) {
+  std::vector<double> lookup, copy, release, begin, write, commit, bare, lookup1, drop, copies;
+  for (int i = 0; i < kBreakdownIterations; ++i) {
+    auto t0 = Clock::now();
+    auto hit = space.lookup(w.tokens);
+    if (!hit) return hit.error();
+    auto t1 = Clock::now();
+    if (auto s = hit->copyTo(0, kPrefixTokens, w.out.data(), w.out.size()); !s) return s.error();
+    auto t2 = Clock::now();
+    hit->release();
+    auto t3 = Clock::now();
+    lookup.push_back(seconds(t0, t1));
+    copy.push_back(seconds(t1, t2));
+    release.push_back(seconds(t2, t3));
+
+    t0 = Clock::now();
+    auto lease = space.beginPut("bench-put", 0, w.tokens);
+    if (!lease) return lease.error();
+    t1 = Clock::now();
+    if (auto s = lease->write(0, kPrefixTokens, w.kv.data(), w.kv.size()); !s) return s.error();
+    t2 = Clock::now();
+    if (auto s = lease->commit(); !s) return s.error();
+    t3 = Clock::now();
+    begin.push_back(seconds(t0, t1));
+    write.push_back(seconds(t1, t2));
+    commit.push_back(seconds(t2, t3));
+
+    copies.push_back(timeMemcpy(w, 1));
+  }
+  for (int i = 0; i < kBreakdownIterations * 8; ++i) {
+    const auto t0 = Clock::now();
+    if (auto s = space.length("bench-prefix"); !s) return s.error();
+    const auto t1 = Clock::now();
+    auto hit = space.lookup(w.firstBlock);
+    if (!hit) return hit.error();
+    const auto t2 = Clock::now();
+    { ReadHandle dropped = std::move(*hit); }
+    const auto t3 = Clock::now();
+    bare.push_back(seconds(t0, t1));
+    lookup1.push_back(seconds(t1, t2));
+    drop.push_back(seconds(t2, t3));
+  }
+  Breakdown b;
+  b.steps = {{"memcpy 16 MiB", medianOf(copies)},
+             {"get: lookup 64 blocks", medianOf(lookup)},
+             {"get: copyTo 16 MiB", medianOf(copy)},
+             {"get: release", medianOf(release)},
+             {"put: beginPut 64 blocks", medianOf(begin)},
+             {"put: write 16 MiB", medianOf(write)},
+             {"put: commit", medianOf(commit)},
+             {"length() (smallest call)", medianOf(bare)},
+             {"lookup 1 block", medianOf(lookup1)},
+             {"drop of its ReadHandle", medianOf(drop)}};
+  return b;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reporting
+
+struct Spread {
+  double median = std::nan(""), min = std::nan(""), max = std::nan("");
+};
+
+Spread spreadOf(const std::vector<double>& v) {
+  if (v.empty()) return {};
+  return {medianOf(v), *std::min_element(v.begin(), v.end()),
+          *std::max_element(v.begin(), v.end())};
+}
+
+struct Figure {
+  std::string what;
+  std::string unit;  // "bytes/s" or "s"
+  std::vector<double> perRep;
+};
+
+struct RatioReport {
+  std::string name;
+  Figure kvtier, anchor;
+  bool higherIsBetter = true;  // ratio >= target passes; else ratio <= target passes
+  double target = 0;
+  std::string skipped;  // why it was not measured; empty if it was
+
+  std::vector<double> ratios() const {
+    std::vector<double> r;
+    for (size_t i = 0; i < kvtier.perRep.size() && i < anchor.perRep.size(); ++i) {
+      r.push_back(kvtier.perRep[i] / anchor.perRep[i]);
+    }
+    return r;
+  }
+  bool measured() const { return skipped.empty() && !kvtier.perRep.empty(); }
+  bool pass() const {
+    const double m = spreadOf(ratios()).median;
+    return measured() && (higherIsBetter ? m >= target : m <= target);
+  }
+};
+
+std::string human(double value, const std::string& unit) {
+  char buf[64];
+  if (std::isnan(value)) return "-";
+  if (unit == "bytes/s") {
+    std::snprintf(buf, sizeof buf, "%.2f GB/s", value / 1e9);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f us", value * 1e6);
+  }
+  return buf;
+}
+
+void printTable(const std::vector<RatioReport>& reports, int reps) {
+  std::printf(
+      "\nkvtier-bench --suite local: %d repetitions after 1 warm-up; each ratio is computed per "
+      "repetition,\nthen reported as median [min-max]. kvtier and anchor columns are medians.\n\n",
+      reps);
+  std::printf("%-16s %-28s %-34s %7s  %-15s %-7s %s\n", "name", "kvtier", "anchor", "ratio",
+              "min-max", "target", "result");
+  for (const auto& r : reports) {
+    const std::string target = std::string(r.higherIsBetter ? ">= " : "<= ") + [&] {
+      char b[16];
+      std::snprintf(b, sizeof b, "%g", r.target);
+      return std::string(b);
+    }();
+    if (!r.measured()) {
+      std::printf("%-16s %-28s %-34s %7s  %-15s %-7s %s\n", r.name.c_str(), "-", "-", "null", "-",
+                  target.c_str(), "skipped");
+      continue;
+    }
+    const Spread k = spreadOf(r.kvtier.perRep), a = spreadOf(r.anchor.perRep),
+                 q = spreadOf(r.ratios());
+    char range[32];
+    std::snprintf(range, sizeof range, "%.2f-%.2f", q.min, q.max);
+    std::printf("%-16s %-28s %-34s %7.3f  %-15s %-7s %s\n", r.name.c_str(),
+                (human(k.median, r.kvtier.unit) + " " + r.kvtier.what).c_str(),
+                (human(a.median, r.anchor.unit) + " " + r.anchor.what).c_str(), q.median, range,
+                target.c_str(), r.pass() ? "pass" : "MISS");
+  }
+  for (const auto& r : reports) {
+    if (!r.skipped.empty())
+      std::printf("  %s: not measured: %s\n", r.name.c_str(), r.skipped.c_str());
+  }
+}
+
+void printBreakdown(const Breakdown& b) {
+  std::printf("\nwhere the time goes (median of each step alone, not part of the ratios):\n");
+  for (const auto& [name, seconds] : b.steps) {
+    std::printf("  %-28s %9.1f us\n", name.c_str(), seconds * 1e6);
+  }
+}
+
+std::string jsonString(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string jsonNumber(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+std::string jsonArray(const std::vector<double>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + jsonNumber(v[i]);
+  return out + "]";
+}
+
+std::string jsonFigure(const Figure& f) {
+  const Spread s = spreadOf(f.perRep);
+  return "{\"what\": " + jsonString(f.what) + ", \"unit\": " + jsonString(f.unit) +
+         ", \"median\": " + jsonNumber(s.median) + ", \"min\": " + jsonNumber(s.min) +
+         ", \"max\": " + jsonNumber(s.max) + ", \"per_rep\": " + jsonArray(f.perRep) + "}";
+}
+
+struct RunInfo {
+  int reps = 0;
+  std::string daemonVersion;
+  std::string redisVersion;
+};
+
+std::string toJson(const std::vector<RatioReport>& reports, const Breakdown& breakdown,
+                   const RunInfo& info) {
+  utsname u{};
+  ::uname(&u);
+  std::ostringstream o;
+  o << "{\n  \"suite\": \"local\",\n  \"reps\": " << info.reps << ",\n  \"warmup_reps\": 1,\n";
+  o << "  \"machine\": {\"nproc\": " << ::sysconf(_SC_NPROCESSORS_ONLN) << ", \"uname\": "
+    << jsonString(std::string(u.sysname) + " " + u.release + " " + u.version + " " + u.machine)
+    << "},\n";
+  o << "  \"versions\": {\"kvtierd\": " << jsonString(info.daemonVersion)
+    << ", \"redis\": " << (info.redisVersion.empty() ? "null" : jsonString(info.redisVersion))
+    << "},\n";
+  o << "  \"ratios\": {";
+  for (size_t i = 0; i < reports.size(); ++i) {
+    const auto& r = reports[i];
+    o << (i ? ", " : "") << jsonString(r.name) << ": "
+      << (r.measured() ? jsonNumber(spreadOf(r.ratios()).median) : "null");
+  }
+  o << "},\n  \"details\": {\n";
+  for (size_t i = 0; i < reports.size(); ++i) {
+    const auto& r = reports[i];
+    const Spread q = spreadOf(r.ratios());
+    o << "    " << jsonString(r.name) << ": {";
+    if (r.measured()) {
+      o << "\"median\": " << jsonNumber(q.median) << ", \"min\": " << jsonNumber(q.min)
+        << ", \"max\": " << jsonNumber(q.max) << ", ";
+    } else {
+      o << "\"median\": null, \"min\": null, \"max\": null, \"skipped\": " << jsonString(r.skipped)
+        << ", ";
+    }
+    o << "\"target\": " << jsonNumber(r.target) << ", \"target_is\": \""
+      << (r.higherIsBetter ? "min" : "max") << "\", \"pass\": "
+      << (!r.measured() ? "null"
+          : r.pass()    ? "true"
+                        : "false")
+      << ",\n      \"per_rep\": " << jsonArray(r.ratios())
+      << ",\n      \"kvtier\": " << jsonFigure(r.kvtier)
+      << ",\n      \"anchor\": " << jsonFigure(r.anchor) << "}"
+      << (i + 1 < reports.size() ? "," : "") << "\n";
+  }
+  o << "  },\n  \"breakdown_us\": {";
+  for (size_t i = 0; i < breakdown.steps.size(); ++i) {
+    o << (i ? ", " : "") << jsonString(breakdown.steps[i].first) << ": "
+      << jsonNumber(breakdown.steps[i].second * 1e6);
+  }
+  o << "}\n}\n";
+  return o.str();
+}
+
+Status writeFile(const std::string& path, const std::string& text) {
+  std::error_code ec;
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) return unavailable("cannot write ", path);
+  return {};
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct Options {
+  std::string suite = "local";
+  std::string json;
+  int reps = 7;
+  std::string daemon = KVTIER_DAEMON_PATH;
+};
+
+Result<std::unique_ptr<Client>> startClient(const std::string& socket) {
+  return Client::connect({.socketPath = socket, .clientName = "kvtier-bench"});
+}
+
+// Everything the suite owns lives in this function's scope, so any early return stops the
+// daemon, redis and the echo peer and removes the temporary directory.
+Status runLocalSuite(const Options& options) {
+  auto echo = EchoPeer::start();  // first: fork while this process has no threads
+  if (!echo) return echo.error();
+  auto dir = TempDir::create();
+  if (!dir) return dir.error();
+
+  const std::string socket = dir->file("kvtierd.sock");
+  SegmentSweeper sweeper;
+  auto daemon = ChildProcess::spawn({options.daemon, "--data-dir", dir->path(), "--socket", socket,
+                                     "--host-pool-bytes", kPoolBytes},
+                                    dir->file("kvtierd.log"), true);
+  if (!daemon) return daemon.error();
+  auto ready = daemon->waitForLine("kvtierd ready", kStartTimeout);
+  if (!ready) {
+    return unavailable(options.daemon, ": ", ready.error().message(), "; its log:\n",
+                       lastLines(daemon->logPath()));
+  }
+  sweeper.watchReadyLine(*ready);
+
+  std::unique_ptr<RedisServer> redis;
+  std::string redisSkipped;
+  if (auto exe = findOnPath("redis-server")) {
+    auto started = RedisServer::start(*exe, *dir);
+    if (started) {
+      redis = std::move(started).value();
+    } else {
+      redisSkipped = started.error().message();
+    }
+  } else {
+    redisSkipped = "redis-server is not on PATH (scripts/install-deps.sh installs it)";
+  }
+  if (!redisSkipped.empty())
+    std::fprintf(stderr, "kvtier-bench: %s; get/put_vs_redis are null\n", redisSkipped.c_str());
+
+  auto client = startClient(socket);
+  if (!client) return client.error();
+  Workload w;
+  auto space = (*client)->open(w.layout);
+  if (!space) return space.error();
+  if (!(*client)->mapped()) {
+    return unavailable(
+        "the client could not map the daemon's pool; the local suite measures the mapped path");
+  }
+  if (w.layout.blockBytes() * kPrefixBlocks != w.bytes())
+    return makeError(ErrorCode::kInternal, "bad workload size");
+
+  // The prefix every reader looks up, checked once end to end before anything is timed.
+  if (auto info = (*space)->put("bench-prefix", 0, w.tokens, w.kv.data(), w.kv.size()); !info)
+    return info.error();
+  {
+    auto hit = (*space)->lookup(w.tokens);
+    if (!hit) return hit.error();
+    if (hit->matchedTokens() != kPrefixTokens) {
+      return makeError(ErrorCode::kInternal, "fresh prefix matched only ", hit->matchedTokens(),
+                       " tokens");
+    }
+    if (auto s = hit->copyTo(0, kPrefixTokens, w.out.data(), w.out.size()); !s) return s.error();
+    if (std::memcmp(w.out.data(), w.kv.data(), w.bytes()) != 0) {
+      return makeError(ErrorCode::kInternal, "bytes read back differ from the bytes put");
+    }
+  }
+
+  auto report = [](std::string name, std::string kvtierWhat, std::string anchorWhat,
+                   std::string unit, bool higherIsBetter, double target) {
+    RatioReport r;
+    r.name = std::move(name);
+    r.kvtier = {std::move(kvtierWhat), unit, {}};
+    r.anchor = {std::move(anchorWhat), unit, {}};
+    r.higherIsBetter = higherIsBetter;
+    r.target = target;
+    return r;
+  };
+  RatioReport getMem = report("get_vs_memcpy", "lookup+copyTo", "memcpy", "bytes/s", true, 0.8);
+  RatioReport putMem = report("put_vs_memcpy", "put+commit", "memcpy", "bytes/s", true, 0.8);
+  RatioReport rtt =
+      report("rpc_vs_uds_rtt", "lookup 1 block", "uds ping-pong 64 B", "s", false, 2.0);
+  RatioReport getRedis =
+      report("get_vs_redis", "lookup+copyTo", "redis GET x64", "bytes/s", true, 5);
+  RatioReport putRedis = report("put_vs_redis", "put+commit", "redis SET x64", "bytes/s", true, 5);
+  getRedis.skipped = putRedis.skipped = redisSkipped;
+
+  // Repetition 0 is the warm-up: it faults in the client's view of the blocks it uses, fills
+  // caches and redis' keyspace, checks redis' bytes, and is not reported.
+  for (int rep = 0; rep <= options.reps; ++rep) {
+    const bool warmup = rep == 0;
+    const auto t0 = Clock::now();
+    auto f = measureRepetition(**space, w, *echo, redis ? redis->context() : nullptr, warmup);
+    if (!f) return f.error();
+    std::fprintf(stderr,
+                 "%s %d: memcpy %s, get %s, put %s, redis GET %s SET %s, lookup rtt %s, uds rtt %s "
+                 "(%.1f s)\n",
+                 warmup ? "warm-up" : "rep", rep, human(f->memcpy, "bytes/s").c_str(),
+                 human(f->get, "bytes/s").c_str(), human(f->put, "bytes/s").c_str(),
+                 human(f->redisGet.value_or(std::nan("")), "bytes/s").c_str(),
+                 human(f->redisSet.value_or(std::nan("")), "bytes/s").c_str(),
+                 human(f->lookupRtt, "s").c_str(), human(f->echoRtt, "s").c_str(),
+                 secondsSince(t0));
+    if (warmup) continue;
+    getMem.kvtier.perRep.push_back(f->get);
+    getMem.anchor.perRep.push_back(f->memcpy);
+    putMem.kvtier.perRep.push_back(f->put);
+    putMem.anchor.perRep.push_back(f->memcpy);
+    rtt.kvtier.perRep.push_back(f->lookupRtt);
+    rtt.anchor.perRep.push_back(f->echoRtt);
+    if (redis) {
+      getRedis.kvtier.perRep.push_back(f->get);
+      getRedis.anchor.perRep.push_back(*f->redisGet);
+      putRedis.kvtier.perRep.push_back(f->put);
+      putRedis.anchor.perRep.push_back(*f->redisSet);
+    }
+  }
+  auto breakdown = measureBreakdown(**space, w);
+  if (!breakdown) return breakdown.error();
+
+  const std::vector<RatioReport> reports = {getMem, putMem, rtt, getRedis, putRedis};
+  printTable(reports, options.reps);
+  printBreakdown(*breakdown);
+  if (!options.json.empty()) {
+    RunInfo info{options.reps, (*client)->daemonVersion(), redis ? redis->version() : ""};
+    if (auto s = writeFile(options.json, toJson(reports, *breakdown, info)); !s) return s;
+    std::printf("\nwrote %s\n", options.json.c_str());
+  }
+  return {};
+}
+
+Result<Options> parseArgs(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto value = [&]() -> Result<std::string> {
+      if (i + 1 >= argc) return makeError(ErrorCode::kInvalidArgument, a, " needs a value");
+      return std::string(argv[++i]);
+    };
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else if (a == "--suite" || a == "--json" || a == "--reps" || a == "--daemon") {
+      auto v = value();
+      if (!v) return v.error();
+      if (a == "--suite") {
+        o.suite = *v;
+      } else if (a == "--json") {
+        o.json = *v;
+      } else if (a == "--daemon") {
+        o.daemon = *v;
+      } else {
+        char* end = nullptr;
+        const long reps = std::strtol(v->c_str(), &end, 10);
+        if (end == v->c_str() || *end != '\0' || reps < 1 || reps > 1000) {
+          return makeError(ErrorCode::kInvalidArgument,
+                           "--reps wants a number from 1 to 1000, not '", *v, "'");
+        }
+        o.reps = static_cast<int>(reps);
+      }
+    } else {
+      return makeError(ErrorCode::kInvalidArgument, "unknown argument '", a, "'");
+    }
+  }
+  if (o.suite != "local")
+    return makeError(ErrorCode::kInvalidArgument, "unknown suite '", o.suite, "'");
+  return o;
+}
+
+}  // namespace
+}  // namespace kvtier
+
+int main(int argc, char** argv) {
+  // A server that dies mid-write must show up as an error, not kill the bench.
+  ::signal(SIGPIPE, SIG_IGN);
+  struct sigaction interrupt {};
+  interrupt.sa_handler = kvtier::onInterrupt;
+  interrupt.sa_flags = SA_RESTART;
+  sigemptyset(&interrupt.sa_mask);
+  ::sigaction(SIGINT, &interrupt, nullptr);
+  ::sigaction(SIGTERM, &interrupt, nullptr);
+  auto options = kvtier::parseArgs(argc, argv);
+  if (!options) {
+    std::fprintf(stderr, "kvtier-bench: %s\n%s", options.error().message().c_str(), kvtier::kUsage);
+    return 2;
+  }
+  if (options->reps < 5) std::fprintf(stderr, "kvtier-bench: note: fewer than 5 repetitions\n");
+  if (auto s = kvtier::runLocalSuite(*options); !s) {
+    std::fprintf(stderr, "kvtier-bench: %s\n", s.error().toString().c_str());
+    return 1;
+  }
+  return 0;
+}
