@@ -54,7 +54,8 @@ const char* kUsage =
     "                  Unix-socket ping-pong, get/put vs redis-server\n"
     "  --json FILE     also write the figures as JSON (e.g. bench/results/local.json)\n"
     "  --reps N        measured repetitions after one warm-up (default 7)\n"
-    "  --daemon PATH   the kvtierd to start (default: the one built with this binary)\n";
+    "  --daemon PATH   the kvtierd to start (default: the one built with this binary)\n"
+    "  --threading M   SDK mode: caller (default; no thread hop per call) or own\n";
 
 // The suite's shapes. 8 layers x 8 KV heads x head dim 64 x fp16 = 1 KiB per token and layer, so
 // 16 KiB of K and V per token and 256 KiB per 16-token block; the prefix is 64 blocks, 16 MiB.
@@ -863,6 +864,7 @@ std::string jsonFigure(const Figure& f) {
 
 struct RunInfo {
   int reps = 0;
+  std::string threading;
   std::string daemonVersion;
   std::string redisVersion;
 };
@@ -873,6 +875,7 @@ std::string toJson(const std::vector<RatioReport>& reports, const Breakdown& bre
   ::uname(&u);
   std::ostringstream o;
   o << "{\n  \"suite\": \"local\",\n  \"reps\": " << info.reps << ",\n  \"warmup_reps\": 1,\n";
+  o << "  \"client_threading\": " << jsonString(info.threading) << ",\n";
   o << "  \"machine\": {\"nproc\": " << ::sysconf(_SC_NPROCESSORS_ONLN) << ", \"uname\": "
     << jsonString(std::string(u.sysname) + " " + u.release + " " + u.version + " " + u.machine)
     << "},\n";
@@ -934,10 +937,14 @@ struct Options {
   std::string json;
   int reps = 7;
   std::string daemon = KVTIER_DAEMON_PATH;
+  // The SDK's caller-thread mode is what a serving engine's scheduler thread uses; "own" measures
+  // the default mode, whose calls hop to the client's event-loop thread and back.
+  ClientThreading threading = ClientThreading::kCallerThread;
 };
 
-Result<std::unique_ptr<Client>> startClient(const std::string& socket) {
-  return Client::connect({.socketPath = socket, .clientName = "kvtier-bench"});
+Result<std::unique_ptr<Client>> startClient(const std::string& socket, ClientThreading threading) {
+  return Client::connect(
+      {.socketPath = socket, .clientName = "kvtier-bench", .threading = threading});
 }
 
 // Everything the suite owns lives in this function's scope, so any early return stops the
@@ -976,7 +983,7 @@ Status runLocalSuite(const Options& options) {
   if (!redisSkipped.empty())
     std::fprintf(stderr, "kvtier-bench: %s; get/put_vs_redis are null\n", redisSkipped.c_str());
 
-  auto client = startClient(socket);
+  auto client = startClient(socket, options.threading);
   if (!client) return client.error();
   Workload w;
   auto space = (*client)->open(w.layout);
@@ -1060,7 +1067,8 @@ Status runLocalSuite(const Options& options) {
   printTable(reports, options.reps);
   printBreakdown(*breakdown);
   if (!options.json.empty()) {
-    RunInfo info{options.reps, (*client)->daemonVersion(), redis ? redis->version() : ""};
+    RunInfo info{options.reps, options.threading == ClientThreading::kOwnThread ? "own" : "caller",
+                 (*client)->daemonVersion(), redis ? redis->version() : ""};
     if (auto s = writeFile(options.json, toJson(reports, *breakdown, info)); !s) return s;
     std::printf("\nwrote %s\n", options.json.c_str());
   }
@@ -1078,10 +1086,17 @@ Result<Options> parseArgs(int argc, char** argv) {
     if (a == "-h" || a == "--help") {
       std::fputs(kUsage, stdout);
       std::exit(0);
-    } else if (a == "--suite" || a == "--json" || a == "--reps" || a == "--daemon") {
+    } else if (a == "--suite" || a == "--json" || a == "--reps" || a == "--daemon" ||
+               a == "--threading") {
       auto v = value();
       if (!v) return v.error();
-      if (a == "--suite") {
+      if (a == "--threading") {
+        if (*v != "caller" && *v != "own") {
+          return makeError(ErrorCode::kInvalidArgument, "--threading is caller or own, not '", *v,
+                           "'");
+        }
+        o.threading = *v == "own" ? ClientThreading::kOwnThread : ClientThreading::kCallerThread;
+      } else if (a == "--suite") {
         o.suite = *v;
       } else if (a == "--json") {
         o.json = *v;
