@@ -91,6 +91,7 @@ void BlockPool::release(BlockId id) {
   m.state = BlockState::kFree;
   m.generation++;
   m.key = {};
+  m.entry = false;
   m.nextFree = c.freeHead;
   c.freeHead = id;
   c.used--;

@@ -48,6 +48,7 @@ struct BlockMeta {
   BlockState state = BlockState::kFree;
   uint32_t space = 0;  // namespace of a sealed block
   Key128 key;          // key of a sealed block
+  bool entry = false;  // a sealed position-independent entry (indexed apart from blocks)
   BlockId nextFree = kNoBlock;
 };
 

@@ -21,10 +21,12 @@ uint64_t ceilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-Engine::Engine(BlockPool& pool, BlockMemory& memory, std::unique_ptr<EvictionPolicy> policy)
+Engine::Engine(BlockPool& pool, BlockMemory& memory, std::unique_ptr<EvictionPolicy> policy,
+               const KeyRotator* rotator)
     : pool_(pool),
       memory_(memory),
-      policy_(policy ? std::move(policy) : std::make_unique<LruEvictionPolicy>()) {}
+      policy_(policy ? std::move(policy) : std::make_unique<LruEvictionPolicy>()),
+      rotator_(rotator) {}
 
 Result<SpaceId> Engine::openSpace(const Layout& layout, const Salt& salt) {
   if (auto s = layout.validate(); !s) return s.error();
@@ -65,11 +67,13 @@ Engine::Sequence* Engine::findSeq(SpaceId space, std::string_view name) {
 // freed.
 
 void Engine::ref(BlockId id) {
+  if (id == kNoBlock) return;  // a position a window released
   BlockMeta& m = pool_[id];
   if (m.refs++ == 0 && m.pins == 0) policy_->erase(id);
 }
 
 void Engine::unref(BlockId id) {
+  if (id == kNoBlock) return;
   BlockMeta& m = pool_[id];
   assert(m.refs > 0);
   if (--m.refs == 0 && m.pins == 0) settle(id);
@@ -101,19 +105,28 @@ void Engine::settle(BlockId id) {
   }
 }
 
-BlockId Engine::allocate(SpaceId space) {
-  const uint32_t cls = spaces_[space].info.sizeClass;
+BlockId Engine::allocate(SpaceId space) { return allocateClass(spaces_[space].info.sizeClass); }
+
+BlockId Engine::allocateClass(uint32_t cls) {
   BlockId id = pool_.allocate(cls);
   if (id != kNoBlock) return id;
   const BlockId victim = policy_->victim(cls);
   if (victim == kNoBlock) return kNoBlock;
+  evict(victim);
+  return pool_.allocate(cls);
+}
+
+void Engine::evict(BlockId victim) {
   BlockMeta& v = pool_[victim];
   assert(v.state == BlockState::kSealed && v.refs == 0 && v.pins == 0);
   policy_->erase(victim);
-  index_.erase(IndexKey{v.space, v.key});
+  if (v.entry) {
+    entries_.erase(IndexKey{v.space, v.key});
+  } else {
+    index_.erase(IndexKey{v.space, v.key});
+  }
   pool_.release(victim);
   ++evictions_;
-  return pool_.allocate(cls);
 }
 
 bool Engine::allocateMany(SpaceId space, size_t n, std::vector<BlockId>& out) {
@@ -131,13 +144,17 @@ bool Engine::allocateMany(SpaceId space, size_t n, std::vector<BlockId>& out) {
 }
 
 void Engine::copySlots(SpaceId space, BlockId from, BlockId to, uint32_t slots) {
+  copySlotRange(space, from, to, 0, slots);
+}
+
+void Engine::copySlotRange(SpaceId space, BlockId from, BlockId to, uint32_t begin, uint32_t end) {
   const Layout& layout = spaces_[space].info.layout;
   const uint8_t* src = memory_.blockData(pool_[from]);
   uint8_t* dst = memory_.blockData(pool_[to]);
-  const uint64_t run = uint64_t{slots} * layout.tokenBytes();
+  const uint64_t run = uint64_t{end - begin} * layout.tokenBytes();
   for (uint32_t layer = 0; layer < layout.numLayers; ++layer) {
     for (uint32_t kv = 0; kv < 2; ++kv) {
-      const uint64_t off = layout.slotOffset(layer, kv, 0);
+      const uint64_t off = layout.slotOffset(layer, kv, begin);
       std::memcpy(dst + off, src + off, run);
     }
   }
@@ -173,7 +190,72 @@ void Engine::eraseSeq(SpaceId space, std::string_view name) {
   auto it = seqs.find(std::string(name));
   if (it == seqs.end()) return;
   for (BlockId id : it->second.blocks) unref(id);
+  for (const auto& [pos, id] : it->second.checkpoints) unref(id);
   seqs.erase(it);
+}
+
+Engine::Sequence& Engine::createSeq(SpaceId space, std::string_view name, OwnerId owner,
+                                    const SeqOptions& options) {
+  auto [it, inserted] = spaces_[space].seqs.try_emplace(std::string(name));
+  if (inserted) {
+    it->second.owner = owner;
+    it->second.options = options;
+  }
+  return it->second;
+}
+
+uint64_t Engine::neededFrom(const SeqOptions& options, uint64_t pos) {
+  if (options.window > 0) return pos > options.window ? pos - options.window : 0;
+  if (options.chunk > 0) return pos / options.chunk * options.chunk;
+  return 0;
+}
+
+void Engine::applyRetention(Sequence& seq, uint32_t bt) {
+  const uint64_t keepFrom = neededFrom(seq.options, seq.tokens.size());
+  if (keepFrom <= seq.firstRetained) return;
+  seq.firstRetained = keepFrom;
+  for (size_t i = 0; i < seq.blocks.size() && (i + 1) * bt <= keepFrom; ++i) {
+    unref(seq.blocks[i]);
+    seq.blocks[i] = kNoBlock;
+  }
+}
+
+void Engine::dropCheckpointsAfter(Sequence& seq, uint64_t pos) {
+  for (auto it = seq.checkpoints.upper_bound(pos); it != seq.checkpoints.end();) {
+    unref(it->second);
+    it = seq.checkpoints.erase(it);
+  }
+}
+
+uint32_t Engine::sealFrom(SpaceId space, Sequence& seq, size_t from,
+                          std::span<const Key128> given) {
+  const uint32_t bt = blockTokens(space);
+  const size_t full = seq.tokens.size() / bt;
+  seq.keys.resize(std::min(seq.keys.size(), from));
+  if (seq.unindexed) return 0;
+  if (seq.keys.size() < from) {
+    // A key of the chain is missing (client keys of a block this sequence did not complete):
+    // nothing after it can be keyed, so nothing after it is indexed.
+    seq.unindexed = true;
+    return 0;
+  }
+  BlockKeyHasher hasher(spaces_[space].info.fingerprint, spaces_[space].info.salt);
+  uint32_t sealed = 0;
+  for (size_t i = from; i < full; ++i) {
+    Key128 key;
+    if (!given.empty()) {
+      if (i - from >= given.size()) break;
+      key = given[i - from];
+    } else {
+      const Key128* prev = i == 0 ? nullptr : &seq.keys[i - 1];
+      key = hasher.next(prev, std::span<const uint32_t>(seq.tokens).subspan(i * bt, bt));
+    }
+    seq.keys.push_back(key);
+    const BlockId b = seq.blocks[i];
+    if (b != kNoBlock && pool_[b].state != BlockState::kSealed) seal(space, seq, i, key);
+    ++sealed;
+  }
+  return sealed;
 }
 
 LeaseId Engine::newReadLease(std::vector<BlockId> blocks) {
@@ -189,9 +271,12 @@ LeaseId Engine::newReadLease(std::vector<BlockId> blocks) {
 
 Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name, uint64_t begin,
                              std::span<const uint32_t> tokens, std::span<const Key128> keys,
-                             bool detached) {
+                             const SeqOptions& options) {
   if (auto s = checkSpace(space); !s) return s.error();
   if (auto s = checkName(name, "sequence"); !s) return s.error();
+  if (options.window > 0 && options.chunk > 0) {
+    return invalid("a sequence has a window or a chunk size, not both");
+  }
   if (tokens.empty()) return invalid("put of no tokens (use truncate to shorten a sequence)");
   if (tokens.size() > kMaxTokensPerCall) {
     return invalid("put of ", tokens.size(), " tokens exceeds ", kMaxTokensPerCall);
@@ -200,6 +285,10 @@ Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name
   Sequence* seq = findSeq(space, name);
   const uint64_t length = seq ? seq->tokens.size() : 0;
   if (begin > length) return invalid("begin ", begin, " is past the sequence length ", length);
+  if (seq && neededFrom(seq->options, begin) < seq->firstRetained) {
+    return invalid("position ", begin, " needs tokens from ", neededFrom(seq->options, begin),
+                   " but the window released everything before ", seq->firstRetained);
+  }
   if (sp.writers.count(std::string(name))) {
     return makeError(ErrorCode::kConflict, "sequence '", name, "' already has an open write lease");
   }
@@ -215,7 +304,7 @@ Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name
   if (!keys.empty() && keys.size() != completed) {
     return invalid("put completes ", completed, " blocks but ", keys.size(), " keys were given");
   }
-  if (keys.empty() && completed > 0 && seq && seq->clientKeyed) {
+  if (keys.empty() && completed > 0 && seq && seq->clientKeyed && !seq->unindexed) {
     return invalid("sequence '", name,
                    "' is keyed by the client: pass keys for the blocks this put completes");
   }
@@ -244,7 +333,7 @@ Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name
   lease.space = space;
   lease.seq = std::string(name);
   lease.owner = owner;
-  lease.detached = detached;
+  lease.options = options;
   lease.begin = begin;
   lease.firstPosition = first * bt;
   lease.tokens.assign(tokens.begin(), tokens.end());
@@ -265,15 +354,17 @@ Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name
 void Engine::finishWrite(LeaseId id, WriteLease& lease) {
   // Blocks the sequence took keep its reference; the others (refs 0, never sealed) are freed.
   for (BlockId b : lease.blocks) unpin(b);
-  spaces_[lease.space].writers.erase(lease.seq);
+  if (lease.kind != LeaseKind::kEntry) spaces_[lease.space].writers.erase(lease.seq);
   writeLeases_.erase(id);
 }
 
 Result<CommitResult> Engine::commit(LeaseId id, uint64_t upTo) {
   auto it = writeLeases_.find(id);
-  if (it == writeLeases_.end())
+  if (it == writeLeases_.end()) {
     return makeError(ErrorCode::kReleased, "write lease ", id, " is not open");
+  }
   WriteLease& lease = it->second;
+  if (lease.kind != LeaseKind::kSequence) return commitBlob(id, lease);
   const uint64_t grantEnd = lease.begin + lease.tokens.size();
   if (upTo == kEnd) upTo = grantEnd;
   if (upTo < lease.begin || upTo > grantEnd) {
@@ -297,12 +388,7 @@ Result<CommitResult> Engine::commit(LeaseId id, uint64_t upTo) {
     finishWrite(id, lease);
     return CommitResult{0, 0};
   }
-  if (!seq) {
-    Sequence fresh;
-    fresh.owner = lease.owner;
-    fresh.detached = lease.detached;
-    seq = &spaces_[space].seqs.emplace(lease.seq, std::move(fresh)).first->second;
-  }
+  if (!seq) seq = &createSeq(space, lease.seq, lease.owner, lease.options);
   // The sequence: its blocks before `first`, then the lease's first `needed` blocks.
   for (size_t i = first; i < seq->blocks.size(); ++i) {
     if (i == first && lease.firstInPlace) continue;
@@ -320,22 +406,12 @@ Result<CommitResult> Engine::commit(LeaseId id, uint64_t upTo) {
   seq->tokens.resize(lease.begin);
   seq->tokens.insert(seq->tokens.end(), lease.tokens.begin(),
                      lease.tokens.begin() + (upTo - lease.begin));
+  dropCheckpointsAfter(*seq, lease.begin);
   if (!lease.keys.empty()) seq->clientKeyed = true;
 
   CommitResult result;
-  BlockKeyHasher hasher(spaces_[space].info.fingerprint, spaces_[space].info.salt);
-  for (size_t i = first; i < seq->blocks.size(); ++i) {
-    if ((i + 1) * bt > upTo) break;  // partial last block: not keyed, never matched
-    Key128 key;
-    if (!lease.keys.empty()) {
-      key = lease.keys[i - first];
-    } else {
-      const Key128* prev = i == 0 ? nullptr : &pool_[seq->blocks[i - 1]].key;
-      key = hasher.next(prev, std::span<const uint32_t>(seq->tokens).subspan(i * bt, bt));
-    }
-    seal(space, *seq, i, key);
-    ++result.sealedBlocks;
-  }
+  result.sealedBlocks = sealFrom(space, *seq, first, lease.keys);
+  applyRetention(*seq, bt);
   seq->version = nextVersion_++;
   bytesPut_ += (upTo - lease.begin) * spaces_[space].info.layout.tokenKvBytes();
   result.length = upTo;
@@ -375,6 +451,9 @@ Result<ReadGrant> Engine::get(SpaceId space, std::string_view name, uint64_t beg
   if (begin > end || end > length) {
     return invalid("range [", begin, ", ", end, ") is outside the sequence's [0, ", length, ")");
   }
+  if (begin < end && begin < seq->firstRetained) {
+    return invalid("positions before ", seq->firstRetained, " were released by the window");
+  }
   const uint32_t bt = blockTokens(space);
   ReadGrant grant;
   grant.firstPosition = begin / bt * bt;
@@ -398,7 +477,7 @@ Result<ReadGrant> Engine::get(SpaceId space, std::string_view name, uint64_t beg
 
 Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<const uint32_t> tokens,
                                     std::span<const Key128> keys, std::string_view bindSeq,
-                                    bool detached) {
+                                    const SeqOptions& options) {
   if (auto s = checkSpace(space); !s) return s.error();
   if (!tokens.empty() && !keys.empty()) return invalid("lookup takes tokens or keys, not both");
   if (tokens.size() > kMaxTokensPerCall) {
@@ -409,6 +488,9 @@ Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<cons
   }
   if (!bindSeq.empty()) {
     if (auto s = checkName(bindSeq, "sequence"); !s) return s.error();
+    if (options.window > 0 && options.chunk > 0) {
+      return invalid("a sequence has a window or a chunk size, not both");
+    }
   }
   const uint32_t bt = blockTokens(space);
   const size_t candidates =
@@ -431,22 +513,22 @@ Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<cons
     if (blocks.empty()) {
       eraseSeq(space, bindSeq);
     } else {
-      Sequence* seq = findSeq(space, bindSeq);
-      if (!seq) {
-        Sequence fresh;
-        fresh.owner = owner;
-        fresh.detached = detached;
-        seq = &spaces_[space].seqs.emplace(std::string(bindSeq), std::move(fresh)).first->second;
-      }
-      replaceBlocks(*seq, blocks);
+      Sequence& seq = createSeq(space, bindSeq, owner, options);
+      replaceBlocks(seq, blocks);
+      dropCheckpointsAfter(seq, 0);
+      seq.firstRetained = 0;
+      seq.unindexed = false;
+      seq.keys.clear();
       if (keys.empty()) {
-        seq->tokens.assign(tokens.begin(), tokens.begin() + result.matchedTokens);
-        seq->clientKeyed = false;
+        seq.tokens.assign(tokens.begin(), tokens.begin() + result.matchedTokens);
+        seq.clientKeyed = false;
       } else {
-        seq->tokens.assign(result.matchedTokens, 0);
-        seq->clientKeyed = true;
+        seq.tokens.assign(result.matchedTokens, 0);
+        seq.clientKeyed = true;
       }
-      seq->version = nextVersion_++;
+      for (BlockId id : blocks) seq.keys.push_back(pool_[id].key);
+      applyRetention(seq, bt);
+      seq.version = nextVersion_++;
     }
   }
   result.blocks.reserve(blocks.size());
@@ -486,7 +568,7 @@ Result<const uint8_t*> Engine::resolveSealed(SpaceId space, const BlockLocation&
 // Sequence edits
 
 Status Engine::copyPrefix(OwnerId owner, SpaceId space, std::string_view src, std::string_view dst,
-                          uint64_t len, bool detached) {
+                          uint64_t len, const SeqOptions& options) {
   if (auto s = checkSpace(space); !s) return s;
   if (auto s = checkName(src, "source"); !s) return s;
   if (auto s = checkName(dst, "destination"); !s) return s;
@@ -496,6 +578,10 @@ Status Engine::copyPrefix(OwnerId owner, SpaceId space, std::string_view src, st
   if (n == 0) {
     eraseSeq(space, dst);
     return {};
+  }
+  if (neededFrom(from->options, n) < from->firstRetained) {
+    return invalid("the copy would end at ", n, ", whose window starts before ",
+                   from->firstRetained, ", where '", src, "' has released its tokens");
   }
   const uint32_t bt = blockTokens(space);
   const size_t full = n / bt;
@@ -512,17 +598,24 @@ Status Engine::copyPrefix(OwnerId owner, SpaceId space, std::string_view src, st
     blocks.push_back(copy);
   }
   // `from` stays valid: emplace into an unordered_map does not move other elements.
-  Sequence* to = findSeq(space, dst);
-  if (!to) {
-    Sequence fresh;
-    fresh.owner = owner;
-    fresh.detached = detached;
-    to = &spaces_[space].seqs.emplace(std::string(dst), std::move(fresh)).first->second;
+  const bool existed = findSeq(space, dst) != nullptr;
+  Sequence& to = createSeq(space, dst, owner, options);
+  replaceBlocks(to, std::move(blocks));
+  // The copy point's recurrent state (and earlier ones) are shared with dst.
+  dropCheckpointsAfter(to, 0);
+  for (auto it = from->checkpoints.begin(); it != from->checkpoints.end() && it->first <= n; ++it) {
+    ref(it->second);
+    to.checkpoints[it->first] = it->second;
   }
-  replaceBlocks(*to, std::move(blocks));
-  to->tokens.assign(from->tokens.begin(), from->tokens.begin() + n);
-  to->clientKeyed = from->clientKeyed;
-  to->version = nextVersion_++;
+  to.tokens.assign(from->tokens.begin(), from->tokens.begin() + n);
+  to.keys.assign(from->keys.begin(), from->keys.begin() + std::min(from->keys.size(), full));
+  to.clientKeyed = from->clientKeyed;
+  to.unindexed = from->unindexed;
+  to.options = SeqOptions{existed ? to.options.detached : options.detached, from->options.window,
+                          from->options.chunk};
+  to.firstRetained = from->firstRetained;
+  applyRetention(to, bt);
+  to.version = nextVersion_++;
   return {};
 }
 
@@ -535,10 +628,13 @@ Status Engine::truncate(SpaceId space, std::string_view name, uint64_t len) {
     eraseSeq(space, name);
     return {};
   }
-  const size_t keep = ceilDiv(len, blockTokens(space));
+  const uint32_t bt = blockTokens(space);
+  const size_t keep = ceilDiv(len, bt);
   for (size_t i = keep; i < seq->blocks.size(); ++i) unref(seq->blocks[i]);
   seq->blocks.resize(keep);
   seq->tokens.resize(len);
+  seq->keys.resize(std::min<size_t>(seq->keys.size(), len / bt));
+  dropCheckpointsAfter(*seq, len);
   seq->version = nextVersion_++;
   return {};
 }
@@ -551,11 +647,7 @@ Status Engine::remove(SpaceId space, std::string_view name, uint64_t begin, uint
   Sequence* seq = findSeq(space, name);
   if (!seq || begin == end || begin >= seq->tokens.size()) return {};
   if (end >= seq->tokens.size()) return truncate(space, name, begin);
-  // Removing a middle range shifts later tokens, whose K must be re-rotated for their new
-  // positions: that needs the namespace's rotary scheme.
-  return makeError(
-      ErrorCode::kNotSupported,
-      "removing a middle range needs a declared rotary position scheme for this namespace");
+  return middleRemove(space, *seq, begin, end);
 }
 
 Result<bool> Engine::canResume(SpaceId space, std::string_view name, uint64_t pos) {
@@ -563,7 +655,13 @@ Result<bool> Engine::canResume(SpaceId space, std::string_view name, uint64_t po
   if (auto s = checkName(name, "sequence"); !s) return s.error();
   const Sequence* seq = findSeq(space, name);
   if (!seq) return pos == 0;
-  return pos <= seq->tokens.size();
+  if (pos > seq->tokens.size()) return false;
+  if (neededFrom(seq->options, pos) < seq->firstRetained) return false;
+  // A recurrent sequence continues from its state: behind the end only where a checkpoint is.
+  if (!seq->checkpoints.empty() && pos < seq->tokens.size() && pos != 0) {
+    return seq->checkpoints.count(pos) > 0;
+  }
+  return true;
 }
 
 Result<std::optional<uint64_t>> Engine::length(SpaceId space, std::string_view name) {
@@ -577,7 +675,7 @@ void Engine::endOwner(OwnerId owner) {
   for (SpaceId space = 0; space < spaces_.size(); ++space) {
     std::vector<std::string> doomed;
     for (const auto& [name, seq] : spaces_[space].seqs) {
-      if (seq.owner == owner && !seq.detached) doomed.push_back(name);
+      if (seq.owner == owner && !seq.options.detached) doomed.push_back(name);
     }
     for (const auto& name : doomed) eraseSeq(space, name);
   }
@@ -594,6 +692,8 @@ EngineStats Engine::stats() const {
   s.misses = misses_;
   s.evictions = evictions_;
   s.readLeases = readLeases_.size();
+  s.snapshots = snapshots_.size();
+  s.entries = entries_.size();
   s.writeLeases = writeLeases_.size();
   s.bytesPut = bytesPut_;
   s.bytesGot = bytesGot_;
@@ -604,6 +704,7 @@ EngineStats Engine::stats() const {
     x.blocksTotal = pool_.blocksTotal(sp.info.sizeClass);
     x.blocksUsed = pool_.blocksUsed(sp.info.sizeClass);
     x.sequences = sp.seqs.size();
+    for (const auto& [name, seq] : sp.seqs) s.checkpoints += seq.checkpoints.size();
     s.sequences += x.sequences;
     s.spaces.push_back(x);
   }

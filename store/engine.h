@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -22,6 +23,7 @@
 #include "kvtier/layout.h"
 #include "store/block_pool.h"
 #include "store/eviction.h"
+#include "store/key_rotator.h"
 #include "store/limits.h"
 
 namespace kvtier {
@@ -29,8 +31,29 @@ namespace kvtier {
 using SpaceId = uint32_t;
 using OwnerId = uint64_t;  // a client session
 using LeaseId = uint64_t;
+using SnapshotId = uint64_t;
 
 inline constexpr uint64_t kEnd = std::numeric_limits<uint64_t>::max();
+
+// How a sequence is kept; applies when a call creates the sequence.
+struct SeqOptions {
+  // Detached sequences outlive the session that created them (prefill -> decode hand-off).
+  bool detached = false;
+  // Sliding-window attention: keep the most recent `window` tokens; blocks wholly before the
+  // window are released. 0: no window.
+  uint64_t window = 0;
+  // Chunked attention: keep the current chunk of `chunk` tokens. 0: no chunking. At most one of
+  // window and chunk.
+  uint64_t chunk = 0;
+};
+
+struct SnapshotInfo {
+  SnapshotId id = 0;
+  uint64_t from = 0;
+  uint64_t to = 0;
+  bool hasCheckpoints = false;  // recurrent state inside: restorable only at those positions
+  std::vector<uint64_t> checkpoints;
+};
 
 struct PutGrant {
   LeaseId lease = 0;
@@ -52,6 +75,12 @@ struct ReadGrant {
   std::vector<BlockLocation> blocks;
 };
 
+struct BlobGrant {  // a checkpoint or an entry: one blob
+  LeaseId lease = 0;
+  BlockLocation block;
+  uint64_t bytes = 0;  // the blob's own size (the block may be larger)
+};
+
 struct LookupResult {
   uint64_t matchedTokens = 0;
   LeaseId lease = 0;  // 0 when nothing matched
@@ -71,6 +100,7 @@ struct EngineStats {
   uint64_t bytesTotal = 0, bytesUsed = 0;
   uint64_t hits = 0, misses = 0, evictions = 0;
   uint64_t sequences = 0, readLeases = 0, writeLeases = 0;
+  uint64_t snapshots = 0, entries = 0, checkpoints = 0;
   uint64_t bytesPut = 0, bytesGot = 0;
   struct Space {
     uint64_t fingerprint = 0;
@@ -83,7 +113,9 @@ struct EngineStats {
 class Engine {
  public:
   // `pool` and `memory` are borrowed and must outlive the engine.
-  Engine(BlockPool& pool, BlockMemory& memory, std::unique_ptr<EvictionPolicy> policy = nullptr);
+  // `rotator`, if any, is borrowed too; without one, middle removals are NOT_SUPPORTED.
+  Engine(BlockPool& pool, BlockMemory& memory, std::unique_ptr<EvictionPolicy> policy = nullptr,
+         const KeyRotator* rotator = nullptr);
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
@@ -98,7 +130,7 @@ class Engine {
   // key count), CONFLICT (another write lease holds seq), FULL.
   Result<PutGrant> put(OwnerId owner, SpaceId space, std::string_view seq, uint64_t begin,
                        std::span<const uint32_t> tokens, std::span<const Key128> keys,
-                       bool detached);
+                       const SeqOptions& options);
   // Makes positions [begin, upTo) visible (kEnd: all granted) and ends the lease. Errors: RELEASED
   // (unknown lease), INVALID_ARGUMENT (upTo outside the grant; the lease stays open), CONFLICT (the
   // sequence changed since the put: the lease ends, the sequence is untouched).
@@ -115,17 +147,52 @@ class Engine {
   // under a read lease. With `bindSeq`, that prefix also becomes the whole of sequence bindSeq.
   Result<LookupResult> lookup(OwnerId owner, SpaceId space, std::span<const uint32_t> tokens,
                               std::span<const Key128> keys, std::string_view bindSeq,
-                              bool detached);
+                              const SeqOptions& options);
   // Unpins the blocks of a read lease. RELEASED if unknown.
   Status releaseRead(LeaseId lease);
 
   Status copyPrefix(OwnerId owner, SpaceId space, std::string_view src, std::string_view dst,
-                    uint64_t len, bool detached);
+                    uint64_t len, const SeqOptions& options);
+  // Middle ranges (end < length) need the layout's RoPE scheme and a KeyRotator: later tokens move
+  // down and their K is re-rotated; the moved KV is no longer what a prefill of the shortened
+  // tokens would give, so from `begin` on the sequence's blocks never enter the prefix index.
   Status remove(SpaceId space, std::string_view seq, uint64_t begin, uint64_t end);
   Status truncate(SpaceId space, std::string_view seq, uint64_t len);
   Result<bool> canResume(SpaceId space, std::string_view seq, uint64_t pos);
   // Length of seq, or nullopt when it does not exist.
   Result<std::optional<uint64_t>> length(SpaceId space, std::string_view seq);
+
+  // --- Snapshots: immutable, block-sharing copies of [from, length) of a sequence.
+  // NOT_FOUND for an unknown sequence; INVALID_ARGUMENT if `from` lies before a window's start.
+  // Empty (from = to) when from >= length.
+  Result<SnapshotInfo> snapshot(SpaceId space, std::string_view seq, uint64_t from);
+  // seq becomes its own [0, snap.from) plus the snapshot's [from, target). INVALID_ARGUMENT when
+  // target is outside [from, to], seq is shorter than from, the snapshot holds recurrent state but
+  // none at target, or a window would need released positions. Without a snapshot, rewinds seq
+  // to target (<= length) under the same window and checkpoint rules.
+  Status restore(OwnerId owner, SpaceId space, std::string_view seq, std::optional<SnapshotId> snap,
+                 uint64_t target, const SeqOptions& options);
+  // A new snapshot [a.from, b.to); requires a.to == b.from.
+  Result<SnapshotInfo> mergeSnapshots(SpaceId space, SnapshotId a, SnapshotId b);
+  // Two new snapshots [from, at) and [at, to); at or outside the ends gives one empty half.
+  // NOT_SUPPORTED for snapshots holding recurrent state.
+  Result<std::pair<SnapshotInfo, SnapshotInfo>> splitSnapshot(SpaceId space, SnapshotId id,
+                                                              uint64_t at);
+  Result<SnapshotInfo> snapshotInfo(SpaceId space, SnapshotId id);
+  Status dropSnapshot(SpaceId space, SnapshotId id);
+
+  // --- Recurrent state checkpoints: a blob of `bytes` at position `pos` (<= length) of seq.
+  Result<BlobGrant> putCheckpoint(SpaceId space, std::string_view seq, uint64_t pos,
+                                  uint64_t bytes);
+  Result<BlobGrant> getCheckpoint(SpaceId space, std::string_view seq, uint64_t pos);
+  Result<std::vector<uint64_t>> checkpointPositions(SpaceId space, std::string_view seq);
+
+  // --- Position-independent entries (encoder outputs, image embeddings): content-keyed blobs,
+  // evicted and counted like blocks. A put of a key that exists is deduplicated at commit.
+  Result<BlobGrant> putEntry(SpaceId space, const Key128& key, uint64_t bytes);
+  Result<BlobGrant> getEntry(SpaceId space, const Key128& key);
+
+  // Commits a checkpoint or entry lease (commit() works for every kind of write lease).
 
   // Bytes of a sealed block of `space` named by a client reference. STALE_REFERENCE when the
   // generation no longer matches (the block was reused) or the block is no longer sealed;
@@ -141,23 +208,41 @@ class Engine {
 
  private:
   struct Sequence {
-    std::vector<BlockId> blocks;
+    std::vector<BlockId> blocks;   // kNoBlock where a window released the block
+    std::vector<Key128> keys;      // keys of its full blocks (index = block), for the chain
     std::vector<uint32_t> tokens;  // one per position; its size is the length
+    std::map<uint64_t, BlockId> checkpoints;  // recurrent state blobs by position
     OwnerId owner = 0;
-    bool detached = false;
-    bool clientKeyed = false;  // keys came from the client: tokens cannot rebuild them
-    uint64_t version = 0;      // engine-wide unique, changes on every mutation
+    SeqOptions options;
+    uint64_t firstRetained = 0;  // positions below were released by the window or chunk
+    bool clientKeyed = false;    // keys came from the client: tokens cannot rebuild them
+    bool unindexed = false;      // its KV is not a prefill of its tokens: never sealed or indexed
+    uint64_t version = 0;        // engine-wide unique, changes on every mutation
   };
+  struct Snapshot {
+    SpaceId space = 0;
+    uint64_t from = 0, to = 0;
+    std::vector<BlockId> blocks;              // cover [from / B * B, to)
+    std::vector<uint32_t> tokens;             // [0, to) of the sequence it came from
+    std::vector<Key128> keys;                 // of the full blocks [0, to / B)
+    std::map<uint64_t, BlockId> checkpoints;  // in [from, to]
+    SeqOptions options;
+    bool clientKeyed = false, unindexed = false;
+  };
+  enum class LeaseKind : uint8_t { kSequence, kCheckpoint, kEntry };
   struct Space {
     SpaceInfo info;
     std::unordered_map<std::string, Sequence> seqs;
     std::unordered_map<std::string, LeaseId> writers;  // seq name -> open write lease
   };
   struct WriteLease {
+    LeaseKind kind = LeaseKind::kSequence;
+    uint64_t blobBytes = 0;  // checkpoint and entry leases
+    Key128 entryKey;         // entry leases
+    SeqOptions options;
     SpaceId space = 0;
     std::string seq;
     OwnerId owner = 0;
-    bool detached = false;
     uint64_t begin = 0;
     uint64_t firstPosition = 0;
     std::vector<uint32_t> tokens;
@@ -184,9 +269,29 @@ class Engine {
   Sequence* findSeq(SpaceId space, std::string_view name);
   uint32_t blockTokens(SpaceId space) const { return spaces_[space].info.layout.blockTokens; }
 
-  // Allocation with eviction: a fresh block of the space's class, or kNoBlock when the class is
-  // full and nothing is evictable.
+  // Allocation with eviction: a fresh block of the space's class (or of `cls`), or kNoBlock when
+  // the class is full and nothing is evictable.
   BlockId allocate(SpaceId space);
+  BlockId allocateClass(uint32_t cls);
+  Result<BlobGrant> grantBlob(LeaseKind kind, SpaceId space, std::string seq, uint64_t pos,
+                              uint64_t bytes, const Key128& key);
+  Result<CommitResult> commitBlob(LeaseId id, WriteLease& lease);
+  // Creates seq with `options` if absent.
+  Sequence& createSeq(SpaceId space, std::string_view name, OwnerId owner,
+                      const SeqOptions& options);
+  // First position a sequence needs to continue at `pos` (window or chunk; 0 otherwise).
+  static uint64_t neededFrom(const SeqOptions& options, uint64_t pos);
+  // Releases blocks wholly before what the window or chunk still needs at the end.
+  void applyRetention(Sequence& seq, uint32_t blockTokens);
+  // Seals the full blocks [from, length / B) of seq with keys from its tokens (or `given`).
+  uint32_t sealFrom(SpaceId space, Sequence& seq, size_t from, std::span<const Key128> given);
+  // Copies token slots [begin, end) of every layer's K and V from `from` to `to`.
+  void copySlotRange(SpaceId space, BlockId from, BlockId to, uint32_t begin, uint32_t end);
+  void dropCheckpointsAfter(Sequence& seq, uint64_t pos);
+  Result<SnapshotInfo> addSnapshot(Snapshot snap);
+  SnapshotInfo infoOf(SnapshotId id, const Snapshot& snap) const;
+  Status middleRemove(SpaceId space, Sequence& seq, uint64_t begin, uint64_t end);
+  void evict(BlockId victim);
   // Allocates n blocks or none.
   bool allocateMany(SpaceId space, size_t n, std::vector<BlockId>& out);
   void ref(BlockId id);
@@ -210,6 +315,14 @@ class Engine {
   std::unique_ptr<EvictionPolicy> policy_;
   std::vector<Space> spaces_;
   std::unordered_map<IndexKey, BlockId, IndexKeyHash> index_;
+  struct Entry {
+    BlockId block;
+    uint64_t bytes;
+  };
+  std::unordered_map<IndexKey, Entry, IndexKeyHash> entries_;
+  std::unordered_map<SnapshotId, Snapshot> snapshots_;
+  SnapshotId nextSnapshot_ = 1;
+  const KeyRotator* rotator_ = nullptr;
   std::unordered_map<LeaseId, WriteLease> writeLeases_;
   std::unordered_map<LeaseId, ReadLease> readLeases_;
   LeaseId nextLease_ = 1;

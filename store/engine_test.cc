@@ -140,14 +140,14 @@ class EngineTest : public ::testing::Test {
 
   Result<PutGrant> put(std::string_view seq, uint64_t begin, const std::vector<uint32_t>& tokens,
                        const std::vector<Key128>& keys = {}) {
-    return engine_->put(kOwner, space_, seq, begin, tokens, keys, false);
+    return engine_->put(kOwner, space_, seq, begin, tokens, keys, SeqOptions{});
   }
 
   // put + write the tokens as tags + commit everything.
   ::testing::AssertionResult writeIn(SpaceId sp, std::string_view seq, uint64_t begin,
                                      const std::vector<uint32_t>& tokens, OwnerId owner = kOwner,
                                      bool detached = false, const std::vector<Key128>& keys = {}) {
-    auto g = engine_->put(owner, sp, seq, begin, tokens, keys, detached);
+    auto g = engine_->put(owner, sp, seq, begin, tokens, keys, SeqOptions{.detached = detached});
     if (!g.ok()) return ::testing::AssertionFailure() << "put: " << g.error();
     fill(*g, begin, tokens);
     auto c = engine_->commit(g->lease, kEnd);
@@ -211,7 +211,7 @@ class EngineTest : public ::testing::Test {
 
   // Tokens a lookup matches (its read lease released again).
   uint64_t matchedIn(SpaceId sp, const std::vector<uint32_t>& tokens) {
-    auto r = engine_->lookup(kOwner, sp, tokens, {}, "", false);
+    auto r = engine_->lookup(kOwner, sp, tokens, {}, "", SeqOptions{});
     if (!r.ok()) {
       ADD_FAILURE() << "lookup: " << r.error();
       return 0;
@@ -225,7 +225,7 @@ class EngineTest : public ::testing::Test {
   }
   uint64_t matched(const std::vector<uint32_t>& tokens) { return matchedIn(space_, tokens); }
   uint64_t matchedKeys(const std::vector<Key128>& keys) {
-    auto r = engine_->lookup(kOwner, space_, {}, keys, "", false);
+    auto r = engine_->lookup(kOwner, space_, {}, keys, "", SeqOptions{});
     if (!r.ok()) {
       ADD_FAILURE() << "lookup: " << r.error();
       return 0;
@@ -281,10 +281,12 @@ TEST_F(EngineTest, UnknownSpaceIsInvalidEverywhere) {
   ASSERT_TRUE(write("s", 0, toks(20, 1000)));
   const SpaceId bad = space_ + 100;
   const auto t = toks(16, 1000);
-  EXPECT_EQ(engine_->put(kOwner, bad, "s", 0, t, {}, false).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(engine_->put(kOwner, bad, "s", 0, t, {}, SeqOptions{}).code(),
+            ErrorCode::kInvalidArgument);
   EXPECT_EQ(engine_->get(bad, "s", 0, kEnd).code(), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(engine_->lookup(kOwner, bad, t, {}, "", false).code(), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(engine_->copyPrefix(kOwner, bad, "s", "d", 16, false).code(),
+  EXPECT_EQ(engine_->lookup(kOwner, bad, t, {}, "", SeqOptions{}).code(),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(engine_->copyPrefix(kOwner, bad, "s", "d", 16, SeqOptions{}).code(),
             ErrorCode::kInvalidArgument);
   EXPECT_EQ(engine_->remove(bad, "s", 0, kEnd).code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(engine_->truncate(bad, "s", 0).code(), ErrorCode::kInvalidArgument);
@@ -538,7 +540,7 @@ TEST_F(EngineTest, CommitAfterCopyPrefixOrBindConflicts) {
   auto g = put("d", 20, toks(4, 2000));
   ASSERT_TRUE(g.ok());
   fill(*g, 20, toks(4, 2000));
-  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "src", "d", 24, false).ok());
+  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "src", "d", 24, SeqOptions{}).ok());
   EXPECT_EQ(engine_->commit(g->lease, kEnd).code(), ErrorCode::kConflict);
   EXPECT_EQ(len("d"), 24u);
   EXPECT_EQ(read("d"), tagsOf(head(src, 24)));
@@ -547,7 +549,7 @@ TEST_F(EngineTest, CommitAfterCopyPrefixOrBindConflicts) {
   auto n = put("n", 0, toks(8, 7000));
   ASSERT_TRUE(n.ok());
   fill(*n, 0, toks(8, 7000));
-  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "src", "n", 16, false).ok());
+  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "src", "n", 16, SeqOptions{}).ok());
   EXPECT_EQ(engine_->commit(n->lease, kEnd).code(), ErrorCode::kConflict);
   EXPECT_EQ(len("n"), 16u);
   EXPECT_EQ(read("n"), tagsOf(head(src, 16)));
@@ -556,7 +558,7 @@ TEST_F(EngineTest, CommitAfterCopyPrefixOrBindConflicts) {
   auto m = put("m", 0, toks(8, 7000));
   ASSERT_TRUE(m.ok());
   fill(*m, 0, toks(8, 7000));
-  auto l = engine_->lookup(kOwner, space_, src, {}, "m", false);
+  auto l = engine_->lookup(kOwner, space_, src, {}, "m", SeqOptions{});
   ASSERT_TRUE(l.ok());
   EXPECT_TRUE(engine_->releaseRead(l->lease).ok());
   EXPECT_EQ(engine_->commit(m->lease, kEnd).code(), ErrorCode::kConflict);
@@ -606,7 +608,7 @@ TEST_F(EngineTest, PutArgumentsAreCheckedAndChangeNothing) {
   EXPECT_EQ(put("s", 20, tooMany).code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(put("", 0, toks(4, 1)).code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(put(longName, 0, toks(4, 1)).code(), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(engine_->put(kOwner, space_ + 1, "t", 0, toks(4, 1), {}, false).code(),
+  EXPECT_EQ(engine_->put(kOwner, space_ + 1, "t", 0, toks(4, 1), {}, SeqOptions{}).code(),
             ErrorCode::kInvalidArgument);
   // Keys, when given, are one per block the put completes.
   EXPECT_EQ(put("t", 0, toks(20, 1), {keyOf(1), keyOf(2)}).code(), ErrorCode::kInvalidArgument);
@@ -631,20 +633,21 @@ TEST_F(EngineTest, PutArgumentsAreCheckedAndChangeNothing) {
 
 TEST_F(EngineTest, LookupArgumentsAreChecked) {
   const std::vector<uint32_t> tooMany(kMaxTokensPerCall + 1, 7);
-  EXPECT_EQ(engine_->lookup(kOwner, space_, tooMany, {}, "", false).code(),
+  EXPECT_EQ(engine_->lookup(kOwner, space_, tooMany, {}, "", SeqOptions{}).code(),
             ErrorCode::kInvalidArgument);
   const std::vector<Key128> tooManyKeys(kMaxBlocksPerLease + 1);
-  EXPECT_EQ(engine_->lookup(kOwner, space_, {}, tooManyKeys, "", false).code(),
+  EXPECT_EQ(engine_->lookup(kOwner, space_, {}, tooManyKeys, "", SeqOptions{}).code(),
             ErrorCode::kInvalidArgument);
   const auto t = toks(16, 1);
   const std::vector<Key128> keys = {keyOf(1)};
-  EXPECT_EQ(engine_->lookup(kOwner, space_, t, keys, "", false).code(),
+  EXPECT_EQ(engine_->lookup(kOwner, space_, t, keys, "", SeqOptions{}).code(),
             ErrorCode::kInvalidArgument);
   EXPECT_EQ(
-      engine_->lookup(kOwner, space_, t, {}, std::string(kMaxSeqNameBytes + 1, 'x'), false).code(),
+      engine_->lookup(kOwner, space_, t, {}, std::string(kMaxSeqNameBytes + 1, 'x'), SeqOptions{})
+          .code(),
       ErrorCode::kInvalidArgument);
   // Nothing at all to look up matches nothing.
-  auto r = engine_->lookup(kOwner, space_, {}, {}, "", false);
+  auto r = engine_->lookup(kOwner, space_, {}, {}, "", SeqOptions{});
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->matchedTokens, 0u);
   EXPECT_EQ(r->lease, 0u);
@@ -730,7 +733,7 @@ TEST_F(EngineTest, CopyOnWriteNeverChangesASharedBlock) {
   ASSERT_EQ(aLocs.size(), 2u);
 
   // b shares a's sealed blocks, then ends in the middle of the second one.
-  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "a", "b", 32, false).ok());
+  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "a", "b", 32, SeqOptions{}).ok());
   EXPECT_EQ(blocksOf("b"), aLocs);
   ASSERT_TRUE(engine_->truncate(space_, "b", 24).ok());
   const auto bNew = toks(8, 2000);
@@ -748,7 +751,7 @@ TEST_F(EngineTest, CopyOnWriteNeverChangesASharedBlock) {
   for (uint32_t slot = 0; slot < kBt; ++slot) EXPECT_EQ(tagAt(aLocs[1], slot), 1016u + slot);
 
   // Replacing below the length, in the middle of a shared block.
-  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "a", "c", 32, false).ok());
+  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "a", "c", 32, SeqOptions{}).ok());
   const auto cNew = toks(4, 3000);
   ASSERT_TRUE(write("c", 20, cNew));
   EXPECT_EQ(read("c"), tagsOf(cat(head(a, 20), cNew)));
@@ -794,7 +797,7 @@ TEST_F(EngineTest, LookupMatchesTheLongestSealedPrefix) {
   ASSERT_TRUE(write("s", 0, t));
   const auto locs = blocksOf("s");
 
-  auto r = engine_->lookup(kOwner, space_, t, {}, "", false);
+  auto r = engine_->lookup(kOwner, space_, t, {}, "", SeqOptions{});
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->matchedTokens, 32u);
   EXPECT_NE(r->lease, 0u);
@@ -869,7 +872,7 @@ TEST_F(EngineTest, LookupWithClientKeys) {
   EXPECT_EQ(c->sealedBlocks, 2u);
   const auto locs = blocksOf("s");
 
-  auto r = engine_->lookup(kOwner, space_, {}, keys, "", false);
+  auto r = engine_->lookup(kOwner, space_, {}, keys, "", SeqOptions{});
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->matchedTokens, 32u);
   EXPECT_EQ(r->blocks, firstBlocks(locs, 2));
@@ -879,7 +882,7 @@ TEST_F(EngineTest, LookupWithClientKeys) {
   EXPECT_EQ(matchedKeys({keyOf(1), keyOf(2), keyOf(3)}), 32u);
   EXPECT_EQ(matchedKeys({keyOf(1), keyOf(9), keyOf(2)}), 16u) << "a prefix stops at the first miss";
   EXPECT_EQ(matched(t), 0u) << "the blocks are indexed under the client's keys, not token hashes";
-  EXPECT_EQ(engine_->lookup(kOwner, space_, t, keys, "", false).code(),
+  EXPECT_EQ(engine_->lookup(kOwner, space_, t, keys, "", SeqOptions{}).code(),
             ErrorCode::kInvalidArgument);
 
   // A client-keyed sequence needs keys for every block a later put completes.
@@ -892,7 +895,7 @@ TEST_F(EngineTest, LookupWithClientKeys) {
   EXPECT_EQ(len("s"), 52u);
 
   // Lookup by keys can bind a sequence as well.
-  auto b = engine_->lookup(kOwner, space_, {}, keys, "bound", false);
+  auto b = engine_->lookup(kOwner, space_, {}, keys, "bound", SeqOptions{});
   ASSERT_TRUE(b.ok());
   EXPECT_TRUE(engine_->releaseRead(b->lease).ok());
   EXPECT_EQ(len("bound"), 32u);
@@ -905,7 +908,7 @@ TEST_F(EngineTest, LookupBindsTheMatchedPrefixAsASequence) {
   const auto locs = blocksOf("s");
   const uint64_t before = used();
 
-  auto r = engine_->lookup(kOwner, space_, t, {}, "b", false);
+  auto r = engine_->lookup(kOwner, space_, t, {}, "b", SeqOptions{});
   ASSERT_TRUE(r.ok()) << r.error();
   EXPECT_EQ(r->matchedTokens, 32u);
   EXPECT_TRUE(engine_->releaseRead(r->lease).ok());
@@ -920,7 +923,7 @@ TEST_F(EngineTest, LookupBindsTheMatchedPrefixAsASequence) {
 
   // It replaces an existing sequence.
   ASSERT_TRUE(write("c", 0, toks(20, 3000)));
-  auto r2 = engine_->lookup(kOwner, space_, head(t, 20), {}, "c", false);
+  auto r2 = engine_->lookup(kOwner, space_, head(t, 20), {}, "c", SeqOptions{});
   ASSERT_TRUE(r2.ok());
   EXPECT_EQ(r2->matchedTokens, 16u);
   EXPECT_TRUE(engine_->releaseRead(r2->lease).ok());
@@ -928,7 +931,7 @@ TEST_F(EngineTest, LookupBindsTheMatchedPrefixAsASequence) {
   EXPECT_EQ(read("c"), tagsOf(head(t, 16)));
 
   // No match: the bound sequence is empty.
-  auto r3 = engine_->lookup(kOwner, space_, toks(16, 9000), {}, "c", false);
+  auto r3 = engine_->lookup(kOwner, space_, toks(16, 9000), {}, "c", SeqOptions{});
   ASSERT_TRUE(r3.ok());
   EXPECT_EQ(r3->matchedTokens, 0u);
   EXPECT_EQ(r3->lease, 0u);
@@ -937,7 +940,8 @@ TEST_F(EngineTest, LookupBindsTheMatchedPrefixAsASequence) {
 
   // A bad name binds nothing.
   EXPECT_EQ(
-      engine_->lookup(kOwner, space_, t, {}, std::string(kMaxSeqNameBytes + 1, 'x'), false).code(),
+      engine_->lookup(kOwner, space_, t, {}, std::string(kMaxSeqNameBytes + 1, 'x'), SeqOptions{})
+          .code(),
       ErrorCode::kInvalidArgument);
   EXPECT_EQ(engine_->stats().readLeases, 0u);
 }
@@ -949,13 +953,13 @@ TEST_F(EngineTest, CopyPrefixReplacesTheDestinationWithMinLen) {
   const auto src = toks(40, 1000);
   ASSERT_TRUE(write("src", 0, src));
   ASSERT_TRUE(write("dst", 0, toks(40, 5000)));
-  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "src", "dst", 20, false).ok());
+  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "src", "dst", 20, SeqOptions{}).ok());
   EXPECT_EQ(len("dst"), 20u);
   EXPECT_EQ(read("dst"), tagsOf(head(src, 20)));
-  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "src", "dst", 1000, false).ok());
+  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "src", "dst", 1000, SeqOptions{}).ok());
   EXPECT_EQ(len("dst"), 40u);
   EXPECT_EQ(read("dst"), tagsOf(src));
-  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "src", "fresh", kEnd, false).ok());
+  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "src", "fresh", kEnd, SeqOptions{}).ok());
   EXPECT_EQ(read("fresh"), tagsOf(src));
   EXPECT_EQ(read("src"), tagsOf(src));
 }
@@ -967,11 +971,11 @@ TEST_F(EngineTest, CopyPrefixSharesFullBlocksAndCopiesThePartialOne) {
   ASSERT_EQ(srcLocs.size(), 3u);
   ASSERT_EQ(used(), 3u);
 
-  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "src", "whole", 32, false).ok());
+  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "src", "whole", 32, SeqOptions{}).ok());
   EXPECT_EQ(used(), 3u) << "full blocks are shared by reference";
   EXPECT_EQ(blocksOf("whole"), firstBlocks(srcLocs, 2));
 
-  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "src", "e", 20, false).ok());
+  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "src", "e", 20, SeqOptions{}).ok());
   EXPECT_EQ(used(), 4u) << "the partially covered block is copied";
   const auto eLocs = blocksOf("e");
   ASSERT_EQ(eLocs.size(), 2u);
@@ -983,7 +987,7 @@ TEST_F(EngineTest, CopyPrefixSharesFullBlocksAndCopiesThePartialOne) {
   EXPECT_EQ(read("src"), tagsOf(src));
 
   // src's own partial block: copied too, and neither side's appends reach the other.
-  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "src", "f", 40, false).ok());
+  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "src", "f", 40, SeqOptions{}).ok());
   const auto fLocs = blocksOf("f");
   ASSERT_EQ(fLocs.size(), 3u);
   EXPECT_NE(fLocs[2], srcLocs[2]);
@@ -998,13 +1002,13 @@ TEST_F(EngineTest, CopyPrefixOfNothingEmptiesTheDestination) {
   const auto src = toks(20, 1000);
   ASSERT_TRUE(write("src", 0, src));
   ASSERT_TRUE(write("dst", 0, toks(20, 5000)));
-  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "src", "dst", 0, false).ok());
+  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "src", "dst", 0, SeqOptions{}).ok());
   EXPECT_EQ(len("dst").value_or(0), 0u);
   EXPECT_FALSE(resumable("dst", 1));
   EXPECT_EQ(read("src"), tagsOf(src));
 
   ASSERT_TRUE(write("dst", 0, toks(20, 5000)));
-  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "nosuch", "dst", 16, false).ok());
+  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "nosuch", "dst", 16, SeqOptions{}).ok());
   EXPECT_EQ(len("dst").value_or(0), 0u);
   EXPECT_EQ(len("nosuch"), std::nullopt) << "the unknown source is not created";
   EXPECT_EQ(used(), 3u) << "src's two blocks and dst's former sealed block (cached)";
@@ -1015,14 +1019,14 @@ TEST_F(EngineTest, CopyPrefixOntoItselfIsTruncate) {
   const auto t = toks(40, 1000);
   ASSERT_TRUE(write("s", 0, t));
   const auto locs = blocksOf("s");
-  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "s", "s", 100, false).ok());
+  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "s", "s", 100, SeqOptions{}).ok());
   EXPECT_EQ(len("s"), 40u);
   EXPECT_EQ(blocksOf("s"), locs);
-  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "s", "s", 20, false).ok());
+  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "s", "s", 20, SeqOptions{}).ok());
   EXPECT_EQ(len("s"), 20u);
   EXPECT_EQ(read("s"), tagsOf(head(t, 20)));
   EXPECT_EQ(blocksOf("s"), firstBlocks(locs, 2)) << "like truncate, no copy";
-  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "s", "s", 0, false).ok());
+  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "s", "s", 0, SeqOptions{}).ok());
   EXPECT_EQ(len("s").value_or(0), 0u);
 }
 
@@ -1030,14 +1034,15 @@ TEST_F(EngineTest, CopyPrefixChecksNamesAndChangesNothing) {
   ASSERT_TRUE(write("src", 0, toks(20, 1000)));
   ASSERT_TRUE(write("dst", 0, toks(20, 5000)));
   const uint64_t before = used();
-  EXPECT_EQ(engine_->copyPrefix(kOwner, space_, "src", "", 16, false).code(),
+  EXPECT_EQ(engine_->copyPrefix(kOwner, space_, "src", "", 16, SeqOptions{}).code(),
             ErrorCode::kInvalidArgument);
-  EXPECT_EQ(engine_->copyPrefix(kOwner, space_, "", "dst", 16, false).code(),
+  EXPECT_EQ(engine_->copyPrefix(kOwner, space_, "", "dst", 16, SeqOptions{}).code(),
             ErrorCode::kInvalidArgument);
-  EXPECT_EQ(
-      engine_->copyPrefix(kOwner, space_, "src", std::string(kMaxSeqNameBytes + 1, 'd'), 16, false)
-          .code(),
-      ErrorCode::kInvalidArgument);
+  EXPECT_EQ(engine_
+                ->copyPrefix(kOwner, space_, "src", std::string(kMaxSeqNameBytes + 1, 'd'), 16,
+                             SeqOptions{})
+                .code(),
+            ErrorCode::kInvalidArgument);
   EXPECT_EQ(read("dst"), tagsOf(toks(20, 5000)));
   EXPECT_EQ(used(), before);
 }
@@ -1045,9 +1050,10 @@ TEST_F(EngineTest, CopyPrefixChecksNamesAndChangesNothing) {
 TEST_F(EngineTest, CopyPrefixWithAFullPoolAnswersFullAndChangesNothing) {
   makeEngine(2);
   ASSERT_TRUE(write("src", 0, toks(20, 1000)));  // both blocks held
-  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "src", "dst", 16, false).ok())
+  ASSERT_TRUE(engine_->copyPrefix(kOwner, space_, "src", "dst", 16, SeqOptions{}).ok())
       << "no copy needed";
-  EXPECT_EQ(engine_->copyPrefix(kOwner, space_, "src", "dst", 20, false).code(), ErrorCode::kFull);
+  EXPECT_EQ(engine_->copyPrefix(kOwner, space_, "src", "dst", 20, SeqOptions{}).code(),
+            ErrorCode::kFull);
   EXPECT_EQ(len("dst"), 16u);
   EXPECT_EQ(read("dst"), tagsOf(toks(16, 1000)));
 }
@@ -1190,7 +1196,7 @@ TEST_F(EngineTest, LookupLeasePinsBlocks) {
   makeEngine(1);
   const auto t = toks(16, 1000);
   ASSERT_TRUE(write("s", 0, t));
-  auto l = engine_->lookup(kOwner, space_, t, {}, "", false);
+  auto l = engine_->lookup(kOwner, space_, t, {}, "", SeqOptions{});
   ASSERT_TRUE(l.ok());
   ASSERT_EQ(l->matchedTokens, 16u);
   ASSERT_TRUE(engine_->remove(space_, "s", 0, kEnd).ok());
@@ -1208,7 +1214,7 @@ TEST_F(EngineTest, PinningACachedBlockProtectsItFromEviction) {
   ASSERT_TRUE(engine_->remove(space_, "s", 0, kEnd).ok());
   ASSERT_EQ(engine_->stats().blocksCached, 1u);
   // No sequence holds the block when the lookup pins it.
-  auto l = engine_->lookup(kOwner, space_, t, {}, "", false);
+  auto l = engine_->lookup(kOwner, space_, t, {}, "", SeqOptions{});
   ASSERT_TRUE(l.ok());
   ASSERT_EQ(l->matchedTokens, 16u);
   EXPECT_EQ(engine_->stats().blocksCached, 0u);
@@ -1238,7 +1244,7 @@ TEST_F(EngineTest, LookupStopsAtTheFirstEvictedBlock) {
   // Recomputing block 1 (into the block y's partial block leaves free) makes the whole prefix
   // available again: block 2's key follows from block 1's.
   ASSERT_TRUE(engine_->truncate(space_, "y", 16).ok());
-  auto bound = engine_->lookup(kOwner, space_, t, {}, "s", false);
+  auto bound = engine_->lookup(kOwner, space_, t, {}, "s", SeqOptions{});
   ASSERT_TRUE(bound.ok());
   EXPECT_TRUE(engine_->releaseRead(bound->lease).ok());
   ASSERT_EQ(len("s"), 16u);
@@ -1290,7 +1296,7 @@ TEST_F(EngineTest, EvictionTakesTheLeastRecentlyUsedUnpinnedUnheldBlock) {
   ASSERT_TRUE(write("b", 0, b));
   ASSERT_TRUE(write("c", 0, c));  // stays held by c
   ASSERT_TRUE(write("d", 0, d));
-  auto pinD = engine_->lookup(kOwner, space_, d, {}, "", false);
+  auto pinD = engine_->lookup(kOwner, space_, d, {}, "", SeqOptions{});
   ASSERT_TRUE(pinD.ok());
   ASSERT_EQ(pinD->matchedTokens, 16u);
   ASSERT_TRUE(engine_->remove(space_, "d", 0, kEnd).ok());  // d's block: pinned only
@@ -1440,10 +1446,10 @@ TEST_F(EngineTest, EndOwnerRemovesOnlyItsNonDetachedSequences) {
   ASSERT_TRUE(write("s1", 0, t, /*owner=*/1, /*detached=*/false));
   ASSERT_TRUE(write("s2", 0, t, /*owner=*/1, /*detached=*/true));
   ASSERT_TRUE(write("s3", 0, t, /*owner=*/2, /*detached=*/false));
-  ASSERT_TRUE(engine_->copyPrefix(1, space_, "s3", "c1", 20, false).ok());
-  ASSERT_TRUE(engine_->copyPrefix(1, space_, "s3", "c2", 20, true).ok());
-  auto l1 = engine_->lookup(1, space_, t, {}, "l1", false);
-  auto l2 = engine_->lookup(1, space_, t, {}, "l2", true);
+  ASSERT_TRUE(engine_->copyPrefix(1, space_, "s3", "c1", 20, SeqOptions{}).ok());
+  ASSERT_TRUE(engine_->copyPrefix(1, space_, "s3", "c2", 20, SeqOptions{.detached = true}).ok());
+  auto l1 = engine_->lookup(1, space_, t, {}, "l1", SeqOptions{});
+  auto l2 = engine_->lookup(1, space_, t, {}, "l2", SeqOptions{.detached = true});
   ASSERT_TRUE(l1.ok());
   ASSERT_TRUE(l2.ok());
   EXPECT_TRUE(engine_->releaseRead(l1->lease).ok());

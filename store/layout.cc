@@ -45,6 +45,19 @@ Status Layout::validate() const {
     return makeError(ErrorCode::kInvalidArgument, "blockTokens ", blockTokens, " is outside ",
                      kMinBlockTokens, "..", kMaxBlockTokens);
   }
+  if (rope.style != RopeStyle::kNone) {
+    if (rope.style != RopeStyle::kNeox && rope.style != RopeStyle::kGptj) {
+      return makeError(ErrorCode::kInvalidArgument, "unknown rope style ",
+                       static_cast<int>(rope.style));
+    }
+    if (rope.rotaryDims == 0 || rope.rotaryDims % 2 != 0 || rope.rotaryDims > headDim) {
+      return makeError(ErrorCode::kInvalidArgument, "rope rotaryDims ", rope.rotaryDims,
+                       " must be even and in 2..headDim (", headDim, ")");
+    }
+    if (!(rope.base > 1.0) || rope.base > 1e12) {
+      return makeError(ErrorCode::kInvalidArgument, "rope base must be in (1, 1e12]");
+    }
+  }
   if (blockBytes() > kMaxBlockBytes) {
     return makeError(ErrorCode::kInvalidArgument, "a block of ", blockBytes(), " bytes exceeds ",
                      kMaxBlockBytes);
@@ -69,6 +82,11 @@ uint64_t Layout::fingerprint() const {
   add32(headDim);
   add32(static_cast<uint32_t>(dtype));
   add32(blockTokens);
+  if (rope.style != RopeStyle::kNone) {  // layouts without RoPE keep their fingerprints
+    add32(static_cast<uint32_t>(rope.style));
+    add32(rope.rotaryDims);
+    sha.update(&rope.base, sizeof rope.base);
+  }
   auto digest = sha.finish();
   uint64_t fp;
   std::memcpy(&fp, digest.data(), sizeof fp);

@@ -33,6 +33,21 @@ inline constexpr size_t kMaxModelIdBytes = 256;
 // One block must fit in one pool extent and in a 32-bit size.
 inline constexpr uint64_t kMaxBlockBytes = 1ull << 30;
 
+// Rotary position embedding of K, as the model applies it. Declaring it lets kvtier remove a
+// middle range of a sequence and re-rotate the K of the tokens that move.
+enum class RopeStyle : uint8_t {
+  kNone = 0,
+  kNeox = 1,  // pairs (d, d + rotaryDims/2): GPT-NeoX, Llama (HF), Qwen, Mistral
+  kGptj = 2,  // pairs (2d, 2d + 1): GPT-J, original Llama (Meta)
+};
+
+struct RopeScheme {
+  RopeStyle style = RopeStyle::kNone;
+  uint32_t rotaryDims = 0;  // even, <= headDim; the first rotaryDims dims of each head rotate
+  double base = 10000.0;    // theta_d = base^(-2d / rotaryDims)
+  bool operator==(const RopeScheme&) const = default;
+};
+
 struct Layout {
   std::string modelId;
   uint32_t numLayers = 0;
@@ -40,6 +55,7 @@ struct Layout {
   uint32_t headDim = 0;
   DType dtype = DType::kFloat16;
   uint32_t blockTokens = 16;
+  RopeScheme rope;  // optional
 
   // Bytes of one token's K (or V) for one layer.
   uint64_t tokenBytes() const { return uint64_t{numKvHeads} * headDim * dtypeBytes(dtype); }
