@@ -59,7 +59,7 @@ const char* kUsage =
 
 // The suite's shapes. 8 layers x 8 KV heads x head dim 64 x fp16 = 1 KiB per token and layer, so
 // 16 KiB of K and V per token and 256 KiB per 16-token block; the prefix is 64 blocks, 16 MiB.
-Layout benchLayout() { return Layout{"bench/256k", 8, 8, 64, DType::kFloat16, 16}; }
+Layout benchLayout() { return Layout{"bench/256k", 8, 8, 64, DType::kFloat16, 16, {}}; }
 constexpr uint64_t kPrefixTokens = 1024;
 constexpr uint32_t kPrefixBlocks = 64;
 constexpr const char* kPoolBytes = "256M";

@@ -308,6 +308,9 @@ Result<Stats> Client::stats() {
           out.writeLeases = s.getWriteLeases();
           out.bytesPut = s.getBytesPut();
           out.bytesGot = s.getBytesGot();
+          out.snapshots = s.getSnapshots();
+          out.entries = s.getEntries();
+          out.checkpoints = s.getCheckpoints();
           for (auto sp : s.getSpaces()) {
             out.spaces.push_back(SpaceStats{sp.getFingerprint(), sp.getBlockBytes(),
                                             sp.getBlocksTotal(), sp.getBlocksUsed(),
@@ -505,7 +508,10 @@ Result<WriteHandle> Space::beginPut(std::string_view seq, uint64_t begin,
     req.setBegin(begin);
     setTokens(req.initTokens(tokens.size()), tokens);
     setKeys(req.initKeys(options.keys.size()), options.keys);
-    req.setDetached(options.detached);
+    auto o = req.initOptions();
+    o.setDetached(options.detached);
+    o.setWindow(options.window);
+    o.setChunk(options.chunk);
     return req.send().then([&lease](capnp::Response<rpc::Space::PutResults>&& r) {
       lease->cap = r.getLease();
       Granted g{r.getFirstPosition(), {}};
@@ -610,7 +616,10 @@ Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span
     setTokens(req.initTokens(tokens.size()), tokens);
     setKeys(req.initKeys(keys.size()), keys);
     req.setBindSeq(options.bindSeq);
-    req.setDetached(options.detached);
+    auto o = req.initOptions();
+    o.setDetached(options.detached);
+    o.setWindow(options.window);
+    o.setChunk(options.chunk);
     req.setInline(!client->mapped);
     return req.send().then([&](capnp::Response<rpc::Space::LookupResults>&& r) {
       lease->cap = r.getLease();
@@ -641,7 +650,7 @@ Status Space::copyPrefix(std::string_view src, std::string_view dst, uint64_t le
     req.setSrc(std::string(src));
     req.setDst(std::string(dst));
     req.setLen(len);
-    req.setDetached(detached);
+    req.initOptions().setDetached(detached);
     return req.send().ignoreResult();
   });
 }
@@ -699,6 +708,225 @@ Result<std::vector<std::vector<uint8_t>>> Space::readRefs(std::span<const BlockR
       std::vector<std::vector<uint8_t>> data;
       for (auto d : r.getData()) data.emplace_back(d.begin(), d.end());
       return data;
+    });
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Snapshots, checkpoints, entries
+
+Key128 contentKey(const void* bytes, size_t size) {
+  Sha256 sha;
+  sha.begin();
+  sha.update(bytes, size);
+  const auto digest = sha.finish();
+  Key128 key;
+  std::memcpy(key.bytes.data(), digest.data(), key.bytes.size());
+  return key;
+}
+
+BlobHandle::BlobHandle(BlobHandle&&) noexcept = default;
+BlobHandle& BlobHandle::operator=(BlobHandle&&) noexcept = default;
+BlobHandle::~BlobHandle() = default;
+
+void BlobHandle::release() {
+  lease_.reset();
+  data_ = {};
+  inline_.clear();
+}
+
+namespace {
+
+SnapshotInfo snapshotFrom(rpc::SnapshotInfo::Reader r) {
+  SnapshotInfo info{r.getId(), r.getFrom(), r.getTo(), {}};
+  for (uint64_t pos : r.getCheckpoints()) info.checkpoints.push_back(pos);
+  return info;
+}
+
+}  // namespace
+
+Result<SnapshotInfo> Space::snapshot(std::string_view seq, uint64_t from) {
+  return client_.impl_->run([&] {
+    auto req = impl_->space().snapshotRequest();
+    req.setSeq(std::string(seq));
+    req.setFrom(from);
+    return req.send().then([](capnp::Response<rpc::Space::SnapshotResults>&& r) {
+      return snapshotFrom(r.getSnapshot());
+    });
+  });
+}
+
+Status Space::restore(std::string_view seq, uint64_t snapshotId, uint64_t target,
+                      const PutOptions& options) {
+  if (snapshotId == 0) return invalid("snapshot id 0 names no snapshot (use rewind)");
+  return client_.impl_->run([&] {
+    auto req = impl_->space().restoreRequest();
+    req.setSeq(std::string(seq));
+    req.setSnapshot(snapshotId);
+    req.setTarget(target);
+    auto o = req.initOptions();
+    o.setDetached(options.detached);
+    o.setWindow(options.window);
+    o.setChunk(options.chunk);
+    return req.send().ignoreResult();
+  });
+}
+
+Status Space::rewind(std::string_view seq, uint64_t target) {
+  return client_.impl_->run([&] {
+    auto req = impl_->space().restoreRequest();
+    req.setSeq(std::string(seq));
+    req.setTarget(target);
+    return req.send().ignoreResult();
+  });
+}
+
+Result<SnapshotInfo> Space::mergeSnapshots(uint64_t a, uint64_t b) {
+  return client_.impl_->run([&] {
+    auto req = impl_->space().mergeSnapshotsRequest();
+    req.setA(a);
+    req.setB(b);
+    return req.send().then([](capnp::Response<rpc::Space::MergeSnapshotsResults>&& r) {
+      return snapshotFrom(r.getSnapshot());
+    });
+  });
+}
+
+Result<std::pair<SnapshotInfo, SnapshotInfo>> Space::splitSnapshot(uint64_t id, uint64_t at) {
+  return client_.impl_->run([&] {
+    auto req = impl_->space().splitSnapshotRequest();
+    req.setSnapshot(id);
+    req.setAt(at);
+    return req.send().then([](capnp::Response<rpc::Space::SplitSnapshotResults>&& r) {
+      return std::make_pair(snapshotFrom(r.getLeft()), snapshotFrom(r.getRight()));
+    });
+  });
+}
+
+Result<SnapshotInfo> Space::snapshotInfo(uint64_t id) {
+  return client_.impl_->run([&] {
+    auto req = impl_->space().snapshotInfoRequest();
+    req.setSnapshot(id);
+    return req.send().then([](capnp::Response<rpc::Space::SnapshotInfoResults>&& r) {
+      return snapshotFrom(r.getSnapshot());
+    });
+  });
+}
+
+Status Space::dropSnapshot(uint64_t id) {
+  return client_.impl_->run([&] {
+    auto req = impl_->space().dropSnapshotRequest();
+    req.setSnapshot(id);
+    return req.send().ignoreResult();
+  });
+}
+
+Status Space::writeBlob(const void* bytes, size_t size, std::unique_ptr<LeaseState> lease,
+                        const BlockRef& block) {
+  auto* client = client_.impl_.get();
+  return client->run([&]() -> kj::Promise<void> {
+    auto cap = KJ_ASSERT_NONNULL(lease->cap).castAs<rpc::WriteLease>();
+    kj::Promise<void> written = kj::READY_NOW;
+    if (const uint8_t* view = client->mapped ? client->view(block) : nullptr) {
+      std::memcpy(const_cast<uint8_t*>(view), bytes, size);
+    } else {
+      auto req = cap.writeBlobRequest();
+      req.setData(capnp::Data::Reader(static_cast<const uint8_t*>(bytes), size));
+      written = req.send().ignoreResult();
+    }
+    return written.then([cap]() mutable { return cap.commitRequest().send().ignoreResult(); });
+  });
+}
+
+Status Space::putCheckpoint(std::string_view seq, uint64_t pos, const void* state, size_t bytes) {
+  auto lease = std::make_unique<LeaseState>();
+  lease->client = client_.impl_.get();
+  auto block = client_.impl_->run([&] {
+    auto req = impl_->space().putCheckpointRequest();
+    req.setSeq(std::string(seq));
+    req.setPos(pos);
+    req.setBytes(bytes);
+    return req.send().then([&lease](capnp::Response<rpc::Space::PutCheckpointResults>&& r) {
+      lease->cap = r.getLease();
+      return refFrom(r.getBlock());
+    });
+  });
+  if (!block) return block.error();
+  return writeBlob(state, bytes, std::move(lease), *block);
+}
+
+Status Space::putEntry(const Key128& key, const void* bytes, size_t size) {
+  auto lease = std::make_unique<LeaseState>();
+  lease->client = client_.impl_.get();
+  auto block = client_.impl_->run([&] {
+    auto req = impl_->space().putEntryRequest();
+    req.setKey(capnp::Data::Reader(key.bytes.data(), key.bytes.size()));
+    req.setBytes(size);
+    return req.send().then([&lease](capnp::Response<rpc::Space::PutEntryResults>&& r) {
+      lease->cap = r.getLease();
+      return refFrom(r.getBlock());
+    });
+  });
+  if (!block) return block.error();
+  return writeBlob(bytes, size, std::move(lease), *block);
+}
+
+template <typename MakeRequest>
+Result<BlobHandle> Space::readBlob(MakeRequest&& makeRequest) {
+  auto* client = client_.impl_.get();
+  BlobHandle handle;
+  handle.lease_ = std::make_unique<LeaseState>();
+  handle.lease_->client = client;
+  BlockRef block;
+  uint64_t bytes = 0;
+  auto status = client->run([&] {
+    auto req = makeRequest();
+    req.setInline(!client->mapped);
+    return req.send().then([&](auto&& r) {
+      handle.lease_->cap = r.getLease();
+      block = refFrom(r.getBlock());
+      bytes = r.getBytes();
+      handle.inline_.assign(r.getData().begin(), r.getData().end());
+    });
+  });
+  if (!status) return status.error();
+  if (!handle.inline_.empty() || bytes == 0) {
+    handle.data_ = std::span<const uint8_t>(handle.inline_);
+    return handle;
+  }
+  const uint8_t* p = client->view(block);
+  if (!p || bytes > block.bytes) {
+    return makeError(ErrorCode::kInternal, "daemon returned a blob outside the mapped pool");
+  }
+  handle.data_ = std::span<const uint8_t>(p, bytes);
+  return handle;
+}
+
+Result<BlobHandle> Space::getCheckpoint(std::string_view seq, uint64_t pos) {
+  return readBlob([&] {
+    auto req = impl_->space().getCheckpointRequest();
+    req.setSeq(std::string(seq));
+    req.setPos(pos);
+    return req;
+  });
+}
+
+Result<BlobHandle> Space::getEntry(const Key128& key) {
+  return readBlob([&] {
+    auto req = impl_->space().getEntryRequest();
+    req.setKey(capnp::Data::Reader(key.bytes.data(), key.bytes.size()));
+    return req;
+  });
+}
+
+Result<std::vector<uint64_t>> Space::checkpoints(std::string_view seq) {
+  return client_.impl_->run([&] {
+    auto req = impl_->space().checkpointsRequest();
+    req.setSeq(std::string(seq));
+    return req.send().then([](capnp::Response<rpc::Space::CheckpointsResults>&& r) {
+      std::vector<uint64_t> out;
+      for (uint64_t pos : r.getPositions()) out.push_back(pos);
+      return out;
     });
   });
 }

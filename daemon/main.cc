@@ -17,6 +17,7 @@
 #include "daemon/config.h"
 #include "daemon/log.h"
 #include "daemon/server.h"
+#include "kernels/rope.h"
 #include "store/engine.h"
 #include "transport/host_pool.h"
 
@@ -85,7 +86,8 @@ int run(const DaemonConfig& config) {
     return 1;
   }
   BlockPool blocks((*pool)->extents());
-  Engine engine(blocks, **pool);
+  kernels::CpuKeyRotator rotator;
+  Engine engine(blocks, **pool, nullptr, &rotator);
 
   const std::string socketPath = config.effectiveSocketPath();
   ::unlink(socketPath.c_str());  // we hold the lock: any socket file here is a dead daemon's

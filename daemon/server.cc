@@ -67,6 +67,27 @@ std::vector<Key128> keysFrom(capnp::List<capnp::Data>::Reader list) {
   return out;
 }
 
+SeqOptions optionsFrom(rpc::SeqOptions::Reader in) {
+  return SeqOptions{in.getDetached(), in.getWindow(), in.getChunk()};
+}
+
+Key128 keyFrom(capnp::Data::Reader in) {
+  Key128 key;
+  if (in.size() != key.bytes.size()) {
+    throwRpcError(makeError(ErrorCode::kInvalidArgument, "key has ", in.size(), " bytes, not 16"));
+  }
+  std::memcpy(key.bytes.data(), in.begin(), in.size());
+  return key;
+}
+
+void setSnapshot(rpc::SnapshotInfo::Builder out, const SnapshotInfo& info) {
+  out.setId(info.id);
+  out.setFrom(info.from);
+  out.setTo(info.to);
+  auto positions = out.initCheckpoints(info.checkpoints.size());
+  for (uint32_t i = 0; i < info.checkpoints.size(); ++i) positions.set(i, info.checkpoints[i]);
+}
+
 template <typename Builder>
 void setBlocks(Builder&& out, const std::vector<BlockLocation>& blocks) {
   for (uint32_t i = 0; i < blocks.size(); ++i) blockToRpc(blocks[i], out[i]);
@@ -115,14 +136,30 @@ rpc::ReadLease::Client readLease(Engine& engine, LeaseId id) {
 class WriteLeaseImpl final : public rpc::WriteLease::Server {
  public:
   WriteLeaseImpl(Engine& engine, SpaceId space, LeaseId id, uint64_t begin, uint64_t end,
-                 uint64_t firstPosition, uint32_t blocks)
+                 uint64_t firstPosition, uint32_t blocks, uint64_t blobBytes = 0)
       : engine_(engine),
         space_(space),
         id_(id),
         begin_(begin),
         end_(end),
         first_(firstPosition),
-        blocks_(blocks) {}
+        blocks_(blocks),
+        blobBytes_(blobBytes) {}
+
+  kj::Promise<void> writeBlob(WriteBlobContext context) override {
+    if (id_ == 0) {
+      throwRpcError(makeError(ErrorCode::kReleased, "write lease was committed or aborted"));
+    }
+    auto p = context.getParams();
+    const uint64_t offset = p.getOffset(), size = p.getData().size();
+    if (blobBytes_ == 0 || offset > blobBytes_ || size > blobBytes_ - offset) {
+      throwRpcError(makeError(ErrorCode::kInvalidArgument, "blob write of [", offset, ", +", size,
+                              ") is outside the lease's ", blobBytes_, "-byte blob"));
+    }
+    uint8_t* dst = orThrow(engine_.leaseBlockData(id_, 0));
+    std::memcpy(dst + offset, p.getData().begin(), size);
+    return kj::READY_NOW;
+  }
   ~WriteLeaseImpl() noexcept(false) {
     if (id_ != 0) (void)engine_.abortWrite(id_);
   }
@@ -130,6 +167,9 @@ class WriteLeaseImpl final : public rpc::WriteLease::Server {
   kj::Promise<void> write(WriteContext context) override {
     if (id_ == 0)
       throwRpcError(makeError(ErrorCode::kReleased, "write lease was committed or aborted"));
+    if (blobBytes_ != 0) {
+      throwRpcError(makeError(ErrorCode::kInvalidArgument, "a blob lease takes writeBlob"));
+    }
     auto p = context.getParams();
     const Layout& layout = engine_.space(space_).layout;
     const uint32_t bt = layout.blockTokens;
@@ -179,6 +219,7 @@ class WriteLeaseImpl final : public rpc::WriteLease::Server {
   LeaseId id_;
   uint64_t begin_, end_, first_;
   uint32_t blocks_;
+  uint64_t blobBytes_;  // checkpoint and entry leases: the blob's size; 0 for token leases
 };
 
 class SpaceImpl final : public rpc::Space::Server {
@@ -191,8 +232,8 @@ class SpaceImpl final : public rpc::Space::Server {
     const auto tokens = tokensFrom(p.getTokens());
     const auto keys = keysFrom(p.getKeys());
     const uint64_t begin = p.getBegin();
-    PutGrant grant = orThrow(
-        engine_.put(owner_, space_, text(p.getSeq()), begin, tokens, keys, p.getDetached()));
+    PutGrant grant = orThrow(engine_.put(owner_, space_, text(p.getSeq()), begin, tokens, keys,
+                                         optionsFrom(p.getOptions())));
     auto out = context.getResults();
     out.setFirstPosition(grant.firstPosition);
     setBlocks(out.initBlocks(grant.blocks.size()), grant.blocks);
@@ -228,8 +269,8 @@ class SpaceImpl final : public rpc::Space::Server {
     auto p = context.getParams();
     const auto tokens = tokensFrom(p.getTokens());
     const auto keys = keysFrom(p.getKeys());
-    LookupResult result = orThrow(
-        engine_.lookup(owner_, space_, tokens, keys, text(p.getBindSeq()), p.getDetached()));
+    LookupResult result = orThrow(engine_.lookup(owner_, space_, tokens, keys, text(p.getBindSeq()),
+                                                 optionsFrom(p.getOptions())));
     auto out = context.getResults();
     out.setMatchedTokens(result.matchedTokens);
     setBlocks(out.initBlocks(result.blocks.size()), result.blocks);
@@ -247,7 +288,7 @@ class SpaceImpl final : public rpc::Space::Server {
   kj::Promise<void> copyPrefix(CopyPrefixContext context) override {
     auto p = context.getParams();
     orThrow(engine_.copyPrefix(owner_, space_, text(p.getSrc()), text(p.getDst()), p.getLen(),
-                               p.getDetached()));
+                               optionsFrom(p.getOptions())));
     return kj::READY_NOW;
   }
 
@@ -292,8 +333,108 @@ class SpaceImpl final : public rpc::Space::Server {
     return kj::READY_NOW;
   }
 
+  kj::Promise<void> snapshot(SnapshotContext context) override {
+    auto p = context.getParams();
+    setSnapshot(context.getResults().initSnapshot(),
+                orThrow(engine_.snapshot(space_, text(p.getSeq()), p.getFrom())));
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> restore(RestoreContext context) override {
+    auto p = context.getParams();
+    std::optional<SnapshotId> snap;
+    if (p.getSnapshot() != 0) snap = p.getSnapshot();
+    orThrow(engine_.restore(owner_, space_, text(p.getSeq()), snap, p.getTarget(),
+                            optionsFrom(p.getOptions())));
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> mergeSnapshots(MergeSnapshotsContext context) override {
+    auto p = context.getParams();
+    setSnapshot(context.getResults().initSnapshot(),
+                orThrow(engine_.mergeSnapshots(space_, p.getA(), p.getB())));
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> splitSnapshot(SplitSnapshotContext context) override {
+    auto p = context.getParams();
+    auto [left, right] = orThrow(engine_.splitSnapshot(space_, p.getSnapshot(), p.getAt()));
+    setSnapshot(context.getResults().initLeft(), left);
+    setSnapshot(context.getResults().initRight(), right);
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> snapshotInfo(SnapshotInfoContext context) override {
+    setSnapshot(context.getResults().initSnapshot(),
+                orThrow(engine_.snapshotInfo(space_, context.getParams().getSnapshot())));
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> dropSnapshot(DropSnapshotContext context) override {
+    orThrow(engine_.dropSnapshot(space_, context.getParams().getSnapshot()));
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> putCheckpoint(PutCheckpointContext context) override {
+    auto p = context.getParams();
+    const BlobGrant grant =
+        orThrow(engine_.putCheckpoint(space_, text(p.getSeq()), p.getPos(), p.getBytes()));
+    setBlobGrant(context.getResults(), grant);
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> getCheckpoint(GetCheckpointContext context) override {
+    auto p = context.getParams();
+    const BlobGrant grant = orThrow(engine_.getCheckpoint(space_, text(p.getSeq()), p.getPos()));
+    setBlobRead(context.getResults(), grant, p.getInline());
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> checkpoints(CheckpointsContext context) override {
+    const auto positions =
+        orThrow(engine_.checkpointPositions(space_, text(context.getParams().getSeq())));
+    auto out = context.getResults().initPositions(positions.size());
+    for (uint32_t i = 0; i < positions.size(); ++i) out.set(i, positions[i]);
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> putEntry(PutEntryContext context) override {
+    auto p = context.getParams();
+    const BlobGrant grant = orThrow(engine_.putEntry(space_, keyFrom(p.getKey()), p.getBytes()));
+    setBlobGrant(context.getResults(), grant);
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> getEntry(GetEntryContext context) override {
+    auto p = context.getParams();
+    const BlobGrant grant = orThrow(engine_.getEntry(space_, keyFrom(p.getKey())));
+    setBlobRead(context.getResults(), grant, p.getInline());
+    return kj::READY_NOW;
+  }
+
  private:
   uint32_t blockBytes() const { return engine_.space(space_).blockBytes; }
+
+  template <typename Results>
+  void setBlobGrant(Results out, const BlobGrant& grant) {
+    blockToRpc(grant.block, out.initBlock());
+    out.setLease(kj::heap<WriteLeaseImpl>(engine_, space_, grant.lease, 0, 0, 0, 1, grant.bytes));
+  }
+
+  template <typename Results>
+  void setBlobRead(Results out, const BlobGrant& grant, bool inlineData) {
+    blockToRpc(grant.block, out.initBlock());
+    out.setBytes(grant.bytes);
+    if (inlineData) {
+      if (grant.bytes > kMaxInlineBytesPerCall) {
+        (void)engine_.releaseRead(grant.lease);
+        checkInlineBytes(1, static_cast<uint32_t>(grant.bytes));
+      }
+      const uint8_t* base = engine_.memory().extentBase(grant.block.extent) + grant.block.offset;
+      out.setData(capnp::Data::Reader(base, grant.bytes));
+    }
+    out.setLease(readLease(engine_, grant.lease));
+  }
 
   Engine& engine_;
   OwnerId owner_;
@@ -347,6 +488,9 @@ class SessionImpl final : public rpc::Session::Server {
     out.setWriteLeases(s.writeLeases);
     out.setBytesPut(s.bytesPut);
     out.setBytesGot(s.bytesGot);
+    out.setSnapshots(s.snapshots);
+    out.setEntries(s.entries);
+    out.setCheckpoints(s.checkpoints);
     auto spaces = out.initSpaces(s.spaces.size());
     for (uint32_t i = 0; i < s.spaces.size(); ++i) {
       spaces[i].setFingerprint(s.spaces[i].fingerprint);

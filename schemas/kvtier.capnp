@@ -42,6 +42,33 @@ enum DType {
   int8 @5;
 }
 
+enum RopeStyle {
+  none @0;
+  neox @1;   # pairs (d, d + rotaryDims/2)
+  gptj @2;   # pairs (2d, 2d + 1)
+}
+
+struct RopeScheme {
+  # Declaring the rotary scheme enables middle removal (later tokens' K is re-rotated).
+  style @0 :RopeStyle;
+  rotaryDims @1 :UInt32;
+  base @2 :Float64 = 10000;
+}
+
+struct SeqOptions {
+  # How a sequence is kept; applies when the call creates it.
+  detached @0 :Bool;     # outlives the session (prefill -> decode hand-off)
+  window @1 :UInt64;     # sliding window: keep the most recent `window` tokens (0: none)
+  chunk @2 :UInt64;      # chunked attention: keep the current chunk (0: none)
+}
+
+struct SnapshotInfo {
+  id @0 :UInt64;         # pass it to another process: it names the snapshot within the namespace
+  from @1 :UInt64;
+  to @2 :UInt64;
+  checkpoints @3 :List(UInt64);  # recurrent state positions inside [from, to]
+}
+
 struct Layout {
   # What a block holds. Bytes inside a block are layer-major:
   # [layer][K|V][token][kvHead][headDim], so one layer's K and V for the block are contiguous.
@@ -51,6 +78,7 @@ struct Layout {
   headDim @3 :UInt32;
   dtype @4 :DType;
   blockTokens @5 :UInt32;   # 16..512
+  rope @6 :RopeScheme;
 }
 
 struct Extent {
@@ -92,6 +120,9 @@ struct Stats {
   bytesPut @13 :UInt64;       # committed block bytes
   bytesGot @14 :UInt64;       # bytes handed out under read leases
   spaces @15 :List(SpaceStats);
+  snapshots @16 :UInt64;
+  entries @17 :UInt64;        # position-independent entries cached
+  checkpoints @18 :UInt64;    # recurrent state checkpoints held by sequences
 }
 
 interface Daemon {
@@ -108,7 +139,7 @@ interface Session {
 interface Space {
   # One namespace: (tenant salt, layout). Positions are token indices; END (2^64-1) means "the end".
 
-  put @0 (seq :Text, begin :UInt64, tokens :List(UInt32), keys :List(Data), detached :Bool)
+  put @0 (seq :Text, begin :UInt64, tokens :List(UInt32), keys :List(Data), options :SeqOptions)
       -> (lease :WriteLease, blocks :List(BlockRef), firstPosition :UInt64);
   # Grants blocks for positions [begin, begin + len(tokens)); blocks[0] starts at firstPosition
   # (begin rounded down to a block). Positions of blocks[0] before begin already hold the sequence's
@@ -118,17 +149,37 @@ interface Space {
   get @1 (seq :Text, begin :UInt64, end :UInt64 = 0xffffffffffffffff, inline :Bool)
       -> (lease :ReadLease, blocks :List(BlockRef), firstPosition :UInt64, end :UInt64, data :List(Data));
 
-  lookup @2 (tokens :List(UInt32), keys :List(Data), bindSeq :Text, detached :Bool, inline :Bool)
+  lookup @2 (tokens :List(UInt32), keys :List(Data), bindSeq :Text, options :SeqOptions, inline :Bool)
       -> (matchedTokens :UInt64, lease :ReadLease, blocks :List(BlockRef), data :List(Data));
   # Longest prefix made of sealed full blocks. With bindSeq, that prefix also becomes the sequence.
 
-  copyPrefix @3 (src :Text, dst :Text, len :UInt64, detached :Bool) -> ();
+  copyPrefix @3 (src :Text, dst :Text, len :UInt64, options :SeqOptions) -> ();
   remove @4 (seq :Text, begin :UInt64, end :UInt64 = 0xffffffffffffffff) -> ();
   truncate @5 (seq :Text, len :UInt64) -> ();
   canResume @6 (seq :Text, pos :UInt64) -> (ok :Bool);
   length @7 (seq :Text) -> (length :UInt64, exists :Bool);
   read @8 (refs :List(BlockRef)) -> (data :List(Data));
   # Inline read of sealed blocks by reference; a reference whose generation is stale is refused.
+
+  # Snapshots: immutable, block-sharing copies of [from, length) that outlive their sequence.
+  snapshot @9 (seq :Text, from :UInt64) -> (snapshot :SnapshotInfo);
+  restore @10 (seq :Text, snapshot :UInt64, target :UInt64, options :SeqOptions) -> ();
+  # snapshot = 0: rewind seq to target without a snapshot.
+  mergeSnapshots @11 (a :UInt64, b :UInt64) -> (snapshot :SnapshotInfo);
+  splitSnapshot @12 (snapshot :UInt64, at :UInt64) -> (left :SnapshotInfo, right :SnapshotInfo);
+  snapshotInfo @13 (snapshot :UInt64) -> (snapshot :SnapshotInfo);
+  dropSnapshot @14 (snapshot :UInt64) -> ();
+
+  # Recurrent state checkpoints: a blob at a position of a sequence.
+  putCheckpoint @15 (seq :Text, pos :UInt64, bytes :UInt64) -> (lease :WriteLease, block :BlockRef);
+  getCheckpoint @16 (seq :Text, pos :UInt64, inline :Bool)
+      -> (lease :ReadLease, block :BlockRef, bytes :UInt64, data :Data);
+  checkpoints @17 (seq :Text) -> (positions :List(UInt64));
+
+  # Position-independent entries (encoder outputs, image embeddings): content-keyed blobs.
+  putEntry @18 (key :Data, bytes :UInt64) -> (lease :WriteLease, block :BlockRef);
+  getEntry @19 (key :Data, inline :Bool)
+      -> (lease :ReadLease, block :BlockRef, bytes :UInt64, data :Data);
 }
 
 interface WriteLease {
@@ -138,6 +189,8 @@ interface WriteLease {
   commit @1 (upTo :UInt64 = 0xffffffffffffffff) -> (length :UInt64, sealedBlocks :UInt32);
   # Makes positions [begin, upTo) visible (upTo = END: all granted). Full blocks are sealed and keyed.
   abort @2 () -> ();
+  writeBlob @3 (offset :UInt64, data :Data) -> ();
+  # Inline write into a checkpoint or entry lease's blob.
 }
 
 interface ReadLease {

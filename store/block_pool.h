@@ -46,9 +46,10 @@ struct BlockMeta {
   uint32_t refs = 0;  // sequences holding the block
   uint32_t pins = 0;  // leases pinning the block: never evicted or reused while > 0
   BlockState state = BlockState::kFree;
-  uint32_t space = 0;  // namespace of a sealed block
-  Key128 key;          // key of a sealed block
-  bool entry = false;  // a sealed position-independent entry (indexed apart from blocks)
+  uint32_t space = 0;      // namespace of a sealed block
+  Key128 key;              // key of a sealed block
+  bool entry = false;      // a sealed position-independent entry (indexed apart from blocks)
+  uint32_t blobBytes = 0;  // a checkpoint's or entry's own size (its block may be larger)
   BlockId nextFree = kNoBlock;
 };
 

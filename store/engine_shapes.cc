@@ -325,6 +325,7 @@ Result<BlobGrant> Engine::grantBlob(LeaseKind kind, SpaceId space, std::string s
   if (b == kNoBlock)
     return makeError(ErrorCode::kFull, "pool has no block for a ", bytes, "-byte blob");
   pin(b);
+  pool_[b].blobBytes = static_cast<uint32_t>(bytes);
   WriteLease lease;
   lease.kind = kind;
   lease.space = space;
@@ -406,9 +407,8 @@ Result<BlobGrant> Engine::getCheckpoint(SpaceId space, std::string_view name, ui
   if (it == seq->checkpoints.end()) {
     return makeError(ErrorCode::kNotFound, "no checkpoint at ", pos, " in '", name, "'");
   }
-  BlobGrant grant{newReadLease({it->second}), pool_.location(it->second),
-                  pool_.classBytes(pool_[it->second].sizeClass)};
-  return grant;
+  return BlobGrant{newReadLease({it->second}), pool_.location(it->second),
+                   pool_[it->second].blobBytes};
 }
 
 Result<std::vector<uint64_t>> Engine::checkpointPositions(SpaceId space, std::string_view name) {

@@ -340,3 +340,74 @@ TEST(Integration, CallerThreadClientWorksOnItsThreadAndRefusesOthers) {
 
 }  // namespace
 }  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+TEST(Integration, SnapshotTakenByOneProcessIsRestoredByAnother) {
+  test::DaemonProcess daemon;
+  std::string out;
+  // The peer writes 70 tokens, snapshots [20, 70), removes its sequence and exits.
+  ASSERT_EQ(test::runPeer({"snapshot", daemon.socket(), "origin", "70", "70", "20"}, &out), 0)
+      << out;
+  const uint64_t id = std::stoull(out.substr(out.find("SNAPSHOT ") + 9));
+  auto client = daemon.connect();
+  auto space = client->open(test::testLayout()).value();
+  auto info = space->snapshotInfo(id).value();
+  EXPECT_EQ(info.from, 20u);
+  EXPECT_EQ(info.to, 70u);
+  // This process has the same first 20 tokens (its own KV for them) and restores the rest.
+  const auto tokens = synthetic::tokens(70, 70);
+  const auto kv = synthetic::packedKv(test::testLayout(), tokens, 0, 20);
+  ASSERT_TRUE(space->put("mine", 0, std::span(tokens).first(20), kv.data(), kv.size()).ok());
+  ASSERT_TRUE(space->restore("mine", id, 70).ok());
+  auto all = space->get("mine").value();
+  EXPECT_EQ(all.end(), 70u);
+  EXPECT_EQ(readAll(all), synthetic::packedKv(test::testLayout(), tokens, 0, 70));
+  all.release();
+  // Restoring onto a sequence that lacks the snapshot's prefix is refused and changes nothing.
+  EXPECT_EQ(space->restore("empty", id, 70).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(space->length("empty").value(), std::nullopt);
+}
+
+TEST(Integration, DecodeProcessContinuesTheSequenceAPrefillProcessWrote) {
+  test::DaemonProcess daemon;
+  ASSERT_EQ(test::runPeer({"put", daemon.socket(), "req-9", "90", "50", "detached"}), 0);
+  std::string out;
+  ASSERT_EQ(test::runPeer({"continue", daemon.socket(), "req-9", "90", "50", "30"}, &out), 0)
+      << out;
+  EXPECT_NE(out.find("CONTINUED 80"), std::string::npos) << out;
+  // A third process reads the whole 80 tokens back, byte for byte.
+  EXPECT_EQ(test::runPeer({"verify-seq", daemon.socket(), "req-9", "90", "80"}, &out), 0) << out;
+}
+
+TEST(Integration, CheckpointsAndEntriesTravelThroughThePoolAndInline) {
+  test::DaemonProcess daemon;
+  for (bool mapPool : {true, false}) {
+    auto client = daemon.connect(mapPool);
+    auto space = client->open(test::testLayout()).value();
+    const std::string seq = mapPool ? "rec-mapped" : "rec-inline";
+    const auto t = synthetic::tokens(80, 24);
+    const auto kv = synthetic::packedKv(test::testLayout(), t, 0, 24);
+    ASSERT_TRUE(space->put(seq, 0, t, kv.data(), kv.size()).ok());
+    std::vector<uint8_t> state(10000);
+    for (size_t i = 0; i < state.size(); ++i) state[i] = static_cast<uint8_t>(i * 7 + mapPool);
+    ASSERT_TRUE(space->putCheckpoint(seq, 24, state.data(), state.size()).ok());
+    auto got = space->getCheckpoint(seq, 24).value();
+    EXPECT_EQ(std::vector<uint8_t>(got.data().begin(), got.data().end()), state);
+    EXPECT_EQ(space->getCheckpoint(seq, 10).code(), ErrorCode::kNotFound);
+    EXPECT_EQ(space->checkpoints(seq).value(), std::vector<uint64_t>{24});
+
+    std::vector<uint8_t> image(50000, static_cast<uint8_t>(mapPool ? 3 : 4));
+    const Key128 key = contentKey(image.data(), image.size());
+    ASSERT_TRUE(space->putEntry(key, image.data(), image.size()).ok());
+    auto entry = space->getEntry(key).value();
+    EXPECT_EQ(std::vector<uint8_t>(entry.data().begin(), entry.data().end()), image);
+    Key128 other = key;
+    other.bytes[0] ^= 1;
+    EXPECT_EQ(space->getEntry(other).code(), ErrorCode::kNotFound);
+  }
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -108,6 +108,33 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     while (true) pause();
   }
+  if (a[0] == "snapshot" && a.size() == 6) {
+    auto client = connectTo(a[1]);
+    auto space = client->open(layout).value();
+    const auto tokens = synthetic::tokens(std::stoull(a[3]), std::stoull(a[4]));
+    const auto kv = synthetic::packedKv(layout, tokens, 0, tokens.size());
+    if (auto r = space->put(a[2], 0, tokens, kv.data(), kv.size()); !r) fail("put", r.error());
+    auto snap = space->snapshot(a[2], std::stoull(a[5]));
+    if (!snap) fail("snapshot", snap.error());
+    if (auto r = space->remove(a[2], 0); !r) fail("remove", r.error());
+    std::printf("SNAPSHOT %lu\n", static_cast<unsigned long>(snap->id));
+    return 0;
+  }
+  if (a[0] == "continue" && a.size() == 6) {
+    auto client = connectTo(a[1]);
+    auto space = client->open(layout).value();
+    const uint64_t n = std::stoull(a[4]), m = std::stoull(a[5]);
+    const auto tokens = synthetic::tokens(std::stoull(a[3]), n + m);
+    if (space->length(a[2]).value() != std::optional<uint64_t>(n)) {
+      std::printf("ERROR sequence is not %lu tokens long\n", static_cast<unsigned long>(n));
+      return 1;
+    }
+    const auto kv = synthetic::packedKv(layout, tokens, n, n + m);
+    auto r = space->put(a[2], n, std::span(tokens).subspan(n), kv.data(), kv.size());
+    if (!r) fail("put", r.error());
+    std::printf("CONTINUED %lu\n", static_cast<unsigned long>(r->length));
+    return 0;
+  }
   if (a[0] == "connect-as" && a.size() == 3) {
     const auto id = static_cast<uid_t>(std::stoul(a[1]));
     if (setgid(id) != 0 || setuid(id) != 0) {

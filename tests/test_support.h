@@ -14,7 +14,7 @@
 namespace kvtier::test {
 
 // 4 layers, 2 KV heads, head dim 32, fp16, 16 tokens per block: 1 KiB per token, 16 KiB blocks.
-inline Layout testLayout() { return Layout{"test/tiny", 4, 2, 32, DType::kFloat16, 16}; }
+inline Layout testLayout() { return Layout{"test/tiny", 4, 2, 32, DType::kFloat16, 16, {}}; }
 
 // A kvtierd started in a fresh temporary data directory; stopped (SIGTERM) by the destructor.
 class DaemonProcess {

@@ -26,7 +26,7 @@ const char* kUsage =
 
 // A small real layout (Llama-3-8B's KV shape): 32 layers, 8 KV heads, head dim 128, fp16,
 // 16 tokens per block -> 128 KiB per token, 2 MiB per block.
-Layout demoLayout() { return Layout{"demo/llama-3-8b", 32, 8, 128, DType::kFloat16, 16}; }
+Layout demoLayout() { return Layout{"demo/llama-3-8b", 32, 8, 128, DType::kFloat16, 16, {}}; }
 
 // Process A's prompt: a 100-token system prompt and its own question. Process B shares the system
 // prompt and asks something else, so the prompts diverge at position 100.

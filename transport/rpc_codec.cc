@@ -67,6 +67,12 @@ Layout layoutFromRpc(rpc::Layout::Reader in) {
   }
   out.dtype = static_cast<DType>(dtype);
   out.blockTokens = in.getBlockTokens();
+  auto rope = in.getRope();
+  const auto style = static_cast<uint16_t>(rope.getStyle());
+  if (style > static_cast<uint16_t>(RopeStyle::kGptj)) {
+    throwRpcError(makeError(ErrorCode::kInvalidArgument, "unknown rope style ", style));
+  }
+  out.rope = RopeScheme{static_cast<RopeStyle>(style), rope.getRotaryDims(), rope.getBase()};
   return out;
 }
 
@@ -77,6 +83,10 @@ void layoutToRpc(const Layout& in, rpc::Layout::Builder out) {
   out.setHeadDim(in.headDim);
   out.setDtype(static_cast<rpc::DType>(in.dtype));
   out.setBlockTokens(in.blockTokens);
+  auto rope = out.initRope();
+  rope.setStyle(static_cast<rpc::RopeStyle>(in.rope.style));
+  rope.setRotaryDims(in.rope.rotaryDims);
+  rope.setBase(in.rope.base);
 }
 
 BlockLocation blockFromRpc(rpc::BlockRef::Reader in) {

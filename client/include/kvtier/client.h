@@ -73,6 +73,7 @@ struct Stats {
   uint64_t hits = 0, misses = 0, evictions = 0;
   uint64_t clients = 0, sequences = 0, readLeases = 0, writeLeases = 0;
   uint64_t bytesPut = 0, bytesGot = 0;
+  uint64_t snapshots = 0, entries = 0, checkpoints = 0;
   std::vector<SpaceStats> spaces;
   std::string toJson() const;
 };
@@ -162,6 +163,11 @@ class WriteHandle {
 struct PutOptions {
   // Detached sequences outlive the session that wrote them (prefill -> decode hand-off).
   bool detached = false;
+  // Sliding-window attention: keep the most recent `window` tokens (0: all). Applies when the
+  // call creates the sequence.
+  uint64_t window = 0;
+  // Chunked attention: keep the current chunk of `chunk` tokens (0: all).
+  uint64_t chunk = 0;
   // The client's own 16-byte keys for the blocks this put completes (engines that already hash
   // blocks, trace replay). Empty: the daemon derives chained SHA-256 keys from the tokens.
   std::vector<Key128> keys;
@@ -171,7 +177,36 @@ struct LookupOptions {
   // Also make the matched prefix the whole of this sequence, in the same round trip.
   std::string bindSeq;
   bool detached = false;
+  uint64_t window = 0, chunk = 0;  // as PutOptions, for a bound sequence it creates
 };
+
+struct SnapshotInfo {
+  uint64_t id = 0;  // names the snapshot within its namespace; another process may use it
+  uint64_t from = 0, to = 0;
+  std::vector<uint64_t> checkpoints;  // recurrent state positions: restore only there
+};
+
+// A blob (recurrent state checkpoint, position-independent entry) under a read lease.
+class BlobHandle {
+ public:
+  BlobHandle(BlobHandle&&) noexcept;
+  BlobHandle& operator=(BlobHandle&&) noexcept;
+  ~BlobHandle();
+  // The blob's bytes, in place in the shared pool (or a private copy for inline clients); valid
+  // until release() or destruction.
+  std::span<const uint8_t> data() const { return data_; }
+  void release();
+
+ private:
+  friend class Space;
+  BlobHandle() = default;
+  std::unique_ptr<LeaseState> lease_;
+  std::span<const uint8_t> data_;
+  std::vector<uint8_t> inline_;
+};
+
+// SHA-256 of `bytes` truncated to 16 bytes: a content key for position-independent entries.
+Key128 contentKey(const void* bytes, size_t size);
 
 // One namespace (tenant, layout) on the daemon. Borrowed from its Client.
 class Space {
@@ -208,11 +243,37 @@ class Space {
   // Inline copies of sealed blocks named by references (STALE_REFERENCE once a block is reused).
   Result<std::vector<std::vector<uint8_t>>> readRefs(std::span<const BlockRef> refs);
 
+  // --- Snapshots (docs/cache-shapes.md). Immutable, share blocks, outlive their sequence.
+  // Empty when from >= length.
+  Result<SnapshotInfo> snapshot(std::string_view seq, uint64_t from = 0);
+  // seq becomes its own [0, snap.from) plus the snapshot's [from, target).
+  Status restore(std::string_view seq, uint64_t snapshotId, uint64_t target,
+                 const PutOptions& options = {});
+  // Back to `target` <= length without a snapshot (window and checkpoint rules apply).
+  Status rewind(std::string_view seq, uint64_t target);
+  Result<SnapshotInfo> mergeSnapshots(uint64_t a, uint64_t b);
+  Result<std::pair<SnapshotInfo, SnapshotInfo>> splitSnapshot(uint64_t id, uint64_t at);
+  Result<SnapshotInfo> snapshotInfo(uint64_t id);
+  Status dropSnapshot(uint64_t id);
+
+  // --- Recurrent state checkpoints: a fixed-size blob at position `pos` (<= length) of seq.
+  Status putCheckpoint(std::string_view seq, uint64_t pos, const void* state, size_t bytes);
+  Result<BlobHandle> getCheckpoint(std::string_view seq, uint64_t pos);
+  Result<std::vector<uint64_t>> checkpoints(std::string_view seq);
+
+  // --- Position-independent entries (encoder outputs, image embeddings), keyed by content.
+  Status putEntry(const Key128& key, const void* bytes, size_t size);
+  Result<BlobHandle> getEntry(const Key128& key);
+
  private:
   friend class Client;
   friend class ReadHandle;
   friend class WriteHandle;
   struct Impl;
+  template <typename MakeRequest>
+  Result<BlobHandle> readBlob(MakeRequest&& makeRequest);
+  Status writeBlob(const void* bytes, size_t size, std::unique_ptr<LeaseState> lease,
+                   const BlockRef& block);
   Space(Client& client, std::unique_ptr<Impl> impl, Layout layout, uint64_t fingerprint);
   Result<ReadHandle> lookupImpl(std::span<const uint32_t> tokens, std::span<const Key128> keys,
                                 const LookupOptions& options);
