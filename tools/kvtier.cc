@@ -19,9 +19,19 @@ namespace kvtier {
 namespace {
 
 const char* kUsage =
-    "usage: kvtier [--socket PATH] COMMAND\n"
-    "  stats    print the daemon's counters as JSON\n"
-    "  demo     two processes share a prompt's KV through the daemon (A puts, B looks up)\n"
+    "usage: kvtier [--socket PATH] [--layout SPEC] COMMAND [ARGS]\n"
+    "  stats                         the daemon's counters as JSON\n"
+    "  demo                          two processes share a prompt's KV (A puts, B looks up)\n"
+    "Sequences and snapshots of a namespace (SPEC names the layout, default the demo's):\n"
+    "  length SEQ                    truncate SEQ N           remove SEQ BEGIN [END]\n"
+    "  copy-prefix SRC DST LEN       can-resume SEQ POS       checkpoints SEQ\n"
+    "  snapshot SEQ [FROM]           snapshot-info ID         drop-snapshot ID\n"
+    "  restore SEQ ID TARGET         rewind SEQ TARGET\n"
+    "  merge ID_A ID_B               split ID AT              get-entry KEY_HEX\n"
+    "Sequences the tool creates are detached (they outlive its session).\n"
+    "SPEC: model:layers:kv_heads:head_dim:dtype:block_tokens[:neox|gptj:rotary_dims:base]\n"
+    "      dtype one of f16 bf16 f32 f8e4m3 f8e5m2 i8; e.g. "
+    "llama3:32:8:128:f16:16:neox:128:500000\n"
     "The socket defaults to $KVTIER_SOCKET, else kvtier-data/kvtierd.sock.\n";
 
 // A small real layout (Llama-3-8B's KV shape): 32 layers, 8 KV heads, head dim 128, fp16,
@@ -137,6 +147,148 @@ int demo(const std::string& socket) {
   return 0;
 }
 
+Result<Layout> parseLayout(const std::string& spec) {
+  std::vector<std::string> f;
+  for (size_t start = 0;;) {
+    const size_t colon = spec.find(':', start);
+    f.push_back(spec.substr(start, colon - start));
+    if (colon == std::string::npos) break;
+    start = colon + 1;
+  }
+  if (f.size() != 6 && f.size() != 9) {
+    return makeError(ErrorCode::kInvalidArgument, "layout '", spec, "' needs 6 or 9 fields");
+  }
+  Layout l;
+  l.modelId = f[0];
+  try {
+    l.numLayers = static_cast<uint32_t>(std::stoul(f[1]));
+    l.numKvHeads = static_cast<uint32_t>(std::stoul(f[2]));
+    l.headDim = static_cast<uint32_t>(std::stoul(f[3]));
+    l.blockTokens = static_cast<uint32_t>(std::stoul(f[5]));
+    if (f.size() == 9) {
+      l.rope.rotaryDims = static_cast<uint32_t>(std::stoul(f[7]));
+      l.rope.base = std::stod(f[8]);
+    }
+  } catch (const std::exception&) {
+    return makeError(ErrorCode::kInvalidArgument, "layout '", spec, "' has a bad number");
+  }
+  const std::pair<const char*, DType> dtypes[] = {
+      {"f16", DType::kFloat16},       {"bf16", DType::kBFloat16},     {"f32", DType::kFloat32},
+      {"f8e4m3", DType::kFloat8E4M3}, {"f8e5m2", DType::kFloat8E5M2}, {"i8", DType::kInt8}};
+  bool known = false;
+  for (const auto& [name, dtype] : dtypes) {
+    if (f[4] == name) l.dtype = dtype, known = true;
+  }
+  if (!known) return makeError(ErrorCode::kInvalidArgument, "unknown dtype '", f[4], "'");
+  if (f.size() == 9) {
+    if (f[6] != "neox" && f[6] != "gptj") {
+      return makeError(ErrorCode::kInvalidArgument, "rope style is neox or gptj, not '", f[6], "'");
+    }
+    l.rope.style = f[6] == "neox" ? RopeStyle::kNeox : RopeStyle::kGptj;
+  }
+  if (auto v = l.validate(); !v) return v.error();
+  return l;
+}
+
+std::string snapshotJson(const SnapshotInfo& s) {
+  std::string out = "{\"id\": " + std::to_string(s.id) + ", \"from\": " + std::to_string(s.from) +
+                    ", \"to\": " + std::to_string(s.to) + ", \"checkpoints\": [";
+  for (size_t i = 0; i < s.checkpoints.size(); ++i) {
+    out += (i ? ", " : "") + std::to_string(s.checkpoints[i]);
+  }
+  return out + "]}";
+}
+
+// The sequence and snapshot commands: one call each, answered with one JSON line.
+int spaceCommand(const std::string& socket, const Layout& layout,
+                 const std::vector<std::string>& a) {
+  auto client = connectOrDie(socket, "kvtier-cli");
+  auto opened = client->open(layout);
+  if (!opened) {
+    std::fprintf(stderr, "kvtier: %s\n", opened.error().toString().c_str());
+    return 1;
+  }
+  Space& space = **opened;
+  auto num = [&](size_t i) { return std::stoull(a.at(i)); };
+  auto report = [](const auto& result, auto&& print) {
+    if (!result.ok()) {
+      std::fprintf(stderr, "kvtier: %s\n", result.error().toString().c_str());
+      return 1;
+    }
+    print();
+    return 0;
+  };
+  auto done = [] { std::printf("{\"ok\": true}\n"); };
+  const std::string& cmd = a[0];
+  try {
+    if (cmd == "length" && a.size() == 2) {
+      auto r = space.length(a[1]);
+      return report(r, [&] {
+        std::printf("{\"exists\": %s, \"length\": %lu}\n", r->has_value() ? "true" : "false",
+                    static_cast<unsigned long>(r->value_or(0)));
+      });
+    }
+    if (cmd == "truncate" && a.size() == 3) return report(space.truncate(a[1], num(2)), done);
+    if (cmd == "remove" && (a.size() == 3 || a.size() == 4)) {
+      return report(space.remove(a[1], num(2), a.size() == 4 ? num(3) : kEndPosition), done);
+    }
+    if (cmd == "copy-prefix" && a.size() == 4) {
+      return report(space.copyPrefix(a[1], a[2], num(3), /*detached=*/true), done);
+    }
+    if (cmd == "can-resume" && a.size() == 3) {
+      auto r = space.canResume(a[1], num(2));
+      return report(r, [&] { std::printf("{\"can_resume\": %s}\n", *r ? "true" : "false"); });
+    }
+    if (cmd == "checkpoints" && a.size() == 2) {
+      auto r = space.checkpoints(a[1]);
+      return report(r, [&] {
+        std::string list;
+        for (uint64_t p : *r) list += (list.empty() ? "" : ", ") + std::to_string(p);
+        std::printf("{\"checkpoints\": [%s]}\n", list.c_str());
+      });
+    }
+    if (cmd == "snapshot" && (a.size() == 2 || a.size() == 3)) {
+      auto r = space.snapshot(a[1], a.size() == 3 ? num(2) : 0);
+      return report(r, [&] { std::printf("%s\n", snapshotJson(*r).c_str()); });
+    }
+    if (cmd == "snapshot-info" && a.size() == 2) {
+      auto r = space.snapshotInfo(num(1));
+      return report(r, [&] { std::printf("%s\n", snapshotJson(*r).c_str()); });
+    }
+    if (cmd == "drop-snapshot" && a.size() == 2) return report(space.dropSnapshot(num(1)), done);
+    if (cmd == "restore" && a.size() == 4) {
+      return report(space.restore(a[1], num(2), num(3), PutOptions{.detached = true, .window = 0, .chunk = 0, .keys = {}}), done);
+    }
+    if (cmd == "rewind" && a.size() == 3) return report(space.rewind(a[1], num(2)), done);
+    if (cmd == "merge" && a.size() == 3) {
+      auto r = space.mergeSnapshots(num(1), num(2));
+      return report(r, [&] { std::printf("%s\n", snapshotJson(*r).c_str()); });
+    }
+    if (cmd == "split" && a.size() == 3) {
+      auto r = space.splitSnapshot(num(1), num(2));
+      return report(r, [&] {
+        std::printf("{\"left\": %s, \"right\": %s}\n", snapshotJson(r->first).c_str(),
+                    snapshotJson(r->second).c_str());
+      });
+    }
+    if (cmd == "get-entry" && a.size() == 2 && a[1].size() == 32) {
+      Key128 key;
+      for (size_t i = 0; i < 16; ++i)
+        key.bytes[i] = static_cast<uint8_t>(std::stoul(a[1].substr(2 * i, 2), nullptr, 16));
+      auto r = space.getEntry(key);
+      return report(r, [&] {
+        std::printf("{\"bytes\": %zu, \"content_key\": \"%s\"}\n", r->data().size(),
+                    contentKey(r->data().data(), r->data().size()).hex().c_str());
+      });
+    }
+  } catch (const std::exception&) {
+    std::fprintf(stderr, "kvtier: '%s' needs numeric arguments\n%s", cmd.c_str(), kUsage);
+    return 2;
+  }
+  std::fprintf(stderr, "kvtier: bad command or arguments: %s\n%s", cmd.c_str(), kUsage);
+  return 2;
+}
+
 int stats(const std::string& socket) {
   auto client = connectOrDie(socket, "kvtier-stats");
   auto s = client->stats();
@@ -154,6 +306,7 @@ int stats(const std::string& socket) {
 int main(int argc, char** argv) {
   std::string socket =
       std::getenv("KVTIER_SOCKET") ? std::getenv("KVTIER_SOCKET") : "kvtier-data/kvtierd.sock";
+  std::string layoutSpec;
   int i = 1;
   for (; i < argc; ++i) {
     std::string a = argv[i];
@@ -161,6 +314,8 @@ int main(int argc, char** argv) {
       socket = argv[++i];
     } else if (a.rfind("--socket=", 0) == 0) {
       socket = a.substr(9);
+    } else if (a == "--layout" && i + 1 < argc) {
+      layoutSpec = argv[++i];
     } else if (a == "-h" || a == "--help") {
       std::fputs(kvtier::kUsage, stdout);
       return 0;
@@ -177,6 +332,24 @@ int main(int argc, char** argv) {
   if (command == "demo") return kvtier::demo(socket);
   if (command == "demo-writer") return kvtier::demoWriter(socket);
   if (command == "demo-reader") return kvtier::demoReader(socket);
+  kvtier::Layout layout = kvtier::demoLayout();
+  if (!layoutSpec.empty()) {
+    auto parsed = kvtier::parseLayout(layoutSpec);
+    if (!parsed) {
+      std::fprintf(stderr, "kvtier: %s\n", parsed.error().toString().c_str());
+      return 2;
+    }
+    layout = *parsed;
+  }
+  static const char* kSpaceCommands[] = {
+      "length",      "truncate", "remove",        "copy-prefix",   "can-resume",
+      "checkpoints", "snapshot", "snapshot-info", "drop-snapshot", "restore",
+      "rewind",      "merge",    "split",         "get-entry"};
+  for (const char* c : kSpaceCommands) {
+    if (command == c) {
+      return kvtier::spaceCommand(socket, layout, std::vector<std::string>(argv + i, argv + argc));
+    }
+  }
   std::fprintf(stderr, "kvtier: unknown command '%s'\n%s", command.c_str(), kvtier::kUsage);
   return 2;
 }
