@@ -13,4 +13,5 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   libssl-dev \
   libxxhash-dev \
   libgtest-dev \
-  libhiredis-dev redis-server
+  libhiredis-dev redis-server \
+  librocksdb-dev rocksdb-tools

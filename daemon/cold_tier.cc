@@ -1,0 +1,327 @@
+#include "daemon/cold_tier.h"
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <rocksdb/utilities/options_util.h>
+#include <rocksdb/write_batch.h>
+#include <xxhash.h>
+
+#include <cstring>
+#include <random>
+#include <shared_mutex>
+
+#include "schemas/cold_record.capnp.h"
+
+namespace kvtier {
+namespace {
+
+constexpr size_t kKeyBytes = 8 + 16 + 16;
+// A header is a few words; anything larger is corruption.
+constexpr uint32_t kMaxHeaderBytes = 1024;
+constexpr const char* kFormatVersionKey = "format_version";
+constexpr const char* kNodeIdKey = "node_id";
+
+Error unavailable(const rocksdb::Status& s, const char* what) {
+  return makeError(ErrorCode::kUnavailable, what, ": ", s.ToString());
+}
+
+std::string encodeValue(const ColdRecord& r) {
+  capnp::MallocMessageBuilder message;
+  auto h = message.initRoot<disk::ColdRecordHeader>();
+  h.setFormatVersion(disk::FORMAT_VERSION);
+  h.setFingerprint(r.key.fingerprint);
+  h.setSalt(capnp::Data::Reader(r.key.salt.data(), r.key.salt.size()));
+  h.setKey(capnp::Data::Reader(r.key.key.bytes.data(), r.key.key.bytes.size()));
+  h.setBytes(r.bytes);
+  h.setChecksum(XXH3_64bits(r.data, r.bytes));
+  auto words = capnp::messageToFlatArray(message);
+  auto header = words.asBytes();
+  std::string value(4 + header.size() + r.bytes, '\0');
+  const uint32_t size = static_cast<uint32_t>(header.size());
+  std::memcpy(value.data(), &size, 4);
+  std::memcpy(value.data() + 4, header.begin(), header.size());
+  std::memcpy(value.data() + 4 + header.size(), r.data, r.bytes);
+  return value;
+}
+
+// Checks a stored value against the key it was read under; returns the payload or why not.
+Result<std::vector<uint8_t>> decodeValue(const ColdKey& key, std::string_view value) {
+  auto corrupt = [](const char* why) { return makeError(ErrorCode::kChecksumMismatch, why); };
+  uint32_t headerBytes = 0;
+  if (value.size() < 4) return corrupt("record too short");
+  std::memcpy(&headerBytes, value.data(), 4);
+  if (headerBytes == 0 || headerBytes % 8 != 0 || headerBytes > kMaxHeaderBytes ||
+      value.size() < 4 + headerBytes) {
+    return corrupt("record header size is invalid");
+  }
+  // Copy into aligned words before parsing; bound what the parser may read.
+  std::vector<capnp::word> words(headerBytes / 8);
+  std::memcpy(words.data(), value.data() + 4, headerBytes);
+  capnp::ReaderOptions limits;
+  limits.traversalLimitInWords = 256;
+  limits.nestingLimit = 4;
+  try {
+    capnp::FlatArrayMessageReader reader(
+        kj::ArrayPtr<const capnp::word>(words.data(), words.size()), limits);
+    auto h = reader.getRoot<disk::ColdRecordHeader>();
+    const std::string_view payload = value.substr(4 + headerBytes);
+    if (h.getFormatVersion() != disk::FORMAT_VERSION) return corrupt("unknown record format");
+    if (h.getFingerprint() != key.fingerprint || h.getSalt().size() != key.salt.size() ||
+        std::memcmp(h.getSalt().begin(), key.salt.data(), key.salt.size()) != 0 ||
+        h.getKey().size() != key.key.bytes.size() ||
+        std::memcmp(h.getKey().begin(), key.key.bytes.data(), key.key.bytes.size()) != 0) {
+      return corrupt("record header names another block");
+    }
+    if (h.getBytes() != payload.size()) return corrupt("record size does not match its header");
+    if (XXH3_64bits(payload.data(), payload.size()) != h.getChecksum()) {
+      return corrupt("record bytes fail their checksum");
+    }
+    return std::vector<uint8_t>(payload.begin(), payload.end());
+  } catch (const kj::Exception&) {
+    return corrupt("record header does not parse");
+  }
+}
+
+}  // namespace
+
+std::string ColdKey::encode() const {
+  std::string out(kKeyBytes, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(fingerprint >> (8 * i));
+  std::memcpy(out.data() + 8, salt.data(), 16);
+  std::memcpy(out.data() + 24, key.bytes.data(), 16);
+  return out;
+}
+
+bool ColdKey::decode(std::string_view in, ColdKey* out) {
+  if (in.size() != kKeyBytes) return false;
+  out->fingerprint = 0;
+  for (int i = 0; i < 8; ++i) out->fingerprint |= uint64_t{static_cast<uint8_t>(in[i])} << (8 * i);
+  std::memcpy(out->salt.data(), in.data() + 8, 16);
+  std::memcpy(out->key.bytes.data(), in.data() + 24, 16);
+  return true;
+}
+
+Result<std::unique_ptr<ColdTier>> ColdTier::open(const Options& options) {
+  auto tier = std::unique_ptr<ColdTier>(new ColdTier());
+  tier->options_ = options;
+  if (options.fileSystem) tier->env_ = rocksdb::NewCompositeEnv(options.fileSystem);
+  if (auto s = tier->openDb(); !s) return s.error();
+  tier->enforceCapacity();
+  return tier;
+}
+
+Status ColdTier::openDb() {
+  rocksdb::DBOptions dbOptions;
+  dbOptions.create_if_missing = true;
+  dbOptions.create_missing_column_families = true;
+  if (env_) dbOptions.env = env_.get();
+  rocksdb::ColumnFamilyOptions blocks;
+  blocks.enable_blob_files = true;  // integrated BlobDB: KV blocks are large values
+  blocks.min_blob_size = 4096;
+  blocks.enable_blob_garbage_collection = true;
+  std::vector<rocksdb::ColumnFamilyDescriptor> families = {
+      {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
+      {"blocks", blocks},
+      {"snapshots", rocksdb::ColumnFamilyOptions()},
+      {"meta", rocksdb::ColumnFamilyOptions()}};
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* db = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(dbOptions, options_.path, families, &handles, &db);
+  if (!s.ok()) return unavailable(s, "cannot open the cold tier");
+  db_.reset(db);
+  default_ = handles[0];
+  blocks_ = handles[1];
+  snapshots_ = handles[2];
+  meta_ = handles[3];
+
+  std::string version;
+  s = db->Get(rocksdb::ReadOptions(), meta_, kFormatVersionKey, &version);
+  if (s.IsNotFound()) {
+    std::random_device random;
+    char id[17];
+    std::snprintf(id, sizeof id, "%08x%08x", random(), random());
+    rocksdb::WriteBatch batch;
+    batch.Put(meta_, kFormatVersionKey, std::to_string(disk::FORMAT_VERSION));
+    batch.Put(meta_, kNodeIdKey, id);
+    s = db->Write(rocksdb::WriteOptions(), &batch);
+    if (!s.ok()) return unavailable(s, "cannot initialise the cold tier");
+  } else if (!s.ok()) {
+    return unavailable(s, "cannot read the cold tier's format version");
+  } else if (version != std::to_string(disk::FORMAT_VERSION)) {
+    return makeError(ErrorCode::kUnavailable, "cold tier at ", options_.path, " has format ",
+                     version, ", this kvtierd reads ", disk::FORMAT_VERSION);
+  }
+  (void)db->Get(rocksdb::ReadOptions(), meta_, kNodeIdKey, &nodeId_);
+
+  // The key set and sizes, in key order (access order is not kept across restarts).
+  std::lock_guard<std::mutex> lock(mu_);
+  order_.clear();
+  held_.clear();
+  stats_.bytes = 0;
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), blocks_));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    ColdKey key;
+    if (!ColdKey::decode(std::string_view(it->key().data(), it->key().size()), &key)) continue;
+    uint32_t headerBytes = 0;
+    const auto v = it->value();
+    if (v.size() >= 4) std::memcpy(&headerBytes, v.data(), 4);
+    const uint32_t payload = v.size() >= 4 + uint64_t{headerBytes}
+                                 ? static_cast<uint32_t>(v.size() - 4 - headerBytes)
+                                 : 0;
+    const std::string k = it->key().ToString();
+    order_.push_back(k);
+    held_[k] = Held{std::prev(order_.end()), payload};
+    stats_.bytes += payload;
+  }
+  stats_.records = held_.size();
+  return {};
+}
+
+void ColdTier::closeDb() {
+  if (!db_) return;
+  for (auto* h : {blocks_, snapshots_, meta_, default_}) {
+    if (h) (void)db_->DestroyColumnFamilyHandle(h);
+  }
+  blocks_ = snapshots_ = meta_ = default_ = nullptr;
+  (void)db_->Close();
+  db_.reset();
+}
+
+ColdTier::~ColdTier() { closeDb(); }
+
+void ColdTier::touchLocked(const std::string& key) {
+  auto it = held_.find(key);
+  if (it == held_.end()) return;
+  order_.splice(order_.end(), order_, it->second.pos);
+}
+
+void ColdTier::forgetLocked(const std::string& key) {
+  auto it = held_.find(key);
+  if (it == held_.end()) return;
+  stats_.bytes -= it->second.bytes;
+  order_.erase(it->second.pos);
+  held_.erase(it);
+  stats_.records = held_.size();
+}
+
+Status ColdTier::putBatch(std::span<const ColdRecord> records) {
+  std::vector<std::string> keys;
+  std::vector<std::string> values;
+  for (const auto& r : records) {
+    keys.push_back(r.key.encode());
+    values.push_back(encodeValue(r));
+  }
+  rocksdb::Status s;
+  {
+    std::unique_lock<std::shared_mutex> dbLock(dbMu_);
+    if (needsReopen_ || !db_) {
+      // A write failed before (a full disk): RocksDB keeps refusing writes after such an error
+      // until it is reopened; reopen it now that a write is wanted again. Reads went on meanwhile.
+      closeDb();
+      if (auto reopened = openDb(); !reopened) {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.writeErrors;
+        return reopened.error();
+      }
+    }
+    rocksdb::WriteBatch batch;
+    for (size_t i = 0; i < keys.size(); ++i) batch.Put(blocks_, keys[i], values[i]);
+    needsReopen_ = false;
+    s = db_->Write(rocksdb::WriteOptions(), &batch);
+    if (!s.ok()) needsReopen_ = true;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!s.ok()) {
+      ++stats_.writeErrors;
+      return unavailable(s, "cold tier write failed");
+    }
+    for (size_t i = 0; i < records.size(); ++i) {
+      forgetLocked(keys[i]);
+      order_.push_back(keys[i]);
+      held_[keys[i]] = Held{std::prev(order_.end()), records[i].bytes};
+      stats_.bytes += records[i].bytes;
+    }
+    stats_.records = held_.size();
+    stats_.written += records.size();
+  }
+  enforceCapacity();
+  return {};
+}
+
+void ColdTier::enforceCapacity() {
+  if (options_.capacityBytes == 0) return;
+  std::vector<std::string> doomed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (stats_.bytes > options_.capacityBytes && !order_.empty()) {
+      doomed.push_back(order_.front());
+      forgetLocked(order_.front());
+      ++stats_.capacityEvicted;
+    }
+  }
+  std::shared_lock<std::shared_mutex> dbLock(dbMu_);
+  if (!db_) return;
+  for (const auto& k : doomed) (void)db_->Delete(rocksdb::WriteOptions(), blocks_, k);
+}
+
+Result<std::vector<uint8_t>> ColdTier::get(const ColdKey& key) {
+  const std::string k = key.encode();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!held_.count(k)) return makeError(ErrorCode::kNotFound, "no cold record ", key.key.hex());
+  }
+  std::shared_lock<std::shared_mutex> dbLock(dbMu_);
+  if (!db_) return makeError(ErrorCode::kUnavailable, "cold tier is closed after a write error");
+  rocksdb::PinnableSlice value;
+  const rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), blocks_, k, &value);
+  if (s.IsNotFound()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    forgetLocked(k);
+    return makeError(ErrorCode::kNotFound, "no cold record ", key.key.hex());
+  }
+  if (!s.ok()) {
+    // A read error (corruption detected by RocksDB itself included) is a miss.
+    (void)db_->Delete(rocksdb::WriteOptions(), blocks_, k);
+    std::lock_guard<std::mutex> lock(mu_);
+    forgetLocked(k);
+    ++stats_.corruptDropped;
+    return makeError(ErrorCode::kChecksumMismatch, "cold record unreadable: ", s.ToString());
+  }
+  auto payload = decodeValue(key, std::string_view(value.data(), value.size()));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!payload) {
+    forgetLocked(k);
+    ++stats_.corruptDropped;
+    (void)db_->Delete(rocksdb::WriteOptions(), blocks_, k);
+    return payload.error();
+  }
+  touchLocked(k);
+  ++stats_.reads;
+  return payload;
+}
+
+bool ColdTier::contains(const ColdKey& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return held_.count(key.encode()) > 0;
+}
+
+Status ColdTier::erase(const ColdKey& key) {
+  const std::string k = key.encode();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    forgetLocked(k);
+  }
+  std::shared_lock<std::shared_mutex> dbLock(dbMu_);
+  if (!db_) return makeError(ErrorCode::kUnavailable, "cold tier is closed after a write error");
+  const rocksdb::Status s = db_->Delete(rocksdb::WriteOptions(), blocks_, k);
+  if (!s.ok()) return unavailable(s, "cold tier delete failed");
+  return {};
+}
+
+ColdStats ColdTier::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace kvtier

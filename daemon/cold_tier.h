@@ -1,0 +1,117 @@
+// ColdTier: the node's cold tier, sealed blocks kept in RocksDB on local disk.
+//
+// One RocksDB under <data-dir>/cold with column families "blocks" (record key -> header + bytes,
+// with integrated BlobDB for the large values), "snapshots" (manifests) and "meta" (format
+// version, node id). Records are keyed by (layout fingerprint, tenant salt, block key), so they
+// survive restarts, which renumber namespaces. Every record carries an xxh3 checksum that is
+// checked on read: a bad record is a miss, counted and deleted — never returned.
+//
+// Thread-safety: all methods may be called from any thread (the daemon calls them from its worker
+// threads). RocksDB is thread-safe; the in-memory key set and access order are guarded by mu_.
+#pragma once
+
+#include <rocksdb/db.h>
+#include <rocksdb/env.h>
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kvtier/block_key.h"
+#include "kvtier/error.h"
+
+namespace kvtier {
+
+struct ColdKey {
+  uint64_t fingerprint = 0;
+  Salt salt{};
+  Key128 key;
+  std::string encode() const;  // 40 bytes: fingerprint (LE), salt, key
+  static bool decode(std::string_view in, ColdKey* out);
+  bool operator==(const ColdKey&) const = default;
+};
+
+struct ColdRecord {
+  ColdKey key;
+  const uint8_t* data = nullptr;  // borrowed: must stay valid (pinned) until the write returns
+  uint32_t bytes = 0;
+};
+
+struct ColdStats {
+  uint64_t records = 0;
+  uint64_t bytes = 0;            // payload bytes held
+  uint64_t written = 0;          // records written
+  uint64_t reads = 0;            // records read back (hits)
+  uint64_t corruptDropped = 0;   // records that failed their checks, deleted
+  uint64_t writeErrors = 0;      // failed batch writes (disk full, I/O errors)
+  uint64_t capacityEvicted = 0;  // records dropped for the capacity bound
+};
+
+class ColdTier {
+ public:
+  struct Options {
+    std::string path{};          // the RocksDB directory
+    uint64_t capacityBytes = 0;  // payload bytes kept; 0: unbounded
+    // File system to run on; nullptr: the default. Tests pass a fault-injecting wrapper.
+    std::shared_ptr<rocksdb::FileSystem> fileSystem = nullptr;
+  };
+
+  // Opens or creates the database, checks its format version, and loads the key set.
+  static Result<std::unique_ptr<ColdTier>> open(const Options& options);
+  ~ColdTier();
+  ColdTier(const ColdTier&) = delete;
+  ColdTier& operator=(const ColdTier&) = delete;
+
+  // Writes the records in one batch (blocking). UNAVAILABLE on an I/O error or a full disk:
+  // nothing of the batch is kept.
+  Status putBatch(std::span<const ColdRecord> records);
+  // The bytes of `key` (blocking). NOT_FOUND if absent; CHECKSUM_MISMATCH if the record fails its
+  // checks (it is deleted and counted).
+  Result<std::vector<uint8_t>> get(const ColdKey& key);
+  bool contains(const ColdKey& key) const;
+  Status erase(const ColdKey& key);
+  ColdStats stats() const;
+  const std::string& nodeId() const { return nodeId_; }
+
+  // Test hook: the raw database and the blocks column family.
+  rocksdb::DB* rawDb() { return db_.get(); }
+  rocksdb::ColumnFamilyHandle* blocksFamily() { return blocks_; }
+
+ private:
+  ColdTier() = default;
+  Status openDb();  // requires dbMu_ held exclusively (or no other user yet)
+  void closeDb();
+  void touchLocked(const std::string& key);
+  void enforceCapacity();
+  void forgetLocked(const std::string& key);
+
+  Options options_;
+  std::unique_ptr<rocksdb::Env> env_;
+  // Held shared by every database call, exclusively to close or reopen the database.
+  mutable std::shared_mutex dbMu_;
+  std::unique_ptr<rocksdb::DB> db_;  // null only if a reopen failed
+  bool needsReopen_ = false;  // a write failed: reopen before the next one. GUARDED_BY(dbMu_)
+  rocksdb::ColumnFamilyHandle* blocks_ = nullptr;
+  rocksdb::ColumnFamilyHandle* snapshots_ = nullptr;
+  rocksdb::ColumnFamilyHandle* meta_ = nullptr;
+  rocksdb::ColumnFamilyHandle* default_ = nullptr;
+  std::string nodeId_;
+
+  mutable std::mutex mu_;
+  // Keys in access order (front: oldest) with their payload sizes. GUARDED_BY(mu_)
+  std::list<std::string> order_;
+  struct Held {
+    std::list<std::string>::iterator pos;
+    uint32_t bytes;
+  };
+  std::unordered_map<std::string, Held> held_;  // GUARDED_BY(mu_)
+  ColdStats stats_;                             // GUARDED_BY(mu_)
+};
+
+}  // namespace kvtier
