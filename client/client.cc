@@ -311,6 +311,14 @@ Result<Stats> Client::stats() {
           out.snapshots = s.getSnapshots();
           out.entries = s.getEntries();
           out.checkpoints = s.getCheckpoints();
+          out.spilled = s.getSpilled();
+          out.promoted = s.getPromoted();
+          out.coldRecords = s.getColdRecords();
+          out.coldBytes = s.getColdBytes();
+          out.corruptDropped = s.getCorruptDropped();
+          out.spillErrors = s.getSpillErrors();
+          out.evictedUnspilled = s.getEvictedUnspilled();
+          out.coldEvicted = s.getColdEvicted();
           for (auto sp : s.getSpaces()) {
             out.spaces.push_back(SpaceStats{sp.getFingerprint(), sp.getBlockBytes(),
                                             sp.getBlocksTotal(), sp.getBlocksUsed(),

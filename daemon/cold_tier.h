@@ -74,7 +74,7 @@ class ColdTier {
   // The bytes of `key` (blocking). NOT_FOUND if absent; CHECKSUM_MISMATCH if the record fails its
   // checks (it is deleted and counted).
   Result<std::vector<uint8_t>> get(const ColdKey& key);
-  bool contains(const ColdKey& key) const;
+  bool contains(const ColdKey& key) const;  // an in-memory set: cheap
   Status erase(const ColdKey& key);
   ColdStats stats() const;
   const std::string& nodeId() const { return nodeId_; }

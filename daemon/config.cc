@@ -63,6 +63,16 @@ Result<DaemonConfig> parseDaemonArgs(const std::vector<std::string>& args) {
     } else if (flag == "--data-dir") {
       if (value.empty()) return makeError(ErrorCode::kInvalidArgument, "--data-dir is empty");
       config.dataDir = value;
+    } else if (flag == "--cold-tier" || flag == "--flush-on-exit") {
+      if (value != "on" && value != "off") {
+        return makeError(ErrorCode::kInvalidArgument, flag, " is on or off, not '", value, "'");
+      }
+      (flag == "--cold-tier" ? config.coldTier : config.flushOnExit) = value == "on";
+    } else if (flag == "--disk-bytes") {
+      auto bytes = parseByteSize(value);
+      if (!bytes)
+        return makeError(ErrorCode::kInvalidArgument, flag, ": ", bytes.error().message());
+      config.diskBytes = *bytes;
     } else if (flag == "--host-pool-bytes" || flag == "--extent-bytes") {
       auto bytes = parseByteSize(value);
       if (!bytes)
@@ -82,6 +92,10 @@ const char* daemonUsage() {
          "  --data-dir DIR          lock file and socket live here (default: ./kvtier-data)\n"
          "  --host-pool-bytes N     host shared-memory pool size, K/M/G suffixes (default: 1G)\n"
          "  --extent-bytes N        size of one shared-memory extent (default: 1G)\n"
+         "  --cold-tier on|off      spill evicted blocks to RocksDB under <data-dir>/cold (on)\n"
+         "  --disk-bytes N          cold tier capacity, oldest access dropped first (64G; 0: "
+         "none)\n"
+         "  --flush-on-exit on|off  on SIGTERM, write blocks still only in memory (on)\n"
          "Runs with no flags on these defaults. SIGTERM or SIGINT stop it cleanly.\n";
 }
 

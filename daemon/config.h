@@ -16,6 +16,10 @@ struct DaemonConfig {
   std::string socketPath;  // empty: <dataDir>/kvtierd.sock
   uint64_t hostPoolBytes = uint64_t{1} << 30;
   uint64_t extentBytes = uint64_t{1} << 30;
+  // Cold tier: RocksDB under <dataDir>/cold; evicted blocks spill there and are promoted back.
+  bool coldTier = true;
+  uint64_t diskBytes = uint64_t{64} << 30;  // payload bytes kept on disk; 0: unbounded
+  bool flushOnExit = true;  // SIGTERM/SIGINT write every sealed block still only in memory
   bool showHelp = false;
 
   std::string effectiveSocketPath() const {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/cold_service.h"
 #include "daemon/config.h"
 #include "daemon/log.h"
 #include "daemon/server.h"
@@ -110,7 +111,22 @@ int run(const DaemonConfig& config) {
   }
   ::chmod(socketPath.c_str(), 0660);
 
-  Server server(engine, **pool);
+  std::unique_ptr<ColdService> cold;
+  if (config.coldTier) {
+    auto tier = ColdTier::open({.path = config.dataDir + "/cold",
+                                .capacityBytes = config.diskBytes,
+                                .fileSystem = nullptr});
+    if (!tier) {
+      logWarn("startup_failed", "reason=\"" + tier.error().message() + "\"");
+      return 1;
+    }
+    const ColdStats cs = (*tier)->stats();
+    logInfo("cold_tier_open",
+            "path=" + config.dataDir + "/cold records=" + std::to_string(cs.records) +
+                " bytes=" + std::to_string(cs.bytes) + " node=" + (*tier)->nodeId());
+    cold = std::make_unique<ColdService>(engine, std::move(tier).value(), io.provider->getTimer());
+  }
+  Server server(engine, **pool, cold.get());
   logInfo("ready", "socket=" + socketPath +
                        " host_pool_bytes=" + std::to_string(config.hostPoolBytes) +
                        " extents=" + std::to_string((*pool)->extentCount()) +
@@ -126,6 +142,7 @@ int run(const DaemonConfig& config) {
                           " sessions=" + std::to_string(server.sessions()));
   listener = nullptr;
   ::unlink(socketPath.c_str());
+  if (cold && config.flushOnExit) cold->flushAll(io.waitScope);
   return 0;
   // Server (connections and their leases), engine, then pool (segments removed) are destroyed here.
 }

@@ -67,6 +67,14 @@ std::vector<Key128> keysFrom(capnp::List<capnp::Data>::Reader list) {
   return out;
 }
 
+// Blocks may have become evictable: let the write-behind spiller take them.
+void kickSpill(ColdService* cold) {
+  if (cold) cold->kick();
+}
+
+// Put attempts that wait for the spiller when the pool is full of blocks not yet on disk.
+constexpr int kMaxFullRetries = 32;
+
 SeqOptions optionsFrom(rpc::SeqOptions::Reader in) {
   return SeqOptions{in.getDetached(), in.getWindow(), in.getChunk()};
 }
@@ -112,32 +120,37 @@ void checkInlineBytes(size_t blocks, uint32_t blockBytes) {
 
 class ReadLeaseImpl final : public rpc::ReadLease::Server {
  public:
-  ReadLeaseImpl(Engine& engine, LeaseId id) : engine_(engine), id_(id) {}
+  ReadLeaseImpl(Engine& engine, LeaseId id, ColdService* cold)
+      : engine_(engine), id_(id), cold_(cold) {}
   ~ReadLeaseImpl() noexcept(false) {
     if (id_ != 0) (void)engine_.releaseRead(id_);
+    kickSpill(cold_);
   }
   kj::Promise<void> release(ReleaseContext) override {
     const LeaseId id = id_;
     id_ = 0;
     orThrow(engine_.releaseRead(id));
+    kickSpill(cold_);
     return kj::READY_NOW;
   }
 
  private:
   Engine& engine_;
   LeaseId id_;
+  ColdService* cold_;
 };
 
-rpc::ReadLease::Client readLease(Engine& engine, LeaseId id) {
+rpc::ReadLease::Client readLease(Engine& engine, LeaseId id, ColdService* cold) {
   // An empty grant still returns a lease capability, so clients treat every result alike.
-  return kj::heap<ReadLeaseImpl>(engine, id);
+  return kj::heap<ReadLeaseImpl>(engine, id, cold);
 }
 
 class WriteLeaseImpl final : public rpc::WriteLease::Server {
  public:
   WriteLeaseImpl(Engine& engine, SpaceId space, LeaseId id, uint64_t begin, uint64_t end,
-                 uint64_t firstPosition, uint32_t blocks, uint64_t blobBytes = 0)
+                 uint64_t firstPosition, uint32_t blocks, ColdService* cold, uint64_t blobBytes = 0)
       : engine_(engine),
+        cold_(cold),
         space_(space),
         id_(id),
         begin_(begin),
@@ -200,6 +213,7 @@ class WriteLeaseImpl final : public rpc::WriteLease::Server {
     if (!r && r.code() != ErrorCode::kInvalidArgument) id_ = 0;  // the lease ended
     const CommitResult result = orThrow(std::move(r));
     id_ = 0;
+    kickSpill(cold_);
     auto out = context.getResults();
     out.setLength(result.length);
     out.setSealedBlocks(result.sealedBlocks);
@@ -215,6 +229,7 @@ class WriteLeaseImpl final : public rpc::WriteLease::Server {
 
  private:
   Engine& engine_;
+  ColdService* cold_;
   SpaceId space_;
   LeaseId id_;
   uint64_t begin_, end_, first_;
@@ -224,22 +239,37 @@ class WriteLeaseImpl final : public rpc::WriteLease::Server {
 
 class SpaceImpl final : public rpc::Space::Server {
  public:
-  SpaceImpl(Engine& engine, OwnerId owner, SpaceId space)
-      : engine_(engine), owner_(owner), space_(space) {}
+  SpaceImpl(Engine& engine, OwnerId owner, SpaceId space, ColdService* cold)
+      : engine_(engine), owner_(owner), space_(space), cold_(cold) {}
 
   kj::Promise<void> put(PutContext context) override {
     auto p = context.getParams();
-    const auto tokens = tokensFrom(p.getTokens());
-    const auto keys = keysFrom(p.getKeys());
-    const uint64_t begin = p.getBegin();
-    PutGrant grant = orThrow(engine_.put(owner_, space_, text(p.getSeq()), begin, tokens, keys,
-                                         optionsFrom(p.getOptions())));
+    return tryPut(kj::mv(context), std::string(text(p.getSeq())), p.getBegin(),
+                  tokensFrom(p.getTokens()), keysFrom(p.getKeys()), optionsFrom(p.getOptions()), 0);
+  }
+
+  kj::Promise<void> tryPut(PutContext context, std::string seq, uint64_t begin,
+                           std::vector<uint32_t> tokens, std::vector<Key128> keys,
+                           SeqOptions options, int attempt) {
+    auto grant = engine_.put(owner_, space_, seq, begin, tokens, keys, options);
+    if (!grant && grant.code() == ErrorCode::kFull && cold_ && cold_->canMakeRoom() &&
+        attempt < kMaxFullRetries) {
+      // The pool holds blocks that may go once they are on disk: wait for the spiller.
+      cold_->kick();
+      return cold_->whenSpillSettles().then([this, context = kj::mv(context), seq = std::move(seq),
+                                             begin, tokens = std::move(tokens),
+                                             keys = std::move(keys), options, attempt]() mutable {
+        return tryPut(kj::mv(context), std::move(seq), begin, std::move(tokens), std::move(keys),
+                      options, attempt + 1);
+      });
+    }
+    const PutGrant g = orThrow(std::move(grant));
     auto out = context.getResults();
-    out.setFirstPosition(grant.firstPosition);
-    setBlocks(out.initBlocks(grant.blocks.size()), grant.blocks);
-    out.setLease(kj::heap<WriteLeaseImpl>(engine_, space_, grant.lease, begin,
-                                          begin + tokens.size(), grant.firstPosition,
-                                          static_cast<uint32_t>(grant.blocks.size())));
+    out.setFirstPosition(g.firstPosition);
+    setBlocks(out.initBlocks(g.blocks.size()), g.blocks);
+    out.setLease(kj::heap<WriteLeaseImpl>(engine_, space_, g.lease, begin, begin + tokens.size(),
+                                          g.firstPosition, static_cast<uint32_t>(g.blocks.size()),
+                                          cold_));
     return kj::READY_NOW;
   }
 
@@ -261,28 +291,52 @@ class SpaceImpl final : public rpc::Space::Server {
     out.setEnd(grant.end);
     setBlocks(out.initBlocks(grant.blocks.size()), grant.blocks);
     if (p.getInline()) setInlineData(out.initData(grant.blocks.size()), engine_, grant.blocks);
-    out.setLease(readLease(engine_, grant.lease));
+    out.setLease(readLease(engine_, grant.lease, cold_));
     return kj::READY_NOW;
   }
 
   kj::Promise<void> lookup(LookupContext context) override {
     auto p = context.getParams();
-    const auto tokens = tokensFrom(p.getTokens());
-    const auto keys = keysFrom(p.getKeys());
-    LookupResult result = orThrow(engine_.lookup(owner_, space_, tokens, keys, text(p.getBindSeq()),
-                                                 optionsFrom(p.getOptions())));
+    auto tokens = tokensFrom(p.getTokens());
+    auto keys = keysFrom(p.getKeys());
+    std::string bindSeq(text(p.getBindSeq()));
+    const SeqOptions options = optionsFrom(p.getOptions());
+    const bool inlineData = p.getInline();
+    if (cold_) {
+      // Blocks of the prefix held only on disk come back into the pool before the answer.
+      const auto plan = orThrow(engine_.lookupPlan(space_, tokens, keys));
+      std::vector<Key128> cold;
+      for (const auto& step : plan) {
+        if (!step.hot) cold.push_back(step.key);
+      }
+      if (!cold.empty()) {
+        return cold_->promote(space_, std::move(cold))
+            .then([this, context = kj::mv(context), tokens = std::move(tokens),
+                   keys = std::move(keys), bindSeq = std::move(bindSeq), options,
+                   inlineData]() mutable {
+              answerLookup(context, tokens, keys, bindSeq, options, inlineData);
+            });
+      }
+    }
+    answerLookup(context, tokens, keys, bindSeq, options, inlineData);
+    return kj::READY_NOW;
+  }
+
+  void answerLookup(LookupContext& context, const std::vector<uint32_t>& tokens,
+                    const std::vector<Key128>& keys, const std::string& bindSeq,
+                    const SeqOptions& options, bool inlineData) {
+    LookupResult result = orThrow(engine_.lookup(owner_, space_, tokens, keys, bindSeq, options));
     auto out = context.getResults();
     out.setMatchedTokens(result.matchedTokens);
     setBlocks(out.initBlocks(result.blocks.size()), result.blocks);
-    if (p.getInline()) {
+    if (inlineData) {
       if (uint64_t{result.blocks.size()} * blockBytes() > kMaxInlineBytesPerCall) {
         (void)engine_.releaseRead(result.lease);
         checkInlineBytes(result.blocks.size(), blockBytes());
       }
       setInlineData(out.initData(result.blocks.size()), engine_, result.blocks);
     }
-    out.setLease(readLease(engine_, result.lease));
-    return kj::READY_NOW;
+    out.setLease(readLease(engine_, result.lease, cold_));
   }
 
   kj::Promise<void> copyPrefix(CopyPrefixContext context) override {
@@ -295,12 +349,14 @@ class SpaceImpl final : public rpc::Space::Server {
   kj::Promise<void> remove(RemoveContext context) override {
     auto p = context.getParams();
     orThrow(engine_.remove(space_, text(p.getSeq()), p.getBegin(), p.getEnd()));
+    kickSpill(cold_);
     return kj::READY_NOW;
   }
 
   kj::Promise<void> truncate(TruncateContext context) override {
     auto p = context.getParams();
     orThrow(engine_.truncate(space_, text(p.getSeq()), p.getLen()));
+    kickSpill(cold_);
     return kj::READY_NOW;
   }
 
@@ -372,6 +428,7 @@ class SpaceImpl final : public rpc::Space::Server {
 
   kj::Promise<void> dropSnapshot(DropSnapshotContext context) override {
     orThrow(engine_.dropSnapshot(space_, context.getParams().getSnapshot()));
+    kickSpill(cold_);
     return kj::READY_NOW;
   }
 
@@ -418,7 +475,8 @@ class SpaceImpl final : public rpc::Space::Server {
   template <typename Results>
   void setBlobGrant(Results out, const BlobGrant& grant) {
     blockToRpc(grant.block, out.initBlock());
-    out.setLease(kj::heap<WriteLeaseImpl>(engine_, space_, grant.lease, 0, 0, 0, 1, grant.bytes));
+    out.setLease(
+        kj::heap<WriteLeaseImpl>(engine_, space_, grant.lease, 0, 0, 0, 1, cold_, grant.bytes));
   }
 
   template <typename Results>
@@ -433,12 +491,13 @@ class SpaceImpl final : public rpc::Space::Server {
       const uint8_t* base = engine_.memory().extentBase(grant.block.extent) + grant.block.offset;
       out.setData(capnp::Data::Reader(base, grant.bytes));
     }
-    out.setLease(readLease(engine_, grant.lease));
+    out.setLease(readLease(engine_, grant.lease, cold_));
   }
 
   Engine& engine_;
   OwnerId owner_;
   SpaceId space_;
+  ColdService* cold_;
 };
 
 class SessionImpl final : public rpc::Session::Server {
@@ -449,6 +508,7 @@ class SessionImpl final : public rpc::Session::Server {
   }
   ~SessionImpl() noexcept(false) {
     server_.engine().endOwner(owner_);
+    kickSpill(server_.cold());
     server_.sessionClosed();
     logInfo("session_closed", "owner=" + std::to_string(owner_));
   }
@@ -466,7 +526,7 @@ class SessionImpl final : public rpc::Session::Server {
       extents[i].setShmName(pool.segment(i).name());
       extents[i].setBytes(pool.segment(i).size());
     }
-    out.setSpace(kj::heap<SpaceImpl>(server_.engine(), owner_, space));
+    out.setSpace(kj::heap<SpaceImpl>(server_.engine(), owner_, space, server_.cold()));
     return kj::READY_NOW;
   }
 
@@ -491,6 +551,17 @@ class SessionImpl final : public rpc::Session::Server {
     out.setSnapshots(s.snapshots);
     out.setEntries(s.entries);
     out.setCheckpoints(s.checkpoints);
+    out.setSpilled(s.spilled);
+    out.setPromoted(s.promoted);
+    out.setEvictedUnspilled(s.evictedUnspilled);
+    if (auto* cold = server_.cold()) {
+      const ColdServiceStats c = cold->stats();
+      out.setColdRecords(c.tier.records);
+      out.setColdBytes(c.tier.bytes);
+      out.setCorruptDropped(c.tier.corruptDropped);
+      out.setSpillErrors(c.spillErrors);
+      out.setColdEvicted(c.tier.capacityEvicted);
+    }
     auto spaces = out.initSpaces(s.spaces.size());
     for (uint32_t i = 0; i < s.spaces.size(); ++i) {
       spaces[i].setFingerprint(s.spaces[i].fingerprint);
@@ -560,7 +631,8 @@ bool peerAllowed(const PeerCredentials& peer, int64_t daemonUid, int64_t daemonG
   return peer.uid == 0 || peer.uid == daemonUid || (peer.gid >= 0 && peer.gid == daemonGid);
 }
 
-Server::Server(Engine& engine, HostPool& pool) : engine_(engine), pool_(pool), tasks_(*this) {}
+Server::Server(Engine& engine, HostPool& pool, ColdService* cold)
+    : engine_(engine), pool_(pool), cold_(cold), tasks_(*this) {}
 
 Server::~Server() = default;
 

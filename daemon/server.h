@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "daemon/cold_service.h"
 #include "store/engine.h"
 #include "transport/host_pool.h"
 
@@ -25,8 +26,8 @@ struct PeerCredentials {
 
 class Server final : private kj::TaskSet::ErrorHandler {
  public:
-  // `engine` and `pool` are borrowed and must outlive the server.
-  Server(Engine& engine, HostPool& pool);
+  // `engine`, `pool` and `cold` (optional: no cold tier) are borrowed and must outlive the server.
+  Server(Engine& engine, HostPool& pool, ColdService* cold = nullptr);
   ~Server();
 
   // Accepts connections until the returned promise is cancelled.
@@ -37,6 +38,7 @@ class Server final : private kj::TaskSet::ErrorHandler {
   // Used by the RPC objects (server.cc); not for callers of the server.
   Engine& engine() { return engine_; }
   HostPool& hostPool() { return pool_; }
+  ColdService* cold() { return cold_; }
   OwnerId newOwner() { return nextOwner_++; }
   void sessionOpened() { ++sessions_; }
   void sessionClosed() { --sessions_; }
@@ -47,6 +49,7 @@ class Server final : private kj::TaskSet::ErrorHandler {
 
   Engine& engine_;
   HostPool& pool_;
+  ColdService* cold_;
   uint64_t sessions_ = 0;
   OwnerId nextOwner_ = 1;
   kj::TaskSet tasks_;

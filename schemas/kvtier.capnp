@@ -123,6 +123,15 @@ struct Stats {
   snapshots @16 :UInt64;
   entries @17 :UInt64;        # position-independent entries cached
   checkpoints @18 :UInt64;    # recurrent state checkpoints held by sequences
+  # Cold tier (RocksDB).
+  spilled @19 :UInt64;          # blocks written to disk
+  promoted @20 :UInt64;         # blocks read back into the pool (cold hits)
+  coldRecords @21 :UInt64;      # blocks held on disk
+  coldBytes @22 :UInt64;
+  corruptDropped @23 :UInt64;   # records that failed their checksum or header check: missed, deleted
+  spillErrors @24 :UInt64;      # spill batches that failed (full or failing disk)
+  evictedUnspilled @25 :UInt64; # blocks dropped while spilling was paused
+  coldEvicted @26 :UInt64;      # records dropped for the cold tier's capacity bound
 }
 
 interface Daemon {

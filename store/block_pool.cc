@@ -92,6 +92,8 @@ void BlockPool::release(BlockId id) {
   m.generation++;
   m.key = {};
   m.entry = false;
+  m.onDisk = false;
+  m.spilling = false;
   m.nextFree = c.freeHead;
   c.freeHead = id;
   c.used--;

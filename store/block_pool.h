@@ -50,6 +50,8 @@ struct BlockMeta {
   Key128 key;              // key of a sealed block
   bool entry = false;      // a sealed position-independent entry (indexed apart from blocks)
   uint32_t blobBytes = 0;  // a checkpoint's or entry's own size (its block may be larger)
+  bool onDisk = false;     // a sealed block whose record the cold tier holds: free to drop
+  bool spilling = false;   // being written to the cold tier (pinned meanwhile)
   BlockId nextFree = kNoBlock;
 };
 

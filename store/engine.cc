@@ -100,6 +100,7 @@ void Engine::settle(BlockId id) {
   BlockMeta& m = pool_[id];
   if (m.state == BlockState::kSealed) {
     policy_->insert(id, m.sizeClass);
+    if (cold_ && !m.onDisk && !m.entry) dirty_.push_back(id);
   } else {
     pool_.release(id);
   }
@@ -112,6 +113,13 @@ BlockId Engine::allocateClass(uint32_t cls) {
   if (id != kNoBlock) return id;
   const BlockId victim = policy_->victim(cls);
   if (victim == kNoBlock) return kNoBlock;
+  BlockMeta& v = pool_[victim];
+  if (cold_ && !v.onDisk && !v.entry) {
+    // A block is dropped from memory only once its record is written; spilled blocks are queued
+    // first, so the oldest being unwritten means none is ready: FULL until the spiller catches up.
+    if (!spillPaused_) return kNoBlock;
+    ++evictedUnspilled_;
+  }
   evict(victim);
   return pool_.allocate(cls);
 }
@@ -218,6 +226,11 @@ void Engine::applyRetention(Sequence& seq, uint32_t bt) {
     unref(seq.blocks[i]);
     seq.blocks[i] = kNoBlock;
   }
+}
+
+void Engine::dropAllCheckpoints(Sequence& seq) {
+  for (const auto& [pos, id] : seq.checkpoints) unref(id);
+  seq.checkpoints.clear();
 }
 
 void Engine::dropCheckpointsAfter(Sequence& seq, uint64_t pos) {
@@ -515,7 +528,7 @@ Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<cons
     } else {
       Sequence& seq = createSeq(space, bindSeq, owner, options);
       replaceBlocks(seq, blocks);
-      dropCheckpointsAfter(seq, 0);
+      dropAllCheckpoints(seq);
       seq.firstRetained = 0;
       seq.unindexed = false;
       seq.keys.clear();
@@ -602,7 +615,7 @@ Status Engine::copyPrefix(OwnerId owner, SpaceId space, std::string_view src, st
   Sequence& to = createSeq(space, dst, owner, options);
   replaceBlocks(to, std::move(blocks));
   // The copy point's recurrent state (and earlier ones) are shared with dst.
-  dropCheckpointsAfter(to, 0);
+  dropAllCheckpoints(to);
   for (auto it = from->checkpoints.begin(); it != from->checkpoints.end() && it->first <= n; ++it) {
     ref(it->second);
     to.checkpoints[it->first] = it->second;
@@ -693,6 +706,10 @@ EngineStats Engine::stats() const {
   s.evictions = evictions_;
   s.readLeases = readLeases_.size();
   s.snapshots = snapshots_.size();
+  s.spilled = spilled_;
+  s.promoted = promoted_;
+  s.coldHits = coldHits_;
+  s.evictedUnspilled = evictedUnspilled_;
   s.entries = entries_.size();
   s.writeLeases = writeLeases_.size();
   s.bytesPut = bytesPut_;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <limits>
 #include <map>
 #include <memory>
@@ -22,6 +23,7 @@
 #include "kvtier/error.h"
 #include "kvtier/layout.h"
 #include "store/block_pool.h"
+#include "store/cold_directory.h"
 #include "store/eviction.h"
 #include "store/key_rotator.h"
 #include "store/limits.h"
@@ -81,6 +83,23 @@ struct BlobGrant {  // a checkpoint or an entry: one blob
   uint64_t bytes = 0;  // the blob's own size (the block may be larger)
 };
 
+// A sealed block to write to the cold tier. Its block stays pinned until finishSpill.
+struct SpillItem {
+  BlockId block = kNoBlock;
+  BlockLocation location;
+  uint64_t fingerprint = 0;
+  Salt salt{};
+  Key128 key;
+};
+
+// A cold block being read back into a fresh pool block (pinned until finishPromote).
+struct PromoteTicket {
+  BlockId block = kNoBlock;  // kNoBlock: nothing to do (already in memory)
+  BlockLocation location;
+  SpaceId space = 0;
+  Key128 key;
+};
+
 struct LookupResult {
   uint64_t matchedTokens = 0;
   LeaseId lease = 0;  // 0 when nothing matched
@@ -101,6 +120,7 @@ struct EngineStats {
   uint64_t hits = 0, misses = 0, evictions = 0;
   uint64_t sequences = 0, readLeases = 0, writeLeases = 0;
   uint64_t snapshots = 0, entries = 0, checkpoints = 0;
+  uint64_t spilled = 0, promoted = 0, coldHits = 0, evictedUnspilled = 0;
   uint64_t bytesPut = 0, bytesGot = 0;
   struct Space {
     uint64_t fingerprint = 0;
@@ -193,6 +213,33 @@ class Engine {
   Result<BlobGrant> getEntry(SpaceId space, const Key128& key);
 
   // Commits a checkpoint or entry lease (commit() works for every kind of write lease).
+
+  // --- Cold tier (the daemon moves the bytes; the engine keeps the rules).
+  // With a directory set, eviction drops only blocks already on disk, and lookups see cold blocks.
+  // `directory` is borrowed and must outlive the engine.
+  void setColdDirectory(const ColdDirectory* directory) { cold_ = directory; }
+  // While paused (a failing disk), eviction may drop blocks not yet written (counted).
+  void setSpillPaused(bool paused) { spillPaused_ = paused; }
+  // Up to `max` sealed blocks that nothing holds and that are not on disk, oldest first, pinned.
+  std::vector<SpillItem> takeSpillBatch(size_t max);
+  // Every sealed block not yet on disk, held or not (a graceful shutdown's flush), pinned.
+  std::vector<SpillItem> takeAllUnspilled();
+  // Unpins; written blocks are marked on disk and become the first to evict.
+  void finishSpill(std::span<const SpillItem> items, bool written);
+  // Blocks waiting to be spilled (a hint: may count some that no longer need it).
+  size_t spillBacklog() const { return dirty_.size(); }
+  // The longest prefix of `tokens` (or `keys`) whose blocks are in memory or on disk; for each
+  // block, its key and whether it is in memory.
+  struct PlanStep {
+    Key128 key;
+    bool hot;
+  };
+  Result<std::vector<PlanStep>> lookupPlan(SpaceId space, std::span<const uint32_t> tokens,
+                                           std::span<const Key128> keys);
+  // A fresh pinned block to read cold `key` into; FULL if none can be had.
+  Result<PromoteTicket> beginPromote(SpaceId space, const Key128& key);
+  // Seals and indexes the promoted block (ok) or frees it (the record was missing or corrupt).
+  void finishPromote(const PromoteTicket& ticket, bool ok);
 
   // Bytes of a sealed block of `space` named by a client reference. STALE_REFERENCE when the
   // generation no longer matches (the block was reused) or the block is no longer sealed;
@@ -288,6 +335,7 @@ class Engine {
   // Copies token slots [begin, end) of every layer's K and V from `from` to `to`.
   void copySlotRange(SpaceId space, BlockId from, BlockId to, uint32_t begin, uint32_t end);
   void dropCheckpointsAfter(Sequence& seq, uint64_t pos);
+  void dropAllCheckpoints(Sequence& seq);
   Result<SnapshotInfo> addSnapshot(Snapshot snap);
   SnapshotInfo infoOf(SnapshotId id, const Snapshot& snap) const;
   Status middleRemove(SpaceId space, Sequence& seq, uint64_t begin, uint64_t end);
@@ -323,6 +371,10 @@ class Engine {
   std::unordered_map<SnapshotId, Snapshot> snapshots_;
   SnapshotId nextSnapshot_ = 1;
   const KeyRotator* rotator_ = nullptr;
+  const ColdDirectory* cold_ = nullptr;
+  bool spillPaused_ = false;
+  std::deque<BlockId> dirty_;  // sealed blocks that became evictable before reaching the disk
+  uint64_t spilled_ = 0, promoted_ = 0, coldHits_ = 0, evictedUnspilled_ = 0;
   std::unordered_map<LeaseId, WriteLease> writeLeases_;
   std::unordered_map<LeaseId, ReadLease> readLeases_;
   LeaseId nextLease_ = 1;

@@ -125,6 +125,11 @@ Status Engine::restore(OwnerId owner, SpaceId space, std::string_view name,
   if (!snap.checkpoints.empty() && target != 0 && !snap.checkpoints.count(target)) {
     return invalid("snapshot holds recurrent state but none at ", target);
   }
+  if (target == snap.from) {
+    // Nothing is taken from the snapshot: the sequence keeps its own [0, from).
+    if (!seq) return {};
+    return restore(owner, space, name, std::nullopt, target, options);
+  }
   const SeqOptions newOptions =
       seq ? seq->options : SeqOptions{options.detached, snap.options.window, snap.options.chunk};
   const uint64_t retained = seq && snap.from > 0 ? seq->firstRetained : 0;
@@ -136,6 +141,7 @@ Status Engine::restore(OwnerId owner, SpaceId space, std::string_view name,
   const size_t prefixFull = snap.from / bt;
   const bool consistent =
       seq ? (!seq->unindexed && !snap.unindexed && seq->clientKeyed == snap.clientKeyed &&
+             snap.tokens.size() >= snap.from &&
              std::equal(seq->tokens.begin(), seq->tokens.begin() + snap.from,
                         snap.tokens.begin()) &&
              seq->keys.size() >= prefixFull && snap.keys.size() >= prefixFull &&
@@ -300,7 +306,7 @@ Result<std::pair<SnapshotInfo, SnapshotInfo>> Engine::splitSnapshot(SpaceId spac
       h.blocks.assign(s.blocks.begin() + first, s.blocks.begin() + last);
       for (BlockId b : h.blocks) ref(b);
     }
-    h.tokens.assign(s.tokens.begin(), s.tokens.begin() + to);
+    h.tokens.assign(s.tokens.begin(), s.tokens.begin() + std::min<uint64_t>(to, s.tokens.size()));
     h.keys.assign(s.keys.begin(), s.keys.begin() + std::min(s.keys.size(), size_t(to / bt)));
     return h;
   };

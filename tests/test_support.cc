@@ -73,7 +73,8 @@ int exitCode(int status) {
 
 std::string peerPath() { return KVTIER_PEER_PATH; }
 
-DaemonProcess::DaemonProcess(uint64_t hostPoolBytes, std::string dataDir) {
+DaemonProcess::DaemonProcess(uint64_t hostPoolBytes, std::string dataDir,
+                             std::vector<std::string> extraArgs) {
   if (dataDir.empty()) {
     char tmpl[] = "/tmp/kvtier-test-XXXXXX";
     if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
@@ -82,9 +83,15 @@ DaemonProcess::DaemonProcess(uint64_t hostPoolBytes, std::string dataDir) {
   dataDir_ = dataDir;
   socket_ = dataDir_ + "/kvtierd.sock";
   int out = -1;
-  pid_ = spawnPiped({KVTIER_DAEMON_PATH, "--data-dir", dataDir_, "--host-pool-bytes",
-                     std::to_string(hostPoolBytes)},
-                    &out);
+  std::vector<std::string> args = {KVTIER_DAEMON_PATH,
+                                   "--data-dir",
+                                   dataDir_,
+                                   "--host-pool-bytes",
+                                   std::to_string(hostPoolBytes),
+                                   "--cold-tier",
+                                   "off"};
+  args.insert(args.end(), extraArgs.begin(), extraArgs.end());
+  pid_ = spawnPiped(args, &out);
   std::string buffer;
   const std::string line = readLine(out, buffer, "kvtierd ready");
   close(out);

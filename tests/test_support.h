@@ -19,7 +19,9 @@ inline Layout testLayout() { return Layout{"test/tiny", 4, 2, 32, DType::kFloat1
 // A kvtierd started in a fresh temporary data directory; stopped (SIGTERM) by the destructor.
 class DaemonProcess {
  public:
-  explicit DaemonProcess(uint64_t hostPoolBytes = 64 << 20, std::string dataDir = "");
+  // The cold tier is off unless `extraArgs` turn it on ("--cold-tier", "on", ...).
+  explicit DaemonProcess(uint64_t hostPoolBytes = 64 << 20, std::string dataDir = "",
+                         std::vector<std::string> extraArgs = {});
   ~DaemonProcess();
   DaemonProcess(const DaemonProcess&) = delete;
   DaemonProcess& operator=(const DaemonProcess&) = delete;

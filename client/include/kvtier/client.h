@@ -74,6 +74,9 @@ struct Stats {
   uint64_t clients = 0, sequences = 0, readLeases = 0, writeLeases = 0;
   uint64_t bytesPut = 0, bytesGot = 0;
   uint64_t snapshots = 0, entries = 0, checkpoints = 0;
+  // Cold tier (RocksDB).
+  uint64_t spilled = 0, promoted = 0, coldRecords = 0, coldBytes = 0, corruptDropped = 0;
+  uint64_t spillErrors = 0, evictedUnspilled = 0, coldEvicted = 0;
   std::vector<SpaceStats> spaces;
   std::string toJson() const;
 };
@@ -170,12 +173,12 @@ struct PutOptions {
   uint64_t chunk = 0;
   // The client's own 16-byte keys for the blocks this put completes (engines that already hash
   // blocks, trace replay). Empty: the daemon derives chained SHA-256 keys from the tokens.
-  std::vector<Key128> keys;
+  std::vector<Key128> keys = {};
 };
 
 struct LookupOptions {
   // Also make the matched prefix the whole of this sequence, in the same round trip.
-  std::string bindSeq;
+  std::string bindSeq = {};
   bool detached = false;
   uint64_t window = 0, chunk = 0;  // as PutOptions, for a bound sequence it creates
 };

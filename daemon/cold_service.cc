@@ -1,0 +1,158 @@
+#include "daemon/cold_service.h"
+
+#include <kj/debug.h>
+
+#include <cstring>
+#include <future>
+
+#include "daemon/log.h"
+
+namespace kvtier {
+namespace {
+
+// Blocks per spill batch: one RocksDB write batch (a few MiB to tens of MiB).
+constexpr size_t kSpillBatchBlocks = 64;
+// After a failed spill (a full or failing disk), wait this long before trying again.
+constexpr auto kSpillRetryDelay = 1 * kj::SECONDS;
+
+std::string promoteKey(SpaceId space, const Key128& key) {
+  return std::to_string(space) + ":" + key.hex();
+}
+
+}  // namespace
+
+ColdService::ColdService(Engine& engine, std::unique_ptr<ColdTier> tier, kj::Timer& timer)
+    : engine_(engine), tier_(std::move(tier)), directory_(*tier_), timer_(timer), tasks_(*this) {
+  std::promise<void> ready;
+  worker_ = std::thread([this, &ready] {
+    kj::EventLoop loop;
+    kj::WaitScope waitScope(loop);
+    auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
+    workerExecutor_ = &kj::getCurrentThreadExecutor();
+    stopWorker_ = kj::mv(paf.fulfiller);
+    ready.set_value();
+    paf.promise.wait(waitScope);
+  });
+  ready.get_future().wait();
+  engine_.setColdDirectory(&directory_);
+}
+
+ColdService::~ColdService() {
+  engine_.setColdDirectory(nullptr);
+  stopWorker_->fulfill();
+  worker_.join();
+}
+
+bool ColdService::canMakeRoom() const {
+  return !paused_ && (spillInFlight_ || engine_.spillBacklog() > 0);
+}
+
+void ColdService::kick() {
+  if (spillInFlight_ || paused_) return;
+  auto batch = engine_.takeSpillBatch(kSpillBatchBlocks);
+  if (batch.empty()) return;
+  spillInFlight_ = true;
+  std::vector<ColdRecord> records;
+  for (const auto& item : batch) {
+    const uint8_t* data = engine_.memory().extentBase(item.location.extent) + item.location.offset;
+    records.push_back(
+        ColdRecord{ColdKey{item.fingerprint, item.salt, item.key}, data, item.location.bytes});
+  }
+  // The blocks stay pinned until spillFinished: the worker reads them in place.
+  auto written = workerExecutor_->executeAsync(
+      [this, records = std::move(records)]() { return tier_->putBatch(records).ok(); });
+  tasks_.add(written.then(
+      [this, batch = std::move(batch)](bool ok) mutable { spillFinished(std::move(batch), ok); }));
+}
+
+void ColdService::spillFinished(std::vector<SpillItem> batch, bool ok) {
+  engine_.finishSpill(batch, ok);
+  spillInFlight_ = false;
+  for (auto& waiter : settleWaiters_) waiter->fulfill();
+  settleWaiters_.clear();
+  if (ok) {
+    kick();
+    return;
+  }
+  // Pause: serve from memory (eviction may drop unwritten blocks) and retry later.
+  ++spillErrors_;
+  paused_ = true;
+  engine_.setSpillPaused(true);
+  logWarn("spill_paused", "blocks=" + std::to_string(batch.size()));
+  tasks_.add(timer_.afterDelay(kSpillRetryDelay).then([this] {
+    paused_ = false;
+    engine_.setSpillPaused(false);
+    kick();
+  }));
+}
+
+kj::Promise<void> ColdService::whenSpillSettles() {
+  if (!spillInFlight_) return kj::READY_NOW;
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  settleWaiters_.push_back(kj::mv(paf.fulfiller));
+  return kj::mv(paf.promise);
+}
+
+kj::Promise<void> ColdService::promote(SpaceId space, std::vector<Key128> keys) {
+  kj::Vector<kj::Promise<void>> pending;
+  for (const auto& key : keys) {
+    const std::string id = promoteKey(space, key);
+    auto it = promoting_.find(id);
+    if (it != promoting_.end()) {  // someone is reading it already: wait for the same read
+      pending.add(it->second.addBranch());
+      continue;
+    }
+    auto ticket = engine_.beginPromote(space, key);
+    if (!ticket || ticket->block == kNoBlock) continue;  // no room, or already back in memory
+    const SpaceInfo& sp = engine_.space(space);
+    const ColdKey coldKey{sp.fingerprint, sp.salt, key};
+    uint8_t* dest = engine_.memory().extentBase(ticket->location.extent) + ticket->location.offset;
+    const uint32_t bytes = ticket->location.bytes;
+    auto read = workerExecutor_->executeAsync([this, coldKey, dest, bytes]() {
+      auto record = tier_->get(coldKey);
+      if (!record || record->size() != bytes) return false;  // missing or corrupt: a miss
+      std::memcpy(dest, record->data(), bytes);
+      return true;
+    });
+    auto done = read.then([this, t = *ticket, id](bool ok) {
+      engine_.finishPromote(t, ok);
+      promoting_.erase(id);
+    });
+    auto forked = done.fork();
+    pending.add(forked.addBranch());
+    promoting_.emplace(id, kj::mv(forked));
+  }
+  return kj::joinPromises(pending.releaseAsArray());
+}
+
+void ColdService::flushAll(kj::WaitScope& waitScope) {
+  whenSpillSettles().wait(waitScope);
+  auto items = engine_.takeAllUnspilled();
+  size_t written = 0;
+  for (size_t start = 0; start < items.size(); start += kSpillBatchBlocks) {
+    const size_t end = std::min(items.size(), start + kSpillBatchBlocks);
+    std::vector<ColdRecord> records;
+    for (size_t i = start; i < end; ++i) {
+      const auto& item = items[i];
+      records.push_back(
+          ColdRecord{ColdKey{item.fingerprint, item.salt, item.key},
+                     engine_.memory().extentBase(item.location.extent) + item.location.offset,
+                     item.location.bytes});
+    }
+    const bool ok = tier_->putBatch(records).ok();
+    engine_.finishSpill(std::span(items).subspan(start, end - start), ok);
+    if (ok) written += end - start;
+  }
+  logInfo("cold_flush",
+          "blocks=" + std::to_string(written) + " of=" + std::to_string(items.size()));
+}
+
+ColdServiceStats ColdService::stats() const {
+  return ColdServiceStats{tier_->stats(), spillErrors_, paused_};
+}
+
+void ColdService::taskFailed(kj::Exception&& exception) {
+  logWarn("cold_task_failed", exception.getDescription().cStr());
+}
+
+}  // namespace kvtier

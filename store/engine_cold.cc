@@ -1,0 +1,114 @@
+// Engine: the cold tier's rules — what to spill, when a block may be dropped, how a cold block
+// comes back. The bytes move in the daemon (worker threads); the engine only keeps the books.
+#include <algorithm>
+#include <cassert>
+
+#include "store/engine.h"
+
+namespace kvtier {
+
+std::vector<SpillItem> Engine::takeSpillBatch(size_t max) {
+  std::vector<SpillItem> out;
+  while (out.size() < max && !dirty_.empty()) {
+    const BlockId b = dirty_.front();
+    dirty_.pop_front();
+    BlockMeta& m = pool_[b];
+    // The queue holds hints: skip blocks that were spilled, freed, or taken by a sequence since.
+    if (m.state != BlockState::kSealed || m.entry || m.onDisk || m.spilling || m.refs != 0 ||
+        m.pins != 0) {
+      continue;
+    }
+    m.spilling = true;
+    pin(b);
+    const SpaceInfo& sp = spaces_[m.space].info;
+    out.push_back(SpillItem{b, pool_.location(b), sp.fingerprint, sp.salt, m.key});
+  }
+  return out;
+}
+
+std::vector<SpillItem> Engine::takeAllUnspilled() {
+  std::vector<SpillItem> out;
+  for (BlockId b = 0; pool_.valid(b); ++b) {
+    BlockMeta& m = pool_[b];
+    if (m.state != BlockState::kSealed || m.entry || m.onDisk || m.spilling) continue;
+    m.spilling = true;
+    pin(b);
+    const SpaceInfo& sp = spaces_[m.space].info;
+    out.push_back(SpillItem{b, pool_.location(b), sp.fingerprint, sp.salt, m.key});
+  }
+  return out;
+}
+
+void Engine::finishSpill(std::span<const SpillItem> items, bool written) {
+  for (const auto& item : items) {
+    BlockMeta& m = pool_[item.block];
+    assert(m.spilling && m.pins > 0);
+    m.spilling = false;
+    if (written) {
+      m.onDisk = true;
+      ++spilled_;
+    }
+    if (--m.pins == 0) {
+      --pinnedBlocks_;
+      if (m.refs == 0) {
+        // Written: drop it first when memory is needed. Not written: back in line.
+        if (written) {
+          policy_->insertOldest(item.block, m.sizeClass);
+        } else {
+          settle(item.block);
+        }
+      }
+    }
+  }
+}
+
+Result<std::vector<Engine::PlanStep>> Engine::lookupPlan(SpaceId space,
+                                                         std::span<const uint32_t> tokens,
+                                                         std::span<const Key128> keys) {
+  if (auto s = checkSpace(space); !s) return s.error();
+  if (!tokens.empty() && !keys.empty())
+    return makeError(ErrorCode::kInvalidArgument, "tokens or keys");
+  if (tokens.size() > kMaxTokensPerCall || keys.size() > kMaxBlocksPerLease) {
+    return makeError(ErrorCode::kInvalidArgument, "lookup too large");
+  }
+  const SpaceInfo& info = spaces_[space].info;
+  const uint32_t bt = info.layout.blockTokens;
+  const size_t candidates =
+      keys.empty() ? std::min(tokens.size() / bt, kMaxBlocksPerLease) : keys.size();
+  std::vector<PlanStep> plan;
+  BlockKeyHasher hasher(info.fingerprint, info.salt);
+  Key128 key;
+  for (size_t i = 0; i < candidates; ++i) {
+    key = keys.empty() ? hasher.next(i == 0 ? nullptr : &key, tokens.subspan(i * bt, bt)) : keys[i];
+    const bool hot = index_.count(IndexKey{space, key}) > 0;
+    if (!hot && !(cold_ && cold_->contains(info.fingerprint, info.salt, key))) break;
+    plan.push_back(PlanStep{key, hot});
+  }
+  return plan;
+}
+
+Result<PromoteTicket> Engine::beginPromote(SpaceId space, const Key128& key) {
+  if (auto s = checkSpace(space); !s) return s.error();
+  if (index_.count(IndexKey{space, key})) return PromoteTicket{};  // came back meanwhile
+  const BlockId b = allocate(space);
+  if (b == kNoBlock) return makeError(ErrorCode::kFull, "pool has no block to promote into");
+  pin(b);
+  return PromoteTicket{b, pool_.location(b), space, key};
+}
+
+void Engine::finishPromote(const PromoteTicket& ticket, bool ok) {
+  if (ticket.block == kNoBlock) return;
+  BlockMeta& m = pool_[ticket.block];
+  if (ok && !index_.count(IndexKey{ticket.space, ticket.key})) {
+    index_.emplace(IndexKey{ticket.space, ticket.key}, ticket.block);
+    m.state = BlockState::kSealed;
+    m.space = ticket.space;
+    m.key = ticket.key;
+    m.onDisk = true;  // its record is still there: dropping it again costs nothing
+    ++promoted_;
+    ++coldHits_;
+  }
+  unpin(ticket.block);  // a sealed block becomes evictable; a failed one is freed
+}
+
+}  // namespace kvtier
