@@ -12,8 +12,6 @@ namespace {
 
 // Blocks per spill batch: one RocksDB write batch (a few MiB to tens of MiB).
 constexpr size_t kSpillBatchBlocks = 64;
-// After a failed spill (a full or failing disk), wait this long before trying again.
-constexpr auto kSpillRetryDelay = 1 * kj::SECONDS;
 
 std::string promoteKey(SpaceId space, const Key128& key) {
   return std::to_string(space) + ":" + key.hex();
@@ -21,8 +19,14 @@ std::string promoteKey(SpaceId space, const Key128& key) {
 
 }  // namespace
 
-ColdService::ColdService(Engine& engine, std::unique_ptr<ColdTier> tier, kj::Timer& timer)
-    : engine_(engine), tier_(std::move(tier)), directory_(*tier_), timer_(timer), tasks_(*this) {
+ColdService::ColdService(Engine& engine, std::unique_ptr<ColdTier> tier, kj::Timer& timer,
+                         kj::Duration spillRetryDelay)
+    : engine_(engine),
+      tier_(std::move(tier)),
+      directory_(*tier_),
+      timer_(timer),
+      spillRetryDelay_(spillRetryDelay),
+      tasks_(*this) {
   std::promise<void> ready;
   worker_ = std::thread([this, &ready] {
     kj::EventLoop loop;
@@ -79,7 +83,7 @@ void ColdService::spillFinished(std::vector<SpillItem> batch, bool ok) {
   paused_ = true;
   engine_.setSpillPaused(true);
   logWarn("spill_paused", "blocks=" + std::to_string(batch.size()));
-  tasks_.add(timer_.afterDelay(kSpillRetryDelay).then([this] {
+  tasks_.add(timer_.afterDelay(spillRetryDelay_).then([this] {
     paused_ = false;
     engine_.setSpillPaused(false);
     kick();

@@ -50,8 +50,12 @@ class ColdTierDirectory final : public ColdDirectory {
 
 class ColdService final : private kj::TaskSet::ErrorHandler {
  public:
+  // After a failed spill (a full or failing disk), wait this long before trying again.
+  static constexpr kj::Duration kDefaultSpillRetryDelay = 1 * kj::SECONDS;
+
   // `engine` and `timer` are borrowed and must outlive the service. Starts the worker thread.
-  ColdService(Engine& engine, std::unique_ptr<ColdTier> tier, kj::Timer& timer);
+  ColdService(Engine& engine, std::unique_ptr<ColdTier> tier, kj::Timer& timer,
+              kj::Duration spillRetryDelay = kDefaultSpillRetryDelay);
   ~ColdService();
 
   // Starts a spill batch if there is work and none is in flight.
@@ -76,6 +80,7 @@ class ColdService final : private kj::TaskSet::ErrorHandler {
   std::unique_ptr<ColdTier> tier_;
   ColdTierDirectory directory_;
   kj::Timer& timer_;
+  kj::Duration spillRetryDelay_;
   std::thread worker_;
   const kj::Executor* workerExecutor_ = nullptr;
   kj::Own<kj::CrossThreadPromiseFulfiller<void>> stopWorker_;  // ends the worker's loop

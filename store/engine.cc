@@ -114,6 +114,7 @@ BlockId Engine::allocateClass(uint32_t cls) {
   const BlockId victim = policy_->victim(cls);
   if (victim == kNoBlock) return kNoBlock;
   BlockMeta& v = pool_[victim];
+  if (v.spilling) return kNoBlock;  // the worker is reading it: never reuse it under the read
   if (cold_ && !v.onDisk && !v.entry) {
     // A block is dropped from memory only once its record is written; spilled blocks are queued
     // first, so the oldest being unwritten means none is ready: FULL until the spiller catches up.

@@ -83,7 +83,8 @@ struct BlobGrant {  // a checkpoint or an entry: one blob
   uint64_t bytes = 0;  // the blob's own size (the block may be larger)
 };
 
-// A sealed block to write to the cold tier. Its block stays pinned until finishSpill.
+// A sealed block to write to the cold tier. Until finishSpill it is marked spilling: never
+// evicted or reused, so its bytes can be read in place.
 struct SpillItem {
   BlockId block = kNoBlock;
   BlockLocation location;
@@ -220,11 +221,11 @@ class Engine {
   void setColdDirectory(const ColdDirectory* directory) { cold_ = directory; }
   // While paused (a failing disk), eviction may drop blocks not yet written (counted).
   void setSpillPaused(bool paused) { spillPaused_ = paused; }
-  // Up to `max` sealed blocks that nothing holds and that are not on disk, oldest first, pinned.
+  // Up to `max` sealed blocks that nothing holds and that are not on disk, oldest first.
   std::vector<SpillItem> takeSpillBatch(size_t max);
-  // Every sealed block not yet on disk, held or not (a graceful shutdown's flush), pinned.
+  // Every sealed block not yet on disk, held or not (a graceful shutdown's flush).
   std::vector<SpillItem> takeAllUnspilled();
-  // Unpins; written blocks are marked on disk and become the first to evict.
+  // Written blocks are marked on disk: eviction may drop them at no cost.
   void finishSpill(std::span<const SpillItem> items, bool written);
   // Blocks waiting to be spilled (a hint: may count some that no longer need it).
   size_t spillBacklog() const { return dirty_.size(); }

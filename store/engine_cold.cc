@@ -7,6 +7,9 @@
 
 namespace kvtier {
 
+// Blocks being spilled keep their place in the eviction order and are not pinned: eviction
+// takes only blocks already on disk (and never one marked spilling), so the worker can read
+// them in place, and clean blocks leave in least-recently-used order.
 std::vector<SpillItem> Engine::takeSpillBatch(size_t max) {
   std::vector<SpillItem> out;
   while (out.size() < max && !dirty_.empty()) {
@@ -19,7 +22,6 @@ std::vector<SpillItem> Engine::takeSpillBatch(size_t max) {
       continue;
     }
     m.spilling = true;
-    pin(b);
     const SpaceInfo& sp = spaces_[m.space].info;
     out.push_back(SpillItem{b, pool_.location(b), sp.fingerprint, sp.salt, m.key});
   }
@@ -32,7 +34,6 @@ std::vector<SpillItem> Engine::takeAllUnspilled() {
     BlockMeta& m = pool_[b];
     if (m.state != BlockState::kSealed || m.entry || m.onDisk || m.spilling) continue;
     m.spilling = true;
-    pin(b);
     const SpaceInfo& sp = spaces_[m.space].info;
     out.push_back(SpillItem{b, pool_.location(b), sp.fingerprint, sp.salt, m.key});
   }
@@ -42,22 +43,13 @@ std::vector<SpillItem> Engine::takeAllUnspilled() {
 void Engine::finishSpill(std::span<const SpillItem> items, bool written) {
   for (const auto& item : items) {
     BlockMeta& m = pool_[item.block];
-    assert(m.spilling && m.pins > 0);
+    assert(m.spilling && m.state == BlockState::kSealed);
     m.spilling = false;
     if (written) {
       m.onDisk = true;
       ++spilled_;
-    }
-    if (--m.pins == 0) {
-      --pinnedBlocks_;
-      if (m.refs == 0) {
-        // Written: drop it first when memory is needed. Not written: back in line.
-        if (written) {
-          policy_->insertOldest(item.block, m.sizeClass);
-        } else {
-          settle(item.block);
-        }
-      }
+    } else if (m.refs == 0 && m.pins == 0) {
+      dirty_.push_back(item.block);  // back in line for the next try
     }
   }
 }

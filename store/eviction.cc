@@ -15,19 +15,6 @@ void LruEvictionPolicy::insert(BlockId id, uint32_t sizeClass) {
   ++size_;
 }
 
-void LruEvictionPolicy::insertOldest(BlockId id, uint32_t sizeClass) {
-  if (id >= nodes_.size()) nodes_.resize(id + 1);
-  if (sizeClass >= lists_.size()) lists_.resize(sizeClass + 1);
-  Node& n = nodes_[id];
-  if (n.linked) erase(id);
-  List& l = lists_[sizeClass];
-  n = Node{kNoBlock, l.head, sizeClass, true};
-  if (l.head != kNoBlock) nodes_[l.head].prev = id;
-  l.head = id;
-  if (l.tail == kNoBlock) l.tail = id;
-  ++size_;
-}
-
 void LruEvictionPolicy::erase(BlockId id) {
   if (id >= nodes_.size() || !nodes_[id].linked) return;
   Node& n = nodes_[id];

@@ -18,8 +18,6 @@ class EvictionPolicy {
   virtual ~EvictionPolicy() = default;
   // `id` became evictable now (it is the most recently used).
   virtual void insert(BlockId id, uint32_t sizeClass) = 0;
-  // `id` became evictable and should go first (it is already safe on disk: cheap to drop).
-  virtual void insertOldest(BlockId id, uint32_t sizeClass) = 0;
   // `id` is no longer evictable (held, pinned or evicted). No-op if not inserted.
   virtual void erase(BlockId id) = 0;
   // The block of `sizeClass` to evict first, or kNoBlock. Does not erase it.
@@ -31,7 +29,6 @@ class EvictionPolicy {
 class LruEvictionPolicy final : public EvictionPolicy {
  public:
   void insert(BlockId id, uint32_t sizeClass) override;
-  void insertOldest(BlockId id, uint32_t sizeClass) override;
   void erase(BlockId id) override;
   BlockId victim(uint32_t sizeClass) const override;
   size_t size() const override { return size_; }
