@@ -126,6 +126,14 @@ void setKeys(capnp::List<capnp::Data>::Builder out, std::span<const Key128> keys
 
 Error invalid(auto&&... args) { return makeError(ErrorCode::kInvalidArgument, args...); }
 
+// PutOptions and LookupOptions both carry how a sequence they create is kept.
+template <typename Options>
+void setSeqOptions(rpc::SeqOptions::Builder out, const Options& options) {
+  out.setDetached(options.detached);
+  out.setWindow(options.window);
+  out.setChunk(options.chunk);
+}
+
 }  // namespace
 
 Status Client::Impl::setup(kj::AsyncIoContext& context) {
@@ -516,10 +524,7 @@ Result<WriteHandle> Space::beginPut(std::string_view seq, uint64_t begin,
     req.setBegin(begin);
     setTokens(req.initTokens(tokens.size()), tokens);
     setKeys(req.initKeys(options.keys.size()), options.keys);
-    auto o = req.initOptions();
-    o.setDetached(options.detached);
-    o.setWindow(options.window);
-    o.setChunk(options.chunk);
+    setSeqOptions(req.initOptions(), options);
     return req.send().then([&lease](capnp::Response<rpc::Space::PutResults>&& r) {
       lease->cap = r.getLease();
       Granted g{r.getFirstPosition(), {}};
@@ -624,10 +629,7 @@ Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span
     setTokens(req.initTokens(tokens.size()), tokens);
     setKeys(req.initKeys(keys.size()), keys);
     req.setBindSeq(options.bindSeq);
-    auto o = req.initOptions();
-    o.setDetached(options.detached);
-    o.setWindow(options.window);
-    o.setChunk(options.chunk);
+    setSeqOptions(req.initOptions(), options);
     req.setInline(!client->mapped);
     return req.send().then([&](capnp::Response<rpc::Space::LookupResults>&& r) {
       lease->cap = r.getLease();
@@ -772,10 +774,7 @@ Status Space::restore(std::string_view seq, uint64_t snapshotId, uint64_t target
     req.setSeq(std::string(seq));
     req.setSnapshot(snapshotId);
     req.setTarget(target);
-    auto o = req.initOptions();
-    o.setDetached(options.detached);
-    o.setWindow(options.window);
-    o.setChunk(options.chunk);
+    setSeqOptions(req.initOptions(), options);
     return req.send().ignoreResult();
   });
 }

@@ -16,6 +16,7 @@
 
 #include "kernels/rope.h"
 #include "store/engine.h"
+#include "store/engine_test_util.h"
 
 namespace kvtier {
 
@@ -24,70 +25,13 @@ inline void PrintTo(ErrorCode code, std::ostream* os) { *os << errorName(code); 
 
 namespace {
 
+using namespace test_util;  // smallLayout, Tags, writeTag, readTag, toks
+
 constexpr uint32_t kBt = 16;
 constexpr OwnerId kOwner = 1;
 // Checkpoints and entries live in blob blocks of 4 KiB and more (engine_shapes.cc); pools that hold
 // blobs get room for some.
 constexpr uint64_t kBlobBlock = 4096;
-
-// 2 layers, 1 KV head, head dim 4, fp16: 8 bytes per token per layer for K (and V), 512-byte
-// blocks. No RoPE scheme.
-Layout smallLayout() {
-  Layout l;
-  l.modelId = "shapes-model";
-  l.numLayers = 2;
-  l.numKvHeads = 1;
-  l.headDim = 4;
-  l.dtype = DType::kFloat16;
-  l.blockTokens = kBt;
-  return l;
-}
-
-// A position's bytes for every layer, K and V: the tag (4 bytes, little-endian), the layer, K or
-// V, and the tag's complement. Zeroed or foreign bytes read back as nullopt.
-using Tags = std::vector<std::optional<uint32_t>>;
-
-void slotBytes(uint32_t tag, uint32_t layer, uint32_t kv, uint8_t out[8]) {
-  out[0] = static_cast<uint8_t>(tag);
-  out[1] = static_cast<uint8_t>(tag >> 8);
-  out[2] = static_cast<uint8_t>(tag >> 16);
-  out[3] = static_cast<uint8_t>(tag >> 24);
-  out[4] = static_cast<uint8_t>(layer);
-  out[5] = static_cast<uint8_t>(kv);
-  out[6] = static_cast<uint8_t>(~tag);
-  out[7] = static_cast<uint8_t>(~tag >> 8);
-}
-
-void writeTag(const Layout& l, uint8_t* block, uint32_t slot, uint32_t tag) {
-  for (uint32_t layer = 0; layer < l.numLayers; ++layer) {
-    for (uint32_t kv = 0; kv < 2; ++kv) {
-      uint8_t bytes[8];
-      slotBytes(tag, layer, kv, bytes);
-      std::memcpy(block + l.slotOffset(layer, kv, slot), bytes, sizeof bytes);
-    }
-  }
-}
-
-std::optional<uint32_t> readTag(const Layout& l, const uint8_t* block, uint32_t slot) {
-  const uint8_t* p = block + l.slotOffset(0, 0, slot);
-  const uint32_t tag =
-      uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-  for (uint32_t layer = 0; layer < l.numLayers; ++layer) {
-    for (uint32_t kv = 0; kv < 2; ++kv) {
-      uint8_t bytes[8];
-      slotBytes(tag, layer, kv, bytes);
-      if (std::memcmp(block + l.slotOffset(layer, kv, slot), bytes, sizeof bytes) != 0)
-        return std::nullopt;
-    }
-  }
-  return tag;
-}
-
-std::vector<uint32_t> toks(size_t n, uint32_t first) {
-  std::vector<uint32_t> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = first + static_cast<uint32_t>(i);
-  return v;
-}
 
 std::vector<uint32_t> slice(const std::vector<uint32_t>& v, size_t begin, size_t end) {
   return {v.begin() + begin, v.begin() + end};
