@@ -346,7 +346,12 @@ std::string Stats::toJson() const {
     << ", \"misses\": " << misses << ", \"evictions\": " << evictions
     << ", \"clients\": " << clients << ", \"sequences\": " << sequences
     << ", \"leases\": {\"read\": " << readLeases << ", \"write\": " << writeLeases
-    << "}, \"spaces\": [";
+    << "}, \"snapshots\": " << snapshots << ", \"entries\": " << entries
+    << ", \"checkpoints\": " << checkpoints << ", \"cold\": {\"spilled\": " << spilled
+    << ", \"promoted\": " << promoted << ", \"records\": " << coldRecords
+    << ", \"bytes\": " << coldBytes << ", \"corrupt_dropped\": " << corruptDropped
+    << ", \"spill_errors\": " << spillErrors << ", \"evicted_unspilled\": " << evictedUnspilled
+    << ", \"capacity_evicted\": " << coldEvicted << "}, \"spaces\": [";
   for (size_t i = 0; i < spaces.size(); ++i) {
     const auto& s = spaces[i];
     o << (i ? ", " : "") << "{\"fingerprint\": \"" << std::hex << s.fingerprint << std::dec

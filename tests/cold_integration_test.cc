@@ -154,3 +154,31 @@ TEST(ColdIntegration, CorruptRecordsOnDiskMissAndAreCounted) {
 
 }  // namespace
 }  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+TEST(ColdIntegration, KvtierStatsPrintsTheCountersAsJson) {
+  DaemonProcess daemon(16 * kBlockBytes, "", coldOn());
+  {
+    auto client = daemon.connect();
+    auto space = client->open(testLayout()).value();
+    for (uint64_t i = 0; i < 8; ++i) putPrompt(*space, i);  // 32 blocks through 16: spills
+    EXPECT_EQ(matchedWithRightBytes(*space, 0), kPromptTokens);
+  }
+  std::string out;
+  ASSERT_EQ(test::runTool({"--socket", daemon.socket(), "stats"}, &out), 0) << out;
+  for (const char* key :
+       {"\"blocks\": {\"total\": 16",
+        "\"used\":", "\"pinned\":", "\"hits\":", "\"misses\":", "\"evictions\":", "\"clients\": 1",
+        "\"bytes\":", "\"cold\": {\"spilled\":", "\"promoted\":", "\"corrupt_dropped\": 0",
+        "\"spill_errors\": 0"}) {
+    EXPECT_NE(out.find(key), std::string::npos) << key << " missing from: " << out;
+  }
+  EXPECT_EQ(out.find("\"spilled\": 0,"), std::string::npos) << out;
+  // A daemon that is not there: a clear error and a non-zero exit.
+  EXPECT_NE(test::runTool({"--socket", "/tmp/kvtier-nothing-here.sock", "stats"}, &out), 0);
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -121,8 +121,8 @@ std::unique_ptr<Client> DaemonProcess::connect(bool mapPool) const {
   return std::move(client).value();
 }
 
-PeerProcess::PeerProcess(const std::vector<std::string>& args) {
-  std::vector<std::string> full = {peerPath()};
+PeerProcess::PeerProcess(const std::vector<std::string>& args, std::string program) {
+  std::vector<std::string> full = {program.empty() ? peerPath() : program};
   full.insert(full.end(), args.begin(), args.end());
   pid_ = spawnPiped(full, &out_);
 }
@@ -157,6 +157,13 @@ int runPeer(const std::vector<std::string>& args, std::string* output) {
   PeerProcess peer(args);
   const int rc = peer.wait();
   if (output) *output = peer.output();
+  return rc;
+}
+
+int runTool(const std::vector<std::string>& args, std::string* output) {
+  PeerProcess tool(args, KVTIER_TOOL_PATH);
+  const int rc = tool.wait();
+  if (output) *output = tool.output();
   return rc;
 }
 

@@ -43,7 +43,7 @@ class DaemonProcess {
 // A peer process (tests/test_peer.cc) with stdout piped back to the test.
 class PeerProcess {
  public:
-  explicit PeerProcess(const std::vector<std::string>& args);
+  explicit PeerProcess(const std::vector<std::string>& args, std::string program = "");
   ~PeerProcess();
   // Reads stdout until a line starting with `prefix` (bounded by a deadline); returns the line.
   std::string waitForLine(const std::string& prefix);
@@ -63,6 +63,8 @@ class PeerProcess {
 
 // Runs a peer to completion and returns its exit code.
 int runPeer(const std::vector<std::string>& args, std::string* output = nullptr);
+// Runs the `kvtier` command-line tool to completion and returns its exit code.
+int runTool(const std::vector<std::string>& args, std::string* output = nullptr);
 
 // Names of /dev/shm entries starting with `prefix`.
 std::vector<std::string> shmSegments(const std::string& prefix);
