@@ -68,6 +68,11 @@ Result<DaemonConfig> parseDaemonArgs(const std::vector<std::string>& args) {
         return makeError(ErrorCode::kInvalidArgument, flag, " is on or off, not '", value, "'");
       }
       (flag == "--cold-tier" ? config.coldTier : config.flushOnExit) = value == "on";
+    } else if (flag == "--metrics-addr") {
+      if (value.empty() || value.find(':') == std::string::npos) {
+        return makeError(ErrorCode::kInvalidArgument, "--metrics-addr wants HOST:PORT");
+      }
+      config.metricsAddr = value;
     } else if (flag == "--disk-bytes") {
       auto bytes = parseByteSize(value);
       if (!bytes)
@@ -96,6 +101,7 @@ const char* daemonUsage() {
          "  --disk-bytes N          cold tier capacity, oldest access dropped first (64G; 0: "
          "none)\n"
          "  --flush-on-exit on|off  on SIGTERM, write blocks still only in memory (on)\n"
+         "  --metrics-addr H:P      serve GET /metrics (Prometheus text) on H:P (off)\n"
          "Runs with no flags on these defaults. SIGTERM or SIGINT stop it cleanly.\n";
 }
 

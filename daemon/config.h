@@ -20,6 +20,7 @@ struct DaemonConfig {
   bool coldTier = true;
   uint64_t diskBytes = uint64_t{64} << 30;  // payload bytes kept on disk; 0: unbounded
   bool flushOnExit = true;  // SIGTERM/SIGINT write every sealed block still only in memory
+  std::string metricsAddr;  // HOST:PORT for GET /metrics (Prometheus); empty: off
   bool showHelp = false;
 
   std::string effectiveSocketPath() const {

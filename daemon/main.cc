@@ -17,6 +17,7 @@
 #include "daemon/cold_service.h"
 #include "daemon/config.h"
 #include "daemon/log.h"
+#include "daemon/metrics.h"
 #include "daemon/server.h"
 #include "kernels/rope.h"
 #include "store/engine.h"
@@ -131,16 +132,45 @@ int run(const DaemonConfig& config) {
                        " host_pool_bytes=" + std::to_string(config.hostPoolBytes) +
                        " extents=" + std::to_string((*pool)->extentCount()) +
                        " pid=" + std::to_string(::getpid()));
+  // Prometheus metrics over HTTP, when asked for.
+  kj::HttpHeaderTable headerTable;
+  MetricsService metrics(headerTable, [&server] { return server.metricsText(); });
+  kj::Own<kj::ConnectionReceiver> metricsListener;
+  kj::Own<kj::HttpServer> metricsServer;
+  std::string metricsAt = "off";
+  if (!config.metricsAddr.empty()) {
+    KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] {
+                   auto address = io.provider->getNetwork()
+                                      .parseAddress(config.metricsAddr.c_str())
+                                      .wait(io.waitScope);
+                   metricsListener = address->listen();
+                   metricsServer =
+                       kj::heap<kj::HttpServer>(io.provider->getTimer(), headerTable, metrics);
+                 })) {
+      logWarn("startup_failed", "reason=\"cannot serve metrics on " + config.metricsAddr + ": " +
+                                    e->getDescription().cStr() + "\"");
+      return 1;
+    }
+    const std::string host = config.metricsAddr.substr(0, config.metricsAddr.rfind(':'));
+    metricsAt = host + ":" + std::to_string(metricsListener->getPort());
+  }
   // Tests and scripts wait for this line on stdout.
-  std::printf("kvtierd ready socket=%s segments=%s\n", socketPath.c_str(), prefix.c_str());
+  std::printf("kvtierd ready socket=%s metrics=%s segments=%s\n", socketPath.c_str(),
+              metricsAt.c_str(), prefix.c_str());
   std::fflush(stdout);
 
   auto stop = io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(io.unixEventPort.onSignal(SIGINT));
-  auto serving = server.acceptLoop(*listener).then([]() -> siginfo_t { KJ_UNREACHABLE; });
+  kj::Promise<void> accepting = server.acceptLoop(*listener);
+  if (metricsServer) {
+    accepting = accepting.exclusiveJoin(metricsServer->listenHttp(*metricsListener));
+  }
+  auto serving = accepting.then([]() -> siginfo_t { KJ_UNREACHABLE; });
   const siginfo_t signal = stop.exclusiveJoin(kj::mv(serving)).wait(io.waitScope);
   logInfo("shutdown", "signal=" + std::to_string(signal.si_signo) +
                           " sessions=" + std::to_string(server.sessions()));
   listener = nullptr;
+  metricsServer = nullptr;
+  metricsListener = nullptr;
   ::unlink(socketPath.c_str());
   if (cold && config.flushOnExit) cold->flushAll(io.waitScope);
   return 0;

@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "daemon/log.h"
+#include "daemon/metrics.h"
 #include "kernels/block_copy.h"
 #include "schemas/kvtier.capnp.h"
 #include "transport/buffered_stream.h"
@@ -660,6 +661,52 @@ void Server::accept(kj::Own<kj::AsyncIoStream> stream) {
       kj::heap<Connection>(kj::mv(stream), kj::heap<DaemonImpl>(*this, peer, allowed));
   auto done = connection->network.onDisconnect();
   tasks_.add(done.attach(kj::mv(connection)));
+}
+
+std::string Server::metricsText() {
+  const EngineStats s = engine_.stats();
+  std::string out;
+  auto gauge = [&](const char* name, const char* help, uint64_t v) {
+    appendMetric(out, name, "gauge", help, v);
+  };
+  auto counter = [&](const char* name, const char* help, uint64_t v) {
+    appendMetric(out, name, "counter", help, v);
+  };
+  gauge("kvtier_blocks_total", "Blocks the pool holds or can still carve.", s.blocksTotal);
+  gauge("kvtier_blocks_used", "Blocks held by sequences, leases or the prefix index.",
+        s.blocksUsed);
+  gauge("kvtier_blocks_pinned", "Blocks pinned by leases.", s.blocksPinned);
+  gauge("kvtier_blocks_cached", "Sealed blocks held by nothing (evictable).", s.blocksCached);
+  gauge("kvtier_pool_bytes", "Bytes of the host pool.", s.bytesTotal);
+  gauge("kvtier_pool_bytes_used", "Bytes of the host pool in use.", s.bytesUsed);
+  counter("kvtier_lookup_hit_blocks_total", "Blocks found by lookups.", s.hits);
+  counter("kvtier_lookup_misses_total", "Lookups that stopped short.", s.misses);
+  counter("kvtier_evictions_total", "Blocks evicted from memory.", s.evictions);
+  gauge("kvtier_clients", "Connected sessions.", sessions_);
+  gauge("kvtier_sequences", "Sequences.", s.sequences);
+  gauge("kvtier_read_leases", "Open read leases.", s.readLeases);
+  gauge("kvtier_write_leases", "Open write leases.", s.writeLeases);
+  counter("kvtier_put_bytes_total", "Committed KV bytes.", s.bytesPut);
+  counter("kvtier_get_bytes_total", "KV bytes handed out under read leases.", s.bytesGot);
+  gauge("kvtier_snapshots", "Snapshots.", s.snapshots);
+  gauge("kvtier_entries", "Position-independent entries cached.", s.entries);
+  gauge("kvtier_checkpoints", "Recurrent state checkpoints.", s.checkpoints);
+  counter("kvtier_spilled_blocks_total", "Blocks written to the cold tier.", s.spilled);
+  counter("kvtier_promoted_blocks_total", "Blocks read back from the cold tier.", s.promoted);
+  counter("kvtier_evicted_unspilled_total", "Blocks dropped while spilling was paused.",
+          s.evictedUnspilled);
+  if (cold_) {
+    const ColdServiceStats c = cold_->stats();
+    gauge("kvtier_cold_records", "Blocks held on disk.", c.tier.records);
+    gauge("kvtier_cold_bytes", "Bytes held on disk.", c.tier.bytes);
+    counter("kvtier_cold_corrupt_dropped_total", "Records that failed their checks.",
+            c.tier.corruptDropped);
+    counter("kvtier_cold_spill_errors_total", "Spill batches that failed.", c.spillErrors);
+    counter("kvtier_cold_capacity_evicted_total", "Records dropped for the disk bound.",
+            c.tier.capacityEvicted);
+    gauge("kvtier_cold_spill_paused", "1 while spilling is paused by disk errors.", c.spillPaused);
+  }
+  return out;
 }
 
 void Server::taskFailed(kj::Exception&& exception) {

@@ -34,6 +34,8 @@ class Server final : private kj::TaskSet::ErrorHandler {
   kj::Promise<void> acceptLoop(kj::ConnectionReceiver& listener);
 
   uint64_t sessions() const { return sessions_; }
+  // Every counter, in Prometheus text format.
+  std::string metricsText();
 
   // Used by the RPC objects (server.cc); not for callers of the server.
   Engine& engine() { return engine_; }

@@ -1,7 +1,11 @@
 // Cold tier with real kvtierd processes: spill past memory, promote on lookup, keep the cache
 // across restarts (graceful and SIGKILL), and never serve a corrupt record.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -178,6 +182,65 @@ TEST(ColdIntegration, KvtierStatsPrintsTheCountersAsJson) {
   EXPECT_EQ(out.find("\"spilled\": 0,"), std::string::npos) << out;
   // A daemon that is not there: a clear error and a non-zero exit.
   EXPECT_NE(test::runTool({"--socket", "/tmp/kvtier-nothing-here.sock", "stats"}, &out), 0);
+}
+
+}  // namespace
+}  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+// A plain HTTP/1.1 GET over a TCP socket to the daemon's metrics address; the whole response.
+std::string httpGet(const std::string& addr, const std::string& path) {
+  const size_t colon = addr.rfind(':');
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(colon + 1))));
+  inet_pton(AF_INET, addr.substr(0, colon).c_str(), &sa.sin_addr);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) return "";
+  // Read the headers, then exactly Content-Length bytes (the server may keep the connection open).
+  std::string out;
+  char buf[4096];
+  size_t want = std::string::npos;
+  while (want == std::string::npos || out.size() < want) {
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    const size_t end = out.find("\r\n\r\n");
+    const size_t cl = out.find("Content-Length: ");
+    if (want == std::string::npos && end != std::string::npos && cl != std::string::npos) {
+      want = end + 4 + std::stoul(out.substr(cl + 16));
+    }
+  }
+  close(fd);
+  return out;
+}
+
+TEST(ColdIntegration, MetricsEndpointServesPrometheusText) {
+  DaemonProcess daemon(16 * kBlockBytes, "",
+                       {"--cold-tier", "on", "--metrics-addr", "127.0.0.1:0"});
+  ASSERT_NE(daemon.metricsAddr(), "off");
+  {
+    auto client = daemon.connect();
+    auto space = client->open(testLayout()).value();
+    for (uint64_t i = 0; i < 8; ++i) putPrompt(*space, i);
+    EXPECT_EQ(matchedWithRightBytes(*space, 0), kPromptTokens);
+  }
+  const std::string page = httpGet(daemon.metricsAddr(), "/metrics");
+  ASSERT_NE(page.find("200 OK"), std::string::npos) << page;
+  for (const char* line :
+       {"# TYPE kvtier_blocks_total gauge", "kvtier_blocks_total 16",
+        "# TYPE kvtier_spilled_blocks_total counter", "kvtier_cold_records ",
+        "kvtier_cold_corrupt_dropped_total 0", "kvtier_promoted_blocks_total "}) {
+    EXPECT_NE(page.find(line), std::string::npos) << line << " missing from:\n" << page;
+  }
+  EXPECT_NE(httpGet(daemon.metricsAddr(), "/other").find("404"), std::string::npos);
 }
 
 }  // namespace

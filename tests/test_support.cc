@@ -100,6 +100,8 @@ DaemonProcess::DaemonProcess(uint64_t hostPoolBytes, std::string dataDir,
     throw std::runtime_error("kvtierd did not become ready");
   }
   segmentPrefix_ = line.substr(line.find("segments=") + 9);
+  const size_t m = line.find("metrics=");
+  metricsAddr_ = line.substr(m + 8, line.find(' ', m) - m - 8);
 }
 
 DaemonProcess::~DaemonProcess() {

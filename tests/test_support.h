@@ -29,6 +29,7 @@ class DaemonProcess {
   const std::string& socket() const { return socket_; }
   const std::string& dataDir() const { return dataDir_; }
   const std::string& segmentPrefix() const { return segmentPrefix_; }
+  const std::string& metricsAddr() const { return metricsAddr_; }  // "off" unless asked for
   pid_t pid() const { return pid_; }
   // Sends `signal` and waits; returns the wait status. The daemon is gone afterwards.
   int stop(int signal);
@@ -36,7 +37,7 @@ class DaemonProcess {
   std::unique_ptr<Client> connect(bool mapPool = true) const;
 
  private:
-  std::string dataDir_, socket_, segmentPrefix_;
+  std::string dataDir_, socket_, segmentPrefix_, metricsAddr_;
   pid_t pid_ = -1;
 };
 
