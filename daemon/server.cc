@@ -244,34 +244,19 @@ class SpaceImpl final : public rpc::Space::Server {
       : engine_(engine), owner_(owner), space_(space), cold_(cold) {}
 
   kj::Promise<void> put(PutContext context) override {
-    auto p = context.getParams();
-    return tryPut(kj::mv(context), std::string(text(p.getSeq())), p.getBegin(),
-                  tokensFrom(p.getTokens()), keysFrom(p.getKeys()), optionsFrom(p.getOptions()), 0);
-  }
-
-  kj::Promise<void> tryPut(PutContext context, std::string seq, uint64_t begin,
-                           std::vector<uint32_t> tokens, std::vector<Key128> keys,
-                           SeqOptions options, int attempt) {
-    auto grant = engine_.put(owner_, space_, seq, begin, tokens, keys, options);
-    if (!grant && grant.code() == ErrorCode::kFull && cold_ && cold_->canMakeRoom() &&
-        attempt < kMaxFullRetries) {
-      // The pool holds blocks that may go once they are on disk: wait for the spiller.
-      cold_->kick();
-      return cold_->whenSpillSettles().then([this, context = kj::mv(context), seq = std::move(seq),
-                                             begin, tokens = std::move(tokens),
-                                             keys = std::move(keys), options, attempt]() mutable {
-        return tryPut(kj::mv(context), std::move(seq), begin, std::move(tokens), std::move(keys),
-                      options, attempt + 1);
-      });
-    }
-    const PutGrant g = orThrow(std::move(grant));
-    auto out = context.getResults();
-    out.setFirstPosition(g.firstPosition);
-    setBlocks(out.initBlocks(g.blocks.size()), g.blocks);
-    out.setLease(kj::heap<WriteLeaseImpl>(engine_, space_, g.lease, begin, begin + tokens.size(),
-                                          g.firstPosition, static_cast<uint32_t>(g.blocks.size()),
-                                          cold_));
-    return kj::READY_NOW;
+    return whenRoom([this, context]() mutable {
+      auto p = context.getParams();
+      const auto tokens = tokensFrom(p.getTokens());
+      const uint64_t begin = p.getBegin();
+      const PutGrant g = orThrow(engine_.put(owner_, space_, text(p.getSeq()), begin, tokens,
+                                             keysFrom(p.getKeys()), optionsFrom(p.getOptions())));
+      auto out = context.getResults();
+      out.setFirstPosition(g.firstPosition);
+      setBlocks(out.initBlocks(g.blocks.size()), g.blocks);
+      out.setLease(kj::heap<WriteLeaseImpl>(engine_, space_, g.lease, begin, begin + tokens.size(),
+                                            g.firstPosition, static_cast<uint32_t>(g.blocks.size()),
+                                            cold_));
+    });
   }
 
   kj::Promise<void> get(GetContext context) override {
@@ -341,10 +326,11 @@ class SpaceImpl final : public rpc::Space::Server {
   }
 
   kj::Promise<void> copyPrefix(CopyPrefixContext context) override {
-    auto p = context.getParams();
-    orThrow(engine_.copyPrefix(owner_, space_, text(p.getSrc()), text(p.getDst()), p.getLen(),
-                               optionsFrom(p.getOptions())));
-    return kj::READY_NOW;
+    return whenRoom([this, context]() mutable {
+      auto p = context.getParams();
+      orThrow(engine_.copyPrefix(owner_, space_, text(p.getSrc()), text(p.getDst()), p.getLen(),
+                                 optionsFrom(p.getOptions())));
+    });
   }
 
   kj::Promise<void> remove(RemoveContext context) override {
@@ -398,19 +384,21 @@ class SpaceImpl final : public rpc::Space::Server {
   }
 
   kj::Promise<void> restore(RestoreContext context) override {
-    auto p = context.getParams();
-    std::optional<SnapshotId> snap;
-    if (p.getSnapshot() != 0) snap = p.getSnapshot();
-    orThrow(engine_.restore(owner_, space_, text(p.getSeq()), snap, p.getTarget(),
-                            optionsFrom(p.getOptions())));
-    return kj::READY_NOW;
+    return whenRoom([this, context]() mutable {
+      auto p = context.getParams();
+      std::optional<SnapshotId> snap;
+      if (p.getSnapshot() != 0) snap = p.getSnapshot();
+      orThrow(engine_.restore(owner_, space_, text(p.getSeq()), snap, p.getTarget(),
+                              optionsFrom(p.getOptions())));
+    });
   }
 
   kj::Promise<void> mergeSnapshots(MergeSnapshotsContext context) override {
-    auto p = context.getParams();
-    setSnapshot(context.getResults().initSnapshot(),
-                orThrow(engine_.mergeSnapshots(space_, p.getA(), p.getB())));
-    return kj::READY_NOW;
+    return whenRoom([this, context]() mutable {
+      auto p = context.getParams();
+      setSnapshot(context.getResults().initSnapshot(),
+                  orThrow(engine_.mergeSnapshots(space_, p.getA(), p.getB())));
+    });
   }
 
   kj::Promise<void> splitSnapshot(SplitSnapshotContext context) override {
@@ -434,11 +422,12 @@ class SpaceImpl final : public rpc::Space::Server {
   }
 
   kj::Promise<void> putCheckpoint(PutCheckpointContext context) override {
-    auto p = context.getParams();
-    const BlobGrant grant =
-        orThrow(engine_.putCheckpoint(space_, text(p.getSeq()), p.getPos(), p.getBytes()));
-    setBlobGrant(context.getResults(), grant);
-    return kj::READY_NOW;
+    return whenRoom([this, context]() mutable {
+      auto p = context.getParams();
+      const BlobGrant grant =
+          orThrow(engine_.putCheckpoint(space_, text(p.getSeq()), p.getPos(), p.getBytes()));
+      setBlobGrant(context.getResults(), grant);
+    });
   }
 
   kj::Promise<void> getCheckpoint(GetCheckpointContext context) override {
@@ -457,10 +446,11 @@ class SpaceImpl final : public rpc::Space::Server {
   }
 
   kj::Promise<void> putEntry(PutEntryContext context) override {
-    auto p = context.getParams();
-    const BlobGrant grant = orThrow(engine_.putEntry(space_, keyFrom(p.getKey()), p.getBytes()));
-    setBlobGrant(context.getResults(), grant);
-    return kj::READY_NOW;
+    return whenRoom([this, context]() mutable {
+      auto p = context.getParams();
+      const BlobGrant grant = orThrow(engine_.putEntry(space_, keyFrom(p.getKey()), p.getBytes()));
+      setBlobGrant(context.getResults(), grant);
+    });
   }
 
   kj::Promise<void> getEntry(GetEntryContext context) override {
@@ -472,6 +462,24 @@ class SpaceImpl final : public rpc::Space::Server {
 
  private:
   uint32_t blockBytes() const { return engine_.space(space_).blockBytes; }
+
+  // Runs `attempt`, which fills the call's results or throws. When it fails with FULL while the
+  // pool holds blocks that may go once they are on disk, waits for the spill batch in flight and
+  // tries again (bounded), instead of failing a call that memory can serve in a moment.
+  template <typename Attempt>
+  kj::Promise<void> whenRoom(Attempt attempt, int tries = 0) {
+    KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] { attempt(); })) {
+      if (cold_ && tries < kMaxFullRetries && fromKjException(*e).code() == ErrorCode::kFull &&
+          cold_->canMakeRoom()) {
+        cold_->kick();
+        return cold_->whenSpillSettles().then([this, attempt = kj::mv(attempt), tries]() mutable {
+          return whenRoom(kj::mv(attempt), tries + 1);
+        });
+      }
+      return kj::mv(*e);
+    }
+    return kj::READY_NOW;
+  }
 
   template <typename Results>
   void setBlobGrant(Results out, const BlobGrant& grant) {
