@@ -1,9 +1,30 @@
 #!/usr/bin/env bash
-# Builds kvtier and runs the local benchmark suite: shared-pool get/put against memcpy, a lookup's
-# round trip against a Unix-socket ping-pong, get/put against redis-server. Prints a table and
-# writes bench/results/local.json. Extra arguments go to kvtier-bench (e.g. --reps 9).
+# Builds kvtier and runs its benchmark suites; each prints a table and writes its JSON under
+# bench/results/:
+#   local  shared-pool get/put against memcpy, a lookup's round trip against a Unix-socket
+#          ping-pong, get/put against redis-server                    -> bench/results/local.json
+#   cold   blocks spilled to and promoted from the RocksDB cold tier against db_bench fillrandom
+#          and readrandom, hot lookup p99 while spilling against idle -> bench/results/cold.json
+#
+#   scripts/bench.sh [--suite local|cold|all] [kvtier-bench arguments, e.g. --reps 9]
+#
+# The default is all: local, then cold. Other arguments go to every kvtier-bench run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+suites=(local cold)
+if [[ "${1:-}" == "--suite" ]]; then
+  case "${2:-}" in
+    local | cold) suites=("$2") ;;
+    all) ;;
+    *)
+      echo "usage: scripts/bench.sh [--suite local|cold|all] [kvtier-bench arguments]" >&2
+      exit 2
+      ;;
+  esac
+  shift 2
+fi
 # The bench is on by default; say so anyway, in case build/ was configured without it.
 bash scripts/build.sh -DKVTIER_BUILD_BENCH=ON
-build/bench/kvtier-bench --suite local --json bench/results/local.json "$@"
+for suite in "${suites[@]}"; do
+  build/bench/kvtier-bench --suite "$suite" --json "bench/results/$suite.json" "$@"
+done
