@@ -2,6 +2,10 @@
 
 #include <kj/debug.h>
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <future>
 
@@ -29,6 +33,9 @@ ColdService::ColdService(Engine& engine, std::unique_ptr<ColdTier> tier, kj::Tim
       tasks_(*this) {
   std::promise<void> ready;
   worker_ = std::thread([this, &ready] {
+    // Spills and promotes yield the CPU to the event loop: hot lookups must not wait behind disk
+    // work on a small machine (Linux niceness is per thread).
+    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
     kj::EventLoop loop;
     kj::WaitScope waitScope(loop);
     auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();

@@ -19,6 +19,10 @@ constexpr size_t kKeyBytes = 8 + 16 + 16;
 // A header is a few words; anything larger is corruption.
 constexpr uint32_t kMaxHeaderBytes = 1024;
 constexpr const char* kFormatVersionKey = "format_version";
+
+// Block records keep the write-ahead log: a restart after SIGKILL must still serve what was
+// spilled (the WAL costs a second write of each block; docs/performance.md).
+rocksdb::WriteOptions blockWriteOptions() { return rocksdb::WriteOptions(); }
 constexpr const char* kNodeIdKey = "node_id";
 
 Error unavailable(const rocksdb::Status& s, const char* what) {
@@ -115,6 +119,9 @@ Status ColdTier::openDb() {
   dbOptions.create_if_missing = true;
   dbOptions.create_missing_column_families = true;
   if (env_) dbOptions.env = env_.get();
+  // RocksDB's flush and compaction threads yield to the event loop serving hot lookups.
+  dbOptions.env->LowerThreadPoolCPUPriority(rocksdb::Env::Priority::HIGH);
+  dbOptions.env->LowerThreadPoolCPUPriority(rocksdb::Env::Priority::LOW);
   rocksdb::ColumnFamilyOptions blocks;
   blocks.enable_blob_files = true;  // integrated BlobDB: KV blocks are large values
   blocks.min_blob_size = 4096;
@@ -179,6 +186,7 @@ Status ColdTier::openDb() {
 
 void ColdTier::closeDb() {
   if (!db_) return;
+  (void)db_->Flush(rocksdb::FlushOptions(), {default_, blocks_, snapshots_, meta_});
   for (auto* h : {blocks_, snapshots_, meta_, default_}) {
     if (h) (void)db_->DestroyColumnFamilyHandle(h);
   }
@@ -227,7 +235,7 @@ Status ColdTier::putBatch(std::span<const ColdRecord> records) {
     rocksdb::WriteBatch batch;
     for (size_t i = 0; i < keys.size(); ++i) batch.Put(blocks_, keys[i], values[i]);
     needsReopen_ = false;
-    s = db_->Write(rocksdb::WriteOptions(), &batch);
+    s = db_->Write(blockWriteOptions(), &batch);
     if (!s.ok()) needsReopen_ = true;
   }
   {
@@ -262,7 +270,7 @@ void ColdTier::enforceCapacity() {
   }
   std::shared_lock<std::shared_mutex> dbLock(dbMu_);
   if (!db_) return;
-  for (const auto& k : doomed) (void)db_->Delete(rocksdb::WriteOptions(), blocks_, k);
+  for (const auto& k : doomed) (void)db_->Delete(blockWriteOptions(), blocks_, k);
 }
 
 Result<std::vector<uint8_t>> ColdTier::get(const ColdKey& key) {
@@ -282,7 +290,7 @@ Result<std::vector<uint8_t>> ColdTier::get(const ColdKey& key) {
   }
   if (!s.ok()) {
     // A read error (corruption detected by RocksDB itself included) is a miss.
-    (void)db_->Delete(rocksdb::WriteOptions(), blocks_, k);
+    (void)db_->Delete(blockWriteOptions(), blocks_, k);
     std::lock_guard<std::mutex> lock(mu_);
     forgetLocked(k);
     ++stats_.corruptDropped;
@@ -293,7 +301,7 @@ Result<std::vector<uint8_t>> ColdTier::get(const ColdKey& key) {
   if (!payload) {
     forgetLocked(k);
     ++stats_.corruptDropped;
-    (void)db_->Delete(rocksdb::WriteOptions(), blocks_, k);
+    (void)db_->Delete(blockWriteOptions(), blocks_, k);
     return payload.error();
   }
   touchLocked(k);
