@@ -27,7 +27,9 @@ const char* kUsage =
     "  copy-prefix SRC DST LEN       can-resume SEQ POS       checkpoints SEQ\n"
     "  snapshot SEQ [FROM]           snapshot-info ID         drop-snapshot ID\n"
     "  restore SEQ ID TARGET         rewind SEQ TARGET\n"
-    "  merge ID_A ID_B               split ID AT              get-entry KEY_HEX\n"
+    "  merge ID_A ID_B               split ID AT\n"
+    "  put-entry FILE                get-entry KEY_HEX [OUT]  (content-keyed blobs)\n"
+    "  put-checkpoint SEQ POS FILE   get-checkpoint SEQ POS [OUT]  (recurrent state)\n"
     "Sequences the tool creates are detached (they outlive its session).\n"
     "SPEC: model:layers:kv_heads:head_dim:dtype:block_tokens[:neox|gptj:rotary_dims:base]\n"
     "      dtype one of f16 bf16 f32 f8e4m3 f8e5m2 i8; e.g. "
@@ -190,6 +192,24 @@ Result<Layout> parseLayout(const std::string& spec) {
   return l;
 }
 
+Result<std::vector<uint8_t>> readFile(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return makeError(ErrorCode::kInvalidArgument, "cannot read ", path);
+  std::vector<uint8_t> out;
+  uint8_t buf[65536];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.insert(out.end(), buf, buf + n);
+  std::fclose(f);
+  if (out.empty()) return makeError(ErrorCode::kInvalidArgument, path, " is empty");
+  return out;
+}
+
+void writeFile(const std::string& path, std::span<const uint8_t> bytes) {
+  if (std::FILE* f = std::fopen(path.c_str(), "wb")) {
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+  }
+}
+
 std::string snapshotJson(const SnapshotInfo& s) {
   std::string out = "{\"id\": " + std::to_string(s.id) + ", \"from\": " + std::to_string(s.from) +
                     ", \"to\": " + std::to_string(s.to) + ", \"checkpoints\": [";
@@ -257,7 +277,10 @@ int spaceCommand(const std::string& socket, const Layout& layout,
     }
     if (cmd == "drop-snapshot" && a.size() == 2) return report(space.dropSnapshot(num(1)), done);
     if (cmd == "restore" && a.size() == 4) {
-      return report(space.restore(a[1], num(2), num(3), PutOptions{.detached = true, .window = 0, .chunk = 0, .keys = {}}), done);
+      return report(
+          space.restore(a[1], num(2), num(3),
+                        PutOptions{.detached = true, .window = 0, .chunk = 0, .keys = {}}),
+          done);
     }
     if (cmd == "rewind" && a.size() == 3) return report(space.rewind(a[1], num(2)), done);
     if (cmd == "merge" && a.size() == 3) {
@@ -271,14 +294,36 @@ int spaceCommand(const std::string& socket, const Layout& layout,
                     snapshotJson(r->second).c_str());
       });
     }
-    if (cmd == "get-entry" && a.size() == 2 && a[1].size() == 32) {
+    if (cmd == "put-entry" && a.size() == 2) {
+      const auto bytes = readFile(a[1]);
+      if (!bytes) return report(bytes, [] {});
+      const Key128 key = contentKey(bytes->data(), bytes->size());
+      return report(space.putEntry(key, bytes->data(), bytes->size()), [&] {
+        std::printf("{\"key\": \"%s\", \"bytes\": %zu}\n", key.hex().c_str(), bytes->size());
+      });
+    }
+    if (cmd == "get-entry" && (a.size() == 2 || a.size() == 3) && a[1].size() == 32) {
       Key128 key;
-      for (size_t i = 0; i < 16; ++i)
+      for (size_t i = 0; i < 16; ++i) {
         key.bytes[i] = static_cast<uint8_t>(std::stoul(a[1].substr(2 * i, 2), nullptr, 16));
+      }
       auto r = space.getEntry(key);
       return report(r, [&] {
+        if (a.size() == 3) writeFile(a[2], r->data());
         std::printf("{\"bytes\": %zu, \"content_key\": \"%s\"}\n", r->data().size(),
                     contentKey(r->data().data(), r->data().size()).hex().c_str());
+      });
+    }
+    if (cmd == "put-checkpoint" && a.size() == 4) {
+      const auto bytes = readFile(a[3]);
+      if (!bytes) return report(bytes, [] {});
+      return report(space.putCheckpoint(a[1], num(2), bytes->data(), bytes->size()), done);
+    }
+    if (cmd == "get-checkpoint" && (a.size() == 3 || a.size() == 4)) {
+      auto r = space.getCheckpoint(a[1], num(2));
+      return report(r, [&] {
+        if (a.size() == 4) writeFile(a[3], r->data());
+        std::printf("{\"bytes\": %zu}\n", r->data().size());
       });
     }
   } catch (const std::exception&) {
@@ -342,9 +387,10 @@ int main(int argc, char** argv) {
     layout = *parsed;
   }
   static const char* kSpaceCommands[] = {
-      "length",      "truncate", "remove",        "copy-prefix",   "can-resume",
-      "checkpoints", "snapshot", "snapshot-info", "drop-snapshot", "restore",
-      "rewind",      "merge",    "split",         "get-entry"};
+      "length",         "truncate",      "remove",        "copy-prefix",   "can-resume",
+      "checkpoints",    "snapshot",      "snapshot-info", "drop-snapshot", "restore",
+      "rewind",         "merge",         "split",         "get-entry",     "put-entry",
+      "put-checkpoint", "get-checkpoint"};
   for (const char* c : kSpaceCommands) {
     if (command == c) {
       return kvtier::spaceCommand(socket, layout, std::vector<std::string>(argv + i, argv + argc));
