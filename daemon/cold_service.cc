@@ -125,12 +125,13 @@ kj::Promise<void> ColdService::promote(SpaceId space, std::vector<Key128> keys) 
       std::memcpy(dest, record->data(), bytes);
       return true;
     });
-    auto done = read.then([this, t = *ticket, id](bool ok) {
-      engine_.finishPromote(t, ok);
-      promoting_.erase(id);
-    });
+    // The service owns one branch, so the read always finishes (and unpins its block) even when
+    // every lookup waiting for it is cancelled; that branch, not the read itself, forgets the
+    // entry, so the fork is never destroyed while it runs.
+    auto done = read.then([this, t = *ticket](bool ok) { engine_.finishPromote(t, ok); });
     auto forked = done.fork();
     pending.add(forked.addBranch());
+    tasks_.add(forked.addBranch().then([this, id] { promoting_.erase(id); }));
     promoting_.emplace(id, kj::mv(forked));
   }
   return kj::joinPromises(pending.releaseAsArray());
