@@ -120,10 +120,8 @@ kj::Promise<void> ColdService::promote(SpaceId space, std::vector<Key128> keys) 
     uint8_t* dest = engine_.memory().extentBase(ticket->location.extent) + ticket->location.offset;
     const uint32_t bytes = ticket->location.bytes;
     auto read = workerExecutor_->executeAsync([this, coldKey, dest, bytes]() {
-      auto record = tier_->get(coldKey);
-      if (!record || record->size() != bytes) return false;  // missing or corrupt: a miss
-      std::memcpy(dest, record->data(), bytes);
-      return true;
+      // Missing, corrupt or of the wrong size: a miss (the lookup stops before this block).
+      return tier_->getInto(coldKey, dest, bytes).ok();
     });
     // The service owns one branch, so the read always finishes (and unpins its block) even when
     // every lookup waiting for it is cancelled; that branch, not the read itself, forgets the

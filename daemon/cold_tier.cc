@@ -7,6 +7,7 @@
 #include <xxhash.h>
 
 #include <cstring>
+#include <functional>
 #include <random>
 #include <shared_mutex>
 
@@ -29,7 +30,9 @@ Error unavailable(const rocksdb::Status& s, const char* what) {
   return makeError(ErrorCode::kUnavailable, what, ": ", s.ToString());
 }
 
-std::string encodeValue(const ColdRecord& r) {
+// The value's first part: a 4-byte header size and the header. The payload follows as a second
+// slice of the write batch, read straight from the pool block (no intermediate copy).
+std::string encodeHeader(const ColdRecord& r) {
   capnp::MallocMessageBuilder message;
   auto h = message.initRoot<disk::ColdRecordHeader>();
   h.setFormatVersion(disk::FORMAT_VERSION);
@@ -40,16 +43,16 @@ std::string encodeValue(const ColdRecord& r) {
   h.setChecksum(XXH3_64bits(r.data, r.bytes));
   auto words = capnp::messageToFlatArray(message);
   auto header = words.asBytes();
-  std::string value(4 + header.size() + r.bytes, '\0');
+  std::string out(4 + header.size(), '\0');
   const uint32_t size = static_cast<uint32_t>(header.size());
-  std::memcpy(value.data(), &size, 4);
-  std::memcpy(value.data() + 4, header.begin(), header.size());
-  std::memcpy(value.data() + 4 + header.size(), r.data, r.bytes);
-  return value;
+  std::memcpy(out.data(), &size, 4);
+  std::memcpy(out.data() + 4, header.begin(), header.size());
+  return out;
 }
 
-// Checks a stored value against the key it was read under; returns the payload or why not.
-Result<std::vector<uint8_t>> decodeValue(const ColdKey& key, std::string_view value) {
+// Checks a stored value against the key it was read under; returns its payload (a view into
+// `value`) or why not.
+Result<std::string_view> verifyValue(const ColdKey& key, std::string_view value) {
   auto corrupt = [](const char* why) { return makeError(ErrorCode::kChecksumMismatch, why); };
   uint32_t headerBytes = 0;
   if (value.size() < 4) return corrupt("record too short");
@@ -80,7 +83,7 @@ Result<std::vector<uint8_t>> decodeValue(const ColdKey& key, std::string_view va
     if (XXH3_64bits(payload.data(), payload.size()) != h.getChecksum()) {
       return corrupt("record bytes fail their checksum");
     }
-    return std::vector<uint8_t>(payload.begin(), payload.end());
+    return payload;
   } catch (const kj::Exception&) {
     return corrupt("record header does not parse");
   }
@@ -214,10 +217,10 @@ void ColdTier::forgetLocked(const std::string& key) {
 
 Status ColdTier::putBatch(std::span<const ColdRecord> records) {
   std::vector<std::string> keys;
-  std::vector<std::string> values;
+  std::vector<std::string> headers;
   for (const auto& r : records) {
     keys.push_back(r.key.encode());
-    values.push_back(encodeValue(r));
+    headers.push_back(encodeHeader(r));
   }
   rocksdb::Status s;
   {
@@ -233,7 +236,13 @@ Status ColdTier::putBatch(std::span<const ColdRecord> records) {
       }
     }
     rocksdb::WriteBatch batch;
-    for (size_t i = 0; i < keys.size(); ++i) batch.Put(blocks_, keys[i], values[i]);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const rocksdb::Slice key(keys[i]);
+      const rocksdb::Slice value[2] = {
+          rocksdb::Slice(headers[i]),
+          rocksdb::Slice(reinterpret_cast<const char*>(records[i].data), records[i].bytes)};
+      batch.Put(blocks_, rocksdb::SliceParts(&key, 1), rocksdb::SliceParts(value, 2));
+    }
     needsReopen_ = false;
     s = db_->Write(blockWriteOptions(), &batch);
     if (!s.ok()) needsReopen_ = true;
@@ -273,7 +282,8 @@ void ColdTier::enforceCapacity() {
   for (const auto& k : doomed) (void)db_->Delete(blockWriteOptions(), blocks_, k);
 }
 
-Result<std::vector<uint8_t>> ColdTier::get(const ColdKey& key) {
+Status ColdTier::readVerified(const ColdKey& key,
+                              const std::function<Status(std::string_view)>& consume) {
   const std::string k = key.encode();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -288,15 +298,12 @@ Result<std::vector<uint8_t>> ColdTier::get(const ColdKey& key) {
     forgetLocked(k);
     return makeError(ErrorCode::kNotFound, "no cold record ", key.key.hex());
   }
-  if (!s.ok()) {
-    // A read error (corruption detected by RocksDB itself included) is a miss.
-    (void)db_->Delete(blockWriteOptions(), blocks_, k);
-    std::lock_guard<std::mutex> lock(mu_);
-    forgetLocked(k);
-    ++stats_.corruptDropped;
-    return makeError(ErrorCode::kChecksumMismatch, "cold record unreadable: ", s.ToString());
-  }
-  auto payload = decodeValue(key, std::string_view(value.data(), value.size()));
+  // A read error (corruption RocksDB detected itself included) or a failed check is a miss.
+  auto payload = s.ok()
+                     ? verifyValue(key, std::string_view(value.data(), value.size()))
+                     : Result<std::string_view>(makeError(
+                           ErrorCode::kChecksumMismatch, "cold record unreadable: ", s.ToString()));
+  Status consumed = payload ? consume(*payload) : Status(payload.error());
   std::lock_guard<std::mutex> lock(mu_);
   if (!payload) {
     forgetLocked(k);
@@ -306,7 +313,28 @@ Result<std::vector<uint8_t>> ColdTier::get(const ColdKey& key) {
   }
   touchLocked(k);
   ++stats_.reads;
-  return payload;
+  return consumed;
+}
+
+Result<std::vector<uint8_t>> ColdTier::get(const ColdKey& key) {
+  std::vector<uint8_t> out;
+  auto status = readVerified(key, [&](std::string_view payload) -> Status {
+    out.assign(payload.begin(), payload.end());
+    return {};
+  });
+  if (!status) return status.error();
+  return out;
+}
+
+Status ColdTier::getInto(const ColdKey& key, uint8_t* dest, uint32_t bytes) {
+  return readVerified(key, [&](std::string_view payload) -> Status {
+    if (payload.size() != bytes) {
+      return makeError(ErrorCode::kInvalidArgument, "cold record has ", payload.size(),
+                       " bytes, the block ", bytes);
+    }
+    std::memcpy(dest, payload.data(), bytes);
+    return {};
+  });
 }
 
 bool ColdTier::contains(const ColdKey& key) const {

@@ -14,6 +14,7 @@
 #include <rocksdb/env.h>
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -74,6 +75,9 @@ class ColdTier {
   // The bytes of `key` (blocking). NOT_FOUND if absent; CHECKSUM_MISMATCH if the record fails its
   // checks (it is deleted and counted).
   Result<std::vector<uint8_t>> get(const ColdKey& key);
+  // Like get, but checks the record in RocksDB's buffer and copies the payload once, into `dest`
+  // (`bytes` long; INVALID_ARGUMENT if the record's size differs).
+  Status getInto(const ColdKey& key, uint8_t* dest, uint32_t bytes);
   bool contains(const ColdKey& key) const;  // an in-memory set: cheap
   Status erase(const ColdKey& key);
   ColdStats stats() const;
@@ -86,6 +90,8 @@ class ColdTier {
  private:
   ColdTier() = default;
   Status openDb();  // requires dbMu_ held exclusively (or no other user yet)
+  // Reads and checks `key`'s record; hands its payload to `consume` while the read is pinned.
+  Status readVerified(const ColdKey& key, const std::function<Status(std::string_view)>& consume);
   void closeDb();
   void touchLocked(const std::string& key);
   void enforceCapacity();
