@@ -23,6 +23,7 @@ BlockPool::BlockPool(std::vector<Extent> extents) : extents_(std::move(extents))
     if (e.bytes >= (uint64_t{1} << 48) || e.id >= (1u << 16))
       throw std::invalid_argument("pool extent too large");
     bytesTotal_ += e.bytes;
+    largestExtent_ = std::max(largestExtent_, e.bytes);
   }
 }
 

@@ -90,6 +90,7 @@ class BlockPool {
   uint64_t blocksUsed() const { return used_; }
   uint64_t bytesUsed() const { return bytesUsed_; }
   uint64_t bytesTotal() const { return bytesTotal_; }
+  uint64_t largestExtentBytes() const { return largestExtent_; }
   size_t classCount() const { return classes_.size(); }
   const std::vector<Extent>& extents() const { return extents_; }
 
@@ -113,6 +114,7 @@ class BlockPool {
   uint64_t used_ = 0;
   uint64_t bytesUsed_ = 0;
   uint64_t bytesTotal_ = 0;
+  uint64_t largestExtent_ = 0;
 };
 
 // Where a block's bytes are: implemented over shared memory by transport/ and over the heap for

@@ -1,4 +1,5 @@
 #include "store/engine.h"
+#include "store/engine_util.h"
 
 #include <algorithm>
 #include <cassert>
@@ -7,17 +8,9 @@
 namespace kvtier {
 namespace {
 
-Error invalid(auto&&... args) { return makeError(ErrorCode::kInvalidArgument, args...); }
-
-Status checkName(std::string_view name, const char* what) {
-  if (name.empty()) return invalid(what, " name is empty");
-  if (name.size() > kMaxSeqNameBytes) {
-    return invalid(what, " name of ", name.size(), " bytes exceeds ", kMaxSeqNameBytes);
-  }
-  return {};
-}
-
-uint64_t ceilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+using engine_util::ceilDiv;
+using engine_util::checkName;
+using engine_util::invalid;
 
 }  // namespace
 
@@ -34,8 +27,7 @@ Result<SpaceId> Engine::openSpace(const Layout& layout, const Salt& salt) {
   for (SpaceId id = 0; id < spaces_.size(); ++id) {
     if (spaces_[id].info.fingerprint == fingerprint && spaces_[id].info.salt == salt) return id;
   }
-  uint64_t largestExtent = 0;
-  for (const auto& e : pool_.extents()) largestExtent = std::max(largestExtent, e.bytes);
+  const uint64_t largestExtent = pool_.largestExtentBytes();
   if (layout.blockBytes() > largestExtent) {
     return invalid("a block of ", layout.blockBytes(), " bytes does not fit in a pool extent of ",
                    largestExtent);
@@ -489,10 +481,9 @@ Result<ReadGrant> Engine::get(SpaceId space, std::string_view name, uint64_t beg
   return grant;
 }
 
-Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<const uint32_t> tokens,
-                                    std::span<const Key128> keys, std::string_view bindSeq,
-                                    const SeqOptions& options) {
-  if (auto s = checkSpace(space); !s) return s.error();
+Status Engine::checkLookupInput(SpaceId space, std::span<const uint32_t> tokens,
+                                std::span<const Key128> keys) const {
+  if (auto s = checkSpace(space); !s) return s;
   if (!tokens.empty() && !keys.empty()) return invalid("lookup takes tokens or keys, not both");
   if (tokens.size() > kMaxTokensPerCall) {
     return invalid("lookup of ", tokens.size(), " tokens exceeds ", kMaxTokensPerCall);
@@ -500,6 +491,35 @@ Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<cons
   if (keys.size() > kMaxBlocksPerLease) {
     return invalid("lookup of ", keys.size(), " keys exceeds ", kMaxBlocksPerLease);
   }
+  return {};
+}
+
+size_t Engine::walkKeys(SpaceId space, std::span<const uint32_t> tokens,
+                        std::span<const Key128> keys, std::span<const Key128> known,
+                        const std::function<bool(size_t, const Key128&)>& visit) const {
+  const SpaceInfo& info = spaces_[space].info;
+  const uint32_t bt = info.layout.blockTokens;
+  const size_t candidates =
+      keys.empty() ? std::min(tokens.size() / bt, kMaxBlocksPerLease) : keys.size();
+  BlockKeyHasher hasher(info.fingerprint, info.salt);
+  Key128 key;
+  for (size_t i = 0; i < candidates; ++i) {
+    if (!keys.empty()) {
+      key = keys[i];
+    } else if (i < known.size()) {
+      key = known[i];
+    } else {
+      key = hasher.next(i == 0 ? nullptr : &key, tokens.subspan(i * bt, bt));
+    }
+    if (!visit(i, key)) break;
+  }
+  return candidates;
+}
+
+Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<const uint32_t> tokens,
+                                    std::span<const Key128> keys, std::string_view bindSeq,
+                                    const SeqOptions& options, std::span<const Key128> knownKeys) {
+  if (auto s = checkLookupInput(space, tokens, keys); !s) return s.error();
   if (!bindSeq.empty()) {
     if (auto s = checkName(bindSeq, "sequence"); !s) return s.error();
     if (options.window > 0 && options.chunk > 0) {
@@ -507,17 +527,14 @@ Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<cons
     }
   }
   const uint32_t bt = blockTokens(space);
-  const size_t candidates =
-      keys.empty() ? std::min(tokens.size() / bt, kMaxBlocksPerLease) : keys.size();
   std::vector<BlockId> blocks;
-  BlockKeyHasher hasher(spaces_[space].info.fingerprint, spaces_[space].info.salt);
-  Key128 key;
-  for (size_t i = 0; i < candidates; ++i) {
-    key = keys.empty() ? hasher.next(i == 0 ? nullptr : &key, tokens.subspan(i * bt, bt)) : keys[i];
-    auto it = index_.find(IndexKey{space, key});
-    if (it == index_.end()) break;
-    blocks.push_back(it->second);
-  }
+  const size_t candidates =
+      walkKeys(space, tokens, keys, knownKeys, [&](size_t, const Key128& key) {
+        auto it = index_.find(IndexKey{space, key});
+        if (it == index_.end()) return false;
+        blocks.push_back(it->second);
+        return true;
+      });
   hits_ += blocks.size();
   if (blocks.size() < candidates) ++misses_;
 

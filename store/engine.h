@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -166,9 +167,11 @@ class Engine {
   Result<ReadGrant> get(SpaceId space, std::string_view seq, uint64_t begin, uint64_t end);
   // Longest prefix of `tokens` (or of the client `keys`, one per block) made of sealed blocks,
   // under a read lease. With `bindSeq`, that prefix also becomes the whole of sequence bindSeq.
+  // `knownKeys`, if given, are the first keys of the tokens' chain as lookupPlan computed them for
+  // the same tokens: they are not hashed again.
   Result<LookupResult> lookup(OwnerId owner, SpaceId space, std::span<const uint32_t> tokens,
                               std::span<const Key128> keys, std::string_view bindSeq,
-                              const SeqOptions& options);
+                              const SeqOptions& options, std::span<const Key128> knownKeys = {});
   // Unpins the blocks of a read lease. RELEASED if unknown.
   Status releaseRead(LeaseId lease);
 
@@ -314,6 +317,15 @@ class Engine {
   };
 
   Status checkSpace(SpaceId space) const;
+  // The bounds on a lookup's tokens or keys (lookup and lookupPlan).
+  Status checkLookupInput(SpaceId space, std::span<const uint32_t> tokens,
+                          std::span<const Key128> keys) const;
+  // Walks the key chain of a lookup's candidate blocks — the client's keys, or the chain hashed
+  // from the tokens (the first `known.size()` keys taken from `known`) — calling visit(i, key)
+  // until it returns false. Returns how many blocks were candidates.
+  size_t walkKeys(SpaceId space, std::span<const uint32_t> tokens, std::span<const Key128> keys,
+                  std::span<const Key128> known,
+                  const std::function<bool(size_t, const Key128&)>& visit) const;
   Sequence* findSeq(SpaceId space, std::string_view name);
   uint32_t blockTokens(SpaceId space) const { return spaces_[space].info.layout.blockTokens; }
 

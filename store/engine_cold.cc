@@ -57,25 +57,15 @@ void Engine::finishSpill(std::span<const SpillItem> items, bool written) {
 Result<std::vector<Engine::PlanStep>> Engine::lookupPlan(SpaceId space,
                                                          std::span<const uint32_t> tokens,
                                                          std::span<const Key128> keys) {
-  if (auto s = checkSpace(space); !s) return s.error();
-  if (!tokens.empty() && !keys.empty())
-    return makeError(ErrorCode::kInvalidArgument, "tokens or keys");
-  if (tokens.size() > kMaxTokensPerCall || keys.size() > kMaxBlocksPerLease) {
-    return makeError(ErrorCode::kInvalidArgument, "lookup too large");
-  }
+  if (auto s = checkLookupInput(space, tokens, keys); !s) return s.error();
   const SpaceInfo& info = spaces_[space].info;
-  const uint32_t bt = info.layout.blockTokens;
-  const size_t candidates =
-      keys.empty() ? std::min(tokens.size() / bt, kMaxBlocksPerLease) : keys.size();
   std::vector<PlanStep> plan;
-  BlockKeyHasher hasher(info.fingerprint, info.salt);
-  Key128 key;
-  for (size_t i = 0; i < candidates; ++i) {
-    key = keys.empty() ? hasher.next(i == 0 ? nullptr : &key, tokens.subspan(i * bt, bt)) : keys[i];
+  walkKeys(space, tokens, keys, {}, [&](size_t, const Key128& key) {
     const bool hot = index_.count(IndexKey{space, key}) > 0;
-    if (!hot && !(cold_ && cold_->contains(info.fingerprint, info.salt, key))) break;
+    if (!hot && !(cold_ && cold_->contains(info.fingerprint, info.salt, key))) return false;
     plan.push_back(PlanStep{key, hot});
-  }
+    return true;
+  });
   return plan;
 }
 

@@ -5,13 +5,14 @@
 #include <cstring>
 
 #include "store/engine.h"
+#include "store/engine_util.h"
 
 namespace kvtier {
 namespace {
 
-Error invalid(auto&&... args) { return makeError(ErrorCode::kInvalidArgument, args...); }
-
-uint64_t ceilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+using engine_util::ceilDiv;
+using engine_util::checkName;
+using engine_util::invalid;
 
 // Blobs (checkpoints, entries) come in power-of-two size classes from 4 KiB, so that a handful of
 // classes serve every size (at most 2x slack).
@@ -92,7 +93,7 @@ Status Engine::restore(OwnerId owner, SpaceId space, std::string_view name,
                        std::optional<SnapshotId> snapId, uint64_t target,
                        const SeqOptions& options) {
   if (auto s = checkSpace(space); !s) return s;
-  if (name.empty() || name.size() > kMaxSeqNameBytes) return invalid("bad sequence name");
+  if (auto s = checkName(name, "sequence"); !s) return s;
   Sequence* seq = findSeq(space, name);
   const uint64_t length = seq ? seq->tokens.size() : 0;
   const uint32_t bt = blockTokens(space);
@@ -321,8 +322,7 @@ Result<std::pair<SnapshotInfo, SnapshotInfo>> Engine::splitSnapshot(SpaceId spac
 
 Result<BlobGrant> Engine::grantBlob(LeaseKind kind, SpaceId space, std::string seq, uint64_t pos,
                                     uint64_t bytes, const Key128& key) {
-  uint64_t largestExtent = 0;
-  for (const auto& e : pool_.extents()) largestExtent = std::max(largestExtent, e.bytes);
+  const uint64_t largestExtent = pool_.largestExtentBytes();
   if (bytes == 0 || bytes > kMaxBlockBytes || blobClassBytes(bytes) > largestExtent) {
     return invalid("a blob of ", bytes, " bytes is outside 1..",
                    std::min(kMaxBlockBytes, largestExtent));
@@ -353,7 +353,7 @@ Result<BlobGrant> Engine::grantBlob(LeaseKind kind, SpaceId space, std::string s
 Result<BlobGrant> Engine::putCheckpoint(SpaceId space, std::string_view name, uint64_t pos,
                                         uint64_t bytes) {
   if (auto s = checkSpace(space); !s) return s.error();
-  if (name.empty() || name.size() > kMaxSeqNameBytes) return invalid("bad sequence name");
+  if (auto s = checkName(name, "sequence"); !s) return s.error();
   Sequence* seq = findSeq(space, name);
   if (!seq) return makeError(ErrorCode::kNotFound, "no sequence '", name, "'");
   if (pos > seq->tokens.size()) {
