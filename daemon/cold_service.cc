@@ -106,33 +106,43 @@ kj::Promise<void> ColdService::whenSpillSettles() {
 
 kj::Promise<void> ColdService::promote(SpaceId space, std::vector<Key128> keys) {
   kj::Vector<kj::Promise<void>> pending;
-  for (const auto& key : keys) {
-    const std::string id = promoteKey(space, key);
-    auto it = promoting_.find(id);
-    if (it != promoting_.end()) {  // someone is reading it already: wait for the same read
-      pending.add(it->second.addBranch());
-      continue;
-    }
-    auto ticket = engine_.beginPromote(space, key);
-    if (!ticket || ticket->block == kNoBlock) continue;  // no room, or already back in memory
-    const SpaceInfo& sp = engine_.space(space);
-    const ColdKey coldKey{sp.fingerprint, sp.salt, key};
-    uint8_t* dest = engine_.memory().extentBase(ticket->location.extent) + ticket->location.offset;
-    const uint32_t bytes = ticket->location.bytes;
-    auto read = workerExecutor_->executeAsync([this, coldKey, dest, bytes]() {
-      // Missing, corrupt or of the wrong size: a miss (the lookup stops before this block).
-      return tier_->getInto(coldKey, dest, bytes).ok();
-    });
-    // The service owns one branch, so the read always finishes (and unpins its block) even when
-    // every lookup waiting for it is cancelled; that branch, not the read itself, forgets the
-    // entry, so the fork is never destroyed while it runs.
-    auto done = read.then([this, t = *ticket](bool ok) { engine_.finishPromote(t, ok); });
-    auto forked = done.fork();
-    pending.add(forked.addBranch());
-    tasks_.add(forked.addBranch().then([this, id] { promoting_.erase(id); }));
-    promoting_.emplace(id, kj::mv(forked));
-  }
+  for (const auto& key : keys) pending.add(promoteOne(space, key, 0));
   return kj::joinPromises(pending.releaseAsArray());
+}
+
+kj::Promise<void> ColdService::promoteOne(SpaceId space, Key128 key, int waits) {
+  const std::string id = promoteKey(space, key);
+  auto it = promoting_.find(id);
+  if (it != promoting_.end()) return it->second.addBranch();  // the same read, already going
+  auto ticket = engine_.beginPromote(space, key);
+  if (!ticket) {
+    // No block to read into: as for any allocating call, wait for the spill batch in flight when
+    // it can make room; otherwise the block stays cold and the lookup stops before it.
+    if (ticket.code() == ErrorCode::kFull && waits < kMaxRoomWaits && canMakeRoom()) {
+      kick();
+      return whenSpillSettles().then(
+          [this, space, key, waits] { return promoteOne(space, key, waits + 1); });
+    }
+    return kj::READY_NOW;
+  }
+  if (ticket->block == kNoBlock) return kj::READY_NOW;  // already back in memory
+  const SpaceInfo& sp = engine_.space(space);
+  const ColdKey coldKey{sp.fingerprint, sp.salt, key};
+  uint8_t* dest = engine_.memory().extentBase(ticket->location.extent) + ticket->location.offset;
+  const uint32_t bytes = ticket->location.bytes;
+  auto read = workerExecutor_->executeAsync([this, coldKey, dest, bytes]() {
+    // Missing, corrupt or of the wrong size: a miss (the lookup stops before this block).
+    return tier_->getInto(coldKey, dest, bytes).ok();
+  });
+  // The service owns one branch, so the read always finishes (and unpins its block) even when
+  // every lookup waiting for it is cancelled; that branch, not the read itself, forgets the
+  // entry, so the fork is never destroyed while it runs.
+  auto done = read.then([this, t = *ticket](bool ok) { engine_.finishPromote(t, ok); });
+  auto forked = done.fork();
+  auto branch = forked.addBranch();
+  tasks_.add(forked.addBranch().then([this, id] { promoting_.erase(id); }));
+  promoting_.emplace(id, kj::mv(forked));
+  return branch;
 }
 
 void ColdService::flushAll(kj::WaitScope& waitScope) {

@@ -50,6 +50,9 @@ class ColdTierDirectory final : public ColdDirectory {
 
 class ColdService final : private kj::TaskSet::ErrorHandler {
  public:
+  // How many spill batches a call short of memory waits for before it gives up (FULL, or a
+  // promote that leaves its block cold). Shared by the server's calls and promotes.
+  static constexpr int kMaxRoomWaits = 32;
   // After a failed spill (a full or failing disk), wait this long before trying again.
   static constexpr kj::Duration kDefaultSpillRetryDelay = 1 * kj::SECONDS;
 
@@ -75,6 +78,8 @@ class ColdService final : private kj::TaskSet::ErrorHandler {
  private:
   void taskFailed(kj::Exception&& exception) override;
   void spillFinished(std::vector<SpillItem> batch, bool ok);
+  // Reads one cold block back; waits for the spiller when the pool has no room yet.
+  kj::Promise<void> promoteOne(SpaceId space, Key128 key, int waits);
 
   Engine& engine_;
   std::unique_ptr<ColdTier> tier_;

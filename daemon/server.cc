@@ -73,9 +73,6 @@ void kickSpill(ColdService* cold) {
   if (cold) cold->kick();
 }
 
-// Put attempts that wait for the spiller when the pool is full of blocks not yet on disk.
-constexpr int kMaxFullRetries = 32;
-
 SeqOptions optionsFrom(rpc::SeqOptions::Reader in) {
   return SeqOptions{in.getDetached(), in.getWindow(), in.getChunk()};
 }
@@ -288,30 +285,33 @@ class SpaceImpl final : public rpc::Space::Server {
     std::string bindSeq(text(p.getBindSeq()));
     const SeqOptions options = optionsFrom(p.getOptions());
     const bool inlineData = p.getInline();
+    std::vector<Key128> chain;  // the prompt's keys the plan hashed: the lookup reuses them
     if (cold_) {
       // Blocks of the prefix held only on disk come back into the pool before the answer.
       const auto plan = orThrow(engine_.lookupPlan(space_, tokens, keys));
       std::vector<Key128> cold;
       for (const auto& step : plan) {
+        chain.push_back(step.key);
         if (!step.hot) cold.push_back(step.key);
       }
       if (!cold.empty()) {
         return cold_->promote(space_, std::move(cold))
             .then([this, context = kj::mv(context), tokens = std::move(tokens),
-                   keys = std::move(keys), bindSeq = std::move(bindSeq), options,
-                   inlineData]() mutable {
-              answerLookup(context, tokens, keys, bindSeq, options, inlineData);
+                   keys = std::move(keys), bindSeq = std::move(bindSeq), options, inlineData,
+                   chain = std::move(chain)]() mutable {
+              answerLookup(context, tokens, keys, bindSeq, options, inlineData, chain);
             });
       }
     }
-    answerLookup(context, tokens, keys, bindSeq, options, inlineData);
+    answerLookup(context, tokens, keys, bindSeq, options, inlineData, chain);
     return kj::READY_NOW;
   }
 
   void answerLookup(LookupContext& context, const std::vector<uint32_t>& tokens,
                     const std::vector<Key128>& keys, const std::string& bindSeq,
-                    const SeqOptions& options, bool inlineData) {
-    LookupResult result = orThrow(engine_.lookup(owner_, space_, tokens, keys, bindSeq, options));
+                    const SeqOptions& options, bool inlineData, const std::vector<Key128>& chain) {
+    LookupResult result =
+        orThrow(engine_.lookup(owner_, space_, tokens, keys, bindSeq, options, chain));
     auto out = context.getResults();
     out.setMatchedTokens(result.matchedTokens);
     setBlocks(out.initBlocks(result.blocks.size()), result.blocks);
@@ -469,8 +469,8 @@ class SpaceImpl final : public rpc::Space::Server {
   template <typename Attempt>
   kj::Promise<void> whenRoom(Attempt attempt, int tries = 0) {
     KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] { attempt(); })) {
-      if (cold_ && tries < kMaxFullRetries && fromKjException(*e).code() == ErrorCode::kFull &&
-          cold_->canMakeRoom()) {
+      if (cold_ && tries < ColdService::kMaxRoomWaits &&
+          fromKjException(*e).code() == ErrorCode::kFull && cold_->canMakeRoom()) {
         cold_->kick();
         return cold_->whenSpillSettles().then([this, attempt = kj::mv(attempt), tries]() mutable {
           return whenRoom(kj::mv(attempt), tries + 1);
