@@ -808,6 +808,18 @@ struct RatioReport {
   }
 };
 
+// An empty report of one ratio: what kvtier and its anchor measure, and the target.
+RatioReport newReport(std::string name, std::string kvtierWhat, std::string anchorWhat,
+                      std::string unit, bool higherIsBetter, double target) {
+  RatioReport r;
+  r.name = std::move(name);
+  r.kvtier = {std::move(kvtierWhat), unit, {}};
+  r.anchor = {std::move(anchorWhat), unit, {}};
+  r.higherIsBetter = higherIsBetter;
+  r.target = target;
+  return r;
+}
+
 std::string human(double value, const std::string& unit) {
   char buf[64];
   if (std::isnan(value)) return "-";
@@ -1067,16 +1079,7 @@ Status runLocalSuite(const Options& options) {
     }
   }
 
-  auto report = [](std::string name, std::string kvtierWhat, std::string anchorWhat,
-                   std::string unit, bool higherIsBetter, double target) {
-    RatioReport r;
-    r.name = std::move(name);
-    r.kvtier = {std::move(kvtierWhat), unit, {}};
-    r.anchor = {std::move(anchorWhat), unit, {}};
-    r.higherIsBetter = higherIsBetter;
-    r.target = target;
-    return r;
-  };
+  const auto report = newReport;
   RatioReport getMem = report("get_vs_memcpy", "lookup+copyTo", "memcpy", "bytes/s", true, 0.8);
   RatioReport putMem = report("put_vs_memcpy", "put+commit", "memcpy", "bytes/s", true, 0.8);
   RatioReport rtt =
@@ -1614,16 +1617,7 @@ Status runColdSuite(const Options& options) {
   const std::string dbVersion = dbBench ? dbBenchVersion(*dbBench) : "";
   const ColdWorkload w;
 
-  auto report = [](std::string name, std::string kvtierWhat, std::string anchorWhat,
-                   std::string unit, bool higherIsBetter, double target) {
-    RatioReport r;
-    r.name = std::move(name);
-    r.kvtier = {std::move(kvtierWhat), unit, {}};
-    r.anchor = {std::move(anchorWhat), unit, {}};
-    r.higherIsBetter = higherIsBetter;
-    r.target = target;
-    return r;
-  };
+  const auto report = newReport;
   RatioReport spill =
       report("spill_vs_dbbench", "spill", "db_bench fillrandom", "blocks/s", true, 0.5);
   RatioReport promote =

@@ -353,6 +353,8 @@ class Engine {
   SnapshotInfo infoOf(SnapshotId id, const Snapshot& snap) const;
   Status middleRemove(SpaceId space, Sequence& seq, uint64_t begin, uint64_t end);
   void evict(BlockId victim);
+  // Marks a sealed block as being written to the cold tier and describes it for the writer.
+  SpillItem markSpilling(BlockId b);
   // Allocates n blocks or none.
   bool allocateMany(SpaceId space, size_t n, std::vector<BlockId>& out);
   void ref(BlockId id);

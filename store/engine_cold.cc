@@ -10,6 +10,13 @@ namespace kvtier {
 // Blocks being spilled keep their place in the eviction order and are not pinned: eviction
 // takes only blocks already on disk (and never one marked spilling), so the worker can read
 // them in place, and clean blocks leave in least-recently-used order.
+SpillItem Engine::markSpilling(BlockId b) {
+  BlockMeta& m = pool_[b];
+  m.spilling = true;
+  const SpaceInfo& sp = spaces_[m.space].info;
+  return SpillItem{b, pool_.location(b), sp.fingerprint, sp.salt, m.key};
+}
+
 std::vector<SpillItem> Engine::takeSpillBatch(size_t max) {
   std::vector<SpillItem> out;
   while (out.size() < max && !dirty_.empty()) {
@@ -21,9 +28,7 @@ std::vector<SpillItem> Engine::takeSpillBatch(size_t max) {
         m.pins != 0) {
       continue;
     }
-    m.spilling = true;
-    const SpaceInfo& sp = spaces_[m.space].info;
-    out.push_back(SpillItem{b, pool_.location(b), sp.fingerprint, sp.salt, m.key});
+    out.push_back(markSpilling(b));
   }
   return out;
 }
@@ -33,9 +38,7 @@ std::vector<SpillItem> Engine::takeAllUnspilled() {
   for (BlockId b = 0; pool_.valid(b); ++b) {
     BlockMeta& m = pool_[b];
     if (m.state != BlockState::kSealed || m.entry || m.onDisk || m.spilling) continue;
-    m.spilling = true;
-    const SpaceInfo& sp = spaces_[m.space].info;
-    out.push_back(SpillItem{b, pool_.location(b), sp.fingerprint, sp.salt, m.key});
+    out.push_back(markSpilling(b));
   }
   return out;
 }
