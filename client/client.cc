@@ -850,37 +850,41 @@ Status Space::writeBlob(const void* bytes, size_t size, std::unique_ptr<LeaseSta
   });
 }
 
-Status Space::putCheckpoint(std::string_view seq, uint64_t pos, const void* state, size_t bytes) {
+template <typename MakeRequest>
+Status Space::putBlob(MakeRequest&& makeRequest, const void* bytes, size_t size) {
   auto lease = std::make_unique<LeaseState>();
   lease->client = client_.impl_.get();
   auto block = client_.impl_->run([&] {
-    auto req = impl_->space().putCheckpointRequest();
-    req.setSeq(std::string(seq));
-    req.setPos(pos);
-    req.setBytes(bytes);
-    return req.send().then([&lease](capnp::Response<rpc::Space::PutCheckpointResults>&& r) {
-      lease->cap = r.getLease();
-      return refFrom(r.getBlock());
-    });
-  });
-  if (!block) return block.error();
-  return writeBlob(state, bytes, std::move(lease), *block);
-}
-
-Status Space::putEntry(const Key128& key, const void* bytes, size_t size) {
-  auto lease = std::make_unique<LeaseState>();
-  lease->client = client_.impl_.get();
-  auto block = client_.impl_->run([&] {
-    auto req = impl_->space().putEntryRequest();
-    req.setKey(capnp::Data::Reader(key.bytes.data(), key.bytes.size()));
-    req.setBytes(size);
-    return req.send().then([&lease](capnp::Response<rpc::Space::PutEntryResults>&& r) {
+    return makeRequest().send().then([&lease](auto&& r) {
       lease->cap = r.getLease();
       return refFrom(r.getBlock());
     });
   });
   if (!block) return block.error();
   return writeBlob(bytes, size, std::move(lease), *block);
+}
+
+Status Space::putCheckpoint(std::string_view seq, uint64_t pos, const void* state, size_t bytes) {
+  return putBlob(
+      [&] {
+        auto req = impl_->space().putCheckpointRequest();
+        req.setSeq(std::string(seq));
+        req.setPos(pos);
+        req.setBytes(bytes);
+        return req;
+      },
+      state, bytes);
+}
+
+Status Space::putEntry(const Key128& key, const void* bytes, size_t size) {
+  return putBlob(
+      [&] {
+        auto req = impl_->space().putEntryRequest();
+        req.setKey(capnp::Data::Reader(key.bytes.data(), key.bytes.size()));
+        req.setBytes(size);
+        return req;
+      },
+      bytes, size);
 }
 
 template <typename MakeRequest>

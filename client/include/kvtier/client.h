@@ -275,6 +275,8 @@ class Space {
   struct Impl;
   template <typename MakeRequest>
   Result<BlobHandle> readBlob(MakeRequest&& makeRequest);
+  template <typename MakeRequest>
+  Status putBlob(MakeRequest&& makeRequest, const void* bytes, size_t size);
   Status writeBlob(const void* bytes, size_t size, std::unique_ptr<LeaseState> lease,
                    const BlockRef& block);
   Space(Client& client, std::unique_ptr<Impl> impl, Layout layout, uint64_t fingerprint);
