@@ -35,7 +35,8 @@ TEST(BlockCopy, PackUnpackRoundTripsAtAnyOffsetAndRunSize) {
         unpackSlots(g, copy.data() + 5, first, slots, p, packedTokens, packedFirst);
         for (uint64_t lkv = 0; lkv < 2ull * g.numLayers; ++lkv) {
           const uint64_t off = (lkv * g.blockTokens + first) * tokenBytes;
-          ASSERT_EQ(0, std::memcmp(copy.data() + 5 + off, block.data() + 1 + off, slots * tokenBytes))
+          ASSERT_EQ(0,
+                    std::memcmp(copy.data() + 5 + off, block.data() + 1 + off, slots * tokenBytes))
               << "tokenBytes " << tokenBytes << " first " << first << " slots " << slots;
         }
       }

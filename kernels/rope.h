@@ -32,6 +32,10 @@ class CpuKeyRotator final : public KeyRotator {
   }
 };
 
+// cos and sin of delta * theta_d for d in [0, rotaryDims / 2): the table rotateK (and the CUDA
+// kernel) rotate by, computed in double and rounded to float.
+void ropeTable(const RopeScheme& rope, int64_t delta, float* cosines, float* sines);
+
 // Float conversions of the supported dtypes (exposed for tests and reference code).
 float halfToFloat(uint16_t h);
 uint16_t floatToHalf(float f);

@@ -1,0 +1,27 @@
+// The launch functions kernels/cuda/kernels.cu defines: the boundary between nvcc-compiled code and
+// the host code in kernels/gpu.cc (compiled by the C++ compiler). Device pointers only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/paged_copy.h"
+
+namespace kvtier::kernels::gpu::detail {
+
+// `c`'s tables must be readable by the device. `alignment` from pagedCopyAlignment.
+cudaError_t pagedCopy(bool scatter, const PagedKv& kv, const PagedCopy& c, uint32_t alignment,
+                      cudaStream_t stream);
+
+struct RotateArgs {
+  uint8_t* k = nullptr;               // [heads][headDim] elements, in device memory
+  const float* cosSin = nullptr;      // half cosines, then half sines, in device memory
+  uint64_t heads = 0;                 // tokens * kvHeads
+  uint32_t headDim = 0, half = 0;     // half = rotaryDims / 2
+  uint32_t dtype = 0, elemBytes = 0;  // DType value (fp16, bf16, fp32) and its size
+  bool neox = true;
+};
+cudaError_t rotateK(const RotateArgs& args, cudaStream_t stream);
+
+}  // namespace kvtier::kernels::gpu::detail
