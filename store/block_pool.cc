@@ -23,7 +23,9 @@ BlockPool::BlockPool(std::vector<Extent> extents) : extents_(std::move(extents))
     if (e.bytes >= (uint64_t{1} << 48) || e.id >= (1u << 16))
       throw std::invalid_argument("pool extent too large");
     bytesTotal_ += e.bytes;
-    largestExtent_ = std::max(largestExtent_, e.bytes);
+    if (e.tier == 0) largestExtent_ = std::max(largestExtent_, e.bytes);
+    if (cursors_.size() <= e.tier) cursors_.resize(size_t{e.tier} + 1);
+    cursors_[e.tier].present = true;
   }
 }
 
@@ -34,23 +36,30 @@ BlockId BlockPool::find(uint32_t extent, uint64_t offset) const {
   return it == byLocation_.end() ? kNoBlock : it->second;
 }
 
-uint32_t BlockPool::sizeClass(uint32_t blockBytes) {
+uint32_t BlockPool::sizeClass(uint32_t blockBytes, uint8_t tier) {
   for (uint32_t i = 0; i < classes_.size(); ++i) {
-    if (classes_[i].blockBytes == blockBytes) return i;
+    if (classes_[i].blockBytes == blockBytes && classes_[i].tier == tier) return i;
   }
-  classes_.push_back(SizeClass{blockBytes});
+  classes_.push_back(SizeClass{blockBytes, tier});
   return static_cast<uint32_t>(classes_.size() - 1);
 }
 
 BlockId BlockPool::carve(uint32_t cls) {
   const uint32_t bytes = classes_[cls].blockBytes;
   const uint64_t align = alignmentFor(bytes);
-  while (carveExtent_ < extents_.size()) {
-    const uint64_t offset = alignUp(carveOffset_, align);
-    if (offset + bytes <= extents_[carveExtent_].bytes) {
-      carveOffset_ = offset + bytes;
+  const uint8_t tier = classes_[cls].tier;
+  if (tier >= cursors_.size()) return kNoBlock;
+  Cursor& cur = cursors_[tier];
+  while (cur.extent < extents_.size()) {
+    if (extents_[cur.extent].tier != tier) {
+      ++cur.extent;
+      continue;
+    }
+    const uint64_t offset = alignUp(cur.offset, align);
+    if (offset + bytes <= extents_[cur.extent].bytes) {
+      cur.offset = offset + bytes;
       BlockMeta meta;
-      meta.extent = extents_[carveExtent_].id;
+      meta.extent = extents_[cur.extent].id;
       meta.offset = offset;
       meta.sizeClass = cls;
       blocks_.push_back(meta);
@@ -60,8 +69,8 @@ BlockId BlockPool::carve(uint32_t cls) {
       return id;
     }
     // A block never straddles two extents: the tail of this one stays unused.
-    ++carveExtent_;
-    carveOffset_ = 0;
+    ++cur.extent;
+    cur.offset = 0;
   }
   return kNoBlock;
 }
@@ -107,12 +116,15 @@ BlockLocation BlockPool::location(BlockId id) const {
   return BlockLocation{m.extent, m.offset, classes_[m.sizeClass].blockBytes, m.generation};
 }
 
-uint64_t BlockPool::carvableBlocks(uint32_t blockBytes) const {
+uint64_t BlockPool::carvableBlocks(uint32_t blockBytes, uint8_t tier) const {
+  if (tier >= cursors_.size()) return 0;
+  const Cursor& cur = cursors_[tier];
   const uint64_t align = alignmentFor(blockBytes);
   const uint64_t stride = alignUp(blockBytes, align);
   uint64_t n = 0;
-  for (size_t e = carveExtent_; e < extents_.size(); ++e) {
-    const uint64_t offset = alignUp(e == carveExtent_ ? carveOffset_ : 0, align);
+  for (size_t e = cur.extent; e < extents_.size(); ++e) {
+    if (extents_[e].tier != tier) continue;
+    const uint64_t offset = alignUp(e == cur.extent ? cur.offset : 0, align);
     if (offset + blockBytes <= extents_[e].bytes)
       n += (extents_[e].bytes - offset - blockBytes) / stride + 1;
   }
@@ -120,7 +132,7 @@ uint64_t BlockPool::carvableBlocks(uint32_t blockBytes) const {
 }
 
 uint64_t BlockPool::blocksTotal(uint32_t cls) const {
-  return classes_[cls].carved + carvableBlocks(classes_[cls].blockBytes);
+  return classes_[cls].carved + carvableBlocks(classes_[cls].blockBytes, classes_[cls].tier);
 }
 
 HeapBlockMemory::HeapBlockMemory(const std::vector<BlockPool::Extent>& extents) {

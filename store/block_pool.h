@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <unordered_map>
 #include <vector>
@@ -60,15 +61,23 @@ class BlockPool {
   struct Extent {
     uint32_t id;
     uint64_t bytes;
+    // Which memory the extent is: 0 the host pool, 1 + d the pool of GPU d. Blocks of one size
+    // in different tiers are different size classes: allocation names the tier it wants.
+    uint8_t tier = 0;
   };
 
   explicit BlockPool(std::vector<Extent> extents);
   BlockPool(const BlockPool&) = delete;
   BlockPool& operator=(const BlockPool&) = delete;
 
-  // The size class of blocks of `blockBytes` bytes, created on first use.
-  uint32_t sizeClass(uint32_t blockBytes);
+  // The size class of blocks of `blockBytes` bytes in `tier`, created on first use.
+  uint32_t sizeClass(uint32_t blockBytes, uint8_t tier = 0);
   uint32_t classBytes(uint32_t cls) const { return classes_[cls].blockBytes; }
+  uint8_t classTier(uint32_t cls) const { return classes_[cls].tier; }
+  // The tier of a block (of its extent).
+  uint8_t tierOf(BlockId id) const { return classes_[blocks_[id].sizeClass].tier; }
+  // True when some extent belongs to `tier`.
+  bool hasTier(uint8_t tier) const { return tier < cursors_.size() && cursors_[tier].present; }
 
   // A free block of class `cls` (state kWriting, refs 0, pins 0), or kNoBlock when the class has
   // no free block and the extents have no room to carve one. Hot path: O(1), amortised no
@@ -90,27 +99,34 @@ class BlockPool {
   uint64_t blocksUsed() const { return used_; }
   uint64_t bytesUsed() const { return bytesUsed_; }
   uint64_t bytesTotal() const { return bytesTotal_; }
-  uint64_t largestExtentBytes() const { return largestExtent_; }
+  uint64_t largestExtentBytes() const { return largestExtent_; }  // of the host tier
   size_t classCount() const { return classes_.size(); }
   const std::vector<Extent>& extents() const { return extents_; }
 
  private:
   struct SizeClass {
     uint32_t blockBytes;
+    uint8_t tier = 0;
     BlockId freeHead = kNoBlock;
     uint64_t carved = 0;
     uint64_t used = 0;
   };
 
+  // Where the next block of a tier is carved: extents of other tiers are skipped.
+  struct Cursor {
+    bool present = false;
+    size_t extent = 0;
+    uint64_t offset = 0;
+  };
+
   BlockId carve(uint32_t cls);
-  uint64_t carvableBlocks(uint32_t blockBytes) const;
+  uint64_t carvableBlocks(uint32_t blockBytes, uint8_t tier) const;
 
   std::vector<Extent> extents_;
   std::vector<SizeClass> classes_;
   std::vector<BlockMeta> blocks_;
   std::unordered_map<uint64_t, BlockId> byLocation_;  // (extent << 48 | offset) -> block
-  size_t carveExtent_ = 0;
-  uint64_t carveOffset_ = 0;
+  std::vector<Cursor> cursors_;  // by tier
   uint64_t used_ = 0;
   uint64_t bytesUsed_ = 0;
   uint64_t bytesTotal_ = 0;
@@ -119,11 +135,20 @@ class BlockPool {
 
 // Where a block's bytes are: implemented over shared memory by transport/ and over the heap for
 // in-process use and tests. Pointers stay valid for the pool's life.
+//
+// An extent may live in GPU memory (a tiered pool): its base is then a device address, which the
+// CPU must not dereference. The engine asks hostAddressable before touching bytes itself, and
+// moves bytes between blocks only through copy().
 class BlockMemory {
  public:
   virtual ~BlockMemory() = default;
   virtual uint8_t* extentBase(uint32_t extent) = 0;
   uint8_t* blockData(const BlockMeta& meta) { return extentBase(meta.extent) + meta.offset; }
+  virtual bool hostAddressable(uint32_t /*extent*/) const { return true; }
+  // Copies `bytes` between addresses inside extents (host or device, either way). Blocking.
+  virtual void copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+    std::memcpy(dst, src, bytes);
+  }
 };
 
 // Heap-backed extents: for in-process engines and unit tests.

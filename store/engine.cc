@@ -92,13 +92,18 @@ void Engine::settle(BlockId id) {
   BlockMeta& m = pool_[id];
   if (m.state == BlockState::kSealed) {
     policy_->insert(id, m.sizeClass);
-    if (cold_ && !m.onDisk && !m.entry) dirty_.push_back(id);
+    // The cold tier takes host blocks: GPU blocks reach it through the host pool.
+    if (cold_ && !m.onDisk && !m.entry && pool_.tierOf(id) == 0) dirty_.push_back(id);
   } else {
     pool_.release(id);
   }
 }
 
-BlockId Engine::allocate(SpaceId space) { return allocateClass(spaces_[space].info.sizeClass); }
+BlockId Engine::allocate(SpaceId space, uint8_t tier) {
+  if (tier == 0) return allocateClass(spaces_[space].info.sizeClass);
+  if (!pool_.hasTier(tier)) return kNoBlock;
+  return allocateClass(pool_.sizeClass(spaces_[space].info.blockBytes, tier));
+}
 
 BlockId Engine::allocateClass(uint32_t cls) {
   BlockId id = pool_.allocate(cls);
@@ -107,7 +112,11 @@ BlockId Engine::allocateClass(uint32_t cls) {
   if (victim == kNoBlock) return kNoBlock;
   BlockMeta& v = pool_[victim];
   if (v.spilling) return kNoBlock;  // the worker is reading it: never reuse it under the read
-  if (cold_ && !v.onDisk && !v.entry) {
+  if (pool_.classTier(cls) != 0 && demoteGpuBlocks_) {
+    // GPU blocks leave by demotion to the host pool (the daemon's tier service), never dropped.
+    return kNoBlock;
+  }
+  if (cold_ && !v.onDisk && !v.entry && pool_.classTier(cls) == 0) {
     // A block is dropped from memory only once its record is written; spilled blocks are queued
     // first, so the oldest being unwritten means none is ready: FULL until the spiller catches up.
     if (!spillPaused_) return kNoBlock;
@@ -130,10 +139,10 @@ void Engine::evict(BlockId victim) {
   ++evictions_;
 }
 
-bool Engine::allocateMany(SpaceId space, size_t n, std::vector<BlockId>& out) {
+bool Engine::allocateMany(SpaceId space, size_t n, std::vector<BlockId>& out, uint8_t tier) {
   const size_t start = out.size();
   for (size_t i = 0; i < n; ++i) {
-    const BlockId id = allocate(space);
+    const BlockId id = allocate(space, tier);
     if (id == kNoBlock) {
       for (size_t j = start; j < out.size(); ++j) pool_.release(out[j]);
       out.resize(start);
@@ -156,7 +165,7 @@ void Engine::copySlotRange(SpaceId space, BlockId from, BlockId to, uint32_t beg
   for (uint32_t layer = 0; layer < layout.numLayers; ++layer) {
     for (uint32_t kv = 0; kv < 2; ++kv) {
       const uint64_t off = layout.slotOffset(layer, kv, begin);
-      std::memcpy(dst + off, src + off, run);
+      memory_.copy(dst + off, src + off, run);  // either block may be in GPU memory
     }
   }
 }
@@ -277,9 +286,10 @@ LeaseId Engine::newReadLease(std::vector<BlockId> blocks) {
 
 Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name, uint64_t begin,
                              std::span<const uint32_t> tokens, std::span<const Key128> keys,
-                             const SeqOptions& options) {
+                             const SeqOptions& options, uint8_t tier) {
   if (auto s = checkSpace(space); !s) return s.error();
   if (auto s = checkName(name, "sequence"); !s) return s.error();
+  if (tier != 0 && !pool_.hasTier(tier)) return invalid("this daemon has no GPU pool ", tier - 1);
   if (options.window > 0 && options.chunk > 0) {
     return invalid("a sequence has a window or a chunk size, not both");
   }
@@ -325,7 +335,7 @@ Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name
 
   WriteLease lease;
   if (inPlace) lease.blocks.push_back(seq->blocks[first]);
-  if (!allocateMany(space, blockCount - (inPlace ? 1 : 0), lease.blocks)) {
+  if (!allocateMany(space, blockCount - (inPlace ? 1 : 0), lease.blocks, tier)) {
     return makeError(ErrorCode::kFull, "pool has no free or evictable block of ",
                      sp.info.blockBytes, " bytes for ", blockCount, " blocks");
   }
@@ -441,7 +451,12 @@ Result<uint8_t*> Engine::leaseBlockData(LeaseId id, uint32_t index) {
     return invalid("block ", index, " is outside the lease's ", it->second.blocks.size(),
                    " blocks");
   }
-  return memory_.blockData(pool_[it->second.blocks[index]]);
+  const BlockMeta& m = pool_[it->second.blocks[index]];
+  if (!memory_.hostAddressable(m.extent)) {
+    return makeError(ErrorCode::kNotSupported,
+                     "the block is in GPU memory: write it through the device pool");
+  }
+  return memory_.blockData(m);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -592,6 +607,10 @@ Result<const uint8_t*> Engine::resolveSealed(SpaceId space, const BlockLocation&
                      ref.offset, " was reused (generation ", m.generation, ", reference ",
                      ref.generation, ")");
   }
+  if (!memory_.hostAddressable(m.extent)) {
+    return makeError(ErrorCode::kNotSupported,
+                     "the block is in GPU memory: read it through the device pool");
+  }
   return static_cast<const uint8_t*>(memory_.blockData(m));
 }
 
@@ -714,7 +733,16 @@ void Engine::endOwner(OwnerId owner) {
 
 EngineStats Engine::stats() const {
   EngineStats s;
-  s.blocksUsed = pool_.blocksUsed();
+  for (uint32_t cls = 0; cls < pool_.classCount(); ++cls) {
+    if (pool_.classTier(cls) == 0) {
+      s.blocksUsed += pool_.blocksUsed(cls);
+    } else {
+      s.gpuBlocksTotal += pool_.blocksTotal(cls);
+      s.gpuBlocksUsed += pool_.blocksUsed(cls);
+    }
+  }
+  s.gpuDemoted = gpuDemoted_;
+  s.gpuPromoted = gpuPromoted_;
   s.blocksPinned = pinnedBlocks_;
   s.blocksCached = policy_->size();
   s.bytesTotal = pool_.bytesTotal();
@@ -746,8 +774,9 @@ EngineStats Engine::stats() const {
   // Exact for one block size; with several, blocks of every class in use plus what the largest
   // class could still carve.
   for (uint32_t cls = 0; cls < pool_.classCount(); ++cls) {
-    s.blocksTotal = std::max(s.blocksTotal,
-                             pool_.blocksTotal(cls) + (pool_.blocksUsed() - pool_.blocksUsed(cls)));
+    if (pool_.classTier(cls) != 0) continue;
+    s.blocksTotal =
+        std::max(s.blocksTotal, pool_.blocksTotal(cls) + (s.blocksUsed - pool_.blocksUsed(cls)));
   }
   return s;
 }

@@ -94,6 +94,13 @@ struct SpillItem {
   Key128 key;
 };
 
+// A block moving between tiers: `from` is copied into the fresh block `to` (both pinned until
+// finishMoves).
+struct MoveTicket {
+  BlockId from = kNoBlock, to = kNoBlock;
+  BlockLocation src, dst;
+};
+
 // A cold block being read back into a fresh pool block (pinned until finishPromote).
 struct PromoteTicket {
   BlockId block = kNoBlock;  // kNoBlock: nothing to do (already in memory)
@@ -124,6 +131,8 @@ struct EngineStats {
   uint64_t snapshots = 0, entries = 0, checkpoints = 0;
   uint64_t spilled = 0, promoted = 0, coldHits = 0, evictedUnspilled = 0;
   uint64_t bytesPut = 0, bytesGot = 0;
+  // GPU pools (blocksTotal/Used above count the host pool).
+  uint64_t gpuBlocksTotal = 0, gpuBlocksUsed = 0, gpuDemoted = 0, gpuPromoted = 0;
   struct Space {
     uint64_t fingerprint = 0;
     uint32_t blockBytes = 0;
@@ -150,9 +159,11 @@ class Engine {
   // owned by `owner` unless `detached`). `keys`, if not empty, are the client's own keys for the
   // blocks this put completes, in order. Errors: INVALID_ARGUMENT (begin > length, sizes, names,
   // key count), CONFLICT (another write lease holds seq), FULL.
+  // `tier` is where the new blocks go: 0 the host pool, 1 + d GPU d's pool (a copy-on-write of a
+  // partial block lands there too; an in-place append stays where the block is).
   Result<PutGrant> put(OwnerId owner, SpaceId space, std::string_view seq, uint64_t begin,
                        std::span<const uint32_t> tokens, std::span<const Key128> keys,
-                       const SeqOptions& options);
+                       const SeqOptions& options, uint8_t tier = 0);
   // Makes positions [begin, upTo) visible (kEnd: all granted) and ends the lease. Errors: RELEASED
   // (unknown lease), INVALID_ARGUMENT (upTo outside the grant; the lease stays open), CONFLICT (the
   // sequence changed since the put: the lease ends, the sequence is untouched).
@@ -245,6 +256,22 @@ class Engine {
   // Seals and indexes the promoted block (ok) or frees it (the record was missing or corrupt).
   void finishPromote(const PromoteTicket& ticket, bool ok);
 
+  // --- GPU tiers (the daemon moves the bytes; the engine keeps the rules). Tier 0 is the host
+  // pool, 1 + d the pool of GPU d. Blocks move only while nothing but the prefix index holds them.
+  // With demotion on, a full GPU class never drops a block: it answers FULL until the daemon has
+  // demoted some to the host pool.
+  void setGpuDemotion(bool on) { demoteGpuBlocks_ = on; }
+  // When fewer than `lowWater` (a fraction) of a GPU class's blocks in `tier` are free: up to
+  // `max` of its least recently used evictable blocks, each with a fresh host block to move into.
+  std::vector<MoveTicket> takeDemoteBatch(uint8_t tier, size_t max, double lowWater);
+  // For each of `keys` whose block of `space` is in the host pool, held only by the index: a fresh
+  // block in `tier` to move it into (stops at the first that has no room).
+  std::vector<MoveTicket> beginPromoteTo(SpaceId space, std::span<const Key128> keys,
+                                         uint8_t tier);
+  // After the copies: a moved block's index entry names its new block and the old block is freed.
+  // A block that someone took meanwhile (a sequence, a lease) stays where it was; the copy is freed.
+  void finishMoves(std::span<const MoveTicket> tickets, bool copied);
+
   // Bytes of a sealed block of `space` named by a client reference. STALE_REFERENCE when the
   // generation no longer matches (the block was reused) or the block is no longer sealed;
   // INVALID_ARGUMENT for a reference that names no block.
@@ -331,7 +358,7 @@ class Engine {
 
   // Allocation with eviction: a fresh block of the space's class (or of `cls`), or kNoBlock when
   // the class is full and nothing is evictable.
-  BlockId allocate(SpaceId space);
+  BlockId allocate(SpaceId space, uint8_t tier = 0);
   BlockId allocateClass(uint32_t cls);
   Result<BlobGrant> grantBlob(LeaseKind kind, SpaceId space, std::string seq, uint64_t pos,
                               uint64_t bytes, const Key128& key);
@@ -356,7 +383,7 @@ class Engine {
   // Marks a sealed block as being written to the cold tier and describes it for the writer.
   SpillItem markSpilling(BlockId b);
   // Allocates n blocks or none.
-  bool allocateMany(SpaceId space, size_t n, std::vector<BlockId>& out);
+  bool allocateMany(SpaceId space, size_t n, std::vector<BlockId>& out, uint8_t tier = 0);
   void ref(BlockId id);
   void unref(BlockId id);
   void pin(BlockId id);
@@ -388,6 +415,8 @@ class Engine {
   const KeyRotator* rotator_ = nullptr;
   const ColdDirectory* cold_ = nullptr;
   bool spillPaused_ = false;
+  bool demoteGpuBlocks_ = false;
+  uint64_t gpuDemoted_ = 0, gpuPromoted_ = 0;
   std::deque<BlockId> dirty_;  // sealed blocks that became evictable before reaching the disk
   uint64_t spilled_ = 0, promoted_ = 0, coldHits_ = 0, evictedUnspilled_ = 0;
   std::unordered_map<LeaseId, WriteLease> writeLeases_;

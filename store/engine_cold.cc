@@ -38,6 +38,7 @@ std::vector<SpillItem> Engine::takeAllUnspilled() {
   for (BlockId b = 0; pool_.valid(b); ++b) {
     BlockMeta& m = pool_[b];
     if (m.state != BlockState::kSealed || m.entry || m.onDisk || m.spilling) continue;
+    if (pool_.tierOf(b) != 0) continue;  // GPU blocks are not written from the GPU
     out.push_back(markSpilling(b));
   }
   return out;

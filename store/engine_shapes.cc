@@ -459,6 +459,13 @@ Status Engine::middleRemove(SpaceId space, Sequence& seq, uint64_t begin, uint64
   const uint64_t length = seq.tokens.size(), shift = end - begin, newLength = length - shift;
   const size_t first = begin / bt;
   const size_t count = ceilDiv(newLength, bt) - first;
+  for (size_t i = first; i < seq.blocks.size(); ++i) {
+    if (seq.blocks[i] != kNoBlock && !memory_.hostAddressable(pool_[seq.blocks[i]].extent)) {
+      return makeError(ErrorCode::kNotSupported,
+                       "the range's blocks are in GPU memory: middle removal re-rotates host "
+                       "blocks only");
+    }
+  }
   std::vector<BlockId> fresh;
   if (!allocateMany(space, count, fresh)) {
     return makeError(ErrorCode::kFull, "pool has no room for the ", count, " re-rotated blocks");

@@ -35,4 +35,10 @@ BlockId LruEvictionPolicy::victim(uint32_t sizeClass) const {
   return sizeClass < lists_.size() ? lists_[sizeClass].head : kNoBlock;
 }
 
+void LruEvictionPolicy::oldest(uint32_t sizeClass, size_t max, std::vector<BlockId>& out) const {
+  for (BlockId id = victim(sizeClass); id != kNoBlock && max > 0; id = nodes_[id].next, --max) {
+    out.push_back(id);
+  }
+}
+
 }  // namespace kvtier

@@ -22,6 +22,8 @@ class EvictionPolicy {
   virtual void erase(BlockId id) = 0;
   // The block of `sizeClass` to evict first, or kNoBlock. Does not erase it.
   virtual BlockId victim(uint32_t sizeClass) const = 0;
+  // Up to `max` blocks of `sizeClass` in eviction order (first to go first), appended to `out`.
+  virtual void oldest(uint32_t sizeClass, size_t max, std::vector<BlockId>& out) const = 0;
   virtual size_t size() const = 0;
 };
 
@@ -31,6 +33,7 @@ class LruEvictionPolicy final : public EvictionPolicy {
   void insert(BlockId id, uint32_t sizeClass) override;
   void erase(BlockId id) override;
   BlockId victim(uint32_t sizeClass) const override;
+  void oldest(uint32_t sizeClass, size_t max, std::vector<BlockId>& out) const override;
   size_t size() const override { return size_; }
 
  private:

@@ -1,0 +1,84 @@
+// Engine: the GPU tiers' rules — which blocks leave a GPU pool for the host pool, which come back,
+// and how a move completes. The bytes move in the daemon (a worker thread with a CUDA stream); the
+// engine only keeps the books. A move never changes what a reader sees: both blocks are pinned
+// while the bytes travel, and the prefix index switches to the new block only if nothing but the
+// index held the old one when the copy finished.
+#include <algorithm>
+#include <cassert>
+
+#include "store/engine.h"
+
+namespace kvtier {
+
+std::vector<MoveTicket> Engine::takeDemoteBatch(uint8_t tier, size_t max, double lowWater) {
+  std::vector<MoveTicket> out;
+  if (tier == 0) return out;
+  for (uint32_t cls = 0; cls < pool_.classCount() && out.size() < max; ++cls) {
+    if (pool_.classTier(cls) != tier) continue;
+    const uint64_t total = pool_.blocksTotal(cls);
+    const uint64_t free = total - pool_.blocksUsed(cls);
+    if (static_cast<double>(free) >= lowWater * static_cast<double>(total)) continue;
+    std::vector<BlockId> candidates;
+    policy_->oldest(cls, max - out.size(), candidates);
+    const uint32_t hostCls = pool_.sizeClass(pool_.classBytes(cls), 0);
+    for (BlockId from : candidates) {
+      const BlockMeta& m = pool_[from];
+      if (m.entry || m.spilling) continue;
+      const BlockId to = allocateClass(hostCls);
+      if (to == kNoBlock) return out;  // the host pool is full too: nothing to demote into
+      pin(from);
+      pin(to);
+      out.push_back(MoveTicket{from, to, pool_.location(from), pool_.location(to)});
+    }
+  }
+  return out;
+}
+
+std::vector<MoveTicket> Engine::beginPromoteTo(SpaceId space, std::span<const Key128> keys,
+                                               uint8_t tier) {
+  std::vector<MoveTicket> out;
+  if (tier == 0 || !checkSpace(space) || !pool_.hasTier(tier)) return out;
+  for (const Key128& key : keys) {
+    auto it = index_.find(IndexKey{space, key});
+    if (it == index_.end()) continue;
+    const BlockId from = it->second;
+    const BlockMeta& m = pool_[from];
+    if (pool_.tierOf(from) != 0 || m.refs != 0 || m.pins != 0 || m.spilling) continue;
+    const BlockId to = allocate(space, tier);
+    if (to == kNoBlock) break;
+    pin(from);
+    pin(to);
+    out.push_back(MoveTicket{from, to, pool_.location(from), pool_.location(to)});
+  }
+  return out;
+}
+
+void Engine::finishMoves(std::span<const MoveTicket> tickets, bool copied) {
+  for (const MoveTicket& t : tickets) {
+    BlockMeta& src = pool_[t.from];
+    BlockMeta& dst = pool_[t.to];
+    assert(src.pins > 0 && dst.pins > 0 && dst.state == BlockState::kWriting);
+    auto it = index_.find(IndexKey{src.space, src.key});
+    const bool take = copied && src.state == BlockState::kSealed && src.refs == 0 &&
+                      src.pins == 1 && it != index_.end() && it->second == t.from;
+    if (!take) {
+      unpin(t.from);  // back to where it was (evictable again if nothing else holds it)
+      unpin(t.to);    // never sealed: freed
+      continue;
+    }
+    dst.state = BlockState::kSealed;
+    dst.space = src.space;
+    dst.key = src.key;
+    dst.onDisk = src.onDisk;  // a record on disk still holds these bytes
+    it->second = t.to;
+    (pool_.tierOf(t.to) == 0 ? gpuDemoted_ : gpuPromoted_)++;
+    // The old block leaves without passing through the eviction policy (a pinned block is not in
+    // it) and without counting as an eviction: its bytes live on in `to`.
+    src.pins = 0;
+    --pinnedBlocks_;
+    pool_.release(t.from);
+    unpin(t.to);  // sealed: evictable, and queued for the cold tier if it is a host block
+  }
+}
+
+}  // namespace kvtier

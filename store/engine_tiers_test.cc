@@ -1,0 +1,289 @@
+// The engine's GPU-tier rules, in process: a pool with a host extent (tier 0) and a second extent
+// standing in for GPU 0's pool (tier 1). The daemon moves bytes with CUDA; here a test BlockMemory
+// copies them and can declare the GPU extent unaddressable by the CPU, as real device memory is.
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "store/engine.h"
+#include "store/engine_test_util.h"
+
+namespace kvtier {
+namespace {
+
+using namespace test_util;
+
+constexpr uint32_t kBt = kTestBlockTokens;
+constexpr uint32_t kBlockBytes = 512;
+constexpr OwnerId kOwner = 1;
+constexpr uint8_t kGpu = 1;  // tier of GPU 0
+constexpr uint32_t kHostExtent = 0, kGpuExtent = 1;
+
+// Heap extents; the GPU one may be declared unaddressable. Counts copies between blocks.
+class TieredTestMemory final : public BlockMemory {
+ public:
+  explicit TieredTestMemory(const std::vector<BlockPool::Extent>& extents) : heap_(extents) {}
+  uint8_t* extentBase(uint32_t extent) override { return heap_.extentBase(extent); }
+  bool hostAddressable(uint32_t extent) const override {
+    return extent != kGpuExtent || gpuAddressable;
+  }
+  void copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) override {
+    ++copies;
+    std::memcpy(dst, src, bytes);
+  }
+  bool gpuAddressable = true;
+  int copies = 0;
+
+ private:
+  HeapBlockMemory heap_;
+};
+
+struct Harness {
+  Layout layout = smallLayout();
+  std::unique_ptr<BlockPool> pool;
+  std::unique_ptr<TieredTestMemory> mem;
+  std::unique_ptr<Engine> engine;
+  SpaceId space = 0;
+
+  Harness(uint64_t hostBlocks, uint64_t gpuBlocks) {
+    pool = std::make_unique<BlockPool>(std::vector<BlockPool::Extent>{
+        {kHostExtent, hostBlocks * kBlockBytes, 0}, {kGpuExtent, gpuBlocks * kBlockBytes, kGpu}});
+    mem = std::make_unique<TieredTestMemory>(pool->extents());
+    engine = std::make_unique<Engine>(*pool, *mem);
+    space = engine->openSpace(layout, saltFor("t")).value();
+  }
+  uint8_t* at(const BlockLocation& l) { return mem->extentBase(l.extent) + l.offset; }
+
+  // Puts `tokens` as seq in `tier` with tag = token, commits, and removes the sequence so only the
+  // prefix index holds its full blocks.
+  void cache(const std::string& seq, const std::vector<uint32_t>& tokens, uint8_t tier) {
+    auto g = engine->put(kOwner, space, seq, 0, tokens, {}, {}, tier);
+    ASSERT_TRUE(g.ok()) << g.error();
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      writeTag(layout, at(g->blocks[i / kBt]), i % kBt, tokens[i]);
+    }
+    ASSERT_TRUE(engine->commit(g->lease, kEnd).ok());
+    ASSERT_TRUE(engine->remove(space, seq, 0, kEnd).ok());
+  }
+  // Looks tokens up; returns the blocks' extents and checks every tag.
+  std::vector<uint32_t> lookupExtents(const std::vector<uint32_t>& tokens, size_t expectBlocks) {
+    auto r = engine->lookup(kOwner, space, tokens, {}, "", {});
+    EXPECT_TRUE(r.ok());
+    if (!r.ok()) return {};
+    EXPECT_EQ(r->blocks.size(), expectBlocks);
+    std::vector<uint32_t> extents;
+    for (size_t b = 0; b < r->blocks.size(); ++b) {
+      extents.push_back(r->blocks[b].extent);
+      if (!mem->hostAddressable(r->blocks[b].extent)) continue;
+      for (uint32_t s = 0; s < kBt; ++s) {
+        EXPECT_EQ(readTag(layout, at(r->blocks[b]), s), tokens[b * kBt + s]) << "block " << b;
+      }
+    }
+    if (r->lease) {
+      EXPECT_TRUE(engine->releaseRead(r->lease).ok());
+    }
+    return extents;
+  }
+  void runMoves(const std::vector<MoveTicket>& moves, bool copied = true) {
+    for (const auto& m : moves) {
+      if (copied) mem->copy(at(m.dst), at(m.src), m.src.bytes);
+    }
+    engine->finishMoves(moves, copied);
+  }
+};
+
+TEST(EngineTiers, PutInAGpuTierAllocatesThere) {
+  Harness h(8, 4);
+  h.cache("a", toks(2 * kBt, 100), kGpu);
+  EXPECT_EQ(h.lookupExtents(toks(2 * kBt, 100), 2),
+            (std::vector<uint32_t>{kGpuExtent, kGpuExtent}));
+  const EngineStats s = h.engine->stats();
+  EXPECT_EQ(s.gpuBlocksUsed, 2u);
+  EXPECT_EQ(s.gpuBlocksTotal, 4u);
+  EXPECT_EQ(s.blocksUsed, 0u) << "host pool untouched";
+}
+
+TEST(EngineTiers, PutToATierTheDaemonDoesNotHaveIsInvalid) {
+  Harness h(8, 4);
+  auto g = h.engine->put(kOwner, h.space, "a", 0, toks(kBt, 1), {}, {}, 3);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(h.engine->stats().writeLeases, 0u);
+}
+
+TEST(EngineTiers, DemotionMovesTheOldestGpuBlocksToHostWithTheSameBytes) {
+  Harness h(8, 4);
+  h.cache("old", toks(kBt, 1000), kGpu);
+  h.cache("mid", toks(kBt, 2000), kGpu);
+  h.cache("new", toks(kBt, 3000), kGpu);
+  // 1 of 4 GPU blocks free: below a 50 % low-water mark.
+  auto moves = h.engine->takeDemoteBatch(kGpu, 2, 0.5);
+  ASSERT_EQ(moves.size(), 2u);
+  EXPECT_EQ(moves[0].src.extent, kGpuExtent);
+  EXPECT_EQ(moves[0].dst.extent, kHostExtent);
+  h.runMoves(moves);
+  EXPECT_EQ(h.lookupExtents(toks(kBt, 1000), 1), std::vector<uint32_t>{kHostExtent}) << "oldest";
+  EXPECT_EQ(h.lookupExtents(toks(kBt, 2000), 1), std::vector<uint32_t>{kHostExtent});
+  EXPECT_EQ(h.lookupExtents(toks(kBt, 3000), 1), std::vector<uint32_t>{kGpuExtent})
+      << "newest stays";
+  const EngineStats s = h.engine->stats();
+  EXPECT_EQ(s.gpuDemoted, 2u);
+  EXPECT_EQ(s.gpuBlocksUsed, 1u);
+  EXPECT_EQ(s.blocksUsed, 2u);
+  EXPECT_EQ(s.evictions, 0u) << "a demotion is not an eviction: nothing was lost";
+  EXPECT_EQ(s.blocksPinned, 0u);
+}
+
+TEST(EngineTiers, NoDemotionAboveTheLowWaterMark) {
+  Harness h(8, 4);
+  h.cache("a", toks(kBt, 1), kGpu);
+  EXPECT_TRUE(h.engine->takeDemoteBatch(kGpu, 4, 0.5).empty()) << "3 of 4 free";
+  EXPECT_TRUE(h.engine->takeDemoteBatch(0, 4, 1.0).empty()) << "the host tier is not demoted";
+}
+
+TEST(EngineTiers, HeldOrPinnedGpuBlocksAreNeverDemoted) {
+  Harness h(8, 2);
+  // One block held by a live sequence, one pinned by a read lease: nothing may move.
+  auto g = h.engine->put(kOwner, h.space, "live", 0, toks(kBt, 1), {}, {}, kGpu);
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE(h.engine->commit(g->lease, kEnd).ok());
+  auto g2 = h.engine->put(kOwner, h.space, "gone", 0, toks(kBt, 500), {}, {}, kGpu);
+  ASSERT_TRUE(g2.ok());
+  ASSERT_TRUE(h.engine->commit(g2->lease, kEnd).ok());
+  ASSERT_TRUE(h.engine->remove(h.space, "gone", 0, kEnd).ok());
+  auto read = h.engine->lookup(kOwner, h.space, toks(kBt, 500), {}, "", {});
+  ASSERT_TRUE(read.ok());
+  ASSERT_EQ(read->blocks.size(), 1u);
+  EXPECT_TRUE(h.engine->takeDemoteBatch(kGpu, 4, 1.0).empty());
+  EXPECT_TRUE(h.engine->releaseRead(read->lease).ok());
+  auto moves = h.engine->takeDemoteBatch(kGpu, 4, 1.0);
+  ASSERT_EQ(moves.size(), 1u) << "released: now it may move; the live sequence's block may not";
+  EXPECT_EQ(moves[0].src, read->blocks[0]);
+  h.runMoves(moves);
+}
+
+TEST(EngineTiers, ABlockTakenDuringItsMoveStaysWhereItWas) {
+  Harness h(8, 2);
+  h.cache("a", toks(kBt, 7), kGpu);
+  auto moves = h.engine->takeDemoteBatch(kGpu, 1, 1.0);
+  ASSERT_EQ(moves.size(), 1u);
+  // A reader pins the block while its bytes travel: the move must not free it under the reader.
+  auto read = h.engine->lookup(kOwner, h.space, toks(kBt, 7), {}, "", {});
+  ASSERT_TRUE(read.ok());
+  ASSERT_EQ(read->blocks.size(), 1u);
+  EXPECT_EQ(read->blocks[0], moves[0].src);
+  h.runMoves(moves);
+  EXPECT_EQ(readTag(h.layout, h.at(read->blocks[0]), 3), 7u + 3);
+  EXPECT_TRUE(h.engine->releaseRead(read->lease).ok());
+  EXPECT_EQ(h.lookupExtents(toks(kBt, 7), 1), std::vector<uint32_t>{kGpuExtent});
+  const EngineStats s = h.engine->stats();
+  EXPECT_EQ(s.gpuDemoted, 0u);
+  EXPECT_EQ(s.blocksUsed, 0u) << "the copy was freed";
+  EXPECT_EQ(s.blocksPinned, 0u);
+}
+
+TEST(EngineTiers, AFailedCopyChangesNothing) {
+  Harness h(8, 2);
+  h.cache("a", toks(kBt, 7), kGpu);
+  auto moves = h.engine->takeDemoteBatch(kGpu, 1, 1.0);
+  ASSERT_EQ(moves.size(), 1u);
+  h.runMoves(moves, /*copied=*/false);
+  EXPECT_EQ(h.lookupExtents(toks(kBt, 7), 1), std::vector<uint32_t>{kGpuExtent});
+  EXPECT_EQ(h.engine->stats().blocksUsed, 0u);
+  EXPECT_EQ(h.engine->stats().gpuBlocksUsed, 1u);
+}
+
+TEST(EngineTiers, PromotionBringsHostBlocksToTheGpuWithTheSameBytes) {
+  Harness h(8, 4);
+  const auto tokens = toks(3 * kBt, 40);
+  h.cache("a", tokens, 0);
+  auto plan = h.engine->lookupPlan(h.space, tokens, {});
+  ASSERT_TRUE(plan.ok());
+  std::vector<Key128> keys;
+  for (const auto& step : *plan) keys.push_back(step.key);
+  ASSERT_EQ(keys.size(), 3u);
+  auto moves = h.engine->beginPromoteTo(h.space, keys, kGpu);
+  ASSERT_EQ(moves.size(), 3u);
+  h.runMoves(moves);
+  EXPECT_EQ(h.lookupExtents(tokens, 3),
+            (std::vector<uint32_t>{kGpuExtent, kGpuExtent, kGpuExtent}));
+  const EngineStats s = h.engine->stats();
+  EXPECT_EQ(s.gpuPromoted, 3u);
+  EXPECT_EQ(s.blocksUsed, 0u);
+  EXPECT_EQ(s.gpuBlocksUsed, 3u);
+  // Already on the GPU: nothing more to move.
+  EXPECT_TRUE(h.engine->beginPromoteTo(h.space, keys, kGpu).empty());
+}
+
+TEST(EngineTiers, PromotionStopsWhenTheGpuIsFullAndNeverDropsGpuBlocksWithDemotionOn) {
+  Harness h(8, 2);
+  h.engine->setGpuDemotion(true);
+  h.cache("gpu", toks(2 * kBt, 900), kGpu);  // the GPU pool is full of cached blocks
+  h.cache("host", toks(kBt, 40), 0);
+  auto plan = h.engine->lookupPlan(h.space, toks(kBt, 40), {});
+  ASSERT_TRUE(plan.ok());
+  std::vector<Key128> keys{(*plan)[0].key};
+  EXPECT_TRUE(h.engine->beginPromoteTo(h.space, keys, kGpu).empty());
+  auto g = h.engine->put(kOwner, h.space, "x", 0, toks(kBt, 5), {}, {}, kGpu);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.error().code(), ErrorCode::kFull) << "the daemon demotes, then the put retries";
+  EXPECT_EQ(h.engine->stats().evictions, 0u);
+  EXPECT_EQ(h.lookupExtents(toks(2 * kBt, 900), 2).size(), 2u) << "nothing was dropped";
+  // Without demotion (no tier service), a full GPU pool evicts like any pool.
+  h.engine->setGpuDemotion(false);
+  auto g2 = h.engine->put(kOwner, h.space, "x", 0, toks(kBt, 5), {}, {}, kGpu);
+  ASSERT_TRUE(g2.ok());
+  EXPECT_EQ(h.engine->stats().evictions, 1u);
+  EXPECT_TRUE(h.engine->abortWrite(g2->lease).ok());
+}
+
+TEST(EngineTiers, BytesTheCpuCannotAddressAreNeverTouchedByTheEngine) {
+  Harness h(8, 4);
+  h.mem->gpuAddressable = false;
+  Layout roped = smallLayout("roped");
+  roped.rope = RopeScheme{RopeStyle::kNeox, 4, 10000.0};
+  auto g = h.engine->put(kOwner, h.space, "a", 0, toks(kBt + 3, 1), {}, {}, kGpu);
+  ASSERT_TRUE(g.ok());
+  auto data = h.engine->leaseBlockData(g->lease, 0);
+  ASSERT_FALSE(data.ok()) << "inline writes cannot reach GPU memory";
+  EXPECT_EQ(data.error().code(), ErrorCode::kNotSupported);
+  ASSERT_TRUE(h.engine->commit(g->lease, kEnd).ok());
+  // Copy-on-write of a GPU block goes through BlockMemory::copy (a device copy in the daemon).
+  const int before = h.mem->copies;
+  ASSERT_TRUE(h.engine->copyPrefix(kOwner, h.space, "a", "b", kBt + 2, {}).ok());
+  EXPECT_EQ(h.mem->copies - before, 2 * 2) << "one run per layer, K and V";
+  // Inline reads of sealed GPU blocks are refused, not served from a device address.
+  auto r = h.engine->get(h.space, "a", 0, kBt);
+  ASSERT_TRUE(r.ok());
+  auto bytes = h.engine->resolveSealed(h.space, r->blocks[0]);
+  ASSERT_FALSE(bytes.ok());
+  EXPECT_EQ(bytes.error().code(), ErrorCode::kNotSupported);
+  EXPECT_TRUE(h.engine->releaseRead(r->lease).ok());
+}
+
+TEST(EngineTiers, MiddleRemovalOfGpuBlocksIsNotSupportedAndChangesNothing) {
+  Layout roped = smallLayout("roped");
+  roped.rope = RopeScheme{RopeStyle::kNeox, 4, 10000.0};
+  auto pool = std::make_unique<BlockPool>(std::vector<BlockPool::Extent>{
+      {kHostExtent, 8 * kBlockBytes, 0}, {kGpuExtent, 8 * kBlockBytes, kGpu}});
+  TieredTestMemory mem(pool->extents());
+  mem.gpuAddressable = false;
+  struct NoopRotator final : KeyRotator {
+    bool supports(const Layout&) const override { return true; }
+    void rotate(const Layout&, uint8_t*, uint64_t, int64_t) const override {}
+  } rotator;
+  Engine engine(*pool, mem, nullptr, &rotator);
+  const SpaceId space = engine.openSpace(roped, saltFor("t")).value();
+  auto g = engine.put(kOwner, space, "a", 0, toks(3 * kBt, 1), {}, {}, kGpu);
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE(engine.commit(g->lease, kEnd).ok());
+  const auto before = engine.stats();
+  Status s = engine.remove(space, "a", 4, 8);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.error().code(), ErrorCode::kNotSupported);
+  EXPECT_EQ(engine.length(space, "a").value(), std::optional<uint64_t>(3 * kBt));
+  EXPECT_EQ(engine.stats().gpuBlocksUsed, before.gpuBlocksUsed);
+}
+
+}  // namespace
+}  // namespace kvtier
