@@ -151,6 +151,13 @@ class BlockMemory {
   }
 };
 
+// One copy of bytes between two extents' memory (a move between tiers).
+struct BlockCopy {
+  uint8_t* dst = nullptr;
+  const uint8_t* src = nullptr;
+  uint64_t bytes = 0;
+};
+
 // Heap-backed extents: for in-process engines and unit tests.
 class HeapBlockMemory final : public BlockMemory {
  public:

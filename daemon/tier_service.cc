@@ -1,0 +1,101 @@
+#include "daemon/tier_service.h"
+
+#include <future>
+
+#include "daemon/log.h"
+
+namespace kvtier {
+
+TierService::TierService(Engine& engine, BlockCopier copier, std::vector<uint8_t> gpuTiers,
+                         double lowWater)
+    : engine_(engine),
+      copier_(std::move(copier)),
+      gpuTiers_(std::move(gpuTiers)),
+      lowWater_(lowWater),
+      tasks_(*this) {
+  std::promise<void> ready;
+  worker_ = std::thread([this, &ready] {
+    kj::EventLoop loop;
+    kj::WaitScope waitScope(loop);
+    auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
+    workerExecutor_ = &kj::getCurrentThreadExecutor();
+    stopWorker_ = kj::mv(paf.fulfiller);
+    ready.set_value();
+    paf.promise.wait(waitScope);
+  });
+  ready.get_future().wait();
+  engine_.setGpuDemotion(true);
+}
+
+TierService::~TierService() {
+  engine_.setGpuDemotion(false);
+  stopWorker_->fulfill();
+  worker_.join();
+}
+
+kj::Promise<bool> TierService::copyOnWorker(const std::vector<MoveTicket>& tickets) {
+  std::vector<BlockCopy> copies;
+  copies.reserve(tickets.size());
+  BlockMemory& memory = engine_.memory();
+  for (const auto& t : tickets) {
+    copies.push_back(BlockCopy{memory.extentBase(t.dst.extent) + t.dst.offset,
+                               memory.extentBase(t.src.extent) + t.src.offset, t.src.bytes});
+  }
+  // Both ends of every copy stay pinned until finishMoves: the worker reads and writes in place.
+  return workerExecutor_->executeAsync(
+      [this, copies = std::move(copies)]() { return copier_(copies); });
+}
+
+void TierService::kick() {
+  if (inFlight_) return;
+  for (uint8_t tier : gpuTiers_) {
+    auto batch = engine_.takeDemoteBatch(tier, kBatchBlocks, lowWater_);
+    if (batch.empty()) continue;
+    inFlight_ = true;
+    auto copied = copyOnWorker(batch);
+    tasks_.add(copied.then([this, batch = std::move(batch)](bool ok) mutable {
+      demotionFinished(std::move(batch), ok);
+    }));
+    return;
+  }
+}
+
+void TierService::demotionFinished(std::vector<MoveTicket> batch, bool ok) {
+  engine_.finishMoves(batch, ok);
+  inFlight_ = false;
+  for (auto& waiter : settleWaiters_) waiter->fulfill();
+  settleWaiters_.clear();
+  if (!ok) {
+    logWarn("gpu_demotion_failed", "blocks=" + std::to_string(batch.size()));
+    return;  // the next allocation or commit kicks again
+  }
+  kick();
+}
+
+kj::Promise<void> TierService::whenSettles() {
+  if (!inFlight_) return kj::READY_NOW;
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  settleWaiters_.push_back(kj::mv(paf.fulfiller));
+  return kj::mv(paf.promise);
+}
+
+kj::Promise<void> TierService::promote(SpaceId space, std::vector<Key128> keys, uint8_t tier) {
+  auto tickets = engine_.beginPromoteTo(space, keys, tier);
+  if (tickets.empty()) return kj::READY_NOW;
+  auto done = copyOnWorker(tickets)
+                  .then([this, tickets = std::move(tickets)](bool ok) {
+                    engine_.finishMoves(tickets, ok);
+                    kick();  // the promoted blocks may have taken the GPU pool below its mark
+                  })
+                  .fork();
+  // The service keeps one branch, so the move always finishes (and unpins both blocks) even when
+  // the lookup waiting for it is cancelled.
+  tasks_.add(done.addBranch());
+  return done.addBranch();
+}
+
+void TierService::taskFailed(kj::Exception&& exception) {
+  logWarn("tier_task_failed", exception.getDescription().cStr());
+}
+
+}  // namespace kvtier

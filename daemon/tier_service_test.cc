@@ -1,0 +1,161 @@
+// TierService with the engine's GPU-tier rules, in process: a host extent and a second extent
+// standing in for a GPU pool (heap memory; the daemon's copier is cudaMemcpyAsync, here memcpy).
+#include "daemon/tier_service.h"
+
+#include <gtest/gtest.h>
+#include <kj/async.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <cstring>
+
+#include "store/engine_test_util.h"
+
+namespace kvtier {
+namespace {
+
+using namespace test_util;
+
+constexpr uint32_t kBt = kTestBlockTokens;
+constexpr uint32_t kBlockBytes = 512;
+constexpr uint8_t kGpu = 1;
+
+struct Rig {
+  Layout layout = smallLayout();
+  BlockPool pool{{{0, 16 * kBlockBytes, 0}, {1, 4 * kBlockBytes, kGpu}}};
+  HeapBlockMemory mem{pool.extents()};
+  Engine engine{pool, mem};
+  SpaceId space = engine.openSpace(layout, saltFor("t")).value();
+  std::atomic<bool> copierWorks{true};
+  std::atomic<int> copies{0};
+
+  BlockCopier copier() {
+    return [this](std::span<const BlockCopy> cs) {
+      for (const auto& c : cs) std::memcpy(c.dst, c.src, c.bytes);
+      copies += static_cast<int>(cs.size());
+      return copierWorks.load();
+    };
+  }
+  uint8_t* at(const BlockLocation& l) { return mem.extentBase(l.extent) + l.offset; }
+  void cache(const std::vector<uint32_t>& tokens, uint8_t tier) {
+    auto g = engine.put(1, space, "s", 0, tokens, {}, {}, tier);
+    ASSERT_TRUE(g.ok()) << g.error();
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      writeTag(layout, at(g->blocks[i / kBt]), i % kBt, tokens[i]);
+    }
+    ASSERT_TRUE(engine.commit(g->lease, kEnd).ok());
+    ASSERT_TRUE(engine.remove(space, "s", 0, kEnd).ok());
+  }
+  // The extent of each block a lookup finds, after checking every tag.
+  std::vector<uint32_t> where(const std::vector<uint32_t>& tokens) {
+    auto r = engine.lookup(1, space, tokens, {}, "", {});
+    EXPECT_TRUE(r.ok());
+    std::vector<uint32_t> out;
+    for (size_t b = 0; b < r->blocks.size(); ++b) {
+      out.push_back(r->blocks[b].extent);
+      for (uint32_t s = 0; s < kBt; ++s) {
+        EXPECT_EQ(readTag(layout, at(r->blocks[b]), s), tokens[b * kBt + s]);
+      }
+    }
+    if (r->lease) {
+      EXPECT_TRUE(engine.releaseRead(r->lease).ok());
+    }
+    return out;
+  }
+  std::vector<Key128> keysOf(const std::vector<uint32_t>& tokens) {
+    std::vector<Key128> keys;
+    auto plan = engine.lookupPlan(space, tokens, {});
+    EXPECT_TRUE(plan.ok());
+    if (!plan.ok()) return keys;
+    for (const auto& step : *plan) keys.push_back(step.key);
+    return keys;
+  }
+};
+
+TEST(TierService, DemotesWhenTheGpuPoolRunsLowAndKeepsTheBytes) {
+  kj::EventLoop loop;
+  kj::WaitScope ws(loop);
+  Rig rig;
+  TierService tiers(rig.engine, rig.copier(), {kGpu}, 0.5);
+  const auto tokens = toks(4 * kBt, 10);
+  rig.cache(tokens, kGpu);  // the GPU pool is full
+  tiers.kick();
+  EXPECT_TRUE(tiers.canMakeRoom());
+  tiers.whenSettles().wait(ws);
+  // Demoted down to the mark: at least half of the GPU pool free, oldest blocks first.
+  const EngineStats s = rig.engine.stats();
+  EXPECT_GE(s.gpuDemoted, 2u);
+  EXPECT_LE(s.gpuBlocksUsed, 2u);
+  EXPECT_EQ(s.blocksPinned, 0u);
+  EXPECT_EQ(s.evictions, 0u);
+  const auto extents = rig.where(tokens);
+  ASSERT_EQ(extents.size(), 4u) << "every block still hits, with its bytes";
+  EXPECT_EQ(extents[0], 0u) << "the oldest block went to the host pool";
+}
+
+TEST(TierService, APutShortOfGpuBlocksSucceedsOnceDemotionMadeRoom) {
+  kj::EventLoop loop;
+  kj::WaitScope ws(loop);
+  Rig rig;
+  TierService tiers(rig.engine, rig.copier(), {kGpu}, 0.25);
+  rig.cache(toks(4 * kBt, 10), kGpu);
+  auto full = rig.engine.put(1, rig.space, "x", 0, toks(kBt, 99), {}, {}, kGpu);
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.error().code(), ErrorCode::kFull);
+  tiers.kick();
+  tiers.whenSettles().wait(ws);
+  auto g = rig.engine.put(1, rig.space, "x", 0, toks(kBt, 99), {}, {}, kGpu);
+  ASSERT_TRUE(g.ok());
+  EXPECT_TRUE(rig.engine.abortWrite(g->lease).ok());
+}
+
+TEST(TierService, PromoteBringsHostBlocksToTheGpu) {
+  kj::EventLoop loop;
+  kj::WaitScope ws(loop);
+  Rig rig;
+  TierService tiers(rig.engine, rig.copier(), {kGpu}, 0.0);
+  const auto tokens = toks(2 * kBt, 500);
+  rig.cache(tokens, 0);
+  tiers.promote(rig.space, rig.keysOf(tokens), kGpu).wait(ws);
+  EXPECT_EQ(rig.where(tokens), (std::vector<uint32_t>{1, 1}));
+  EXPECT_EQ(rig.engine.stats().gpuPromoted, 2u);
+}
+
+TEST(TierService, AFailedCopyMovesNothingAndLeaksNothing) {
+  kj::EventLoop loop;
+  kj::WaitScope ws(loop);
+  Rig rig;
+  rig.copierWorks = false;
+  TierService tiers(rig.engine, rig.copier(), {kGpu}, 0.0);
+  const auto tokens = toks(2 * kBt, 500);
+  rig.cache(tokens, 0);
+  tiers.promote(rig.space, rig.keysOf(tokens), kGpu).wait(ws);
+  EXPECT_EQ(rig.where(tokens), (std::vector<uint32_t>{0, 0}));
+  const EngineStats s = rig.engine.stats();
+  EXPECT_EQ(s.gpuPromoted, 0u);
+  EXPECT_EQ(s.gpuBlocksUsed, 0u);
+  EXPECT_EQ(s.blocksPinned, 0u);
+}
+
+TEST(TierService, ACancelledPromoteStillFinishesAndUnpins) {
+  kj::EventLoop loop;
+  kj::WaitScope ws(loop);
+  Rig rig;
+  TierService tiers(rig.engine, rig.copier(), {kGpu}, 0.0);
+  const auto tokens = toks(2 * kBt, 500);
+  rig.cache(tokens, 0);
+  {
+    auto dropped = tiers.promote(rig.space, rig.keysOf(tokens), kGpu);
+    EXPECT_GT(rig.engine.stats().blocksPinned, 0u);
+  }  // the lookup that waited went away
+  for (int i = 0; i < 1000 && rig.engine.stats().blocksPinned > 0; ++i) {
+    ws.poll();  // runs what the worker's finished copy queued back to this loop
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(rig.engine.stats().blocksPinned, 0u);
+  EXPECT_EQ(rig.where(tokens), (std::vector<uint32_t>{1, 1}));
+}
+
+}  // namespace
+}  // namespace kvtier

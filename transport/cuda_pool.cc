@@ -1,0 +1,150 @@
+#include "transport/cuda_pool.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace kvtier {
+namespace {
+
+uint64_t roundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+Error cudaFailure(const char* what, cudaError_t e) {
+  cudaGetLastError();  // clear it
+  return makeError(ErrorCode::kUnavailable, what, ": ", cudaGetErrorString(e));
+}
+
+}  // namespace
+
+Result<std::unique_ptr<DevicePool>> DevicePool::create(int device, uint64_t bytes,
+                                                       uint64_t extentBytes, uint32_t firstId) {
+  if (bytes == 0) return makeError(ErrorCode::kInvalidArgument, "a GPU pool of 0 bytes");
+  if (auto e = cudaSetDevice(device); e != cudaSuccess) return cudaFailure("cudaSetDevice", e);
+  std::unique_ptr<DevicePool> pool(new DevicePool(device));
+  const uint64_t total = roundUp(bytes, kDeviceExtentAlignment);
+  const uint64_t per = roundUp(std::max<uint64_t>(extentBytes, 1), kDeviceExtentAlignment);
+  for (uint64_t done = 0; done < total;) {
+    Extent x;
+    x.id = firstId + static_cast<uint32_t>(pool->extents_.size());
+    x.bytes = std::min(per, total - done);
+    void* base = nullptr;
+    if (auto e = cudaMalloc(&base, x.bytes); e != cudaSuccess) return cudaFailure("cudaMalloc", e);
+    x.base = static_cast<uint8_t*>(base);
+    cudaIpcMemHandle_t handle;
+    if (auto e = cudaIpcGetMemHandle(&handle, base); e != cudaSuccess) {
+      cudaFree(base);
+      return cudaFailure("cudaIpcGetMemHandle", e);
+    }
+    std::memcpy(x.handle.data(), &handle, sizeof handle);
+    pool->extents_.push_back(x);
+    done += x.bytes;
+  }
+  return pool;
+}
+
+DevicePool::~DevicePool() {
+  cudaSetDevice(device_);
+  for (const auto& x : extents_) cudaFree(x.base);
+}
+
+Result<std::unique_ptr<DeviceMapping>> DeviceMapping::open(int device, const IpcHandleBytes& handle,
+                                                           uint64_t bytes) {
+  if (auto e = cudaSetDevice(device); e != cudaSuccess) return cudaFailure("cudaSetDevice", e);
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, handle.data(), sizeof h);
+  void* base = nullptr;
+  if (auto e = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess) {
+    return cudaFailure("cudaIpcOpenMemHandle", e);
+  }
+  return std::unique_ptr<DeviceMapping>(
+      new DeviceMapping(device, static_cast<uint8_t*>(base), bytes));
+}
+
+DeviceMapping::~DeviceMapping() {
+  cudaSetDevice(device_);
+  cudaIpcCloseMemHandle(base_);
+}
+
+Result<std::unique_ptr<HostRegistration>> HostRegistration::create(uint8_t* base, uint64_t bytes) {
+  if (auto e = cudaHostRegister(base, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
+      e != cudaSuccess) {
+    return cudaFailure("cudaHostRegister", e);
+  }
+  return std::unique_ptr<HostRegistration>(new HostRegistration(base));
+}
+
+HostRegistration::~HostRegistration() { cudaHostUnregister(base_); }
+
+Result<uint8_t*> HostRegistration::devicePointer(uint8_t* hostAddress) const {
+  void* d = nullptr;
+  if (auto e = cudaHostGetDevicePointer(&d, hostAddress, 0); e != cudaSuccess) {
+    return cudaFailure("cudaHostGetDevicePointer", e);
+  }
+  return static_cast<uint8_t*>(d);
+}
+
+TieredMemory::TieredMemory(BlockMemory& host, uint32_t hostExtents,
+                           std::span<const std::unique_ptr<DevicePool>> devices)
+    : host_(host), hostExtents_(hostExtents) {
+  for (const auto& d : devices) {
+    for (const auto& x : d->extents()) {
+      deviceBases_.resize(std::max<size_t>(deviceBases_.size(), x.id - hostExtents_ + 1));
+      deviceBases_[x.id - hostExtents_] = x.base;
+    }
+  }
+}
+
+uint8_t* TieredMemory::extentBase(uint32_t extent) {
+  return extent < hostExtents_ ? host_.extentBase(extent) : deviceBases_.at(extent - hostExtents_);
+}
+
+void TieredMemory::copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+  // Unified addressing tells host from device memory. A failure here is a broken device (CUDA
+  // errors of a copy are sticky): the engine cannot undo the call that asked for the copy, and
+  // carrying on would serve a block whose bytes were never written. Stop instead; what is on
+  // disk survives the restart.
+  if (auto e = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault); e != cudaSuccess) {
+    std::fprintf(stderr,
+                 "kvtierd: device copy failed (%s): stopping rather than serve wrong bytes\n",
+                 cudaGetErrorString(e));
+    std::abort();
+  }
+}
+
+CudaBlockMover::~CudaBlockMover() {
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+bool CudaBlockMover::copy(std::span<const BlockCopy> copies) {
+  if (!stream_ && cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  for (const BlockCopy& c : copies) {
+    if (cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDefault, stream_) != cudaSuccess) {
+      cudaGetLastError();
+      cudaStreamSynchronize(stream_);
+      return false;
+    }
+  }
+  if (cudaStreamSynchronize(stream_) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+std::vector<BlockPool::Extent> deviceExtents(std::span<const std::unique_ptr<DevicePool>> devices) {
+  std::vector<BlockPool::Extent> out;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    for (const auto& x : devices[i]->extents()) {
+      out.push_back(BlockPool::Extent{x.id, x.bytes, static_cast<uint8_t>(1 + i)});
+    }
+  }
+  return out;
+}
+
+}  // namespace kvtier
