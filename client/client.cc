@@ -16,6 +16,14 @@
 #include "transport/buffered_stream.h"
 #include "transport/rpc_codec.h"
 #include "transport/shm_segment.h"
+#ifdef KVTIER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+
+#include "kernels/gpu.h"
+#include "transport/cuda_pool.h"
+#endif
 
 namespace kvtier {
 
@@ -44,6 +52,20 @@ struct Client::Impl {
   bool mapped = false;
   bool mappingTried = false;
   std::string daemonVersion;
+  std::vector<int> devices;  // with a GPU pool on the daemon
+  // GPU extents this client was told of (id -> device): their blocks have no host view.
+  std::map<uint32_t, int> gpuExtents;
+#ifdef KVTIER_HAVE_CUDA
+  // Opened once per extent, closed with the client. Guarded by gpuMutex, like the copiers (a
+  // client may be called from several threads; kernels launch from the caller's thread).
+  std::mutex gpuMutex;
+  std::map<uint32_t, std::unique_ptr<DeviceMapping>> deviceMappings;
+  std::map<uint32_t, std::unique_ptr<HostRegistration>> hostRegistrations;
+  std::map<int, std::unique_ptr<kernels::gpu::PagedCopier>> copiers;
+  // The address a kernel on `device` uses for a block: the IPC mapping of a GPU extent, or the
+  // registered host mapping of a host extent. Requires gpuMutex.
+  Result<uint8_t*> devicePointer(const BlockRef& ref);
+#endif
 
   // Runs `f` on the loop thread and waits for its result; kj::Exceptions become kvtier Errors.
   // In caller-thread mode it runs `f` right here, and refuses calls from other threads.
@@ -157,6 +179,7 @@ Status Client::Impl::setup(kj::AsyncIoContext& context) {
                  req.setClientName(options.clientName);
                  auto resp = req.send().wait(context.waitScope);
                  daemonVersion = resp.getDaemonVersion().cStr();
+                 for (int d : resp.getDevices()) devices.push_back(d);
                  session = resp.getSession();
                })) {
     Error error = fromKjException(*e);
@@ -265,35 +288,95 @@ struct Space::Impl {
   rpc::Space::Client& space() { return KJ_ASSERT_NONNULL(cap); }
 };
 
-Result<std::unique_ptr<Space>> Client::open(const Layout& layout) {
+Result<std::unique_ptr<Space>> Client::open(const Layout& layout, const OpenOptions& options) {
   if (auto s = layout.validate(); !s) return s.error();
+#ifndef KVTIER_HAVE_CUDA
+  if (options.device != -1) {
+    return makeError(ErrorCode::kNotSupported, "this kvtier client was built without CUDA");
+  }
+#endif
+  struct GpuExtent {
+    uint32_t id;
+    int device;
+    uint64_t bytes;
+    std::vector<uint8_t> handle;
+  };
   struct Opened {
     kj::Own<Space::Impl> impl;
     uint64_t fingerprint;
     std::vector<std::pair<uint32_t, std::pair<std::string, uint64_t>>> extents;
+    std::vector<GpuExtent> gpuExtents;
   };
   auto opened = impl_->run([&] {
     auto req = impl_->sessionCap().openRequest();
     layoutToRpc(layout, req.initLayout());
+    req.setDevice(options.device);
     return req.send().then([](capnp::Response<rpc::Session::OpenResults>&& r) {
-      Opened o{kj::heap<Space::Impl>(), r.getFingerprint(), {}};
+      Opened o{kj::heap<Space::Impl>(), r.getFingerprint(), {}, {}};
       o.impl->cap = r.getSpace();
-      for (auto e : r.getExtents())
-        o.extents.push_back({e.getId(), {e.getShmName().cStr(), e.getBytes()}});
+      for (auto e : r.getExtents()) {
+        if (e.getDevice() >= 0) {
+          auto h = e.getIpcHandle();
+          o.gpuExtents.push_back({e.getId(), e.getDevice(), e.getBytes(), {h.begin(), h.end()}});
+        } else {
+          o.extents.push_back({e.getId(), {e.getShmName().cStr(), e.getBytes()}});
+        }
+      }
       return o;
     });
   });
   if (!opened) return opened.error();
   // Mapping the pool is best effort: without it, bytes travel inline.
   (void)impl_->run([&] { (void)impl_->mapExtents(opened->extents); });
+  for (const auto& g : opened->gpuExtents) {
+    (void)impl_->run([&] { impl_->gpuExtents[g.id] = g.device; });
+#ifdef KVTIER_HAVE_CUDA
+    std::lock_guard<std::mutex> lock(impl_->gpuMutex);
+    if (impl_->deviceMappings.count(g.id)) continue;
+    IpcHandleBytes handle{};
+    if (g.handle.size() != handle.size()) {
+      return makeError(ErrorCode::kInternal, "GPU extent ", g.id, " came with a bad IPC handle");
+    }
+    std::copy(g.handle.begin(), g.handle.end(), handle.begin());
+    auto mapping = DeviceMapping::open(g.device, handle, g.bytes);
+    if (!mapping) return mapping.error();
+    impl_->deviceMappings.emplace(g.id, std::move(mapping).value());
+#endif
+  }
   auto spaceImpl = std::make_unique<Space::Impl>();
   (void)impl_->run([&] {
     spaceImpl->cap = kj::mv(opened->impl->cap);
     opened->impl = nullptr;
   });
   return std::unique_ptr<Space>(
-      new Space(*this, std::move(spaceImpl), layout, opened->fingerprint));
+      new Space(*this, std::move(spaceImpl), layout, opened->fingerprint, options.device));
 }
+
+const std::vector<int>& Client::devices() const { return impl_->devices; }
+
+#ifdef KVTIER_HAVE_CUDA
+Result<uint8_t*> Client::Impl::devicePointer(const BlockRef& ref) {
+  if (auto it = deviceMappings.find(ref.extent); it != deviceMappings.end()) {
+    if (ref.offset + ref.bytes > it->second->size() || ref.offset + ref.bytes < ref.offset) {
+      return makeError(ErrorCode::kInternal, "block outside its GPU extent");
+    }
+    return it->second->data() + ref.offset;
+  }
+  auto seg = mappings.find(ref.extent);
+  if (seg == mappings.end() || ref.offset + ref.bytes > seg->second->size()) {
+    return makeError(ErrorCode::kNotSupported, "block in extent ", ref.extent,
+                     " is neither in a mapped GPU pool nor in the mapped host pool");
+  }
+  auto reg = hostRegistrations.find(ref.extent);
+  if (reg == hostRegistrations.end()) {
+    // Host-pool blocks are read and written by the kernels in place, over the bus.
+    auto made = HostRegistration::create(seg->second->data(), seg->second->size());
+    if (!made) return made.error();
+    reg = hostRegistrations.emplace(ref.extent, std::move(made).value()).first;
+  }
+  return reg->second->devicePointer(seg->second->data() + ref.offset);
+}
+#endif
 
 Result<Stats> Client::stats() {
   return impl_->run([&] {
@@ -327,6 +410,10 @@ Result<Stats> Client::stats() {
           out.spillErrors = s.getSpillErrors();
           out.evictedUnspilled = s.getEvictedUnspilled();
           out.coldEvicted = s.getColdEvicted();
+          out.gpuBlocksTotal = s.getGpuBlocksTotal();
+          out.gpuBlocksUsed = s.getGpuBlocksUsed();
+          out.gpuDemoted = s.getGpuDemoted();
+          out.gpuPromoted = s.getGpuPromoted();
           for (auto sp : s.getSpaces()) {
             out.spaces.push_back(SpaceStats{sp.getFingerprint(), sp.getBlockBytes(),
                                             sp.getBlocksTotal(), sp.getBlocksUsed(),
@@ -351,7 +438,9 @@ std::string Stats::toJson() const {
     << ", \"promoted\": " << promoted << ", \"records\": " << coldRecords
     << ", \"bytes\": " << coldBytes << ", \"corrupt_dropped\": " << corruptDropped
     << ", \"spill_errors\": " << spillErrors << ", \"evicted_unspilled\": " << evictedUnspilled
-    << ", \"capacity_evicted\": " << coldEvicted << "}, \"spaces\": [";
+    << ", \"capacity_evicted\": " << coldEvicted
+    << "}, \"gpu\": {\"blocks_total\": " << gpuBlocksTotal << ", \"blocks_used\": " << gpuBlocksUsed
+    << ", \"demoted\": " << gpuDemoted << ", \"promoted\": " << gpuPromoted << "}, \"spaces\": [";
   for (size_t i = 0; i < spaces.size(); ++i) {
     const auto& s = spaces[i];
     o << (i ? ", " : "") << "{\"fingerprint\": \"" << std::hex << s.fingerprint << std::dec
@@ -406,6 +495,10 @@ Status ReadHandle::copyTo(uint64_t from, uint64_t to, void* out, size_t bytes) c
     const uint64_t block = (pos - firstPosition_) / bt;
     const uint32_t slot = static_cast<uint32_t>((pos - firstPosition_) % bt);
     const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(bt - slot, to - pos));
+    if (!views_[block].data()) {
+      return makeError(ErrorCode::kNotSupported,
+                       "block is in GPU memory: gather it with Space::gatherTo");
+    }
     kernels::packSlots(g, views_[block].data(), slot, n, static_cast<uint8_t*>(out), to - from,
                        pos - from);
     pos += n;
@@ -438,6 +531,10 @@ Status WriteHandle::write(uint64_t from, uint64_t to, const void* kv, size_t byt
       const uint64_t block = (pos - firstPosition_) / bt;
       const uint32_t slot = static_cast<uint32_t>((pos - firstPosition_) % bt);
       const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(bt - slot, to - pos));
+      if (!views_[block].data()) {
+        return makeError(ErrorCode::kNotSupported,
+                         "block is in GPU memory: write it with Space::putPaged");
+      }
       kernels::unpackSlots(g, views_[block].data(), slot, n, packed, to - from, pos - from);
       pos += n;
     }
@@ -502,11 +599,13 @@ Status WriteHandle::abort() {
 // ---------------------------------------------------------------------------------------------
 // Space
 
-Space::Space(Client& client, std::unique_ptr<Impl> impl, Layout layout, uint64_t fingerprint)
+Space::Space(Client& client, std::unique_ptr<Impl> impl, Layout layout, uint64_t fingerprint,
+             int device)
     : client_(client),
       impl_(std::move(impl)),
       layout_(std::move(layout)),
-      fingerprint_(fingerprint) {}
+      fingerprint_(fingerprint),
+      device_(device) {}
 
 Space::~Space() {
   (void)client_.impl_->run([this] { impl_->cap = nullptr; });
@@ -545,6 +644,10 @@ Result<WriteHandle> Space::beginPut(std::string_view seq, uint64_t begin,
   handle.refs_ = std::move(granted->refs);
   if (client->mapped) {
     for (const auto& ref : handle.refs_) {
+      if (client->gpuExtents.count(ref.extent)) {
+        handle.views_.emplace_back();  // GPU memory: written by Space::putPaged
+        continue;
+      }
       const uint8_t* p = client->view(ref);
       if (!p)
         return makeError(ErrorCode::kInternal, "daemon granted a block outside the mapped pool");
@@ -578,6 +681,10 @@ Status attachViews(Client::Impl& client, std::vector<BlockRef>& refs,
     return {};
   }
   for (const auto& ref : refs) {
+    if (client.gpuExtents.count(ref.extent)) {
+      views.emplace_back();  // GPU memory: no host view (Space::gatherTo reads it)
+      continue;
+    }
     const uint8_t* p = client.view(ref);
     if (!p)
       return makeError(ErrorCode::kInternal, "daemon returned a block outside the mapped pool");
@@ -945,6 +1052,102 @@ Result<std::vector<uint64_t>> Space::checkpoints(std::string_view seq) {
       return out;
     });
   });
+}
+
+}  // namespace kvtier
+
+// ---------------------------------------------------------------------------------------------
+// GPU: paged KV <-> pool blocks with kernels/ on the engine's stream.
+
+namespace kvtier {
+
+Status Space::pagedCopy(bool scatter, const std::vector<BlockRef>& refs, uint64_t firstPosition,
+                        uint64_t from, uint64_t to, const PagedKvCache& cache,
+                        std::span<const int32_t> blockTable, void* stream) {
+#ifndef KVTIER_HAVE_CUDA
+  (void)scatter, (void)refs, (void)firstPosition, (void)from, (void)to, (void)cache,
+      (void)blockTable, (void)stream;
+  return makeError(ErrorCode::kNotSupported, "this kvtier client was built without CUDA");
+#else
+  if (device_ < 0) {
+    return makeError(ErrorCode::kNotSupported, "the space was not opened on a GPU device");
+  }
+  if (cache.keys.size() != layout_.numLayers || cache.values.size() != layout_.numLayers) {
+    return invalid("paged cache has ", cache.keys.size(), " K and ", cache.values.size(),
+                   " V tensors; the layout has ", layout_.numLayers, " layers");
+  }
+  if (cache.blockTokens == 0) return invalid("paged cache block size is 0");
+  if (from < to && blockTable.size() < (to - 1) / cache.blockTokens + 1) {
+    return invalid("block table has ", blockTable.size(), " entries; positions up to ", to,
+                   " need ", (to - 1) / cache.blockTokens + 1);
+  }
+  if (from == to) return {};
+  auto* client = client_.impl_.get();
+  std::lock_guard<std::mutex> lock(client->gpuMutex);
+  std::vector<uint8_t*> tensors;
+  for (uint32_t l = 0; l < layout_.numLayers; ++l) {
+    tensors.push_back(static_cast<uint8_t*>(cache.keys[l]));
+    tensors.push_back(static_cast<uint8_t*>(cache.values[l]));
+  }
+  std::vector<uint8_t*> pool;
+  for (const auto& ref : refs) {
+    auto p = client->devicePointer(ref);
+    if (!p) return p.error();
+    pool.push_back(*p);
+  }
+  const kernels::PagedKv kv{layout_.numLayers, cache.blockTokens, layout_.tokenBytes()};
+  kernels::PagedCopy copy;
+  copy.tensors = tensors.data();
+  copy.blockTable = blockTable.data();
+  copy.poolBlocks = pool.data();
+  copy.poolTokens = layout_.blockTokens;
+  copy.poolFirst = firstPosition / layout_.blockTokens;
+  copy.begin = from;
+  copy.end = to;
+  if (auto why = kernels::checkPagedCopy(kv, copy); !why.empty()) return invalid(why);
+  auto& copier = client->copiers[device_];
+  if (!copier) copier = std::make_unique<kernels::gpu::PagedCopier>(device_);
+  auto s = static_cast<cudaStream_t>(stream);
+  cudaError_t e = scatter ? copier->scatter(kv, copy, s) : copier->gather(kv, copy, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return makeError(ErrorCode::kUnavailable, scatter ? "scatter" : "gather",
+                     " kernel failed: ", cudaGetErrorString(e));
+  }
+  return {};
+#endif
+}
+
+Result<CommitInfo> Space::putPaged(std::string_view seq, uint64_t begin,
+                                   std::span<const uint32_t> tokens, const PagedKvCache& cache,
+                                   std::span<const int32_t> blockTable, void* stream,
+                                   const PutOptions& options) {
+  if (device_ < 0) {
+    return makeError(ErrorCode::kNotSupported, "the space was not opened on a GPU device");
+  }
+  auto handle = beginPut(seq, begin, tokens, options);
+  if (!handle) return handle.error();
+  if (auto s = pagedCopy(true, handle->refs_, handle->firstPosition_, begin, begin + tokens.size(),
+                         cache, blockTable, stream);
+      !s) {
+    (void)handle->abort();
+    return s.error();
+  }
+  return handle->commit();
+}
+
+Status Space::gatherTo(const ReadHandle& handle, uint64_t from, uint64_t to,
+                       const PagedKvCache& cache, std::span<const int32_t> blockTable,
+                       void* stream) {
+  if (from > to || from < handle.begin_ || to > handle.end_) {
+    return invalid("gather range [", from, ", ", to, ") is outside the held [", handle.begin_, ", ",
+                   handle.end_, ")");
+  }
+  if (handle.views_.empty() && from < to) {
+    return makeError(ErrorCode::kReleased, "read handle was released");
+  }
+  return pagedCopy(false, handle.refs_, handle.firstPosition_, from, to, cache, blockTable, stream);
 }
 
 }  // namespace kvtier

@@ -1,7 +1,9 @@
 #include "daemon/config.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cstdlib>
 
 namespace kvtier {
 
@@ -73,6 +75,30 @@ Result<DaemonConfig> parseDaemonArgs(const std::vector<std::string>& args) {
         return makeError(ErrorCode::kInvalidArgument, "--metrics-addr wants HOST:PORT");
       }
       config.metricsAddr = value;
+    } else if (flag == "--gpus") {
+      config.gpus.clear();
+      config.allGpus = value == "all";
+      if (value != "all" && value != "none") {
+        size_t start = 0;
+        while (start <= value.size()) {
+          const size_t comma = std::min(value.find(',', start), value.size());
+          const std::string item = value.substr(start, comma - start);
+          char* end = nullptr;
+          const long d = std::strtol(item.c_str(), &end, 10);
+          if (item.empty() || *end != '\0' || d < 0 || d > 255) {
+            return makeError(ErrorCode::kInvalidArgument,
+                             "--gpus wants all, none or device numbers like 0,1; not '", value,
+                             "'");
+          }
+          config.gpus.push_back(static_cast<int>(d));
+          start = comma + 1;
+        }
+      }
+    } else if (flag == "--gpu-pool-bytes") {
+      auto bytes = parseByteSize(value);
+      if (!bytes)
+        return makeError(ErrorCode::kInvalidArgument, flag, ": ", bytes.error().message());
+      config.gpuPoolBytes = *bytes;
     } else if (flag == "--disk-bytes") {
       auto bytes = parseByteSize(value);
       if (!bytes)
@@ -102,6 +128,8 @@ const char* daemonUsage() {
          "none)\n"
          "  --flush-on-exit on|off  on SIGTERM, write blocks still only in memory (on)\n"
          "  --metrics-addr H:P      serve GET /metrics (Prometheus text) on H:P (off)\n"
+         "  --gpus all|none|0,1     CUDA devices that get a GPU pool (all; needs a CUDA build)\n"
+         "  --gpu-pool-bytes N      GPU pool size per device, 2 MiB-aligned (1G; 0: none)\n"
          "Runs with no flags on these defaults. SIGTERM or SIGINT stop it cleanly.\n";
 }
 

@@ -21,6 +21,11 @@ struct DaemonConfig {
   uint64_t diskBytes = uint64_t{64} << 30;  // payload bytes kept on disk; 0: unbounded
   bool flushOnExit = true;  // SIGTERM/SIGINT write every sealed block still only in memory
   std::string metricsAddr;  // HOST:PORT for GET /metrics (Prometheus); empty: off
+  // GPU pools (a build with CUDA, on a machine with GPUs): `gpuPoolBytes` on each device of
+  // `gpus` (empty with allGpus: every device; empty without: none).
+  uint64_t gpuPoolBytes = uint64_t{1} << 30;
+  bool allGpus = true;
+  std::vector<int> gpus;
   bool showHelp = false;
 
   std::string effectiveSocketPath() const {

@@ -22,6 +22,10 @@
 #include "kernels/rope.h"
 #include "store/engine.h"
 #include "transport/host_pool.h"
+#ifdef KVTIER_HAVE_CUDA
+#include "kernels/gpu.h"
+#include "transport/cuda_pool.h"
+#endif
 
 namespace kvtier {
 namespace {
@@ -65,6 +69,112 @@ std::string segmentPrefix(const std::filesystem::path& dataDir) {
   return "kvtier-" + k.hex().substr(0, 12) + "-";
 }
 
+// The GPU pools: with a CUDA build, one per chosen device (none on a machine without GPUs),
+// the host pool registered with CUDA for asynchronous copies, and the tier service that moves
+// blocks between them. Without CUDA, nothing: the host pool is the pool.
+class GpuPools {
+ public:
+  Status open(const DaemonConfig& config, HostPool& host) {
+#ifdef KVTIER_HAVE_CUDA
+    if (config.gpuPoolBytes == 0 || (!config.allGpus && config.gpus.empty())) return {};
+    const int present = kernels::gpu::deviceCount();
+    std::vector<int> devices = config.gpus;
+    if (config.allGpus) {
+      for (int d = 0; d < present; ++d) devices.push_back(d);
+      if (present == 0) logInfo("gpu_pools", "none=\"" + kernels::gpu::noDeviceReason() + "\"");
+    }
+    uint32_t nextId = static_cast<uint32_t>(host.extentCount());
+    for (int d : devices) {
+      if (d >= present) {
+        return makeError(ErrorCode::kInvalidArgument, "--gpus names device ", d, " but ", present,
+                         " are present");
+      }
+      auto pool = DevicePool::create(d, config.gpuPoolBytes, config.extentBytes, nextId);
+      if (!pool) return pool.error();
+      nextId += static_cast<uint32_t>((*pool)->extents().size());
+      logInfo("gpu_pool", "device=" + std::to_string(d) +
+                              " bytes=" + std::to_string(config.gpuPoolBytes) +
+                              " extents=" + std::to_string((*pool)->extents().size()));
+      devices_.push_back(std::move(pool).value());
+    }
+    if (devices_.empty()) return {};
+    // Pinned host memory: host<->device moves are asynchronous DMA (best effort: pageable copies
+    // still work, slower).
+    for (uint32_t i = 0; i < host.extentCount(); ++i) {
+      auto reg = HostRegistration::create(host.segment(i).data(), host.segment(i).size());
+      if (reg) {
+        registrations_.push_back(std::move(reg).value());
+      } else {
+        logWarn("host_pool_not_pinned", reg.error().message());
+      }
+    }
+    memory_ =
+        std::make_unique<TieredMemory>(host, static_cast<uint32_t>(host.extentCount()), devices_);
+#else
+    if (!config.allGpus && !config.gpus.empty()) {
+      return makeError(ErrorCode::kNotSupported, "--gpus: this kvtierd was built without CUDA");
+    }
+    (void)host;
+#endif
+    return {};
+  }
+
+  size_t count() const { return exports().size(); }
+
+  std::vector<BlockPool::Extent> extents(HostPool& host) const {
+    auto out = host.extents();
+#ifdef KVTIER_HAVE_CUDA
+    for (const auto& x : deviceExtents(devices_)) out.push_back(x);
+#endif
+    return out;
+  }
+
+  BlockMemory& memory(HostPool& host) {
+    if (memory_) return *memory_;
+    return host;
+  }
+
+  std::unique_ptr<TierService> tierService(Engine& engine) {
+#ifdef KVTIER_HAVE_CUDA
+    if (devices_.empty()) return nullptr;
+    auto mover = std::make_shared<CudaBlockMover>();
+    std::vector<uint8_t> tiers;
+    for (size_t i = 0; i < devices_.size(); ++i) tiers.push_back(static_cast<uint8_t>(1 + i));
+    return std::make_unique<TierService>(
+        engine, [mover](std::span<const BlockCopy> copies) { return mover->copy(copies); },
+        std::move(tiers));
+#else
+    (void)engine;
+    return nullptr;
+#endif
+  }
+
+  std::vector<GpuPoolExport> exports() const {
+    std::vector<GpuPoolExport> out;
+#ifdef KVTIER_HAVE_CUDA
+    for (size_t i = 0; i < devices_.size(); ++i) {
+      GpuPoolExport g;
+      g.device = devices_[i]->device();
+      g.tier = static_cast<uint8_t>(1 + i);
+      for (const auto& x : devices_[i]->extents()) {
+        g.extents.push_back({x.id, x.bytes, {x.handle.begin(), x.handle.end()}});
+      }
+      out.push_back(std::move(g));
+    }
+#endif
+    return out;
+  }
+
+ private:
+  std::unique_ptr<BlockMemory> memory_;
+#ifdef KVTIER_HAVE_CUDA
+  // Freed only when run() returns: the engine, tier service and server (declared after this
+  // object) are gone by then, and so is every client connection that could hold a mapping.
+  std::vector<std::unique_ptr<DevicePool>> devices_;
+  std::vector<std::unique_ptr<HostRegistration>> registrations_;
+#endif
+};
+
 int run(const DaemonConfig& config) {
   std::error_code ec;
   std::filesystem::create_directories(config.dataDir, ec);
@@ -87,9 +197,15 @@ int run(const DaemonConfig& config) {
     logWarn("startup_failed", "reason=\"" + pool.error().message() + "\"");
     return 1;
   }
-  BlockPool blocks((*pool)->extents());
+  GpuPools gpus;
+  if (auto s = gpus.open(config, **pool); !s) {
+    logWarn("startup_failed", "reason=\"" + s.error().message() + "\"");
+    return 1;
+  }
+  BlockPool blocks(gpus.extents(**pool));
   kernels::CpuKeyRotator rotator;
-  Engine engine(blocks, **pool, nullptr, &rotator);
+  Engine engine(blocks, gpus.memory(**pool), nullptr, &rotator);
+  std::unique_ptr<TierService> tiers = gpus.tierService(engine);
 
   const std::string socketPath = config.effectiveSocketPath();
   ::unlink(socketPath.c_str());  // we hold the lock: any socket file here is a dead daemon's
@@ -127,11 +243,11 @@ int run(const DaemonConfig& config) {
                 " bytes=" + std::to_string(cs.bytes) + " node=" + (*tier)->nodeId());
     cold = std::make_unique<ColdService>(engine, std::move(tier).value(), io.provider->getTimer());
   }
-  Server server(engine, **pool, cold.get());
-  logInfo("ready", "socket=" + socketPath +
-                       " host_pool_bytes=" + std::to_string(config.hostPoolBytes) +
-                       " extents=" + std::to_string((*pool)->extentCount()) +
-                       " pid=" + std::to_string(::getpid()));
+  Server server(engine, **pool, cold.get(), tiers.get(), gpus.exports());
+  logInfo("ready",
+          "socket=" + socketPath + " host_pool_bytes=" + std::to_string(config.hostPoolBytes) +
+              " extents=" + std::to_string((*pool)->extentCount()) +
+              " gpus=" + std::to_string(gpus.count()) + " pid=" + std::to_string(::getpid()));
   // Prometheus metrics over HTTP, when asked for.
   kj::HttpHeaderTable headerTable;
   MetricsService metrics(headerTable, [&server] { return server.metricsText(); });

@@ -102,6 +102,12 @@ void setBlocks(Builder&& out, const std::vector<BlockLocation>& blocks) {
 // Copies whole blocks into the result for clients that cannot map the pool.
 void setInlineData(capnp::List<capnp::Data>::Builder out, Engine& engine,
                    const std::vector<BlockLocation>& blocks) {
+  for (const auto& b : blocks) {
+    if (!engine.memory().hostAddressable(b.extent)) {
+      throwRpcError(makeError(ErrorCode::kNotSupported,
+                              "blocks in GPU memory do not travel inline: map the GPU pool"));
+    }
+  }
   for (uint32_t i = 0; i < blocks.size(); ++i) {
     const uint8_t* base = engine.memory().extentBase(blocks[i].extent) + blocks[i].offset;
     out.set(i, capnp::Data::Reader(base, blocks[i].bytes));
@@ -237,16 +243,19 @@ class WriteLeaseImpl final : public rpc::WriteLease::Server {
 
 class SpaceImpl final : public rpc::Space::Server {
  public:
-  SpaceImpl(Engine& engine, OwnerId owner, SpaceId space, ColdService* cold)
-      : engine_(engine), owner_(owner), space_(space), cold_(cold) {}
+  SpaceImpl(Engine& engine, OwnerId owner, SpaceId space, ColdService* cold, TierService* tiers,
+            uint8_t tier)
+      : engine_(engine), owner_(owner), space_(space), cold_(cold), tiers_(tiers), tier_(tier) {}
 
   kj::Promise<void> put(PutContext context) override {
     return whenRoom([this, context]() mutable {
       auto p = context.getParams();
       const auto tokens = tokensFrom(p.getTokens());
       const uint64_t begin = p.getBegin();
-      const PutGrant g = orThrow(engine_.put(owner_, space_, text(p.getSeq()), begin, tokens,
-                                             keysFrom(p.getKeys()), optionsFrom(p.getOptions())));
+      const PutGrant g =
+          orThrow(engine_.put(owner_, space_, text(p.getSeq()), begin, tokens,
+                              keysFrom(p.getKeys()), optionsFrom(p.getOptions()), tier_));
+      if (tier_ != 0 && tiers_) tiers_->kick();  // the GPU pool filled: demote behind it
       auto out = context.getResults();
       out.setFirstPosition(g.firstPosition);
       setBlocks(out.initBlocks(g.blocks.size()), g.blocks);
@@ -286,21 +295,27 @@ class SpaceImpl final : public rpc::Space::Server {
     const SeqOptions options = optionsFrom(p.getOptions());
     const bool inlineData = p.getInline();
     std::vector<Key128> chain;  // the prompt's keys the plan hashed: the lookup reuses them
-    if (cold_) {
-      // Blocks of the prefix held only on disk come back into the pool before the answer.
+    const bool toGpu = tiers_ && tier_ != 0;
+    if (cold_ || toGpu) {
+      // Blocks of the prefix held only on disk come back into the pool before the answer, and a
+      // GPU session's prefix comes to its GPU.
       const auto plan = orThrow(engine_.lookupPlan(space_, tokens, keys));
       std::vector<Key128> cold;
       for (const auto& step : plan) {
         chain.push_back(step.key);
         if (!step.hot) cold.push_back(step.key);
       }
-      if (!cold.empty()) {
-        return cold_->promote(space_, std::move(cold))
-            .then([this, context = kj::mv(context), tokens = std::move(tokens),
-                   keys = std::move(keys), bindSeq = std::move(bindSeq), options, inlineData,
-                   chain = std::move(chain)]() mutable {
-              answerLookup(context, tokens, keys, bindSeq, options, inlineData, chain);
-            });
+      if (!cold.empty() || (toGpu && !chain.empty())) {
+        kj::Promise<void> ready = kj::READY_NOW;
+        if (!cold.empty()) ready = cold_->promote(space_, std::move(cold));
+        if (toGpu) {
+          ready = ready.then([this, chain]() { return tiers_->promote(space_, chain, tier_); });
+        }
+        return ready.then([this, context = kj::mv(context), tokens = std::move(tokens),
+                           keys = std::move(keys), bindSeq = std::move(bindSeq), options,
+                           inlineData, chain = std::move(chain)]() mutable {
+          answerLookup(context, tokens, keys, bindSeq, options, inlineData, chain);
+        });
       }
     }
     answerLookup(context, tokens, keys, bindSeq, options, inlineData, chain);
@@ -469,6 +484,16 @@ class SpaceImpl final : public rpc::Space::Server {
   template <typename Attempt>
   kj::Promise<void> whenRoom(Attempt attempt, int tries = 0) {
     KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] { attempt(); })) {
+      if (tier_ != 0 && tiers_ && tries < ColdService::kMaxRoomWaits &&
+          fromKjException(*e).code() == ErrorCode::kFull) {
+        // Short of GPU blocks: demotion to the host pool makes room.
+        tiers_->kick();
+        if (tiers_->canMakeRoom()) {
+          return tiers_->whenSettles().then([this, attempt = kj::mv(attempt), tries]() mutable {
+            return whenRoom(kj::mv(attempt), tries + 1);
+          });
+        }
+      }
       if (cold_ && tries < ColdService::kMaxRoomWaits &&
           fromKjException(*e).code() == ErrorCode::kFull && cold_->canMakeRoom()) {
         cold_->kick();
@@ -507,6 +532,8 @@ class SpaceImpl final : public rpc::Space::Server {
   OwnerId owner_;
   SpaceId space_;
   ColdService* cold_;
+  TierService* tiers_;
+  uint8_t tier_;  // where puts allocate and lookups bring blocks: 0 host, 1 + d GPU d
 };
 
 class SessionImpl final : public rpc::Session::Server {
@@ -524,18 +551,37 @@ class SessionImpl final : public rpc::Session::Server {
 
   kj::Promise<void> open(OpenContext context) override {
     const Layout layout = layoutFromRpc(context.getParams().getLayout());
+    const int device = context.getParams().getDevice();
+    const GpuPoolExport* gpu = nullptr;
+    for (const auto& g : server_.gpus()) {
+      if (g.device == device) gpu = &g;
+    }
+    if (device != -1 && !gpu) {
+      throwRpcError(makeError(ErrorCode::kInvalidArgument,
+                              "this kvtierd has no GPU pool on device ", device));
+    }
     const SpaceId space = orThrow(server_.engine().openSpace(layout, salt_));
     auto out = context.getResults();
     out.setFingerprint(server_.engine().space(space).fingerprint);
     out.setBlockBytes(server_.engine().space(space).blockBytes);
     auto& pool = server_.hostPool();
-    auto extents = out.initExtents(pool.extentCount());
+    const size_t gpuExtents = gpu ? gpu->extents.size() : 0;
+    auto extents = out.initExtents(pool.extentCount() + gpuExtents);
     for (uint32_t i = 0; i < pool.extentCount(); ++i) {
       extents[i].setId(i);
       extents[i].setShmName(pool.segment(i).name());
       extents[i].setBytes(pool.segment(i).size());
     }
-    out.setSpace(kj::heap<SpaceImpl>(server_.engine(), owner_, space, server_.cold()));
+    for (uint32_t i = 0; i < gpuExtents; ++i) {
+      auto x = extents[pool.extentCount() + i];
+      x.setId(gpu->extents[i].id);
+      x.setBytes(gpu->extents[i].bytes);
+      x.setDevice(gpu->device);
+      x.setIpcHandle(
+          capnp::Data::Reader(gpu->extents[i].ipcHandle.data(), gpu->extents[i].ipcHandle.size()));
+    }
+    out.setSpace(kj::heap<SpaceImpl>(server_.engine(), owner_, space, server_.cold(),
+                                     server_.tiers(), gpu ? gpu->tier : uint8_t{0}));
     return kj::READY_NOW;
   }
 
@@ -563,6 +609,10 @@ class SessionImpl final : public rpc::Session::Server {
     out.setSpilled(s.spilled);
     out.setPromoted(s.promoted);
     out.setEvictedUnspilled(s.evictedUnspilled);
+    out.setGpuBlocksTotal(s.gpuBlocksTotal);
+    out.setGpuBlocksUsed(s.gpuBlocksUsed);
+    out.setGpuDemoted(s.gpuDemoted);
+    out.setGpuPromoted(s.gpuPromoted);
     if (auto* cold = server_.cold()) {
       const ColdServiceStats c = cold->stats();
       out.setColdRecords(c.tier.records);
@@ -614,6 +664,8 @@ class DaemonImpl final : public rpc::Daemon::Server {
     out.setProtocolVersion(rpc::PROTOCOL_VERSION);
     out.setDaemonVersion(kDaemonVersion);
     out.setSession(kj::heap<SessionImpl>(server_, owner, salt));
+    auto devices = out.initDevices(server_.gpus().size());
+    for (uint32_t i = 0; i < server_.gpus().size(); ++i) devices.set(i, server_.gpus()[i].device);
     return kj::READY_NOW;
   }
 
@@ -640,8 +692,14 @@ bool peerAllowed(const PeerCredentials& peer, int64_t daemonUid, int64_t daemonG
   return peer.uid == 0 || peer.uid == daemonUid || (peer.gid >= 0 && peer.gid == daemonGid);
 }
 
-Server::Server(Engine& engine, HostPool& pool, ColdService* cold)
-    : engine_(engine), pool_(pool), cold_(cold), tasks_(*this) {}
+Server::Server(Engine& engine, HostPool& pool, ColdService* cold, TierService* tiers,
+               std::vector<GpuPoolExport> gpus)
+    : engine_(engine),
+      pool_(pool),
+      cold_(cold),
+      tiers_(tiers),
+      gpus_(std::move(gpus)),
+      tasks_(*this) {}
 
 Server::~Server() = default;
 
@@ -697,6 +755,12 @@ std::string Server::metricsText() {
   counter("kvtier_put_bytes_total", "Committed KV bytes.", s.bytesPut);
   counter("kvtier_get_bytes_total", "KV bytes handed out under read leases.", s.bytesGot);
   gauge("kvtier_snapshots", "Snapshots.", s.snapshots);
+  gauge("kvtier_gpu_blocks_total", "Blocks the GPU pools hold or can carve.", s.gpuBlocksTotal);
+  gauge("kvtier_gpu_blocks_used", "GPU pool blocks in use.", s.gpuBlocksUsed);
+  counter("kvtier_gpu_demoted_total", "Blocks moved from a GPU pool to the host pool.",
+          s.gpuDemoted);
+  counter("kvtier_gpu_promoted_total", "Blocks moved from the host pool to a GPU pool.",
+          s.gpuPromoted);
   gauge("kvtier_entries", "Position-independent entries cached.", s.entries);
   gauge("kvtier_checkpoints", "Recurrent state checkpoints.", s.checkpoints);
   counter("kvtier_spilled_blocks_total", "Blocks written to the cold tier.", s.spilled);

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "daemon/cold_service.h"
+#include "daemon/tier_service.h"
 #include "store/engine.h"
 #include "transport/host_pool.h"
 
@@ -24,10 +25,24 @@ struct PeerCredentials {
   int64_t gid = -1;
 };
 
+// A GPU pool as clients see it: its device, its engine tier and its exported extents.
+struct GpuPoolExport {
+  struct Extent {
+    uint32_t id = 0;
+    uint64_t bytes = 0;
+    std::vector<uint8_t> ipcHandle;
+  };
+  int device = 0;
+  uint8_t tier = 0;
+  std::vector<Extent> extents;
+};
+
 class Server final : private kj::TaskSet::ErrorHandler {
  public:
-  // `engine`, `pool` and `cold` (optional: no cold tier) are borrowed and must outlive the server.
-  Server(Engine& engine, HostPool& pool, ColdService* cold = nullptr);
+  // `engine`, `pool`, `cold` (optional: no cold tier) and `tiers` (optional: no GPU pools) are
+  // borrowed and must outlive the server.
+  Server(Engine& engine, HostPool& pool, ColdService* cold = nullptr, TierService* tiers = nullptr,
+         std::vector<GpuPoolExport> gpus = {});
   ~Server();
 
   // Accepts connections until the returned promise is cancelled.
@@ -41,6 +56,8 @@ class Server final : private kj::TaskSet::ErrorHandler {
   Engine& engine() { return engine_; }
   HostPool& hostPool() { return pool_; }
   ColdService* cold() { return cold_; }
+  TierService* tiers() { return tiers_; }
+  const std::vector<GpuPoolExport>& gpus() const { return gpus_; }
   OwnerId newOwner() { return nextOwner_++; }
   void sessionOpened() { ++sessions_; }
   void sessionClosed() { --sessions_; }
@@ -52,6 +69,8 @@ class Server final : private kj::TaskSet::ErrorHandler {
   Engine& engine_;
   HostPool& pool_;
   ColdService* cold_;
+  TierService* tiers_;
+  std::vector<GpuPoolExport> gpus_;
   uint64_t sessions_ = 0;
   OwnerId nextOwner_ = 1;
   kj::TaskSet tasks_;

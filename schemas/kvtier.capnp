@@ -82,10 +82,13 @@ struct Layout {
 }
 
 struct Extent {
-  # One exportable allocation of the pool. Host extents are POSIX shared-memory segments.
+  # One exportable allocation of the pool. Host extents are POSIX shared-memory segments; GPU
+  # extents are whole cudaMalloc allocations exported with CUDA IPC.
   id @0 :UInt32;
-  shmName @1 :Text;
+  shmName @1 :Text;         # host extents
   bytes @2 :UInt64;
+  device @3 :Int32 = -1;    # the CUDA device of a GPU extent; -1 for host extents
+  ipcHandle @4 :Data;       # a GPU extent's cudaIpcMemHandle_t (64 bytes)
 }
 
 struct BlockRef {
@@ -132,16 +135,25 @@ struct Stats {
   spillErrors @24 :UInt64;      # spill batches that failed (full or failing disk)
   evictedUnspilled @25 :UInt64; # blocks dropped while spilling was paused
   coldEvicted @26 :UInt64;      # records dropped for the cold tier's capacity bound
+  # GPU pools (blocksTotal and blocksUsed above count the host pool).
+  gpuBlocksTotal @27 :UInt64;
+  gpuBlocksUsed @28 :UInt64;
+  gpuDemoted @29 :UInt64;       # blocks moved from a GPU pool to the host pool
+  gpuPromoted @30 :UInt64;      # blocks moved from the host pool to a GPU pool
 }
 
 interface Daemon {
-  hello @0 (protocolVersion :UInt32, clientName :Text) -> (session :Session, protocolVersion :UInt32, daemonVersion :Text);
+  hello @0 (protocolVersion :UInt32, clientName :Text) -> (session :Session, protocolVersion :UInt32, daemonVersion :Text, devices :List(Int32));
+  # `devices`: the CUDA devices that have a GPU pool (empty without one).
   # The daemon checks the peer's Unix credentials (SO_PEERCRED) and assigns its tenant.
 }
 
 interface Session {
   # Dropping the session (or the connection) removes every sequence it opened that is not detached.
-  open @0 (layout :Layout) -> (space :Space, extents :List(Extent), fingerprint :UInt64, blockBytes :UInt32);
+  open @0 (layout :Layout, device :Int32 = -1) -> (space :Space, extents :List(Extent), fingerprint :UInt64, blockBytes :UInt32);
+  # With a device (a CUDA ordinal with a GPU pool), the space's puts allocate in that GPU's pool
+  # and its lookups bring host-pool blocks of the prefix there first; the extents then include
+  # that GPU's (and only that GPU's) with their IPC handles. -1: the host pool only.
   stats @1 () -> (stats :Stats);
 }
 

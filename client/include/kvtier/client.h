@@ -16,6 +16,12 @@
 // buffers of put() and copyTo() are "packed": [layer][K|V][token][kvHead][headDim] over the tokens
 // of the call, so each call moves 2 * numLayers contiguous runs per block.
 //
+// GPU: a Client built with CUDA may open a space on a device (OpenOptions::device). Its puts then
+// land in that GPU's pool and its lookups bring the prefix there; putPaged and gatherTo move the
+// bytes between the engine's own paged KV cache (vLLM's layout) and the pool with kernels on the
+// engine's stream, through CUDA IPC mappings the client opens once per extent and closes with
+// the client. Block views (ReadHandle::block, WriteHandle::block) are empty for GPU blocks.
+//
 // Errors: every call returns a Result whose error code is one of kvtier::ErrorCode (stable); the
 // daemon's typed errors arrive unchanged, a lost connection is UNAVAILABLE.
 #pragma once
@@ -77,6 +83,8 @@ struct Stats {
   // Cold tier (RocksDB).
   uint64_t spilled = 0, promoted = 0, coldRecords = 0, coldBytes = 0, corruptDropped = 0;
   uint64_t spillErrors = 0, evictedUnspilled = 0, coldEvicted = 0;
+  // GPU pools (blocksTotal and blocksUsed above count the host pool).
+  uint64_t gpuBlocksTotal = 0, gpuBlocksUsed = 0, gpuDemoted = 0, gpuPromoted = 0;
   std::vector<SpaceStats> spaces;
   std::string toJson() const;
 };
@@ -208,6 +216,18 @@ class BlobHandle {
   std::vector<uint8_t> inline_;
 };
 
+struct OpenOptions {
+  // A CUDA device with a GPU pool on the daemon (Client::devices()), or -1 for the host pool.
+  int device = -1;
+};
+
+// An engine's paged KV cache on a GPU, in vLLM's layout: for each layer a K and a V tensor of
+// shape [numBlocks, blockTokens, kvHeads, headDim] with the space's dtype, in device memory.
+struct PagedKvCache {
+  std::vector<void*> keys, values;  // one per layer
+  uint32_t blockTokens = 16;        // the engine's block size (need not be the layout's)
+};
+
 // SHA-256 of `bytes` truncated to 16 bytes: a content key for position-independent entries.
 Key128 contentKey(const void* bytes, size_t size);
 
@@ -243,6 +263,21 @@ class Space {
   Result<bool> canResume(std::string_view seq, uint64_t pos);
   // Length of seq; nullopt if it does not exist.
   Result<std::optional<uint64_t>> length(std::string_view seq);
+  // --- GPU (a space opened on a device, a Client built with CUDA; NOT_SUPPORTED otherwise).
+  // `blockTable[i]` names the engine block holding positions [i * cache.blockTokens, ...).
+  // `stream` is the engine's cudaStream_t (nullptr: the default stream); both calls return once
+  // their kernel has finished on it.
+  // Stores positions [begin, begin + n) of seq from the engine's paged cache: a write lease, one
+  // scatter kernel into the granted pool blocks, then the commit.
+  Result<CommitInfo> putPaged(std::string_view seq, uint64_t begin,
+                              std::span<const uint32_t> tokens, const PagedKvCache& cache,
+                              std::span<const int32_t> blockTable, void* stream = nullptr,
+                              const PutOptions& options = {});
+  // Gathers positions [from, to) of a read handle (get or lookup) into the engine's paged cache.
+  Status gatherTo(const ReadHandle& handle, uint64_t from, uint64_t to, const PagedKvCache& cache,
+                  std::span<const int32_t> blockTable, void* stream = nullptr);
+  int device() const { return device_; }
+
   // Inline copies of sealed blocks named by references (STALE_REFERENCE once a block is reused).
   Result<std::vector<std::vector<uint8_t>>> readRefs(std::span<const BlockRef> refs);
 
@@ -279,13 +314,18 @@ class Space {
   Status putBlob(MakeRequest&& makeRequest, const void* bytes, size_t size);
   Status writeBlob(const void* bytes, size_t size, std::unique_ptr<LeaseState> lease,
                    const BlockRef& block);
-  Space(Client& client, std::unique_ptr<Impl> impl, Layout layout, uint64_t fingerprint);
+  Space(Client& client, std::unique_ptr<Impl> impl, Layout layout, uint64_t fingerprint,
+        int device);
+  Status pagedCopy(bool scatter, const std::vector<BlockRef>& refs, uint64_t firstPosition,
+                   uint64_t from, uint64_t to, const PagedKvCache& cache,
+                   std::span<const int32_t> blockTable, void* stream);
   Result<ReadHandle> lookupImpl(std::span<const uint32_t> tokens, std::span<const Key128> keys,
                                 const LookupOptions& options);
   Client& client_;
   std::unique_ptr<Impl> impl_;
   Layout layout_;
   uint64_t fingerprint_;
+  int device_ = -1;
 };
 
 class Client {
@@ -297,8 +337,11 @@ class Client {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  // Opens (or joins) the namespace for `layout`; maps the pool on first use.
-  Result<std::unique_ptr<Space>> open(const Layout& layout);
+  // Opens (or joins) the namespace for `layout`; maps the pool on first use (and, on a device,
+  // that GPU's pool through CUDA IPC: UNAVAILABLE if it cannot be mapped).
+  Result<std::unique_ptr<Space>> open(const Layout& layout, const OpenOptions& options = {});
+  // CUDA devices with a GPU pool on the daemon (empty without).
+  const std::vector<int>& devices() const;
   Result<Stats> stats();
   const std::string& daemonVersion() const;
   // True when bytes move through the mapped pool, false when they travel inline.
