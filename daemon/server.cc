@@ -295,8 +295,10 @@ class SpaceImpl final : public rpc::Space::Server {
     const SeqOptions options = optionsFrom(p.getOptions());
     const bool inlineData = p.getInline();
     std::vector<Key128> chain;  // the prompt's keys the plan hashed: the lookup reuses them
-    const bool toGpu = tiers_ && tier_ != 0;
-    if (cold_ || toGpu) {
+    // With GPU pools, every lookup brings its prefix to the session's tier: a GPU session's to
+    // its GPU, a host session's to the host pool (which it can read).
+    const bool moveTiers = tiers_ != nullptr;
+    if (cold_ || moveTiers) {
       // Blocks of the prefix held only on disk come back into the pool before the answer, and a
       // GPU session's prefix comes to its GPU.
       const auto plan = orThrow(engine_.lookupPlan(space_, tokens, keys));
@@ -305,11 +307,11 @@ class SpaceImpl final : public rpc::Space::Server {
         chain.push_back(step.key);
         if (!step.hot) cold.push_back(step.key);
       }
-      if (!cold.empty() || (toGpu && !chain.empty())) {
+      if (!cold.empty() || (moveTiers && !chain.empty())) {
         kj::Promise<void> ready = kj::READY_NOW;
         if (!cold.empty()) ready = cold_->promote(space_, std::move(cold));
-        if (toGpu) {
-          ready = ready.then([this, chain]() { return tiers_->promote(space_, chain, tier_); });
+        if (moveTiers) {
+          ready = ready.then([this, chain]() { return tiers_->bringTo(space_, chain, tier_); });
         }
         return ready.then([this, context = kj::mv(context), tokens = std::move(tokens),
                            keys = std::move(keys), bindSeq = std::move(bindSeq), options,

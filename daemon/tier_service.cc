@@ -79,8 +79,8 @@ kj::Promise<void> TierService::whenSettles() {
   return kj::mv(paf.promise);
 }
 
-kj::Promise<void> TierService::promote(SpaceId space, std::vector<Key128> keys, uint8_t tier) {
-  auto tickets = engine_.beginPromoteTo(space, keys, tier);
+kj::Promise<void> TierService::bringTo(SpaceId space, std::vector<Key128> keys, uint8_t tier) {
+  auto tickets = engine_.beginMovesTo(space, keys, tier);
   if (tickets.empty()) return kj::READY_NOW;
   auto done = copyOnWorker(tickets)
                   .then([this, tickets = std::move(tickets)](bool ok) {

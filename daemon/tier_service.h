@@ -41,9 +41,9 @@ class TierService final : private kj::TaskSet::ErrorHandler {
   bool canMakeRoom() const { return inFlight_; }
   // Resolves when the batch in flight (if any) has finished.
   kj::Promise<void> whenSettles();
-  // Brings the host-pool blocks of `keys` (held only by the index) to GPU tier `tier`; resolves
-  // when they have moved (or could not: they are then served from the host pool).
-  kj::Promise<void> promote(SpaceId space, std::vector<Key128> keys, uint8_t tier);
+  // Brings the blocks of `keys` held only by the index to `tier` (a GPU's, or the host pool's);
+  // resolves when they have moved (or could not: they are then served where they are).
+  kj::Promise<void> bringTo(SpaceId space, std::vector<Key128> keys, uint8_t tier);
 
  private:
   void taskFailed(kj::Exception&& exception) override;

@@ -117,7 +117,7 @@ TEST(TierService, PromoteBringsHostBlocksToTheGpu) {
   TierService tiers(rig.engine, rig.copier(), {kGpu}, 0.0);
   const auto tokens = toks(2 * kBt, 500);
   rig.cache(tokens, 0);
-  tiers.promote(rig.space, rig.keysOf(tokens), kGpu).wait(ws);
+  tiers.bringTo(rig.space, rig.keysOf(tokens), kGpu).wait(ws);
   EXPECT_EQ(rig.where(tokens), (std::vector<uint32_t>{1, 1}));
   EXPECT_EQ(rig.engine.stats().gpuPromoted, 2u);
 }
@@ -130,7 +130,7 @@ TEST(TierService, AFailedCopyMovesNothingAndLeaksNothing) {
   TierService tiers(rig.engine, rig.copier(), {kGpu}, 0.0);
   const auto tokens = toks(2 * kBt, 500);
   rig.cache(tokens, 0);
-  tiers.promote(rig.space, rig.keysOf(tokens), kGpu).wait(ws);
+  tiers.bringTo(rig.space, rig.keysOf(tokens), kGpu).wait(ws);
   EXPECT_EQ(rig.where(tokens), (std::vector<uint32_t>{0, 0}));
   const EngineStats s = rig.engine.stats();
   EXPECT_EQ(s.gpuPromoted, 0u);
@@ -146,7 +146,7 @@ TEST(TierService, ACancelledPromoteStillFinishesAndUnpins) {
   const auto tokens = toks(2 * kBt, 500);
   rig.cache(tokens, 0);
   {
-    auto dropped = tiers.promote(rig.space, rig.keysOf(tokens), kGpu);
+    auto dropped = tiers.bringTo(rig.space, rig.keysOf(tokens), kGpu);
     EXPECT_GT(rig.engine.stats().blocksPinned, 0u);
   }  // the lookup that waited went away
   for (int i = 0; i < 1000 && rig.engine.stats().blocksPinned > 0; ++i) {

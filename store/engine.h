@@ -264,9 +264,10 @@ class Engine {
   // When fewer than `lowWater` (a fraction) of a GPU class's blocks in `tier` are free: up to
   // `max` of its least recently used evictable blocks, each with a fresh host block to move into.
   std::vector<MoveTicket> takeDemoteBatch(uint8_t tier, size_t max, double lowWater);
-  // For each of `keys` whose block of `space` is in the host pool, held only by the index: a fresh
-  // block in `tier` to move it into (stops at the first that has no room).
-  std::vector<MoveTicket> beginPromoteTo(SpaceId space, std::span<const Key128> keys,
+  // For each of `keys` whose block of `space` is in another tier, held only by the index: a fresh
+  // block in `tier` to move it into (stops at the first that has no room). A GPU session's lookup
+  // brings its prefix to its GPU; a host session's brings GPU blocks to the host pool.
+  std::vector<MoveTicket> beginMovesTo(SpaceId space, std::span<const Key128> keys,
                                          uint8_t tier);
   // After the copies: a moved block's index entry names its new block and the old block is freed.
   // A block that someone took meanwhile (a sequence, a lease) stays where it was; the copy is freed.

@@ -34,16 +34,16 @@ std::vector<MoveTicket> Engine::takeDemoteBatch(uint8_t tier, size_t max, double
   return out;
 }
 
-std::vector<MoveTicket> Engine::beginPromoteTo(SpaceId space, std::span<const Key128> keys,
-                                               uint8_t tier) {
+std::vector<MoveTicket> Engine::beginMovesTo(SpaceId space, std::span<const Key128> keys,
+                                             uint8_t tier) {
   std::vector<MoveTicket> out;
-  if (tier == 0 || !checkSpace(space) || !pool_.hasTier(tier)) return out;
+  if (!checkSpace(space) || !pool_.hasTier(tier)) return out;
   for (const Key128& key : keys) {
     auto it = index_.find(IndexKey{space, key});
     if (it == index_.end()) continue;
     const BlockId from = it->second;
     const BlockMeta& m = pool_[from];
-    if (pool_.tierOf(from) != 0 || m.refs != 0 || m.pins != 0 || m.spilling) continue;
+    if (pool_.tierOf(from) == tier || m.refs != 0 || m.pins != 0 || m.spilling || m.entry) continue;
     const BlockId to = allocate(space, tier);
     if (to == kNoBlock) break;
     pin(from);

@@ -202,7 +202,7 @@ TEST(EngineTiers, PromotionBringsHostBlocksToTheGpuWithTheSameBytes) {
   std::vector<Key128> keys;
   for (const auto& step : *plan) keys.push_back(step.key);
   ASSERT_EQ(keys.size(), 3u);
-  auto moves = h.engine->beginPromoteTo(h.space, keys, kGpu);
+  auto moves = h.engine->beginMovesTo(h.space, keys, kGpu);
   ASSERT_EQ(moves.size(), 3u);
   h.runMoves(moves);
   EXPECT_EQ(h.lookupExtents(tokens, 3),
@@ -212,7 +212,24 @@ TEST(EngineTiers, PromotionBringsHostBlocksToTheGpuWithTheSameBytes) {
   EXPECT_EQ(s.blocksUsed, 0u);
   EXPECT_EQ(s.gpuBlocksUsed, 3u);
   // Already on the GPU: nothing more to move.
-  EXPECT_TRUE(h.engine->beginPromoteTo(h.space, keys, kGpu).empty());
+  EXPECT_TRUE(h.engine->beginMovesTo(h.space, keys, kGpu).empty());
+}
+
+// A host session's lookup brings GPU blocks to the host pool, which it can read.
+TEST(EngineTiers, MovesToTheHostPoolForAHostSession) {
+  Harness h(8, 4);
+  const auto tokens = toks(2 * kBt, 70);
+  h.cache("a", tokens, kGpu);
+  auto plan = h.engine->lookupPlan(h.space, tokens, {});
+  ASSERT_TRUE(plan.ok());
+  std::vector<Key128> keys;
+  for (const auto& step : *plan) keys.push_back(step.key);
+  auto moves = h.engine->beginMovesTo(h.space, keys, 0);
+  ASSERT_EQ(moves.size(), 2u);
+  h.runMoves(moves);
+  EXPECT_EQ(h.lookupExtents(tokens, 2), (std::vector<uint32_t>{kHostExtent, kHostExtent}));
+  EXPECT_EQ(h.engine->stats().gpuDemoted, 2u);
+  EXPECT_EQ(h.engine->stats().gpuBlocksUsed, 0u);
 }
 
 TEST(EngineTiers, PromotionStopsWhenTheGpuIsFullAndNeverDropsGpuBlocksWithDemotionOn) {
@@ -223,7 +240,7 @@ TEST(EngineTiers, PromotionStopsWhenTheGpuIsFullAndNeverDropsGpuBlocksWithDemoti
   auto plan = h.engine->lookupPlan(h.space, toks(kBt, 40), {});
   ASSERT_TRUE(plan.ok());
   std::vector<Key128> keys{(*plan)[0].key};
-  EXPECT_TRUE(h.engine->beginPromoteTo(h.space, keys, kGpu).empty());
+  EXPECT_TRUE(h.engine->beginMovesTo(h.space, keys, kGpu).empty());
   auto g = h.engine->put(kOwner, h.space, "x", 0, toks(kBt, 5), {}, {}, kGpu);
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.error().code(), ErrorCode::kFull) << "the daemon demotes, then the put retries";
