@@ -89,7 +89,9 @@ DaemonProcess::DaemonProcess(uint64_t hostPoolBytes, std::string dataDir,
                                    "--host-pool-bytes",
                                    std::to_string(hostPoolBytes),
                                    "--cold-tier",
-                                   "off"};
+                                   "off",
+                                   "--gpus",
+                                   "none"};
   args.insert(args.end(), extraArgs.begin(), extraArgs.end());
   pid_ = spawnPiped(args, &out);
   std::string buffer;

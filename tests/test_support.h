@@ -19,7 +19,8 @@ inline Layout testLayout() { return Layout{"test/tiny", 4, 2, 32, DType::kFloat1
 // A kvtierd started in a fresh temporary data directory; stopped (SIGTERM) by the destructor.
 class DaemonProcess {
  public:
-  // The cold tier is off unless `extraArgs` turn it on ("--cold-tier", "on", ...).
+  // The cold tier and GPU pools are off unless `extraArgs` turn them on ("--cold-tier", "on",
+  // "--gpus", "0", ...).
   explicit DaemonProcess(uint64_t hostPoolBytes = 64 << 20, std::string dataDir = "",
                          std::vector<std::string> extraArgs = {});
   ~DaemonProcess();
