@@ -1128,13 +1128,25 @@ Result<CommitInfo> Space::putPaged(std::string_view seq, uint64_t begin,
   }
   auto handle = beginPut(seq, begin, tokens, options);
   if (!handle) return handle.error();
-  if (auto s = pagedCopy(true, handle->refs_, handle->firstPosition_, begin, begin + tokens.size(),
-                         cache, blockTable, stream);
-      !s) {
+  if (auto s = scatterTo(*handle, begin, begin + tokens.size(), cache, blockTable, stream); !s) {
     (void)handle->abort();
     return s.error();
   }
   return handle->commit();
+}
+
+Status Space::scatterTo(const WriteHandle& handle, uint64_t from, uint64_t to,
+                        const PagedKvCache& cache, std::span<const int32_t> blockTable,
+                        void* stream) {
+  if (!handle.lease_) {
+    return makeError(ErrorCode::kReleased, "write handle was committed or aborted");
+  }
+  if (from > to || from < handle.begin_ || to > handle.end_) {
+    return invalid("scatter range [", from, ", ", to, ") is outside the granted [", handle.begin_,
+                   ", ", handle.end_, ")");
+  }
+  return pagedCopy(true, handle.refs_, handle.firstPosition_, from, to, cache, blockTable,
+                   stream);
 }
 
 Status Space::gatherTo(const ReadHandle& handle, uint64_t from, uint64_t to,

@@ -273,6 +273,11 @@ class Space {
                               std::span<const uint32_t> tokens, const PagedKvCache& cache,
                               std::span<const int32_t> blockTable, void* stream = nullptr,
                               const PutOptions& options = {});
+  // The steps of putPaged, for engines that batch: scatters positions [from, to) of a write
+  // handle's grant from the engine's paged cache (commit the handle afterwards).
+  Status scatterTo(const WriteHandle& handle, uint64_t from, uint64_t to,
+                   const PagedKvCache& cache, std::span<const int32_t> blockTable,
+                   void* stream = nullptr);
   // Gathers positions [from, to) of a read handle (get or lookup) into the engine's paged cache.
   Status gatherTo(const ReadHandle& handle, uint64_t from, uint64_t to, const PagedKvCache& cache,
                   std::span<const int32_t> blockTable, void* stream = nullptr);
