@@ -5,19 +5,21 @@
 #          ping-pong, get/put against redis-server                    -> bench/results/local.json
 #   cold   blocks spilled to and promoted from the RocksDB cold tier against db_bench fillrandom
 #          and readrandom, hot lookup p99 while spilling against idle -> bench/results/cold.json
+#   gpu    paged KV gather/scatter kernels against cudaMemcpy D2D, host->GPU promotion against
+#          pinned H2D (needs a GPU and a CUDA build; null ratios otherwise) -> bench/results/gpu.json
 #
-#   scripts/bench.sh [--suite local|cold|all] [kvtier-bench arguments, e.g. --reps 9]
+#   scripts/bench.sh [--suite local|cold|gpu|all] [kvtier-bench arguments, e.g. --reps 9]
 #
-# The default is all: local, then cold. Other arguments go to every kvtier-bench run.
+# The default is all: local, cold, then gpu. Other arguments go to every kvtier-bench run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-suites=(local cold)
+suites=(local cold gpu)
 if [[ "${1:-}" == "--suite" ]]; then
   case "${2:-}" in
-    local | cold) suites=("$2") ;;
+    local | cold | gpu) suites=("$2") ;;
     all) ;;
     *)
-      echo "usage: scripts/bench.sh [--suite local|cold|all] [kvtier-bench arguments]" >&2
+      echo "usage: scripts/bench.sh [--suite local|cold|gpu|all] [kvtier-bench arguments]" >&2
       exit 2
       ;;
   esac
