@@ -115,26 +115,50 @@ void TieredMemory::copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
 }
 
 CudaBlockMover::~CudaBlockMover() {
-  if (stream_) cudaStreamDestroy(stream_);
+  for (cudaStream_t s : streams_) {
+    if (s) cudaStreamDestroy(s);
+  }
+}
+
+cudaStream_t CudaBlockMover::streamFor(const void* p) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  if (attributes.type != cudaMemoryTypeDevice || attributes.device < 0) return nullptr;
+  const auto device = static_cast<size_t>(attributes.device);
+  if (streams_.size() <= device) streams_.resize(device + 1, nullptr);
+  if (!streams_[device]) {
+    if (cudaSetDevice(attributes.device) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&streams_[device], cudaStreamNonBlocking) != cudaSuccess) {
+      cudaGetLastError();
+      streams_[device] = nullptr;
+    }
+  }
+  return streams_[device];
 }
 
 bool CudaBlockMover::copy(std::span<const BlockCopy> copies) {
-  if (!stream_ && cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
+  bool ok = true;
   for (const BlockCopy& c : copies) {
-    if (cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDefault, stream_) != cudaSuccess) {
+    // Host <-> GPU moves: the GPU side names the stream (and the copy engine doing the work).
+    cudaStream_t stream = streamFor(c.dst);
+    if (!stream) stream = streamFor(c.src);
+    if (!stream ||
+        cudaMemcpyAsync(c.dst, c.src, c.bytes, cudaMemcpyDefault, stream) != cudaSuccess) {
       cudaGetLastError();
-      cudaStreamSynchronize(stream_);
-      return false;
+      ok = false;
+      break;
     }
   }
-  if (cudaStreamSynchronize(stream_) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
+  for (cudaStream_t s : streams_) {
+    if (s && cudaStreamSynchronize(s) != cudaSuccess) {
+      cudaGetLastError();
+      ok = false;
+    }
   }
-  return true;
+  return ok;
 }
 
 std::vector<BlockPool::Extent> deviceExtents(std::span<const std::unique_ptr<DevicePool>> devices) {

@@ -101,7 +101,8 @@ class TieredMemory final : public BlockMemory {
   std::vector<uint8_t*> deviceBases_;  // by extent id - hostExtents_
 };
 
-// Copies blocks between tiers on a CUDA stream of its own: for the tier service's worker thread.
+// Copies blocks between tiers on CUDA streams of its own, one per device (a copy runs on the
+// stream of the GPU whose memory it touches): for the tier service's worker thread.
 class CudaBlockMover {
  public:
   ~CudaBlockMover();
@@ -109,7 +110,9 @@ class CudaBlockMover {
   bool copy(std::span<const BlockCopy> copies);
 
  private:
-  cudaStream_t stream_ = nullptr;
+  // The stream of the device that owns `p` (device memory), or -1 / nullptr for host memory.
+  cudaStream_t streamFor(const void* p);
+  std::vector<cudaStream_t> streams_;  // by device
 };
 
 // The pool extents (id, bytes, tier) of the device pools, for BlockPool: GPU `i` of `devices` is
