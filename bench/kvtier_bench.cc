@@ -1969,9 +1969,19 @@ Status runGpuMeasurements(const Options& options, std::vector<RatioReport>& repo
       if (!sc) return sc.error();
       // promote: a host session's lookup takes the blocks to the host pool (untimed), then a GPU
       // session's lookup brings them back; anchor: pinned H2D of the same bytes.
+      auto pinnedBefore = (*gpuClient)->stats();  // the scatter target's lease pins blocks
+      if (!pinnedBefore) return pinnedBefore.error();
       {
         auto back = (*hostSpace)->lookup(promotePrompt);
         if (!back) return back.error();
+      }
+      // That release travels on the other connection: wait until it has landed, so that the
+      // blocks are free to move when the timed lookup asks.
+      for (int i = 0; i < 10000; ++i) {
+        auto st = (*gpuClient)->stats();
+        if (!st) return st.error();
+        if (st->blocksPinned <= pinnedBefore->blocksPinned) break;
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
       }
       const auto t0 = Clock::now();
       auto up = (*gpuSpace)->lookup(promotePrompt);

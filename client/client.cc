@@ -18,6 +18,7 @@
 #include "transport/shm_segment.h"
 #ifdef KVTIER_HAVE_CUDA
 #include <cuda_runtime_api.h>
+#include <strings.h>
 
 #include <mutex>
 
@@ -52,7 +53,8 @@ struct Client::Impl {
   bool mapped = false;
   bool mappingTried = false;
   std::string daemonVersion;
-  std::vector<int> devices;  // with a GPU pool on the daemon
+  std::vector<int> devices;  // with a GPU pool on the daemon (the daemon's ordinals)
+  std::vector<std::string> devicePciBusIds;  // of those devices, in the same order
   // GPU extents this client was told of (id -> device): their blocks have no host view.
   std::map<uint32_t, int> gpuExtents;
 #ifdef KVTIER_HAVE_CUDA
@@ -180,6 +182,7 @@ Status Client::Impl::setup(kj::AsyncIoContext& context) {
                  auto resp = req.send().wait(context.waitScope);
                  daemonVersion = resp.getDaemonVersion().cStr();
                  for (int d : resp.getDevices()) devices.push_back(d);
+                 for (auto pci : resp.getDevicePciBusIds()) devicePciBusIds.push_back(pci.cStr());
                  session = resp.getSession();
                })) {
     Error error = fromKjException(*e);
@@ -307,10 +310,31 @@ Result<std::unique_ptr<Space>> Client::open(const Layout& layout, const OpenOpti
     std::vector<std::pair<uint32_t, std::pair<std::string, uint64_t>>> extents;
     std::vector<GpuExtent> gpuExtents;
   };
+  // The daemon numbers devices as it sees them; this process may see them under other ordinals
+  // (CUDA_VISIBLE_DEVICES): name ours by PCI bus id, and map with our own ordinal.
+  int daemonDevice = options.device;
+#ifdef KVTIER_HAVE_CUDA
+  if (options.device >= 0 && !impl_->devicePciBusIds.empty()) {
+    char pci[32] = {};
+    if (cudaDeviceGetPCIBusId(pci, sizeof pci, options.device) != cudaSuccess) {
+      cudaGetLastError();
+      return makeError(ErrorCode::kInvalidArgument, "no CUDA device ", options.device,
+                       " in this process");
+    }
+    daemonDevice = -2;  // a device the daemon has no pool on: it refuses the open
+    for (size_t i = 0; i < impl_->devicePciBusIds.size(); ++i) {
+      if (strcasecmp(impl_->devicePciBusIds[i].c_str(), pci) == 0) daemonDevice = impl_->devices[i];
+    }
+    if (daemonDevice == -2) {
+      return makeError(ErrorCode::kInvalidArgument, "kvtierd has no GPU pool on CUDA device ",
+                       options.device, " (PCI ", pci, ")");
+    }
+  }
+#endif
   auto opened = impl_->run([&] {
     auto req = impl_->sessionCap().openRequest();
     layoutToRpc(layout, req.initLayout());
-    req.setDevice(options.device);
+    req.setDevice(daemonDevice);
     return req.send().then([](capnp::Response<rpc::Session::OpenResults>&& r) {
       Opened o{kj::heap<Space::Impl>(), r.getFingerprint(), {}, {}};
       o.impl->cap = r.getSpace();
@@ -329,17 +353,22 @@ Result<std::unique_ptr<Space>> Client::open(const Layout& layout, const OpenOpti
   // Mapping the pool is best effort: without it, bytes travel inline.
   (void)impl_->run([&] { (void)impl_->mapExtents(opened->extents); });
   for (const auto& g : opened->gpuExtents) {
-    (void)impl_->run([&] { impl_->gpuExtents[g.id] = g.device; });
+    (void)impl_->run([&] { impl_->gpuExtents[g.id] = options.device; });
 #ifdef KVTIER_HAVE_CUDA
     std::lock_guard<std::mutex> lock(impl_->gpuMutex);
     if (impl_->deviceMappings.count(g.id)) continue;
     IpcHandleBytes handle{};
-    if (g.handle.size() != handle.size()) {
-      return makeError(ErrorCode::kInternal, "GPU extent ", g.id, " came with a bad IPC handle");
+    Result<std::unique_ptr<DeviceMapping>> mapping =
+        makeError(ErrorCode::kInternal, "GPU extent ", g.id, " came with a bad IPC handle");
+    if (g.handle.size() == handle.size()) {
+      std::copy(g.handle.begin(), g.handle.end(), handle.begin());
+      mapping = DeviceMapping::open(options.device, handle, g.bytes);
     }
-    std::copy(g.handle.begin(), g.handle.end(), handle.begin());
-    auto mapping = DeviceMapping::open(g.device, handle, g.bytes);
-    if (!mapping) return mapping.error();
+    if (!mapping) {
+      // The space capability belongs to the loop thread: drop it there.
+      (void)impl_->run([&] { opened->impl = nullptr; });
+      return mapping.error();
+    }
     impl_->deviceMappings.emplace(g.id, std::move(mapping).value());
 #endif
   }
@@ -1145,8 +1174,7 @@ Status Space::scatterTo(const WriteHandle& handle, uint64_t from, uint64_t to,
     return invalid("scatter range [", from, ", ", to, ") is outside the granted [", handle.begin_,
                    ", ", handle.end_, ")");
   }
-  return pagedCopy(true, handle.refs_, handle.firstPosition_, from, to, cache, blockTable,
-                   stream);
+  return pagedCopy(true, handle.refs_, handle.firstPosition_, from, to, cache, blockTable, stream);
 }
 
 Status Space::gatherTo(const ReadHandle& handle, uint64_t from, uint64_t to,

@@ -23,6 +23,8 @@
 #include "store/engine.h"
 #include "transport/host_pool.h"
 #ifdef KVTIER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
 #include "kernels/gpu.h"
 #include "transport/cuda_pool.h"
 #endif
@@ -155,6 +157,8 @@ class GpuPools {
     for (size_t i = 0; i < devices_.size(); ++i) {
       GpuPoolExport g;
       g.device = devices_[i]->device();
+      char pci[32] = {};
+      if (cudaDeviceGetPCIBusId(pci, sizeof pci, g.device) == cudaSuccess) g.pciBusId = pci;
       g.tier = static_cast<uint8_t>(1 + i);
       for (const auto& x : devices_[i]->extents()) {
         g.extents.push_back({x.id, x.bytes, {x.handle.begin(), x.handle.end()}});

@@ -100,14 +100,25 @@ void setBlocks(Builder&& out, const std::vector<BlockLocation>& blocks) {
 }
 
 // Copies whole blocks into the result for clients that cannot map the pool.
-void setInlineData(capnp::List<capnp::Data>::Builder out, Engine& engine,
-                   const std::vector<BlockLocation>& blocks) {
+// Blocks the session cannot reach (in another GPU's pool, or in any GPU's for a host session):
+// the read lease that holds them is released and the call fails, typed.
+void checkReachable(Engine& engine, const std::vector<BlockLocation>& blocks, uint8_t tier,
+                    bool inlineData, LeaseId lease) {
   for (const auto& b : blocks) {
-    if (!engine.memory().hostAddressable(b.extent)) {
+    const uint8_t t = engine.pool().extentTier(b.extent);
+    if ((t != 0 && t != tier) || (inlineData && !engine.memory().hostAddressable(b.extent))) {
+      (void)engine.releaseRead(lease);
       throwRpcError(makeError(ErrorCode::kNotSupported,
-                              "blocks in GPU memory do not travel inline: map the GPU pool"));
+                              t != 0 && t != tier
+                                  ? "blocks of this range are in a GPU pool this session did not "
+                                    "open: open the space on that device"
+                                  : "blocks in GPU memory do not travel inline: map the GPU pool"));
     }
   }
+}
+
+void setInlineData(capnp::List<capnp::Data>::Builder out, Engine& engine,
+                   const std::vector<BlockLocation>& blocks) {
   for (uint32_t i = 0; i < blocks.size(); ++i) {
     const uint8_t* base = engine.memory().extentBase(blocks[i].extent) + blocks[i].offset;
     out.set(i, capnp::Data::Reader(base, blocks[i].bytes));
@@ -282,6 +293,7 @@ class SpaceImpl final : public rpc::Space::Server {
     out.setFirstPosition(grant.firstPosition);
     out.setEnd(grant.end);
     setBlocks(out.initBlocks(grant.blocks.size()), grant.blocks);
+    checkReachable(engine_, grant.blocks, tier_, p.getInline(), grant.lease);
     if (p.getInline()) setInlineData(out.initData(grant.blocks.size()), engine_, grant.blocks);
     out.setLease(readLease(engine_, grant.lease, cold_));
     return kj::READY_NOW;
@@ -328,7 +340,8 @@ class SpaceImpl final : public rpc::Space::Server {
                     const std::vector<Key128>& keys, const std::string& bindSeq,
                     const SeqOptions& options, bool inlineData, const std::vector<Key128>& chain) {
     LookupResult result =
-        orThrow(engine_.lookup(owner_, space_, tokens, keys, bindSeq, options, chain));
+        orThrow(engine_.lookup(owner_, space_, tokens, keys, bindSeq, options, chain, tier_));
+    checkReachable(engine_, result.blocks, tier_, inlineData, result.lease);
     auto out = context.getResults();
     out.setMatchedTokens(result.matchedTokens);
     setBlocks(out.initBlocks(result.blocks.size()), result.blocks);
@@ -489,7 +502,7 @@ class SpaceImpl final : public rpc::Space::Server {
       if (tier_ != 0 && tiers_ && tries < ColdService::kMaxRoomWaits &&
           fromKjException(*e).code() == ErrorCode::kFull) {
         // Short of GPU blocks: demotion to the host pool makes room.
-        tiers_->kick();
+        tiers_->makeRoom(tier_);
         if (tiers_->canMakeRoom()) {
           return tiers_->whenSettles().then([this, attempt = kj::mv(attempt), tries]() mutable {
             return whenRoom(kj::mv(attempt), tries + 1);
@@ -667,7 +680,11 @@ class DaemonImpl final : public rpc::Daemon::Server {
     out.setDaemonVersion(kDaemonVersion);
     out.setSession(kj::heap<SessionImpl>(server_, owner, salt));
     auto devices = out.initDevices(server_.gpus().size());
-    for (uint32_t i = 0; i < server_.gpus().size(); ++i) devices.set(i, server_.gpus()[i].device);
+    auto pci = out.initDevicePciBusIds(server_.gpus().size());
+    for (uint32_t i = 0; i < server_.gpus().size(); ++i) {
+      devices.set(i, server_.gpus()[i].device);
+      pci.set(i, server_.gpus()[i].pciBusId);
+    }
     return kj::READY_NOW;
   }
 

@@ -33,6 +33,7 @@ struct GpuPoolExport {
     std::vector<uint8_t> ipcHandle;
   };
   int device = 0;
+  std::string pciBusId;
   uint8_t tier = 0;
   std::vector<Extent> extents;
 };

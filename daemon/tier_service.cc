@@ -42,8 +42,13 @@ kj::Promise<bool> TierService::copyOnWorker(const std::vector<MoveTicket>& ticke
                                memory.extentBase(t.src.extent) + t.src.offset, t.src.bytes});
   }
   // Both ends of every copy stay pinned until finishMoves: the worker reads and writes in place.
-  return workerExecutor_->executeAsync(
-      [this, copies = std::move(copies)]() { return copier_(copies); });
+  // A copy that throws, or a worker that is gone, is a failed copy: the moves still finish.
+  return workerExecutor_
+      ->executeAsync([this, copies = std::move(copies)]() { return copier_(copies); })
+      .catch_([](kj::Exception&& e) {
+        logWarn("tier_copy_failed", e.getDescription().cStr());
+        return false;
+      });
 }
 
 void TierService::kick() {
@@ -51,13 +56,24 @@ void TierService::kick() {
   for (uint8_t tier : gpuTiers_) {
     auto batch = engine_.takeDemoteBatch(tier, kBatchBlocks, lowWater_);
     if (batch.empty()) continue;
-    inFlight_ = true;
-    auto copied = copyOnWorker(batch);
-    tasks_.add(copied.then([this, batch = std::move(batch)](bool ok) mutable {
-      demotionFinished(std::move(batch), ok);
-    }));
+    startDemotion(std::move(batch));
     return;
   }
+}
+
+void TierService::makeRoom(uint8_t tier) {
+  if (inFlight_) return;
+  // A low-water mark of 1: any pool that is not wholly free qualifies.
+  auto batch = engine_.takeDemoteBatch(tier, kBatchBlocks, 1.0);
+  if (!batch.empty()) startDemotion(std::move(batch));
+}
+
+void TierService::startDemotion(std::vector<MoveTicket> batch) {
+  inFlight_ = true;
+  auto copied = copyOnWorker(batch);
+  tasks_.add(copied.then([this, batch = std::move(batch)](bool ok) mutable {
+    demotionFinished(std::move(batch), ok);
+  }));
 }
 
 void TierService::demotionFinished(std::vector<MoveTicket> batch, bool ok) {

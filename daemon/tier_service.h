@@ -38,6 +38,9 @@ class TierService final : private kj::TaskSet::ErrorHandler {
 
   // Starts a demotion batch if a GPU pool is below its low-water mark and none is in flight.
   void kick();
+  // A call needs GPU blocks of `tier` now: demotes a batch of its least recently used cached
+  // blocks whatever the mark (unless a batch is in flight already).
+  void makeRoom(uint8_t tier);
   bool canMakeRoom() const { return inFlight_; }
   // Resolves when the batch in flight (if any) has finished.
   kj::Promise<void> whenSettles();
@@ -50,6 +53,7 @@ class TierService final : private kj::TaskSet::ErrorHandler {
   // Copies the tickets' bytes on the worker; resolves with whether every copy succeeded.
   kj::Promise<bool> copyOnWorker(const std::vector<MoveTicket>& tickets);
   void demotionFinished(std::vector<MoveTicket> batch, bool ok);
+  void startDemotion(std::vector<MoveTicket> batch);
 
   Engine& engine_;
   BlockCopier copier_;

@@ -7,8 +7,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <thread>
 #include <cstring>
+#include <thread>
 
 #include "store/engine_test_util.h"
 
@@ -108,6 +108,28 @@ TEST(TierService, APutShortOfGpuBlocksSucceedsOnceDemotionMadeRoom) {
   auto g = rig.engine.put(1, rig.space, "x", 0, toks(kBt, 99), {}, {}, kGpu);
   ASSERT_TRUE(g.ok());
   EXPECT_TRUE(rig.engine.abortWrite(g->lease).ok());
+}
+
+// A put that needs more GPU blocks than are free, while the pool is above its low-water mark:
+// makeRoom demotes anyway, and the put then fits.
+TEST(TierService, MakeRoomDemotesWhateverTheMark) {
+  kj::EventLoop loop;
+  kj::WaitScope ws(loop);
+  Rig rig;
+  TierService tiers(rig.engine, rig.copier(), {kGpu}, 0.25);
+  rig.cache(toks(2 * kBt, 10), kGpu);  // 2 of 4 GPU blocks free: above the mark
+  tiers.kick();
+  EXPECT_FALSE(tiers.canMakeRoom()) << "nothing to do at the mark";
+  auto big = rig.engine.put(1, rig.space, "x", 0, toks(3 * kBt, 99), {}, {}, kGpu);
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.error().code(), ErrorCode::kFull);
+  tiers.makeRoom(kGpu);
+  EXPECT_TRUE(tiers.canMakeRoom());
+  tiers.whenSettles().wait(ws);
+  auto g = rig.engine.put(1, rig.space, "x", 0, toks(3 * kBt, 99), {}, {}, kGpu);
+  ASSERT_TRUE(g.ok()) << g.error();
+  EXPECT_TRUE(rig.engine.abortWrite(g->lease).ok());
+  EXPECT_EQ(rig.where(toks(2 * kBt, 10)).size(), 2u) << "the demoted blocks still hit";
 }
 
 TEST(TierService, PromoteBringsHostBlocksToTheGpu) {

@@ -33,6 +33,10 @@ PagedCopier::~PagedCopier() {
     cudaEventSynchronize(staged_);
     cudaEventDestroy(staged_);
   }
+  if (done_) {
+    cudaEventSynchronize(done_);
+    cudaEventDestroy(done_);
+  }
   cudaFreeHost(hostStage_);
   cudaFree(deviceStage_);
 }
@@ -55,10 +59,21 @@ cudaError_t PagedCopier::run(bool scatter, const PagedKv& kv, const PagedCopy& c
                              cudaStream_t stream) {
   if (!checkPagedCopy(kv, c).empty()) return cudaErrorInvalidValue;
   if (c.begin == c.end) return cudaSuccess;
+  int previous = 0;
+  if (auto e = cudaGetDevice(&previous); e != cudaSuccess) return e;
   if (auto e = cudaSetDevice(device_); e != cudaSuccess) return e;
-  if (!staged_) {
-    if (auto e = cudaEventCreateWithFlags(&staged_, cudaEventDisableTiming); e != cudaSuccess) {
-      return e;
+  const cudaError_t e = launch(scatter, kv, c, stream);
+  cudaSetDevice(previous);  // the caller's current device is theirs
+  return e;
+}
+
+cudaError_t PagedCopier::launch(bool scatter, const PagedKv& kv, const PagedCopy& c,
+                                cudaStream_t stream) {
+  for (cudaEvent_t* ev : {&staged_, &done_}) {
+    if (!*ev) {
+      if (auto e = cudaEventCreateWithFlags(ev, cudaEventDisableTiming); e != cudaSuccess) {
+        return e;
+      }
     }
   }
   // Staged tables: tensor bases, then pool block bases (both pointers), then the block table.
@@ -74,6 +89,9 @@ cudaError_t PagedCopier::run(bool scatter, const PagedKv& kv, const PagedCopy& c
   std::memcpy(hostStage_ + tensorBytes, c.poolBlocks, poolBytes);
   std::memcpy(hostStage_ + tensorBytes + poolBytes, c.blockTable, tableBytes);
   const size_t total = tensorBytes + poolBytes + tableBytes;
+  // The device copy of the tables is rewritten only after the previous kernel read it, even when
+  // that kernel ran on another stream.
+  if (auto e = cudaStreamWaitEvent(stream, done_, 0); e != cudaSuccess) return e;
   if (auto e = cudaMemcpyAsync(deviceStage_, hostStage_, total, cudaMemcpyHostToDevice, stream);
       e != cudaSuccess) {
     return e;
@@ -83,7 +101,11 @@ cudaError_t PagedCopier::run(bool scatter, const PagedKv& kv, const PagedCopy& c
   onDevice.tensors = reinterpret_cast<uint8_t* const*>(deviceStage_);
   onDevice.poolBlocks = reinterpret_cast<uint8_t* const*>(deviceStage_ + tensorBytes);
   onDevice.blockTable = reinterpret_cast<const int32_t*>(deviceStage_ + tensorBytes + poolBytes);
-  return detail::pagedCopy(scatter, kv, onDevice, pagedCopyAlignment(kv, c), stream);
+  if (auto e = detail::pagedCopy(scatter, kv, onDevice, pagedCopyAlignment(kv, c), stream);
+      e != cudaSuccess) {
+    return e;
+  }
+  return cudaEventRecord(done_, stream);
 }
 
 cudaError_t rotateK(const Layout& layout, uint8_t* k, uint64_t tokens, int64_t delta,

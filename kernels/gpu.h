@@ -41,13 +41,16 @@ class PagedCopier {
  private:
   cudaError_t run(bool scatter, const PagedKv& kv, const PagedCopy& hostTables,
                   cudaStream_t stream);
+  cudaError_t launch(bool scatter, const PagedKv& kv, const PagedCopy& hostTables,
+                     cudaStream_t stream);
   cudaError_t reserve(size_t bytes);
 
   int device_;
   uint8_t* hostStage_ = nullptr;    // pinned
   uint8_t* deviceStage_ = nullptr;  // device copy of the tables
   size_t capacity_ = 0;
-  cudaEvent_t staged_ = nullptr;  // recorded after the last copy of the tables
+  cudaEvent_t staged_ = nullptr;  // recorded after the last copy of the tables (host side free)
+  cudaEvent_t done_ = nullptr;    // recorded after the last kernel (device side free)
 };
 
 // Rotates `tokens` tokens of K, packed [token][kvHead][headDim] in device memory, by `delta`

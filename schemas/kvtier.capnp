@@ -143,8 +143,10 @@ struct Stats {
 }
 
 interface Daemon {
-  hello @0 (protocolVersion :UInt32, clientName :Text) -> (session :Session, protocolVersion :UInt32, daemonVersion :Text, devices :List(Int32));
-  # `devices`: the CUDA devices that have a GPU pool (empty without one).
+  hello @0 (protocolVersion :UInt32, clientName :Text) -> (session :Session, protocolVersion :UInt32, daemonVersion :Text, devices :List(Int32), devicePciBusIds :List(Text));
+  # `devices`: the CUDA devices (the daemon's ordinals) that have a GPU pool, empty without one;
+  # `devicePciBusIds`: their PCI bus ids, so that a client that sees the devices under other
+  # ordinals (CUDA_VISIBLE_DEVICES) opens the right one.
   # The daemon checks the peer's Unix credentials (SO_PEERCRED) and assigns its tenant.
 }
 

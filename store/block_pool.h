@@ -76,6 +76,13 @@ class BlockPool {
   uint8_t classTier(uint32_t cls) const { return classes_[cls].tier; }
   // The tier of a block (of its extent).
   uint8_t tierOf(BlockId id) const { return classes_[blocks_[id].sizeClass].tier; }
+  // The tier of extent `id` (0 for an id no extent has).
+  uint8_t extentTier(uint32_t id) const {
+    for (const auto& e : extents_) {
+      if (e.id == id) return e.tier;
+    }
+    return 0;
+  }
   // True when some extent belongs to `tier`.
   bool hasTier(uint8_t tier) const { return tier < cursors_.size() && cursors_[tier].present; }
 
@@ -126,7 +133,7 @@ class BlockPool {
   std::vector<SizeClass> classes_;
   std::vector<BlockMeta> blocks_;
   std::unordered_map<uint64_t, BlockId> byLocation_;  // (extent << 48 | offset) -> block
-  std::vector<Cursor> cursors_;  // by tier
+  std::vector<Cursor> cursors_;                       // by tier
   uint64_t used_ = 0;
   uint64_t bytesUsed_ = 0;
   uint64_t bytesTotal_ = 0;

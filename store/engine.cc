@@ -533,7 +533,8 @@ size_t Engine::walkKeys(SpaceId space, std::span<const uint32_t> tokens,
 
 Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<const uint32_t> tokens,
                                     std::span<const Key128> keys, std::string_view bindSeq,
-                                    const SeqOptions& options, std::span<const Key128> knownKeys) {
+                                    const SeqOptions& options, std::span<const Key128> knownKeys,
+                                    int servedTier) {
   if (auto s = checkLookupInput(space, tokens, keys); !s) return s.error();
   if (!bindSeq.empty()) {
     if (auto s = checkName(bindSeq, "sequence"); !s) return s.error();
@@ -547,6 +548,10 @@ Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<cons
       walkKeys(space, tokens, keys, knownKeys, [&](size_t, const Key128& key) {
         auto it = index_.find(IndexKey{space, key});
         if (it == index_.end()) return false;
+        const uint8_t tier = pool_.tierOf(it->second);
+        // A block the session cannot reach (another GPU's pool; any GPU's for a host session)
+        // ends the match: a miss, never a reference the client cannot read.
+        if (servedTier >= 0 && tier != 0 && tier != servedTier) return false;
         blocks.push_back(it->second);
         return true;
       });

@@ -180,9 +180,12 @@ class Engine {
   // under a read lease. With `bindSeq`, that prefix also becomes the whole of sequence bindSeq.
   // `knownKeys`, if given, are the first keys of the tokens' chain as lookupPlan computed them for
   // the same tokens: they are not hashed again.
+  // `servedTier` (>= 0) is the tier the asking session reads besides the host pool (0: none):
+  // the match ends at a block in any other tier.
   Result<LookupResult> lookup(OwnerId owner, SpaceId space, std::span<const uint32_t> tokens,
                               std::span<const Key128> keys, std::string_view bindSeq,
-                              const SeqOptions& options, std::span<const Key128> knownKeys = {});
+                              const SeqOptions& options, std::span<const Key128> knownKeys = {},
+                              int servedTier = -1);
   // Unpins the blocks of a read lease. RELEASED if unknown.
   Status releaseRead(LeaseId lease);
 
@@ -267,10 +270,10 @@ class Engine {
   // For each of `keys` whose block of `space` is in another tier, held only by the index: a fresh
   // block in `tier` to move it into (stops at the first that has no room). A GPU session's lookup
   // brings its prefix to its GPU; a host session's brings GPU blocks to the host pool.
-  std::vector<MoveTicket> beginMovesTo(SpaceId space, std::span<const Key128> keys,
-                                         uint8_t tier);
+  std::vector<MoveTicket> beginMovesTo(SpaceId space, std::span<const Key128> keys, uint8_t tier);
   // After the copies: a moved block's index entry names its new block and the old block is freed.
-  // A block that someone took meanwhile (a sequence, a lease) stays where it was; the copy is freed.
+  // A block that someone took meanwhile (a sequence, a lease) stays where it was; the copy is
+  // freed.
   void finishMoves(std::span<const MoveTicket> tickets, bool copied);
 
   // Bytes of a sealed block of `space` named by a client reference. STALE_REFERENCE when the

@@ -232,6 +232,30 @@ TEST(EngineTiers, MovesToTheHostPoolForAHostSession) {
   EXPECT_EQ(h.engine->stats().gpuBlocksUsed, 0u);
 }
 
+// A session never gets a reference it cannot read: a host session's match ends at a GPU block,
+// a GPU session's at another GPU's block.
+TEST(EngineTiers, LookupsEndAtBlocksTheSessionCannotReach) {
+  Harness h(8, 4);
+  const auto tokens = toks(2 * kBt, 300);
+  auto g = h.engine->put(kOwner, h.space, "a", 0, toks(kBt, 300), {}, {}, 0);
+  ASSERT_TRUE(g.ok());
+  for (uint32_t s = 0; s < kBt; ++s) writeTag(h.layout, h.at(g->blocks[0]), s, 300 + s);
+  ASSERT_TRUE(h.engine->commit(g->lease, kEnd).ok());
+  auto g2 = h.engine->put(kOwner, h.space, "a", kBt, toks(kBt, 300 + kBt), {}, {}, kGpu);
+  ASSERT_TRUE(g2.ok());
+  ASSERT_TRUE(h.engine->commit(g2->lease, kEnd).ok());
+  ASSERT_EQ(g2->blocks[0].extent, kGpuExtent);
+  for (int served : {-1, 0, 1, 2}) {
+    auto r = h.engine->lookup(kOwner, h.space, tokens, {}, "", {}, {}, served);
+    ASSERT_TRUE(r.ok());
+    const size_t expect = served == 0 || served == 2 ? 1 : 2;
+    EXPECT_EQ(r->blocks.size(), expect) << "served tier " << served;
+    if (r->lease) {
+      EXPECT_TRUE(h.engine->releaseRead(r->lease).ok());
+    }
+  }
+}
+
 TEST(EngineTiers, PromotionStopsWhenTheGpuIsFullAndNeverDropsGpuBlocksWithDemotionOn) {
   Harness h(8, 2);
   h.engine->setGpuDemotion(true);

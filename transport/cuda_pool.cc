@@ -45,27 +45,32 @@ Result<std::unique_ptr<DevicePool>> DevicePool::create(int device, uint64_t byte
   return pool;
 }
 
-DevicePool::~DevicePool() {
-  cudaSetDevice(device_);
-  for (const auto& x : extents_) cudaFree(x.base);
-}
+// Exported memory is not freed: a client may still have it mapped when the daemon stops, and
+// freeing memory another process has open is undefined. The pool lives as long as the daemon;
+// the process's exit returns it.
+DevicePool::~DevicePool() = default;
 
 Result<std::unique_ptr<DeviceMapping>> DeviceMapping::open(int device, const IpcHandleBytes& handle,
                                                            uint64_t bytes) {
+  int previous = 0;
+  if (auto e = cudaGetDevice(&previous); e != cudaSuccess) return cudaFailure("cudaGetDevice", e);
   if (auto e = cudaSetDevice(device); e != cudaSuccess) return cudaFailure("cudaSetDevice", e);
   cudaIpcMemHandle_t h;
   std::memcpy(&h, handle.data(), sizeof h);
   void* base = nullptr;
-  if (auto e = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess); e != cudaSuccess) {
-    return cudaFailure("cudaIpcOpenMemHandle", e);
-  }
+  const cudaError_t e = cudaIpcOpenMemHandle(&base, h, cudaIpcMemLazyEnablePeerAccess);
+  cudaSetDevice(previous);  // the caller's current device is theirs
+  if (e != cudaSuccess) return cudaFailure("cudaIpcOpenMemHandle", e);
   return std::unique_ptr<DeviceMapping>(
       new DeviceMapping(device, static_cast<uint8_t*>(base), bytes));
 }
 
 DeviceMapping::~DeviceMapping() {
+  int previous = 0;
+  const bool restore = cudaGetDevice(&previous) == cudaSuccess;
   cudaSetDevice(device_);
   cudaIpcCloseMemHandle(base_);
+  if (restore) cudaSetDevice(previous);
 }
 
 Result<std::unique_ptr<HostRegistration>> HostRegistration::create(uint8_t* base, uint64_t bytes) {
