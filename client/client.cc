@@ -327,6 +327,8 @@ Result<Stats> Client::stats() {
           out.spillErrors = s.getSpillErrors();
           out.evictedUnspilled = s.getEvictedUnspilled();
           out.coldEvicted = s.getColdEvicted();
+          out.coldSnapshots = s.getColdSnapshots();
+          out.coldSnapshotsDropped = s.getColdSnapshotsDropped();
           for (auto sp : s.getSpaces()) {
             out.spaces.push_back(SpaceStats{sp.getFingerprint(), sp.getBlockBytes(),
                                             sp.getBlocksTotal(), sp.getBlocksUsed(),
@@ -351,7 +353,8 @@ std::string Stats::toJson() const {
     << ", \"promoted\": " << promoted << ", \"records\": " << coldRecords
     << ", \"bytes\": " << coldBytes << ", \"corrupt_dropped\": " << corruptDropped
     << ", \"spill_errors\": " << spillErrors << ", \"evicted_unspilled\": " << evictedUnspilled
-    << ", \"capacity_evicted\": " << coldEvicted << "}, \"spaces\": [";
+    << ", \"capacity_evicted\": " << coldEvicted << ", \"snapshots\": " << coldSnapshots
+    << ", \"snapshots_dropped\": " << coldSnapshotsDropped << "}, \"spaces\": [";
   for (size_t i = 0; i < spaces.size(); ++i) {
     const auto& s = spaces[i];
     o << (i ? ", " : "") << "{\"fingerprint\": \"" << std::hex << s.fingerprint << std::dec

@@ -132,6 +132,8 @@ struct Stats {
   spillErrors @24 :UInt64;      # spill batches that failed (full or failing disk)
   evictedUnspilled @25 :UInt64; # blocks dropped while spilling was paused
   coldEvicted @26 :UInt64;      # records dropped for the cold tier's capacity bound
+  coldSnapshots @27 :UInt64;    # snapshot manifests held on disk (snapshots that survive a restart)
+  coldSnapshotsDropped @28 :UInt64;  # snapshots dropped from disk: their manifest or a record they need failed its checks or was gone
 }
 
 interface Daemon {
