@@ -180,6 +180,11 @@ void ColdService::flushAll(kj::WaitScope& waitScope) {
     }
   }
   // From here on nothing runs the event loop: no call interleaves with the writes below.
+  // Snapshots in memory whose block records the capacity bound took are written again.
+  const size_t rewritten = engine_.rewriteSnapshotsMissing([this](SpaceId space, const Key128& k) {
+    const SpaceInfo& sp = engine_.space(space);
+    return tier_->contains(ColdKey{sp.fingerprint, sp.salt, k});
+  });
   auto items = engine_.takeAllUnspilled();
   size_t written = 0;
   for (size_t start = 0; start < items.size(); start += kSpillBatchBlocks) {
@@ -211,10 +216,10 @@ void ColdService::flushAll(kj::WaitScope& waitScope) {
     if (ok) snapshots += writes.size();
   }
   const bool idsStored = tier_->storeSnapshotIdLimit(engine_.nextSnapshotId()).ok();
-  logInfo("cold_flush_snapshots", "snapshots=" + std::to_string(snapshots) +
-                                      " left=" + std::to_string(engine_.snapshotWriteBacklog()) +
-                                      " next_id=" + std::to_string(engine_.nextSnapshotId()) +
-                                      " ids_stored=" + (idsStored ? "1" : "0"));
+  logInfo("cold_flush_snapshots",
+          "snapshots=" + std::to_string(snapshots) + " rewritten=" + std::to_string(rewritten) +
+              " left=" + std::to_string(engine_.snapshotWriteBacklog()) + " next_id=" +
+              std::to_string(engine_.nextSnapshotId()) + " ids_stored=" + (idsStored ? "1" : "0"));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -294,6 +294,10 @@ class Engine {
   // the next try. Snapshots dropped meanwhile are skipped (their deletion is queued after).
   void finishSnapshotWrites(std::span<const SnapshotWrite> writes, bool written);
   size_t snapshotWriteBacklog() const { return unwrittenSnapshots_.size(); }  // a hint
+  // Written snapshots holding a sealed block whose record `held(space, key)` says is gone (the
+  // cold tier's capacity bound took it since) wait to be written again, record included. Returns
+  // how many. For a graceful shutdown: what memory still holds is kept.
+  size_t rewriteSnapshotsMissing(const std::function<bool(SpaceId, const Key128&)>& held);
   bool hasSnapshot(SpaceId space, SnapshotId id) const;
   // True when the snapshot's manifest is on disk or being written: dropping it must delete it.
   bool snapshotOnDisk(SpaceId space, SnapshotId id) const;

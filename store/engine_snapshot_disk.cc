@@ -126,6 +126,26 @@ void Engine::finishSnapshotWrites(std::span<const SnapshotWrite> writes, bool wr
   }
 }
 
+size_t Engine::rewriteSnapshotsMissing(const std::function<bool(SpaceId, const Key128&)>& held) {
+  size_t count = 0;
+  for (auto& [id, snap] : snapshots_) {
+    if (snap.disk != Snapshot::Disk::kWritten) continue;
+    bool missing = false;
+    for (BlockId b : snap.blocks) {
+      if (b == kNoBlock) continue;
+      BlockMeta& m = pool_[b];
+      if (m.state != BlockState::kSealed || m.entry || held(snap.space, m.key)) continue;
+      m.onDisk = false;  // its record is gone: written again with the snapshot
+      missing = true;
+    }
+    if (!missing) continue;
+    snap.disk = Snapshot::Disk::kWaiting;
+    unwrittenSnapshots_.push_back(id);
+    ++count;
+  }
+  return count;
+}
+
 Result<SnapshotLoad> Engine::beginSnapshotLoad(SpaceId space, SnapshotManifest manifest) {
   if (auto s = checkSpace(space); !s) return s.error();
   if (auto s = checkManifest(manifest); !s) return s.error();

@@ -210,6 +210,25 @@ TEST(SnapshotDisk, AFailedWriteIsTriedAgainAndADroppedSnapshotIsSkipped) {
   EXPECT_TRUE(n.engine->takeSnapshotWrites(SIZE_MAX).empty());
 }
 
+TEST(SnapshotDisk, WrittenSnapshotsWhoseBlockRecordsAreGoneAreWrittenAgain) {
+  Node n;
+  ASSERT_TRUE(n.write("s", 0, toks(40, 1000)));
+  const auto snap = n.engine->snapshot(n.space, "s", 0).value();
+  auto none = [](SpaceId, const Key128&) { return true; };
+  EXPECT_EQ(n.engine->rewriteSnapshotsMissing(none), 0u) << "not written yet: nothing to redo";
+  FakeDisk disk;
+  ASSERT_EQ(n.writeAll(disk), 1u);
+  EXPECT_EQ(n.engine->rewriteSnapshotsMissing(none), 0u);
+  const Key128 lost = disk.manifests.at(snap.id).blocks[1].key;
+  EXPECT_EQ(
+      n.engine->rewriteSnapshotsMissing([&](SpaceId, const Key128& key) { return !(key == lost); }),
+      1u);
+  auto again = n.engine->takeSnapshotWrites(SIZE_MAX);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].manifest, disk.manifests.at(snap.id));
+  n.engine->finishSnapshotWrites(again, true);
+}
+
 TEST(SnapshotDisk, WithoutAColdTierNothingWaits) {
   Node n;
   n.engine->setColdDirectory(nullptr);

@@ -492,28 +492,38 @@ TEST(ColdIntegration, ACorruptManifestOrRecordFailsCleanlyChangesNothingAndIsCou
   EXPECT_EQ(bytesOf(*space, "t"), kvOf(chatTokens()));
 }
 
+// The cold tier keeps 4 blocks: prompts written after a snapshot push its block records out.
+std::vector<std::string> smallDisk() {
+  return {"--cold-tier", "on", "--disk-bytes", std::to_string(4 * kBlockBytes)};
+}
+
+// Takes a snapshot, waits until it is on disk, then writes 3 prompts (12 block records) and waits
+// until the disk bound has evicted the snapshot's 2 block records (the oldest). Stops the daemon
+// with `signal`.
+void snapshotThenEvictItsBlocks(int signal, std::string* dataDir, SnapshotInfo* snap) {
+  DaemonProcess first(kSnapPool, "", smallDisk());
+  *dataDir = first.dataDir();
+  auto client = first.connect();
+  auto space = client->open(testLayout()).value();
+  putAll(*space, "chat", chatTokens());
+  *snap = space->snapshot("chat", 0).value();
+  ASSERT_EQ(test::waitForStats(*client, [](const Stats& s) { return s.coldSnapshots == 1; })
+                .coldSnapshots,
+            1u);
+  for (uint64_t i = 0; i < 3; ++i) putPrompt(*space, i);
+  ASSERT_GE(
+      test::waitForStats(*client, [](const Stats& s) { return s.coldEvicted >= 2; }).coldEvicted,
+      2u);
+  space.reset();
+  client.reset();
+  first.stop(signal);
+}
+
 TEST(ColdIntegration, ASnapshotWhoseBlocksTheDiskBoundEvictedIsNotFoundNeverPartial) {
   std::string dataDir;
   SnapshotInfo snap;
-  // The cold tier keeps 4 blocks: later prompts push the snapshot's block records out.
-  const std::vector<std::string> args = {"--cold-tier", "on", "--disk-bytes",
-                                         std::to_string(4 * kBlockBytes)};
-  {
-    DaemonProcess first(kSnapPool, "", args);
-    dataDir = first.dataDir();
-    auto client = first.connect();
-    auto space = client->open(testLayout()).value();
-    putAll(*space, "chat", chatTokens());
-    snap = space->snapshot("chat", 0).value();
-    ASSERT_EQ(test::waitForStats(*client, [](const Stats& s) { return s.coldSnapshots == 1; })
-                  .coldSnapshots,
-              1u);
-    for (uint64_t i = 0; i < 3; ++i) putPrompt(*space, i);  // 12 newer block records
-    space.reset();
-    client.reset();
-    ASSERT_EQ(first.stop(SIGTERM), 0);
-  }
-  DaemonProcess second(kSnapPool, dataDir, args);
+  snapshotThenEvictItsBlocks(SIGKILL, &dataDir, &snap);  // no flush could write them again
+  DaemonProcess second(kSnapPool, dataDir, smallDisk());
   auto client = second.connect();
   auto space = client->open(testLayout()).value();
   EXPECT_EQ(space->restore("r", snap.id, 40).code(), ErrorCode::kNotFound);
@@ -522,6 +532,19 @@ TEST(ColdIntegration, ASnapshotWhoseBlocksTheDiskBoundEvictedIsNotFoundNeverPart
   EXPECT_EQ(s.coldSnapshotsDropped, 1u);
   EXPECT_EQ(s.coldSnapshots, 0u);
   EXPECT_EQ(s.blocksPinned, 0u);
+}
+
+TEST(ColdIntegration, AGracefulStopWritesAgainTheBlocksOfSnapshotsTheDiskBoundEvicted) {
+  std::string dataDir;
+  SnapshotInfo snap;
+  snapshotThenEvictItsBlocks(SIGTERM, &dataDir, &snap);  // memory still holds them: kept
+  DaemonProcess second(kSnapPool, dataDir, smallDisk());
+  auto client = second.connect();
+  auto space = client->open(testLayout()).value();
+  auto restored = space->restore("r", snap.id, 40);
+  ASSERT_TRUE(restored.ok()) << restored.error();
+  EXPECT_EQ(bytesOf(*space, "r"), kvOf(chatTokens()));
+  EXPECT_EQ(client->stats().value().coldSnapshotsDropped, 0u);
 }
 
 TEST(ColdIntegration, SnapshotCountersInStatsJsonAndMetrics) {
