@@ -372,6 +372,8 @@ kj::Promise<void> ColdService::loadBlocks(SpaceId space, SnapshotKey key,
       }
       return toKjException(begun.error());
     }
+    if (begun.code() == ErrorCode::kConflict) return kj::READY_NOW;  // in memory already
+    if (begun.code() != ErrorCode::kInvalidArgument) return toKjException(begun.error());
     // Does not fit its namespace: dropped like a corrupt manifest, never half-used.
     return dropBroken(key, makeError(ErrorCode::kChecksumMismatch, "snapshot ", key.id,
                                      " cannot be restored: ", begun.error().message()));

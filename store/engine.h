@@ -310,7 +310,8 @@ class Engine {
   // Rebuilds a snapshot from its manifest in two steps around the reads. begin checks the
   // manifest against the namespace (INVALID_ARGUMENT: it is not usable here), pins the sealed
   // blocks still in memory and fresh blocks for the others (FULL when there is no room; nothing
-  // changed); CONFLICT if the snapshot is in memory. The caller then reads every SnapshotRead.
+  // changed); NOT_SUPPORTED when a checkpoint is larger than this pool's extents; CONFLICT if
+  // the snapshot is in memory. The caller then reads every SnapshotRead.
   Result<SnapshotLoad> beginSnapshotLoad(SpaceId space, SnapshotManifest manifest);
   // readOk[i]: whether reads[i] was read. When all were, the snapshot exists again under its id;
   // otherwise NOT_FOUND, and nothing changed but the sealed blocks that were read, which join

@@ -168,7 +168,9 @@ Result<SnapshotLoad> Engine::beginSnapshotLoad(SpaceId space, SnapshotManifest m
   const uint64_t largestExtent = pool_.largestExtentBytes();
   for (const auto& c : manifest.checkpoints) {
     if (blobClassBytes(c.bytes) > largestExtent) {
-      return invalid("a checkpoint of ", c.bytes, " bytes does not fit in a pool extent");
+      // This pool's extents are too small, not the manifest: it is kept (another run may fit it).
+      return makeError(ErrorCode::kNotSupported, "a checkpoint of ", c.bytes,
+                       " bytes does not fit in a pool extent of ", largestExtent);
     }
   }
 

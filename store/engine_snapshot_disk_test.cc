@@ -365,6 +365,11 @@ TEST(SnapshotDisk, AManifestThatDoesNotFitTheNamespaceIsRefusedAndChangesNothing
   unissued.id = snap.id + 1;  // at the next id: it could be handed out again
   EXPECT_EQ(after.engine->beginSnapshotLoad(after.space, unissued).code(),
             ErrorCode::kInvalidArgument);
+  auto bigState = m;
+  bigState.checkpoints = {{40, 3000}};  // a blob class larger than this pool's extent
+  EXPECT_EQ(after.engine->beginSnapshotLoad(after.space, bigState).code(),
+            ErrorCode::kNotSupported)
+      << "this pool's limit, not a bad manifest: the daemon keeps it";
   EXPECT_EQ(after.engine->beginSnapshotLoad(after.space, m).code(), ErrorCode::kFull);
   EXPECT_EQ(after.used(), 0u);
   EXPECT_EQ(after.pinned(), 0u);
