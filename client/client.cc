@@ -439,6 +439,8 @@ Result<Stats> Client::stats() {
           out.spillErrors = s.getSpillErrors();
           out.evictedUnspilled = s.getEvictedUnspilled();
           out.coldEvicted = s.getColdEvicted();
+          out.coldSnapshots = s.getColdSnapshots();
+          out.coldSnapshotsDropped = s.getColdSnapshotsDropped();
           out.gpuBlocksTotal = s.getGpuBlocksTotal();
           out.gpuBlocksUsed = s.getGpuBlocksUsed();
           out.gpuDemoted = s.getGpuDemoted();
@@ -467,7 +469,8 @@ std::string Stats::toJson() const {
     << ", \"promoted\": " << promoted << ", \"records\": " << coldRecords
     << ", \"bytes\": " << coldBytes << ", \"corrupt_dropped\": " << corruptDropped
     << ", \"spill_errors\": " << spillErrors << ", \"evicted_unspilled\": " << evictedUnspilled
-    << ", \"capacity_evicted\": " << coldEvicted
+    << ", \"capacity_evicted\": " << coldEvicted << ", \"snapshots\": " << coldSnapshots
+    << ", \"snapshots_dropped\": " << coldSnapshotsDropped
     << "}, \"gpu\": {\"blocks_total\": " << gpuBlocksTotal << ", \"blocks_used\": " << gpuBlocksUsed
     << ", \"demoted\": " << gpuDemoted << ", \"promoted\": " << gpuPromoted << "}, \"spaces\": [";
   for (size_t i = 0; i < spaces.size(); ++i) {

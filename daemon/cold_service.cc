@@ -10,6 +10,7 @@
 #include <future>
 
 #include "daemon/log.h"
+#include "transport/rpc_codec.h"
 
 namespace kvtier {
 namespace {
@@ -19,6 +20,10 @@ constexpr size_t kSpillBatchBlocks = 64;
 
 std::string promoteKey(SpaceId space, const Key128& key) {
   return std::to_string(space) + ":" + key.hex();
+}
+
+std::string loadKey(SpaceId space, SnapshotId id) {
+  return std::to_string(space) + "#" + std::to_string(id);
 }
 
 }  // namespace
@@ -45,6 +50,14 @@ ColdService::ColdService(Engine& engine, std::unique_ptr<ColdTier> tier, kj::Tim
     paf.promise.wait(waitScope);
   });
   ready.get_future().wait();
+  // Snapshot ids start above everything an earlier run may have handed out, and none is handed
+  // out before its chunk is reserved on disk (if this write fails, the first snapshot call
+  // tries again).
+  const SnapshotId floor = tier_->snapshotIdFloor();
+  engine_.setSnapshotIds(floor, floor);
+  if (tier_->storeSnapshotIdLimit(floor + kSnapshotIdChunk)) {
+    engine_.setSnapshotIds(floor, floor + kSnapshotIdChunk);
+  }
   engine_.setColdDirectory(&directory_);
 }
 
@@ -59,6 +72,12 @@ bool ColdService::canMakeRoom() const {
 }
 
 void ColdService::kick() {
+  kickSpill();
+  writeSnapshots();
+  reserveSnapshotIds();
+}
+
+void ColdService::kickSpill() {
   if (spillInFlight_ || paused_) return;
   auto batch = engine_.takeSpillBatch(kSpillBatchBlocks);
   if (batch.empty()) return;
@@ -97,11 +116,15 @@ void ColdService::spillFinished(std::vector<SpillItem> batch, bool ok) {
   }));
 }
 
+kj::Promise<void> ColdService::waitOn(std::vector<kj::Own<kj::PromiseFulfiller<void>>>& waiters) {
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  waiters.push_back(kj::mv(paf.fulfiller));
+  return kj::mv(paf.promise);
+}
+
 kj::Promise<void> ColdService::whenSpillSettles() {
   if (!spillInFlight_) return kj::READY_NOW;
-  auto paf = kj::newPromiseAndFulfiller<void>();
-  settleWaiters_.push_back(kj::mv(paf.fulfiller));
-  return kj::mv(paf.promise);
+  return waitOn(settleWaiters_);
 }
 
 kj::Promise<void> ColdService::promote(SpaceId space, std::vector<Key128> keys) {
@@ -146,7 +169,22 @@ kj::Promise<void> ColdService::promoteOne(SpaceId space, Key128 key, int waits) 
 }
 
 void ColdService::flushAll(kj::WaitScope& waitScope) {
-  whenSpillSettles().wait(waitScope);
+  closing_ = true;  // no new snapshot write or id reservation starts
+  while (spillInFlight_ || snapshotWriteInFlight_ || reservingIds_) {
+    if (spillInFlight_) {
+      whenSpillSettles().wait(waitScope);
+    } else if (snapshotWriteInFlight_) {
+      waitOn(snapshotWriteWaiters_).wait(waitScope);
+    } else {
+      waitOn(idWaiters_).wait(waitScope);
+    }
+  }
+  // From here on nothing runs the event loop: no call interleaves with the writes below.
+  // Snapshots in memory whose block records the capacity bound took are written again.
+  const size_t rewritten = engine_.rewriteSnapshotsMissing([this](SpaceId space, const Key128& k) {
+    const SpaceInfo& sp = engine_.space(space);
+    return tier_->contains(ColdKey{sp.fingerprint, sp.salt, k});
+  });
   auto items = engine_.takeAllUnspilled();
   size_t written = 0;
   for (size_t start = 0; start < items.size(); start += kSpillBatchBlocks) {
@@ -165,6 +203,288 @@ void ColdService::flushAll(kj::WaitScope& waitScope) {
   }
   logInfo("cold_flush",
           "blocks=" + std::to_string(written) + " of=" + std::to_string(items.size()));
+
+  // Every snapshot not written yet (the sealed blocks they name are on disk now), then the exact
+  // id high-water mark, so that a graceful restart skips no ids.
+  engine_.setSnapshotIds(0, engine_.nextSnapshotId());  // no new id from here
+  size_t snapshots = 0;
+  for (bool ok = true; ok;) {
+    const auto writes = engine_.takeSnapshotWrites(kSpillBatchBlocks);
+    if (writes.empty()) break;
+    ok = snapshotPuts(writes).write(engine_.memory(), *tier_);
+    engine_.finishSnapshotWrites(writes, ok);
+    if (ok) snapshots += writes.size();
+  }
+  const bool idsStored = tier_->storeSnapshotIdLimit(engine_.nextSnapshotId()).ok();
+  logInfo("cold_flush_snapshots",
+          "snapshots=" + std::to_string(snapshots) + " rewritten=" + std::to_string(rewritten) +
+              " left=" + std::to_string(engine_.snapshotWriteBacklog()) + " next_id=" +
+              std::to_string(engine_.nextSnapshotId()) + " ids_stored=" + (idsStored ? "1" : "0"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Snapshots
+
+SnapshotKey ColdService::snapshotKey(SpaceId space, SnapshotId id) const {
+  const SpaceInfo& sp = engine_.space(space);
+  return SnapshotKey{sp.fingerprint, sp.salt, id};
+}
+
+ColdService::SnapshotBatch ColdService::snapshotPuts(const std::vector<SnapshotWrite>& writes) {
+  SnapshotBatch batch;
+  batch.staging = std::make_shared<std::vector<std::vector<uint8_t>>>();
+  // Host-pool blocks are read in place; a GPU block is staged through host memory first.
+  size_t staged = 0;
+  for (const auto& w : writes) {
+    for (const auto& b : w.sealed) staged += !engine_.memory().hostAddressable(b.location.extent);
+    for (const auto& b : w.own) staged += !engine_.memory().hostAddressable(b.location.extent);
+  }
+  batch.staging->reserve(staged);  // no reallocation: the puts point into its buffers
+  auto at = [this, &batch](const BlockLocation& l, uint32_t bytes) -> const uint8_t* {
+    uint8_t* block = engine_.memory().extentBase(l.extent) + l.offset;
+    if (engine_.memory().hostAddressable(l.extent)) return block;
+    batch.staging->emplace_back(bytes);
+    batch.copies.push_back(BlockCopy{batch.staging->back().data(), block, bytes});
+    return batch.staging->back().data();
+  };
+  for (const auto& w : writes) {
+    SnapshotPut put{&w.manifest, {}, {}};
+    for (const auto& b : w.sealed) {
+      put.sealed.push_back(ColdRecord{ColdKey{w.manifest.fingerprint, w.manifest.salt, b.key},
+                                      at(b.location, b.bytes), b.bytes});
+    }
+    for (const auto& b : w.own) {
+      put.own.push_back(SnapshotRecord{b.slot, at(b.location, b.bytes), b.bytes});
+    }
+    batch.puts.push_back(std::move(put));
+  }
+  return batch;
+}
+
+bool ColdService::SnapshotBatch::write(BlockMemory& memory, ColdTier& tier) const {
+  for (const auto& c : copies) memory.copy(c.dst, c.src, c.bytes);
+  return tier.putSnapshots(puts).ok();
+}
+
+void ColdService::writeSnapshots() {
+  if (snapshotWriteInFlight_ || snapshotWritesPaused_ || closing_) return;
+  auto writes = std::make_shared<const std::vector<SnapshotWrite>>(
+      engine_.takeSnapshotWrites(kSpillBatchBlocks));
+  if (writes->empty()) return;
+  snapshotWriteInFlight_ = true;
+  // The writes' blocks stay pinned until snapshotsWritten: the worker reads them in place, and
+  // the puts point into *writes, which both closures keep alive.
+  auto written = workerExecutor_->executeAsync([this, writes, batch = snapshotPuts(*writes)]() {
+    return batch.write(engine_.memory(), *tier_);
+  });
+  tasks_.add(written.then([this, writes](bool ok) { snapshotsWritten(*writes, ok); }));
+}
+
+void ColdService::snapshotsWritten(const std::vector<SnapshotWrite>& writes, bool ok) {
+  engine_.finishSnapshotWrites(writes, ok);
+  snapshotWriteInFlight_ = false;
+  for (auto& waiter : snapshotWriteWaiters_) waiter->fulfill();
+  snapshotWriteWaiters_.clear();
+  if (ok) {
+    writeSnapshots();
+    return;
+  }
+  // A full or failing disk: the snapshots stay in memory and are tried again later.
+  snapshotWritesPaused_ = true;
+  logWarn("snapshot_writes_paused", "snapshots=" + std::to_string(writes.size()));
+  tasks_.add(timer_.afterDelay(spillRetryDelay_).then([this] {
+    snapshotWritesPaused_ = false;
+    writeSnapshots();
+  }));
+}
+
+void ColdService::reserveSnapshotIds() {
+  const SnapshotId next = engine_.nextSnapshotId(), limit = engine_.snapshotIdLimit();
+  if (reservingIds_ || closing_ || limit - next >= kSnapshotIdChunk / 2) return;
+  reservingIds_ = true;
+  const SnapshotId newLimit = next + kSnapshotIdChunk;
+  auto stored = workerExecutor_->executeAsync(
+      [this, newLimit]() { return tier_->storeSnapshotIdLimit(newLimit).ok(); });
+  tasks_.add(stored.then([this, newLimit](bool ok) {
+    reservingIds_ = false;
+    // Only a limit on disk may be used: ids below it are never handed out again.
+    if (ok && !closing_) engine_.setSnapshotIds(0, std::max(newLimit, engine_.snapshotIdLimit()));
+    if (!ok) logWarn("snapshot_ids_not_reserved", "limit=" + std::to_string(newLimit));
+    for (auto& waiter : idWaiters_) waiter->fulfill();
+    idWaiters_.clear();
+  }));
+}
+
+kj::Maybe<kj::Promise<void>> ColdService::whenRetryable(ErrorCode code) {
+  if (code == ErrorCode::kFull && canMakeRoom()) {
+    kick();
+    return whenSpillSettles();
+  }
+  if (code == ErrorCode::kUnavailable) {
+    reserveSnapshotIds();
+    if (reservingIds_) return waitOn(idWaiters_);
+  }
+  return nullptr;
+}
+
+kj::Promise<void> ColdService::loadSnapshot(SpaceId space, SnapshotId id) {
+  if (engine_.hasSnapshot(space, id)) return kj::READY_NOW;
+  const std::string name = loadKey(space, id);
+  KJ_IF_MAYBE (going, loadInFlight(name)) return going->promise.addBranch();  // coalesce
+  const SnapshotKey key = snapshotKey(space, id);
+  if (!tier_->hasSnapshot(key)) return kj::READY_NOW;  // nowhere: the engine answers NOT_FOUND
+  auto read = workerExecutor_->executeAsync([this, key]() {
+    // A manifest that fails its checks is dropped (and counted) by the tier.
+    auto manifest = tier_->getSnapshot(key);
+    if (!manifest) throwRpcError(manifest.error());
+    return std::make_shared<const SnapshotManifest>(std::move(manifest).value());
+  });
+  auto done = read.then(
+      [this, space, key](std::shared_ptr<const SnapshotManifest> manifest) {
+        return loadBlocks(space, key, kj::mv(manifest), 0);
+      },
+      [](kj::Exception&& e) -> kj::Promise<void> {
+        if (fromKjException(e).code() == ErrorCode::kNotFound) return kj::READY_NOW;  // raced
+        return kj::mv(e);
+      });
+  // As for promotes: a service-owned branch finishes every load (its pins are always released)
+  // and forgets it, even when every caller waiting for it went away. A call that comes between
+  // the end of the load and that branch does not join the settled load: it starts afresh.
+  auto settled = std::make_shared<bool>(false);
+  auto forked = done.then([settled]() { *settled = true; },
+                          [settled](kj::Exception&& e) {
+                            *settled = true;
+                            kj::throwRecoverableException(kj::mv(e));
+                          })
+                    .fork();
+  auto branch = forked.addBranch();
+  const uint64_t generation = ++loadGeneration_;
+  auto forget = [this, name, generation]() {
+    auto entry = loading_.find(name);
+    if (entry != loading_.end() && entry->second.generation == generation) loading_.erase(entry);
+  };
+  tasks_.add(
+      forked.addBranch().then([forget]() { forget(); }, [forget](kj::Exception&&) { forget(); }));
+  loading_.erase(name);  // a settled one: its own branch will not touch the new entry
+  loading_.emplace(name, Loading{kj::mv(forked), settled, generation});
+  return branch;
+}
+
+kj::Maybe<ColdService::Loading&> ColdService::loadInFlight(const std::string& name) {
+  auto it = loading_.find(name);
+  if (it == loading_.end() || *it->second.done) return nullptr;
+  return it->second;
+}
+
+kj::Promise<void> ColdService::loadBlocks(SpaceId space, SnapshotKey key,
+                                          std::shared_ptr<const SnapshotManifest> manifest,
+                                          int waits) {
+  if (engine_.hasSnapshot(space, key.id)) return kj::READY_NOW;
+  auto begun = engine_.beginSnapshotLoad(space, *manifest);
+  if (!begun) {
+    if (begun.code() == ErrorCode::kFull) {
+      // As for any allocating call: wait for the spill batch in flight when it can make room.
+      if (waits < kMaxRoomWaits && canMakeRoom()) {
+        kick();
+        return whenSpillSettles().then([this, space, key, manifest, waits]() mutable {
+          return loadBlocks(space, key, kj::mv(manifest), waits + 1);
+        });
+      }
+      return toKjException(begun.error());
+    }
+    if (begun.code() == ErrorCode::kConflict) return kj::READY_NOW;  // in memory already
+    if (begun.code() != ErrorCode::kInvalidArgument) return toKjException(begun.error());
+    // Does not fit its namespace: dropped like a corrupt manifest, never half-used.
+    return dropBroken(key, makeError(ErrorCode::kChecksumMismatch, "snapshot ", key.id,
+                                     " cannot be restored: ", begun.error().message()));
+  }
+  auto load = std::make_shared<SnapshotLoad>(std::move(begun).value());
+  struct Job {
+    uint8_t* dest;
+    uint32_t bytes;
+    bool sealed;
+    ColdKey block;
+    uint32_t slot;
+  };
+  std::vector<Job> jobs;
+  for (const auto& r : load->reads) {
+    jobs.push_back(Job{engine_.memory().extentBase(r.dest.extent) + r.dest.offset, r.bytes,
+                       r.sealed, ColdKey{key.fingerprint, key.salt, r.key}, r.slot});
+  }
+  struct Outcome {
+    std::vector<uint8_t> ok;  // per read
+    ErrorCode code = ErrorCode::kOk;
+    std::string message = {};
+  };
+  // The fresh blocks stay pinned until finishSnapshotLoad: the worker writes them in place.
+  auto read = workerExecutor_->executeAsync([this, key, jobs = std::move(jobs)]() {
+    Outcome out{std::vector<uint8_t>(jobs.size(), 0)};
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      const Job& j = jobs[i];
+      const Status s = j.sealed ? tier_->getInto(j.block, j.dest, j.bytes)
+                                : tier_->getSnapshotRecordInto(key, j.slot, j.dest, j.bytes);
+      if (!s) {
+        out.code = s.code();
+        out.message = s.error().message();
+        break;
+      }
+      out.ok[i] = 1;
+    }
+    return out;
+  });
+  return read.then([this, key, load](Outcome r) -> kj::Promise<void> {
+    auto info = engine_.finishSnapshotLoad(*load, r.ok);
+    kick();  // blocks read back and not kept are evictable now
+    if (r.code == ErrorCode::kUnavailable) {
+      return toKjException(Error(r.code, r.message));  // the disk, not the snapshot: kept
+    }
+    if (r.code != ErrorCode::kOk) {
+      // Gone (the capacity bound took a block record) or corrupt: it can never be restored.
+      return dropBroken(key,
+                        makeError(r.code == ErrorCode::kNotFound ? ErrorCode::kNotFound
+                                                                 : ErrorCode::kChecksumMismatch,
+                                  "snapshot ", key.id, " cannot be restored: ", r.message));
+    }
+    if (!info) return toKjException(info.error());
+    return kj::READY_NOW;
+  });
+}
+
+kj::Promise<void> ColdService::dropBroken(SnapshotKey key, Error why) {
+  logWarn("snapshot_dropped", "id=" + std::to_string(key.id) + " reason=\"" + why.message() + "\"");
+  return workerExecutor_
+      ->executeAsync([this, key]() { (void)tier_->eraseSnapshot(key, /*broken=*/true); })
+      .then([why = std::move(why)]() -> kj::Promise<void> { return toKjException(why); });
+}
+
+kj::Promise<void> ColdService::dropSnapshot(SpaceId space, SnapshotId id) {
+  KJ_IF_MAYBE (going, loadInFlight(loadKey(space, id))) {  // drop what the load leaves
+    return going->promise.addBranch().then(
+        [this, space, id]() { return dropSnapshot(space, id); },
+        [this, space, id](kj::Exception&&) { return dropSnapshot(space, id); });
+  }
+  const SnapshotKey key = snapshotKey(space, id);
+  if (engine_.hasSnapshot(space, id)) {
+    const bool onDisk = engine_.snapshotOnDisk(space, id);
+    if (auto dropped = engine_.dropSnapshot(space, id); !dropped) {
+      return toKjException(dropped.error());
+    }
+    if (onDisk) {
+      // Queued after any write of it in flight (the worker runs its tasks in order): the delete
+      // comes last, and nothing can write it again (the engine no longer holds it).
+      tasks_.add(workerExecutor_->executeAsync(
+          [this, key]() { (void)tier_->eraseSnapshot(key, /*broken=*/false); }));
+    }
+    kick();
+    return kj::READY_NOW;
+  }
+  if (!tier_->hasSnapshot(key))
+    return toKjException(makeError(ErrorCode::kNotFound, "no snapshot ", id));
+  return workerExecutor_->executeAsync([this, key, id]() {
+    auto erased = tier_->eraseSnapshot(key, /*broken=*/false);
+    if (!erased) throwRpcError(erased.error());
+    if (!*erased) throwRpcError(makeError(ErrorCode::kNotFound, "no snapshot ", id));
+  });
 }
 
 ColdServiceStats ColdService::stats() const {

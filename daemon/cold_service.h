@@ -7,7 +7,13 @@
 //   daemon keeps serving from memory; spilling retries after a back-off.
 // - Promote: a lookup that reaches blocks held only on disk reads them back into fresh pool blocks
 //   on the worker thread before it answers; concurrent promotes of one block coalesce.
-// - Flush: a graceful shutdown writes every sealed block still only in memory.
+// - Snapshots (write-behind): every new snapshot's manifest, the sealed blocks it names and its
+//   own records (partial blocks, checkpoints) are written in one batch while its blocks stay
+//   pinned. A snapshot unknown in memory (after a restart) is read back from its manifest on
+//   demand; one whose manifest or records fail their checks or are gone is dropped, never
+//   half-restored. Snapshot ids are reserved on disk in chunks, so that none is handed out twice
+//   across restarts, crashes included.
+// - Flush: a graceful shutdown writes every sealed block and snapshot still only in memory.
 //
 // Thread-safety: everything here runs on the daemon's event loop, except the closures handed to
 // the worker through its kj::Executor, which touch only the (thread-safe) ColdTier and pinned
@@ -55,13 +61,17 @@ class ColdService final : private kj::TaskSet::ErrorHandler {
   static constexpr int kMaxRoomWaits = 32;
   // After a failed spill (a full or failing disk), wait this long before trying again.
   static constexpr kj::Duration kDefaultSpillRetryDelay = 1 * kj::SECONDS;
+  // Snapshot ids are reserved on disk this many at a time, again when half are used: a restart
+  // after a crash skips at most this many (a graceful one none).
+  static constexpr uint64_t kSnapshotIdChunk = uint64_t{1} << 20;
 
-  // `engine` and `timer` are borrowed and must outlive the service. Starts the worker thread.
+  // `engine` and `timer` are borrowed and must outlive the service. Starts the worker thread and
+  // reserves the first snapshot ids (a blocking write).
   ColdService(Engine& engine, std::unique_ptr<ColdTier> tier, kj::Timer& timer,
               kj::Duration spillRetryDelay = kDefaultSpillRetryDelay);
   ~ColdService();
 
-  // Starts a spill batch if there is work and none is in flight.
+  // Starts a spill batch and a snapshot write if there is work and none is in flight.
   void kick();
   // Resolves when the batch in flight (if any) has finished.
   kj::Promise<void> whenSpillSettles();
@@ -70,8 +80,26 @@ class ColdService final : private kj::TaskSet::ErrorHandler {
   // Reads the cold blocks `keys` of `space` back into the pool; resolves when all are done
   // (a block that cannot be read, or has no room, simply stays cold: the lookup stops before it).
   kj::Promise<void> promote(SpaceId space, std::vector<Key128> keys);
-  // Writes every sealed block not yet on disk. Blocking; for shutdown.
+  // Writes every sealed block and snapshot not yet on disk, and the exact snapshot id high-water
+  // mark. Blocking; for shutdown (no snapshot is created afterwards).
   void flushAll(kj::WaitScope& waitScope);
+
+  // Brings snapshot `id` of `space` back from disk when the engine does not hold it (after a
+  // restart): its manifest and records are read on the worker into fresh pool blocks. Resolves
+  // when the snapshot is in memory, or when the disk has none either (the engine then answers
+  // NOT_FOUND). Rejects with a typed error (transport/rpc_codec.h): FULL when the pool has no
+  // room; NOT_FOUND or CHECKSUM_MISMATCH when its manifest or a record it needs is gone or fails
+  // its checks — it is then dropped from disk (counted) and nothing else changes; UNAVAILABLE on
+  // a disk error. Loads of one snapshot coalesce. Only the (fingerprint, salt) of `space` is
+  // searched: another tenant's snapshot of the same id is not found.
+  kj::Promise<void> loadSnapshot(SpaceId space, SnapshotId id);
+  // Drops snapshot `id` of `space` from memory and disk (after any load or write of it in
+  // flight). Rejects with NOT_FOUND when neither holds it.
+  kj::Promise<void> dropSnapshot(SpaceId space, SnapshotId id);
+  // What a call that failed with `code` may wait for before it tries again: the spill batch in
+  // flight (FULL, when it can make room) or the reservation of snapshot ids (UNAVAILABLE, when
+  // the engine ran out of them); nullptr when waiting cannot help.
+  kj::Maybe<kj::Promise<void>> whenRetryable(ErrorCode code);
 
   ColdServiceStats stats() const;
 
@@ -80,6 +108,29 @@ class ColdService final : private kj::TaskSet::ErrorHandler {
   void spillFinished(std::vector<SpillItem> batch, bool ok);
   // Reads one cold block back; waits for the spiller when the pool has no room yet.
   kj::Promise<void> promoteOne(SpaceId space, Key128 key, int waits);
+  void kickSpill();
+  // Starts writing the snapshots waiting for it, if no write is in flight.
+  void writeSnapshots();
+  void snapshotsWritten(const std::vector<SnapshotWrite>& writes, bool ok);
+  // Puts for the cold tier, reading the writes' pinned blocks in place.
+  // What a batch of snapshot writes puts, pointing into pinned pool blocks; blocks in GPU memory
+  // are first copied (`copies`, run on the thread that writes) into host `staging`.
+  struct SnapshotBatch {
+    std::vector<SnapshotPut> puts;
+    std::shared_ptr<std::vector<std::vector<uint8_t>>> staging;
+    std::vector<BlockCopy> copies;
+    // Runs the copies, then writes the puts. Blocking: for the worker (or shutdown).
+    bool write(BlockMemory& memory, ColdTier& tier) const;
+  };
+  SnapshotBatch snapshotPuts(const std::vector<SnapshotWrite>& writes);
+  // Reserves the next chunk of snapshot ids on disk when fewer than half a chunk are left.
+  void reserveSnapshotIds();
+  SnapshotKey snapshotKey(SpaceId space, SnapshotId id) const;
+  kj::Promise<void> loadBlocks(SpaceId space, SnapshotKey key,
+                               std::shared_ptr<const SnapshotManifest> manifest, int waits);
+  // Drops a snapshot whose manifest or records failed (counted), then rejects with `why`.
+  kj::Promise<void> dropBroken(SnapshotKey key, Error why);
+  static kj::Promise<void> waitOn(std::vector<kj::Own<kj::PromiseFulfiller<void>>>& waiters);
 
   Engine& engine_;
   std::unique_ptr<ColdTier> tier_;
@@ -93,7 +144,22 @@ class ColdService final : private kj::TaskSet::ErrorHandler {
   bool paused_ = false;
   uint64_t spillErrors_ = 0;
   std::vector<kj::Own<kj::PromiseFulfiller<void>>> settleWaiters_;
+  bool snapshotWriteInFlight_ = false;
+  bool snapshotWritesPaused_ = false;
+  std::vector<kj::Own<kj::PromiseFulfiller<void>>> snapshotWriteWaiters_;
+  bool reservingIds_ = false;
+  bool closing_ = false;  // flushAll froze the snapshot ids
+  std::vector<kj::Own<kj::PromiseFulfiller<void>>> idWaiters_;
   std::map<std::string, kj::ForkedPromise<void>> promoting_;  // (space, key) -> promote in flight
+  struct Loading {
+    kj::ForkedPromise<void> promise;
+    std::shared_ptr<bool> done;  // settled: a later call starts afresh instead of joining it
+    uint64_t generation;
+  };
+  // A load still in flight, by (space, id).
+  kj::Maybe<Loading&> loadInFlight(const std::string& name);
+  std::map<std::string, Loading> loading_;  // (space, id) -> load in flight
+  uint64_t loadGeneration_ = 0;
   kj::TaskSet tasks_;
 };
 

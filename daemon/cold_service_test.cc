@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "tests/full_disk_fs.h"
+#include "transport/rpc_codec.h"
 
 namespace kvtier {
 namespace {
@@ -123,6 +124,197 @@ TEST(ColdService, SpilledBlocksAreDroppedFirstAndComeBack) {
 
 TEST(ColdService, FullDiskPausesSpillingMemoryKeepsServingAndSpillingResumes) {
   ColdHarness().fullDiskPausesSpilling();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Snapshots across restarts, in-process: each Run is one life of a daemon over the same data
+// directory (a fresh pool, engine and ColdService; the namespaces opened in another order).
+
+class TempDirectory {
+ public:
+  TempDirectory() {
+    char tmpl[] = "/tmp/kvtier-coldsnap-XXXXXX";
+    path_ = mkdtemp(tmpl);
+  }
+  ~TempDirectory() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct DaemonRun {
+  DaemonRun(kj::AsyncIoContext& io, const std::string& dir, bool tenantBFirst = false) : io_(io) {
+    auto tier = ColdTier::open({.path = dir + "/cold", .capacityBytes = 0, .fileSystem = nullptr});
+    cold_ = std::make_unique<ColdService>(engine_, std::move(tier).value(),
+                                          io_.provider->getTimer(), 5 * kj::MILLISECONDS);
+    if (tenantBFirst) b_ = engine_.openSpace(tinyLayout(), saltFor("b")).value();
+    a_ = engine_.openSpace(tinyLayout(), saltFor("a")).value();
+    if (!tenantBFirst) b_ = engine_.openSpace(tinyLayout(), saltFor("b")).value();
+  }
+  ~DaemonRun() { cold_.reset(); }
+
+  // 20 tokens of `space` (a sealed block and a partial one), every byte of block i = seed + i.
+  void put(SpaceId space, std::string_view seq, uint8_t seed) {
+    std::vector<uint32_t> tokens(20);
+    for (uint32_t i = 0; i < 20; ++i) tokens[i] = seed * 1000 + i;
+    auto grant = engine_.put(1, space, seq, 0, tokens, {}, SeqOptions{.detached = true});
+    ASSERT_TRUE(grant.ok()) << grant.error();
+    for (size_t i = 0; i < grant->blocks.size(); ++i) {
+      const auto& b = grant->blocks[i];
+      std::memset(memory_.extentBase(b.extent) + b.offset, seed + static_cast<int>(i), b.bytes);
+    }
+    ASSERT_TRUE(engine_.commit(grant->lease, kEnd).ok());
+  }
+
+  // The bytes of seq's blocks, checked against put's pattern.
+  bool holds(SpaceId space, std::string_view seq, uint8_t seed) {
+    auto g = engine_.get(space, seq, 0, kEnd);
+    if (!g || g->end != 20 || g->blocks.size() != 2) return false;
+    bool same = true;
+    for (size_t i = 0; i < g->blocks.size(); ++i) {
+      const uint8_t* p = memory_.extentBase(g->blocks[i].extent) + g->blocks[i].offset;
+      for (uint32_t j = 0; j < g->blocks[i].bytes; ++j) same = same && p[j] == seed + i;
+    }
+    (void)engine_.releaseRead(g->lease);
+    return same;
+  }
+
+  template <typename F>
+  bool runUntil(F done) {
+    for (int i = 0; i < 1000 && !done(); ++i) {
+      io_.provider->getTimer().afterDelay(5 * kj::MILLISECONDS).wait(io_.waitScope);
+    }
+    return done();
+  }
+
+  // Waits for a load; returns the error it failed with (kOk when it resolved).
+  ErrorCode load(SpaceId space, SnapshotId id) {
+    ErrorCode code = ErrorCode::kOk;
+    cold_->loadSnapshot(space, id)
+        .catch_([&](kj::Exception&& e) { code = fromKjException(e).code(); })
+        .wait(io_.waitScope);
+    return code;
+  }
+
+  kj::AsyncIoContext& io_;
+  BlockPool pool_{{{0, 16 * 512}}};
+  HeapBlockMemory memory_{pool_.extents()};
+  Engine engine_{pool_, memory_};
+  std::unique_ptr<ColdService> cold_;
+  SpaceId a_ = 0, b_ = 0;
+};
+
+TEST(ColdService, SnapshotsComeBackAfterARestartForTheirOwnTenantOnly) {
+  TempDirectory dir;
+  auto io = kj::setupAsyncIo();
+  SnapshotId id = 0;
+  {
+    DaemonRun first(io, dir.path());
+    first.put(first.a_, "s", 10);
+    id = first.engine_.snapshot(first.a_, "s", 0).value().id;
+    first.cold_->kick();  // what the server does after every snapshot call
+    ASSERT_TRUE(first.runUntil([&] { return first.cold_->stats().tier.snapshots == 1; }));
+    EXPECT_TRUE(first.engine_.snapshotOnDisk(first.a_, id));
+    // Gone without a flush, as after SIGKILL.
+  }
+  // The namespaces are opened in another order: renumbered.
+  DaemonRun second(io, dir.path(), /*tenantBFirst=*/true);
+  EXPECT_GT(second.engine_.nextSnapshotId(), id) << "ids stay unique across restarts";
+  EXPECT_EQ(second.load(second.b_, id), ErrorCode::kOk) << "nothing for tenant b: not an error";
+  EXPECT_FALSE(second.engine_.hasSnapshot(second.b_, id));
+  EXPECT_EQ(second.engine_.snapshotInfo(second.b_, id).code(), ErrorCode::kNotFound);
+  EXPECT_EQ(second.load(second.a_, id), ErrorCode::kOk);
+  ASSERT_TRUE(second.engine_.hasSnapshot(second.a_, id));
+  EXPECT_EQ(second.engine_.snapshotInfo(second.a_, id).value().to, 20u);
+  ASSERT_TRUE(second.engine_.restore(1, second.a_, "x", id, 20, {}).ok());
+  EXPECT_TRUE(second.holds(second.a_, "x", 10)) << "restored bytes differ";
+  EXPECT_EQ(second.engine_.stats().blocksPinned, 0u);
+
+  // A drop deletes it from disk as well; a drop by the other tenant finds nothing.
+  ErrorCode foreign = ErrorCode::kOk;
+  second.cold_->dropSnapshot(second.b_, id)
+      .catch_([&](kj::Exception&& e) { foreign = fromKjException(e).code(); })
+      .wait(io.waitScope);
+  EXPECT_EQ(foreign, ErrorCode::kNotFound);
+  second.cold_->dropSnapshot(second.a_, id).wait(io.waitScope);
+  EXPECT_TRUE(second.runUntil([&] { return second.cold_->stats().tier.snapshots == 0; }));
+  EXPECT_EQ(second.cold_->stats().tier.snapshotsDropped, 0u);
+}
+
+TEST(ColdService, ADropOfASnapshotOnlyOnDiskDeletesIt) {
+  TempDirectory dir;
+  auto io = kj::setupAsyncIo();
+  SnapshotId id = 0;
+  {
+    DaemonRun first(io, dir.path());
+    first.put(first.a_, "s", 10);
+    id = first.engine_.snapshot(first.a_, "s", 0).value().id;
+    first.cold_->flushAll(io.waitScope);  // as on SIGTERM
+    EXPECT_EQ(first.cold_->stats().tier.snapshots, 1u);
+  }
+  DaemonRun second(io, dir.path());
+  EXPECT_EQ(second.engine_.nextSnapshotId(), id + 1) << "a graceful stop skips no ids";
+  second.cold_->dropSnapshot(second.a_, id).wait(io.waitScope);
+  EXPECT_EQ(second.cold_->stats().tier.snapshots, 0u);
+  EXPECT_EQ(second.load(second.a_, id), ErrorCode::kOk);
+  EXPECT_FALSE(second.engine_.hasSnapshot(second.a_, id));
+}
+
+TEST(ColdService, ASnapshotWhoseRecordIsCorruptIsDroppedAndChangesNothing) {
+  TempDirectory dir;
+  auto io = kj::setupAsyncIo();
+  SnapshotId id = 0;
+  {
+    DaemonRun first(io, dir.path());
+    first.put(first.a_, "s", 10);
+    id = first.engine_.snapshot(first.a_, "s", 0).value().id;
+    first.cold_->flushAll(io.waitScope);
+  }
+  {
+    auto tier =
+        ColdTier::open({.path = dir.path() + "/cold", .capacityBytes = 0, .fileSystem = nullptr})
+            .value();
+    const SnapshotKey key{tinyLayout().fingerprint(), saltFor("a"), id};
+    std::string value;
+    auto* db = tier->rawDb();
+    ASSERT_TRUE(
+        db->Get(rocksdb::ReadOptions(), tier->snapshotsFamily(), key.recordKey(1), &value).ok());
+    value.back() ^= 0x01;  // the partial block's own record
+    ASSERT_TRUE(
+        db->Put(rocksdb::WriteOptions(), tier->snapshotsFamily(), key.recordKey(1), value).ok());
+  }
+  DaemonRun second(io, dir.path());
+  const uint64_t used = second.engine_.stats().blocksUsed;
+  EXPECT_EQ(second.load(second.a_, id), ErrorCode::kChecksumMismatch);
+  EXPECT_FALSE(second.engine_.hasSnapshot(second.a_, id));
+  EXPECT_EQ(second.engine_.stats().blocksPinned, 0u);
+  EXPECT_EQ(second.engine_.stats().blocksUsed, used + 1) << "only the sealed block, cached";
+  EXPECT_EQ(second.cold_->stats().tier.snapshotsDropped, 1u);
+  EXPECT_EQ(second.cold_->stats().tier.corruptDropped, 1u);
+  EXPECT_EQ(second.cold_->stats().tier.snapshots, 0u);
+  EXPECT_EQ(second.load(second.a_, id), ErrorCode::kOk) << "gone: the engine answers NOT_FOUND";
+}
+
+TEST(ColdService, SnapshotIdsWaitForTheirReservationOnDisk) {
+  TempDirectory dir;
+  auto io = kj::setupAsyncIo();
+  DaemonRun run(io, dir.path());
+  run.put(run.a_, "s", 10);
+  // Pretend almost every reserved id was used: the next call reserves more on the worker.
+  const SnapshotId next = run.engine_.nextSnapshotId();
+  run.engine_.setSnapshotIds(next, next + 1);
+  ASSERT_TRUE(run.engine_.snapshot(run.a_, "s", 0).ok());
+  EXPECT_EQ(run.engine_.snapshot(run.a_, "s", 0).code(), ErrorCode::kUnavailable);
+  KJ_IF_MAYBE (wait, run.cold_->whenRetryable(ErrorCode::kUnavailable)) {
+    wait->wait(io.waitScope);
+  } else {
+    FAIL() << "no reservation started";
+  }
+  EXPECT_GE(run.engine_.snapshotIdLimit(), next + ColdService::kSnapshotIdChunk);
+  EXPECT_TRUE(run.engine_.snapshot(run.a_, "s", 0).ok());
+  EXPECT_TRUE(run.cold_->whenRetryable(ErrorCode::kUnavailable) == nullptr)
+      << "plenty of ids: waiting cannot help another UNAVAILABLE";
 }
 
 }  // namespace

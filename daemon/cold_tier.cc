@@ -6,11 +6,15 @@
 #include <rocksdb/write_batch.h>
 #include <xxhash.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <shared_mutex>
 
+#include "daemon/snapshot_codec.h"
 #include "schemas/cold_record.capnp.h"
 
 namespace kvtier {
@@ -20,6 +24,25 @@ constexpr size_t kKeyBytes = 8 + 16 + 16;
 // A header is a few words; anything larger is corruption.
 constexpr uint32_t kMaxHeaderBytes = 1024;
 constexpr const char* kFormatVersionKey = "format_version";
+// Every snapshot id handed out is below the stored limit (decimal); see storeSnapshotIdLimit.
+constexpr const char* kSnapshotIdLimitKey = "snapshot_id_limit";
+constexpr char kManifestTag = 'M';
+constexpr char kRecordTag = 'R';
+constexpr size_t kSnapshotPrefixBytes = 1 + 8 + 16 + 8;
+
+void appendBigEndian(std::string& out, uint64_t v, int bytes) {
+  for (int i = bytes - 1; i >= 0; --i) out.push_back(static_cast<char>(v >> (8 * i)));
+}
+
+// The name a snapshot's own record carries in its header (where a block record has its key), so
+// that a record is never accepted under another snapshot's or slot's name.
+Key128 recordName(uint64_t id, uint32_t slot) {
+  Key128 k;
+  for (int i = 0; i < 8; ++i) k.bytes[i] = static_cast<uint8_t>(id >> (8 * i));
+  for (int i = 0; i < 4; ++i) k.bytes[8 + i] = static_cast<uint8_t>(slot >> (8 * i));
+  std::memcpy(k.bytes.data() + 12, "snap", 4);
+  return k;
+}
 
 // Block records keep the write-ahead log: a restart after SIGKILL must still serve what was
 // spilled (the WAL costs a second write of each block; docs/performance.md).
@@ -91,6 +114,28 @@ Result<std::string_view> verifyValue(const ColdKey& key, std::string_view value)
 
 }  // namespace
 
+std::string SnapshotKey::recordPrefix() const {
+  std::string out;
+  out.reserve(kSnapshotPrefixBytes + 4);
+  out.push_back(kRecordTag);
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(fingerprint >> (8 * i)));
+  out.append(reinterpret_cast<const char*>(salt.data()), salt.size());
+  appendBigEndian(out, id, 8);  // big-endian: one snapshot's records are one key range
+  return out;
+}
+
+std::string SnapshotKey::manifestKey() const {
+  std::string out = recordPrefix();
+  out[0] = kManifestTag;
+  return out;
+}
+
+std::string SnapshotKey::recordKey(uint32_t slot) const {
+  std::string out = recordPrefix();
+  appendBigEndian(out, slot, 4);
+  return out;
+}
+
 std::string ColdKey::encode() const {
   std::string out(kKeyBytes, '\0');
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(fingerprint >> (8 * i));
@@ -129,10 +174,12 @@ Status ColdTier::openDb() {
   blocks.enable_blob_files = true;  // integrated BlobDB: KV blocks are large values
   blocks.min_blob_size = 4096;
   blocks.enable_blob_garbage_collection = true;
+  // Snapshots hold their own records (blocks, checkpoints) and manifests: large values too.
+  const rocksdb::ColumnFamilyOptions& snapshots = blocks;
   std::vector<rocksdb::ColumnFamilyDescriptor> families = {
       {rocksdb::kDefaultColumnFamilyName, rocksdb::ColumnFamilyOptions()},
       {"blocks", blocks},
-      {"snapshots", rocksdb::ColumnFamilyOptions()},
+      {"snapshots", snapshots},
       {"meta", rocksdb::ColumnFamilyOptions()}};
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* db = nullptr;
@@ -163,6 +210,37 @@ Status ColdTier::openDb() {
   }
   (void)db->Get(rocksdb::ReadOptions(), meta_, kNodeIdKey, &nodeId_);
 
+  // Snapshot ids: above the stored limit and above every manifest's id.
+  uint64_t floor = 1;
+  std::string limit;
+  s = db->Get(rocksdb::ReadOptions(), meta_, kSnapshotIdLimitKey, &limit);
+  if (s.ok()) {
+    char* end = nullptr;
+    const unsigned long long stored = std::strtoull(limit.c_str(), &end, 10);
+    if (limit.empty() || *end != '\0') {
+      // Ids handed out before could not be told apart from new ones: refuse rather than guess.
+      return makeError(ErrorCode::kUnavailable, "cold tier at ", options_.path,
+                       " has an unreadable snapshot id limit '", limit, "'");
+    }
+    floor = std::max<uint64_t>(floor, stored);
+  } else if (!s.IsNotFound()) {
+    return unavailable(s, "cannot read the cold tier's snapshot id limit");
+  }
+  std::unordered_set<std::string> manifests;
+  {
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), snapshots_));
+    for (it->Seek(std::string(1, kManifestTag));
+         it->Valid() && it->key().size() > 0 && it->key()[0] == kManifestTag; it->Next()) {
+      if (it->key().size() != kSnapshotPrefixBytes) continue;
+      uint64_t id = 0;
+      for (size_t i = kSnapshotPrefixBytes - 8; i < kSnapshotPrefixBytes; ++i) {
+        id = id << 8 | static_cast<uint8_t>(it->key()[i]);
+      }
+      if (id != std::numeric_limits<uint64_t>::max()) floor = std::max(floor, id + 1);
+      manifests.insert(it->key().ToString());
+    }
+  }
+
   // The key set and sizes, in key order (access order is not kept across restarts).
   std::lock_guard<std::mutex> lock(mu_);
   order_.clear();
@@ -184,6 +262,9 @@ Status ColdTier::openDb() {
     stats_.bytes += payload;
   }
   stats_.records = held_.size();
+  manifests_ = std::move(manifests);
+  stats_.snapshots = manifests_.size();
+  snapshotIdFloor_ = std::max(snapshotIdFloor_, floor);
   return {};
 }
 
@@ -225,16 +306,7 @@ Status ColdTier::putBatch(std::span<const ColdRecord> records) {
   rocksdb::Status s;
   {
     std::unique_lock<std::shared_mutex> dbLock(dbMu_);
-    if (needsReopen_ || !db_) {
-      // A write failed before (a full disk): RocksDB keeps refusing writes after such an error
-      // until it is reopened; reopen it now that a write is wanted again. Reads went on meanwhile.
-      closeDb();
-      if (auto reopened = openDb(); !reopened) {
-        std::lock_guard<std::mutex> lock(mu_);
-        ++stats_.writeErrors;
-        return reopened.error();
-      }
-    }
+    if (auto reopened = reopenForWriteLocked(); !reopened) return reopened;
     rocksdb::WriteBatch batch;
     for (size_t i = 0; i < keys.size(); ++i) {
       const rocksdb::Slice key(keys[i]);
@@ -263,6 +335,19 @@ Status ColdTier::putBatch(std::span<const ColdRecord> records) {
     stats_.written += records.size();
   }
   enforceCapacity();
+  return {};
+}
+
+Status ColdTier::reopenForWriteLocked() {
+  if (!needsReopen_ && db_) return {};
+  // A write failed before (a full disk): RocksDB keeps refusing writes after such an error until
+  // it is reopened; reopen it now that a write is wanted again. Reads went on meanwhile.
+  closeDb();
+  if (auto reopened = openDb(); !reopened) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.writeErrors;
+    return reopened.error();
+  }
   return {};
 }
 
@@ -352,6 +437,171 @@ Status ColdTier::erase(const ColdKey& key) {
   if (!db_) return makeError(ErrorCode::kUnavailable, "cold tier is closed after a write error");
   const rocksdb::Status s = db_->Delete(rocksdb::WriteOptions(), blocks_, k);
   if (!s.ok()) return unavailable(s, "cold tier delete failed");
+  return {};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Snapshots
+
+Status ColdTier::putSnapshots(std::span<const SnapshotPut> puts) {
+  struct Encoded {
+    std::string key, header;
+    const uint8_t* data;
+    uint32_t bytes;
+    bool block;  // a block record (blocks family); else a snapshot's own record
+  };
+  std::vector<Encoded> records;
+  std::vector<std::pair<std::string, std::string>> manifests;
+  for (const auto& put : puts) {
+    const SnapshotManifest& m = *put.manifest;
+    const SnapshotKey key{m.fingerprint, m.salt, m.id};
+    for (const auto& r : put.sealed) {
+      if (contains(r.key)) continue;  // spilled already: the manifest names it
+      records.push_back(Encoded{r.key.encode(), encodeHeader(r), r.data, r.bytes, true});
+    }
+    for (const auto& r : put.own) {
+      const ColdRecord named{ColdKey{m.fingerprint, m.salt, recordName(m.id, r.slot)}, r.data,
+                             r.bytes};
+      records.push_back(
+          Encoded{key.recordKey(r.slot), encodeHeader(named), r.data, r.bytes, false});
+    }
+    manifests.emplace_back(key.manifestKey(), encodeManifest(m));
+  }
+  rocksdb::Status s;
+  {
+    std::unique_lock<std::shared_mutex> dbLock(dbMu_);
+    if (auto reopened = reopenForWriteLocked(); !reopened) return reopened;
+    rocksdb::WriteBatch batch;
+    for (const auto& r : records) {
+      const rocksdb::Slice key(r.key);
+      const rocksdb::Slice value[2] = {
+          rocksdb::Slice(r.header), rocksdb::Slice(reinterpret_cast<const char*>(r.data), r.bytes)};
+      batch.Put(r.block ? blocks_ : snapshots_, rocksdb::SliceParts(&key, 1),
+                rocksdb::SliceParts(value, 2));
+    }
+    // In the same batch as the records it names: a manifest is never on disk without them.
+    for (const auto& [key, value] : manifests) batch.Put(snapshots_, key, value);
+    needsReopen_ = false;
+    s = db_->Write(blockWriteOptions(), &batch);
+    if (!s.ok()) needsReopen_ = true;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!s.ok()) {
+      ++stats_.writeErrors;
+      return unavailable(s, "cold tier snapshot write failed");
+    }
+    for (const auto& r : records) {
+      if (!r.block) continue;
+      forgetLocked(r.key);
+      order_.push_back(r.key);
+      held_[r.key] = Held{std::prev(order_.end()), r.bytes};
+      stats_.bytes += r.bytes;
+      ++stats_.written;
+    }
+    stats_.records = held_.size();
+    for (const auto& [key, value] : manifests) manifests_.insert(key);
+    stats_.snapshots = manifests_.size();
+  }
+  enforceCapacity();
+  return {};
+}
+
+Result<SnapshotManifest> ColdTier::getSnapshot(const SnapshotKey& key) {
+  const std::string k = key.manifestKey();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!manifests_.count(k)) return makeError(ErrorCode::kNotFound, "no snapshot ", key.id);
+  }
+  std::string value;
+  rocksdb::Status s;
+  {
+    std::shared_lock<std::shared_mutex> dbLock(dbMu_);
+    if (!db_) return makeError(ErrorCode::kUnavailable, "cold tier is closed after a write error");
+    s = db_->Get(rocksdb::ReadOptions(), snapshots_, k, &value);
+  }
+  if (s.IsNotFound()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    manifests_.erase(k);
+    stats_.snapshots = manifests_.size();
+    return makeError(ErrorCode::kNotFound, "no snapshot ", key.id);
+  }
+  if (!s.ok() && !s.IsCorruption()) return unavailable(s, "cold tier manifest read failed");
+  Result<SnapshotManifest> m =
+      s.ok() ? decodeManifest(value, key.fingerprint, key.salt, key.id)
+             : Result<SnapshotManifest>(makeError(ErrorCode::kChecksumMismatch, "manifest of ",
+                                                  key.id, " is unreadable: ", s.ToString()));
+  if (!m) (void)eraseSnapshot(key, /*broken=*/true);  // never half-used: gone with its records
+  return m;
+}
+
+Status ColdTier::getSnapshotRecordInto(const SnapshotKey& key, uint32_t slot, uint8_t* dest,
+                                       uint32_t bytes) {
+  std::shared_lock<std::shared_mutex> dbLock(dbMu_);
+  if (!db_) return makeError(ErrorCode::kUnavailable, "cold tier is closed after a write error");
+  rocksdb::PinnableSlice value;
+  const rocksdb::Status s =
+      db_->Get(rocksdb::ReadOptions(), snapshots_, key.recordKey(slot), &value);
+  if (s.IsNotFound()) {
+    return makeError(ErrorCode::kNotFound, "snapshot ", key.id, " has no record ", slot);
+  }
+  if (!s.ok() && !s.IsCorruption()) return unavailable(s, "cold tier snapshot record read failed");
+  const ColdKey named{key.fingerprint, key.salt, recordName(key.id, slot)};
+  auto payload = s.ok() ? verifyValue(named, std::string_view(value.data(), value.size()))
+                        : Result<std::string_view>(makeError(ErrorCode::kChecksumMismatch,
+                                                             "record unreadable: ", s.ToString()));
+  if (payload && payload->size() != bytes) {
+    payload = makeError(ErrorCode::kChecksumMismatch, "record of ", payload->size(),
+                        " bytes where its manifest says ", bytes);
+  }
+  if (!payload) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.corruptDropped;
+    return makeError(ErrorCode::kChecksumMismatch, "snapshot ", key.id, " record ", slot, ": ",
+                     payload.error().message());
+  }
+  std::memcpy(dest, payload->data(), bytes);
+  return {};
+}
+
+Result<bool> ColdTier::eraseSnapshot(const SnapshotKey& key, bool broken) {
+  const std::string manifest = key.manifestKey();
+  const std::string prefix = key.recordPrefix();
+  bool had = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    had = manifests_.erase(manifest) > 0;
+    stats_.snapshots = manifests_.size();
+    if (had && broken) ++stats_.snapshotsDropped;
+  }
+  std::shared_lock<std::shared_mutex> dbLock(dbMu_);
+  if (!db_) return makeError(ErrorCode::kUnavailable, "cold tier is closed after a write error");
+  rocksdb::WriteBatch batch;
+  batch.Delete(snapshots_, manifest);
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), snapshots_));
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    batch.Delete(snapshots_, it->key());
+  }
+  const rocksdb::Status s = db_->Write(blockWriteOptions(), &batch);
+  if (!s.ok()) return unavailable(s, "cold tier snapshot delete failed");
+  return had;
+}
+
+bool ColdTier::hasSnapshot(const SnapshotKey& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return manifests_.count(key.manifestKey()) > 0;
+}
+
+Status ColdTier::storeSnapshotIdLimit(uint64_t limit) {
+  std::unique_lock<std::shared_mutex> dbLock(dbMu_);
+  if (auto reopened = reopenForWriteLocked(); !reopened) return reopened;
+  rocksdb::WriteOptions synced;
+  synced.sync = true;  // rare (once per many ids), and what keeps ids unique across crashes
+  const rocksdb::Status s = db_->Put(synced, meta_, kSnapshotIdLimitKey, std::to_string(limit));
+  if (!s.ok()) {
+    needsReopen_ = true;
+    return unavailable(s, "cannot store the snapshot id limit");
+  }
   return {};
 }
 

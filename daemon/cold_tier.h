@@ -1,10 +1,11 @@
 // ColdTier: the node's cold tier, sealed blocks kept in RocksDB on local disk.
 //
 // One RocksDB under <data-dir>/cold with column families "blocks" (record key -> header + bytes,
-// with integrated BlobDB for the large values), "snapshots" (manifests) and "meta" (format
-// version, node id). Records are keyed by (layout fingerprint, tenant salt, block key), so they
-// survive restarts, which renumber namespaces. Every record carries an xxh3 checksum that is
-// checked on read: a bad record is a miss, counted and deleted — never returned.
+// with integrated BlobDB for the large values), "snapshots" (snapshot manifests and the snapshots'
+// own records) and "meta" (format version, node id, snapshot id limit). Records are keyed by
+// (layout fingerprint, tenant salt, block key), so they survive restarts, which renumber
+// namespaces. Every record carries an xxh3 checksum that is checked on read: a bad record is a
+// miss, counted and deleted — never returned.
 //
 // Thread-safety: all methods may be called from any thread (the daemon calls them from its worker
 // threads). RocksDB is thread-safe; the in-memory key set and access order are guarded by mu_.
@@ -22,10 +23,12 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "kvtier/block_key.h"
 #include "kvtier/error.h"
+#include "store/snapshot_manifest.h"
 
 namespace kvtier {
 
@@ -44,6 +47,35 @@ struct ColdRecord {
   uint32_t bytes = 0;
 };
 
+// A snapshot on disk: (layout fingerprint, tenant salt, snapshot id), so that it outlives the
+// process's namespace numbering and is visible to its own tenant only.
+struct SnapshotKey {
+  uint64_t fingerprint = 0;
+  Salt salt{};
+  uint64_t id = 0;
+  // Keys in the "snapshots" family: the manifest is 'M', fingerprint (LE), salt, id (BE); own
+  // record `slot` is 'R', fingerprint, salt, id, slot (BE). Block records live in another family
+  // and are 40 bytes long, so neither can ever be taken for the other.
+  std::string manifestKey() const;
+  std::string recordKey(uint32_t slot) const;
+  std::string recordPrefix() const;
+  bool operator==(const SnapshotKey&) const = default;
+};
+
+// A snapshot's own record to write (a partial or unindexed block, a checkpoint).
+struct SnapshotRecord {
+  uint32_t slot = 0;
+  const uint8_t* data = nullptr;  // borrowed: must stay valid (pinned) until the write returns
+  uint32_t bytes = 0;
+};
+
+// One snapshot to write: its manifest, the sealed blocks it names and its own records.
+struct SnapshotPut {
+  const SnapshotManifest* manifest = nullptr;  // borrowed until the write returns
+  std::vector<ColdRecord> sealed = {};         // written unless the tier holds them already
+  std::vector<SnapshotRecord> own = {};
+};
+
 struct ColdStats {
   uint64_t records = 0;
   uint64_t bytes = 0;            // payload bytes held
@@ -52,6 +84,10 @@ struct ColdStats {
   uint64_t corruptDropped = 0;   // records that failed their checks, deleted
   uint64_t writeErrors = 0;      // failed batch writes (disk full, I/O errors)
   uint64_t capacityEvicted = 0;  // records dropped for the capacity bound
+  uint64_t snapshots = 0;        // snapshot manifests held
+  // Snapshots dropped because their manifest, or a record they need, failed its checks or was
+  // gone (a capacity eviction): they are never half-restored.
+  uint64_t snapshotsDropped = 0;
 };
 
 class ColdTier {
@@ -80,16 +116,43 @@ class ColdTier {
   Status getInto(const ColdKey& key, uint8_t* dest, uint32_t bytes);
   bool contains(const ColdKey& key) const;  // an in-memory set: cheap
   Status erase(const ColdKey& key);
+
+  // --- Snapshots. Records of the snapshots' own are not counted in the capacity bound (they live
+  // as long as their snapshot); the sealed blocks a manifest names are ordinary block records.
+  // Writes each snapshot's sealed blocks the tier does not hold, own records and manifest in one
+  // batch (blocking): all or nothing. UNAVAILABLE on an I/O error or a full disk.
+  Status putSnapshots(std::span<const SnapshotPut> puts);
+  // The manifest of `key` (blocking). NOT_FOUND if absent; CHECKSUM_MISMATCH if it fails its
+  // checks (daemon/snapshot_codec.h): it is then dropped with its records, and counted.
+  Result<SnapshotManifest> getSnapshot(const SnapshotKey& key);
+  // Reads own record `slot` of snapshot `key`, which must be `bytes` long, into `dest`
+  // (blocking). NOT_FOUND if absent; CHECKSUM_MISMATCH if it fails its checks (counted in
+  // corruptDropped) or has another size.
+  Status getSnapshotRecordInto(const SnapshotKey& key, uint32_t slot, uint8_t* dest,
+                               uint32_t bytes);
+  // Deletes the manifest and own records of `key` (blocking). False if it had no manifest.
+  // `broken`: dropped because it, or a record it needs, failed its checks or was gone (counted).
+  Result<bool> eraseSnapshot(const SnapshotKey& key, bool broken);
+  bool hasSnapshot(const SnapshotKey& key) const;  // an in-memory set: cheap
+  // Above every snapshot id an earlier run may have handed out: the stored id limit, and every
+  // manifest's id. Read at open.
+  uint64_t snapshotIdFloor() const { return snapshotIdFloor_; }
+  // Persists `limit`, a bound on every snapshot id handed out so far (blocking, synced).
+  Status storeSnapshotIdLimit(uint64_t limit);
+
   ColdStats stats() const;
   const std::string& nodeId() const { return nodeId_; }
 
   // Test hook: the raw database and the blocks column family.
   rocksdb::DB* rawDb() { return db_.get(); }
   rocksdb::ColumnFamilyHandle* blocksFamily() { return blocks_; }
+  rocksdb::ColumnFamilyHandle* snapshotsFamily() { return snapshots_; }
 
  private:
   ColdTier() = default;
   Status openDb();  // requires dbMu_ held exclusively (or no other user yet)
+  // Before a write: reopens the database if a write failed before. Requires dbMu_ exclusively.
+  Status reopenForWriteLocked();
   // Reads and checks `key`'s record; hands its payload to `consume` while the read is pinned.
   Status readVerified(const ColdKey& key, const std::function<Status(std::string_view)>& consume);
   void closeDb();
@@ -117,7 +180,9 @@ class ColdTier {
     uint32_t bytes;
   };
   std::unordered_map<std::string, Held> held_;  // GUARDED_BY(mu_)
+  std::unordered_set<std::string> manifests_;   // manifest keys. GUARDED_BY(mu_)
   ColdStats stats_;                             // GUARDED_BY(mu_)
+  uint64_t snapshotIdFloor_ = 1;                // set by openDb
 };
 
 }  // namespace kvtier

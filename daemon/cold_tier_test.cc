@@ -138,5 +138,182 @@ TEST(ColdTier, FullDiskFailsWritesCountsThemAndRecovers) {
   EXPECT_EQ(tier->get(keyOf(3)).value(), payload(3));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Snapshots
+
+SnapshotManifest manifestOf(uint64_t id, const Salt& salt = keyOf(0).salt) {
+  SnapshotManifest m;
+  m.id = id;
+  m.fingerprint = keyOf(0).fingerprint;
+  m.salt = salt;
+  m.blockTokens = 16;
+  m.blockBytes = 16384;
+  m.from = 0;
+  m.to = 20;  // a sealed block and a partial one
+  for (uint32_t i = 0; i < 20; ++i) m.tokens.push_back(i);
+  m.keys = {keyOf(1).key};
+  m.blocks = {ManifestBlock{ManifestBlock::Kind::kSealed, keyOf(1).key},
+              ManifestBlock{ManifestBlock::Kind::kOwn, {}}};
+  m.checkpoints = {{20, 1000}};
+  return m;
+}
+
+SnapshotKey snapshotKeyOf(const SnapshotManifest& m) {
+  return SnapshotKey{m.fingerprint, m.salt, m.id};
+}
+
+// Writes snapshot m: its sealed block (payload 1), own block (payload 50) and checkpoint (51).
+Status putSnapshot(ColdTier& tier, const SnapshotManifest& m) {
+  static const auto sealed = payload(1), own = payload(50), state = payload(51, 1000);
+  SnapshotPut p{&m,
+                {ColdRecord{keyOf(1), sealed.data(), static_cast<uint32_t>(sealed.size())}},
+                {SnapshotRecord{1, own.data(), static_cast<uint32_t>(own.size())},
+                 SnapshotRecord{checkpointSlot(0), state.data(), 1000}}};
+  return tier.putSnapshots(std::span(&p, 1));
+}
+
+TEST(ColdTier, SnapshotsRoundTripSurviveReopenAndGoWithTheirRecords) {
+  TempDir dir;
+  const SnapshotManifest m = manifestOf(7);
+  const SnapshotKey key = snapshotKeyOf(m);
+  {
+    auto tier = ColdTier::open({.path = dir.path()}).value();
+    EXPECT_FALSE(tier->hasSnapshot(key));
+    ASSERT_TRUE(putSnapshot(*tier, m).ok());
+    EXPECT_TRUE(tier->hasSnapshot(key));
+    EXPECT_TRUE(tier->contains(keyOf(1))) << "the sealed block is an ordinary block record";
+    EXPECT_EQ(tier->stats().snapshots, 1u);
+    EXPECT_EQ(tier->stats().records, 1u) << "own records are not block records";
+  }
+  auto tier = ColdTier::open({.path = dir.path()}).value();
+  EXPECT_TRUE(tier->hasSnapshot(key));
+  EXPECT_EQ(tier->stats().snapshots, 1u);
+  EXPECT_EQ(tier->getSnapshot(key).value(), m);
+  std::vector<uint8_t> got(16384);
+  ASSERT_TRUE(tier->getSnapshotRecordInto(key, 1, got.data(), 16384).ok());
+  EXPECT_EQ(got, payload(50));
+  got.resize(1000);
+  ASSERT_TRUE(tier->getSnapshotRecordInto(key, checkpointSlot(0), got.data(), 1000).ok());
+  EXPECT_EQ(got, payload(51, 1000));
+  EXPECT_EQ(tier->getSnapshotRecordInto(key, checkpointSlot(0), got.data(), 999).code(),
+            ErrorCode::kChecksumMismatch)
+      << "a record of another size than its manifest says";
+  EXPECT_EQ(tier->getSnapshotRecordInto(key, 0, got.data(), 16384).code(), ErrorCode::kNotFound);
+
+  // Another tenant (salt) or another id: nothing.
+  SnapshotKey other = key;
+  other.salt = saltFor("tenant-b");
+  EXPECT_FALSE(tier->hasSnapshot(other));
+  EXPECT_EQ(tier->getSnapshot(other).code(), ErrorCode::kNotFound);
+  EXPECT_EQ(tier->getSnapshot(SnapshotKey{key.fingerprint, key.salt, 8}).code(),
+            ErrorCode::kNotFound);
+  EXPECT_EQ(tier->eraseSnapshot(other, false).value(), false);
+
+  EXPECT_EQ(tier->eraseSnapshot(key, false).value(), true);
+  EXPECT_FALSE(tier->hasSnapshot(key));
+  EXPECT_EQ(tier->getSnapshotRecordInto(key, 1, got.data(), 16384).code(), ErrorCode::kNotFound)
+      << "its own records went with it";
+  EXPECT_TRUE(tier->contains(keyOf(1))) << "the block record is anyone's to keep";
+  EXPECT_EQ(tier->stats().snapshots, 0u);
+  EXPECT_EQ(tier->stats().snapshotsDropped, 0u) << "a drop, not a failure";
+  EXPECT_EQ(tier->eraseSnapshot(key, false).value(), false);
+}
+
+TEST(ColdTier, SealedBlocksAlreadyHeldAreNotWrittenAgain) {
+  TempDir dir;
+  auto tier = ColdTier::open({.path = dir.path()}).value();
+  ASSERT_TRUE(put(*tier, 1).ok());
+  const uint64_t written = tier->stats().written;
+  ASSERT_TRUE(putSnapshot(*tier, manifestOf(7)).ok());
+  EXPECT_EQ(tier->stats().written, written);
+  ASSERT_TRUE(putSnapshot(*tier, manifestOf(8)).ok());
+  EXPECT_EQ(tier->stats().snapshots, 2u);
+}
+
+TEST(ColdTier, ACorruptManifestIsDroppedWithItsRecordsAndCounted) {
+  TempDir dir;
+  auto tier = ColdTier::open({.path = dir.path()}).value();
+  const SnapshotManifest m = manifestOf(7), n = manifestOf(8);
+  ASSERT_TRUE(putSnapshot(*tier, m).ok());
+  ASSERT_TRUE(putSnapshot(*tier, n).ok());
+  const SnapshotKey key = snapshotKeyOf(m);
+  std::string value;
+  auto* db = tier->rawDb();
+  ASSERT_TRUE(
+      db->Get(rocksdb::ReadOptions(), tier->snapshotsFamily(), key.manifestKey(), &value).ok());
+  value[value.size() / 2] ^= 0x04;
+  ASSERT_TRUE(
+      db->Put(rocksdb::WriteOptions(), tier->snapshotsFamily(), key.manifestKey(), value).ok());
+  EXPECT_EQ(tier->getSnapshot(key).code(), ErrorCode::kChecksumMismatch);
+  EXPECT_EQ(tier->stats().snapshotsDropped, 1u);
+  EXPECT_FALSE(tier->hasSnapshot(key));
+  EXPECT_EQ(tier->getSnapshot(key).code(), ErrorCode::kNotFound) << "dropped, not retried";
+  std::vector<uint8_t> got(16384);
+  EXPECT_EQ(tier->getSnapshotRecordInto(key, 1, got.data(), 16384).code(), ErrorCode::kNotFound);
+  EXPECT_EQ(tier->getSnapshot(snapshotKeyOf(n)).value(), n) << "neighbours unharmed";
+}
+
+TEST(ColdTier, ACorruptOwnRecordIsAChecksumMismatchAndCounted) {
+  TempDir dir;
+  auto tier = ColdTier::open({.path = dir.path()}).value();
+  const SnapshotManifest m = manifestOf(7);
+  ASSERT_TRUE(putSnapshot(*tier, m).ok());
+  const SnapshotKey key = snapshotKeyOf(m);
+  auto* db = tier->rawDb();
+  std::string value;
+  ASSERT_TRUE(
+      db->Get(rocksdb::ReadOptions(), tier->snapshotsFamily(), key.recordKey(1), &value).ok());
+  value[value.size() - 10] ^= 0x01;
+  ASSERT_TRUE(
+      db->Put(rocksdb::WriteOptions(), tier->snapshotsFamily(), key.recordKey(1), value).ok());
+  std::vector<uint8_t> got(16384);
+  EXPECT_EQ(tier->getSnapshotRecordInto(key, 1, got.data(), 16384).code(),
+            ErrorCode::kChecksumMismatch);
+  EXPECT_EQ(tier->stats().corruptDropped, 1u);
+  // One slot's record stored under another slot: its header names the other one.
+  std::string state;
+  ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), tier->snapshotsFamily(),
+                      key.recordKey(checkpointSlot(0)), &state)
+                  .ok());
+  ASSERT_TRUE(
+      db->Put(rocksdb::WriteOptions(), tier->snapshotsFamily(), key.recordKey(2), state).ok());
+  got.resize(1000);
+  EXPECT_EQ(tier->getSnapshotRecordInto(key, 2, got.data(), 1000).code(),
+            ErrorCode::kChecksumMismatch);
+}
+
+TEST(ColdTier, SnapshotIdFloorIsAboveTheStoredLimitAndEveryManifest) {
+  TempDir dir;
+  {
+    auto tier = ColdTier::open({.path = dir.path()}).value();
+    EXPECT_EQ(tier->snapshotIdFloor(), 1u);
+    ASSERT_TRUE(tier->storeSnapshotIdLimit(100).ok());
+  }
+  {
+    auto tier = ColdTier::open({.path = dir.path()}).value();
+    EXPECT_EQ(tier->snapshotIdFloor(), 100u);
+    ASSERT_TRUE(putSnapshot(*tier, manifestOf(500)).ok());  // one that outran the limit
+    ASSERT_TRUE(putSnapshot(*tier, manifestOf(30, saltFor("tenant-b"))).ok());
+  }
+  {
+    auto tier = ColdTier::open({.path = dir.path()}).value();
+    EXPECT_EQ(tier->snapshotIdFloor(), 501u);
+    EXPECT_EQ(tier->stats().snapshots, 2u);
+  }
+  {
+    // An unreadable limit: ids handed out before can no longer be told apart; refuse to open.
+    rocksdb::DB* raw = nullptr;
+    std::vector<rocksdb::ColumnFamilyHandle*> handles;
+    rocksdb::DBOptions options;
+    std::vector<rocksdb::ColumnFamilyDescriptor> families = {
+        {rocksdb::kDefaultColumnFamilyName, {}}, {"blocks", {}}, {"snapshots", {}}, {"meta", {}}};
+    ASSERT_TRUE(rocksdb::DB::Open(options, dir.path(), families, &handles, &raw).ok());
+    std::unique_ptr<rocksdb::DB> db(raw);
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[3], "snapshot_id_limit", "12x").ok());
+    for (auto* h : handles) (void)db->DestroyColumnFamilyHandle(h);
+  }
+  EXPECT_EQ(ColdTier::open({.path = dir.path()}).code(), ErrorCode::kUnavailable);
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -406,48 +406,66 @@ class SpaceImpl final : public rpc::Space::Server {
     return kj::READY_NOW;
   }
 
+  // Snapshot calls: a new snapshot is written to the cold tier behind the call (kickSpill); an
+  // id unknown in memory may be a snapshot on disk (after a restart), brought back first.
   kj::Promise<void> snapshot(SnapshotContext context) override {
-    auto p = context.getParams();
-    setSnapshot(context.getResults().initSnapshot(),
-                orThrow(engine_.snapshot(space_, text(p.getSeq()), p.getFrom())));
-    return kj::READY_NOW;
+    return whenRoom([this, context]() mutable {
+      auto p = context.getParams();
+      setSnapshot(context.getResults().initSnapshot(),
+                  orThrow(engine_.snapshot(space_, text(p.getSeq()), p.getFrom())));
+      kickSpill(cold_);
+    });
   }
 
   kj::Promise<void> restore(RestoreContext context) override {
-    return whenRoom([this, context]() mutable {
-      auto p = context.getParams();
-      std::optional<SnapshotId> snap;
-      if (p.getSnapshot() != 0) snap = p.getSnapshot();
-      orThrow(engine_.restore(owner_, space_, text(p.getSeq()), snap, p.getTarget(),
-                              optionsFrom(p.getOptions())));
+    const SnapshotId id = context.getParams().getSnapshot();
+    return withSnapshots({id}, [this, context]() mutable {
+      return whenRoom([this, context]() mutable {
+        auto p = context.getParams();
+        std::optional<SnapshotId> snap;
+        if (p.getSnapshot() != 0) snap = p.getSnapshot();
+        orThrow(engine_.restore(owner_, space_, text(p.getSeq()), snap, p.getTarget(),
+                                optionsFrom(p.getOptions())));
+      });
     });
   }
 
   kj::Promise<void> mergeSnapshots(MergeSnapshotsContext context) override {
-    return whenRoom([this, context]() mutable {
-      auto p = context.getParams();
-      setSnapshot(context.getResults().initSnapshot(),
-                  orThrow(engine_.mergeSnapshots(space_, p.getA(), p.getB())));
+    const auto p = context.getParams();
+    return withSnapshots({p.getA(), p.getB()}, [this, context]() mutable {
+      return whenRoom([this, context]() mutable {
+        auto p = context.getParams();
+        setSnapshot(context.getResults().initSnapshot(),
+                    orThrow(engine_.mergeSnapshots(space_, p.getA(), p.getB())));
+        kickSpill(cold_);
+      });
     });
   }
 
   kj::Promise<void> splitSnapshot(SplitSnapshotContext context) override {
-    auto p = context.getParams();
-    auto [left, right] = orThrow(engine_.splitSnapshot(space_, p.getSnapshot(), p.getAt()));
-    setSnapshot(context.getResults().initLeft(), left);
-    setSnapshot(context.getResults().initRight(), right);
-    return kj::READY_NOW;
+    return withSnapshots({context.getParams().getSnapshot()}, [this, context]() mutable {
+      return whenRoom([this, context]() mutable {
+        auto p = context.getParams();
+        auto [left, right] = orThrow(engine_.splitSnapshot(space_, p.getSnapshot(), p.getAt()));
+        setSnapshot(context.getResults().initLeft(), left);
+        setSnapshot(context.getResults().initRight(), right);
+        kickSpill(cold_);
+      });
+    });
   }
 
   kj::Promise<void> snapshotInfo(SnapshotInfoContext context) override {
-    setSnapshot(context.getResults().initSnapshot(),
-                orThrow(engine_.snapshotInfo(space_, context.getParams().getSnapshot())));
-    return kj::READY_NOW;
+    return withSnapshots({context.getParams().getSnapshot()}, [this, context]() mutable {
+      setSnapshot(context.getResults().initSnapshot(),
+                  orThrow(engine_.snapshotInfo(space_, context.getParams().getSnapshot())));
+      return kj::Promise<void>(kj::READY_NOW);
+    });
   }
 
   kj::Promise<void> dropSnapshot(DropSnapshotContext context) override {
-    orThrow(engine_.dropSnapshot(space_, context.getParams().getSnapshot()));
-    kickSpill(cold_);
+    const SnapshotId id = context.getParams().getSnapshot();
+    if (cold_) return cold_->dropSnapshot(space_, id);  // in memory, on disk, or both
+    orThrow(engine_.dropSnapshot(space_, id));
     return kj::READY_NOW;
   }
 
@@ -495,7 +513,8 @@ class SpaceImpl final : public rpc::Space::Server {
 
   // Runs `attempt`, which fills the call's results or throws. When it fails with FULL while the
   // pool holds blocks that may go once they are on disk, waits for the spill batch in flight and
-  // tries again (bounded), instead of failing a call that memory can serve in a moment.
+  // tries again (bounded), instead of failing a call that memory can serve in a moment; likewise
+  // for UNAVAILABLE while snapshot ids are being reserved (ColdService::whenRetryable).
   template <typename Attempt>
   kj::Promise<void> whenRoom(Attempt attempt, int tries = 0) {
     KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] { attempt(); })) {
@@ -509,16 +528,31 @@ class SpaceImpl final : public rpc::Space::Server {
           });
         }
       }
-      if (cold_ && tries < ColdService::kMaxRoomWaits &&
-          fromKjException(*e).code() == ErrorCode::kFull && cold_->canMakeRoom()) {
-        cold_->kick();
-        return cold_->whenSpillSettles().then([this, attempt = kj::mv(attempt), tries]() mutable {
-          return whenRoom(kj::mv(attempt), tries + 1);
-        });
+      if (cold_ && tries < ColdService::kMaxRoomWaits) {
+        KJ_IF_MAYBE (wait, cold_->whenRetryable(fromKjException(*e).code())) {
+          return wait->then([this, attempt = kj::mv(attempt), tries]() mutable {
+            return whenRoom(kj::mv(attempt), tries + 1);
+          });
+        }
       }
       return kj::mv(*e);
     }
     return kj::READY_NOW;
+  }
+
+  // Brings the snapshots among `ids` that memory does not hold back from the cold tier, if it
+  // has them (after a restart), then runs `next` (which returns a promise). A snapshot that
+  // cannot be brought back fails the call with its typed error and changes nothing.
+  template <typename Next>
+  kj::Promise<void> withSnapshots(std::initializer_list<SnapshotId> ids, Next next) {
+    kj::Vector<kj::Promise<void>> loads;
+    if (cold_) {
+      for (SnapshotId id : ids) {
+        if (id != 0 && !engine_.hasSnapshot(space_, id)) loads.add(cold_->loadSnapshot(space_, id));
+      }
+    }
+    if (loads.empty()) return next();
+    return kj::joinPromises(loads.releaseAsArray()).then(kj::mv(next));
   }
 
   template <typename Results>
@@ -635,6 +669,8 @@ class SessionImpl final : public rpc::Session::Server {
       out.setCorruptDropped(c.tier.corruptDropped);
       out.setSpillErrors(c.spillErrors);
       out.setColdEvicted(c.tier.capacityEvicted);
+      out.setColdSnapshots(c.tier.snapshots);
+      out.setColdSnapshotsDropped(c.tier.snapshotsDropped);
     }
     auto spaces = out.initSpaces(s.spaces.size());
     for (uint32_t i = 0; i < s.spaces.size(); ++i) {
@@ -796,6 +832,10 @@ std::string Server::metricsText() {
     counter("kvtier_cold_capacity_evicted_total", "Records dropped for the disk bound.",
             c.tier.capacityEvicted);
     gauge("kvtier_cold_spill_paused", "1 while spilling is paused by disk errors.", c.spillPaused);
+    gauge("kvtier_cold_snapshots", "Snapshot manifests held on disk.", c.tier.snapshots);
+    counter("kvtier_cold_snapshots_dropped_total",
+            "Snapshots dropped from disk: their manifest or a record they need failed or was gone.",
+            c.tier.snapshotsDropped);
   }
   return out;
 }

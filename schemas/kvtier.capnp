@@ -135,11 +135,13 @@ struct Stats {
   spillErrors @24 :UInt64;      # spill batches that failed (full or failing disk)
   evictedUnspilled @25 :UInt64; # blocks dropped while spilling was paused
   coldEvicted @26 :UInt64;      # records dropped for the cold tier's capacity bound
+  coldSnapshots @27 :UInt64;    # snapshot manifests held on disk (snapshots that survive a restart)
+  coldSnapshotsDropped @28 :UInt64;  # snapshots dropped from disk: their manifest or a record they need failed its checks or was gone
   # GPU pools (blocksTotal and blocksUsed above count the host pool).
-  gpuBlocksTotal @27 :UInt64;
-  gpuBlocksUsed @28 :UInt64;
-  gpuDemoted @29 :UInt64;       # blocks moved from a GPU pool to the host pool
-  gpuPromoted @30 :UInt64;      # blocks moved from the host pool to a GPU pool
+  gpuBlocksTotal @29 :UInt64;
+  gpuBlocksUsed @30 :UInt64;
+  gpuDemoted @31 :UInt64;       # blocks moved from a GPU pool to the host pool
+  gpuPromoted @32 :UInt64;      # blocks moved from the host pool to a GPU pool
 }
 
 interface Daemon {

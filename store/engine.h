@@ -28,6 +28,7 @@
 #include "store/eviction.h"
 #include "store/key_rotator.h"
 #include "store/limits.h"
+#include "store/snapshot_manifest.h"
 
 namespace kvtier {
 
@@ -107,6 +108,45 @@ struct PromoteTicket {
   BlockLocation location;
   SpaceId space = 0;
   Key128 key;
+};
+
+// Bytes a snapshot write reads in place: the first `bytes` of a block pinned until
+// finishSnapshotWrites.
+struct SnapshotBytes {
+  BlockLocation location;
+  uint32_t bytes = 0;
+  Key128 key = {};    // a sealed block: its content key
+  uint32_t slot = 0;  // a record of the snapshot's own: its slot (store/snapshot_manifest.h)
+};
+
+// A snapshot to write to the cold tier: its manifest, the sealed blocks it names (written unless
+// the cold tier holds them) and its own records (partial or unindexed blocks, checkpoints).
+struct SnapshotWrite {
+  SnapshotManifest manifest;
+  std::vector<SnapshotBytes> sealed = {};
+  std::vector<SnapshotBytes> own = {};
+  std::vector<BlockId> pinned = {};  // the engine's bookkeeping
+};
+
+// One block of a snapshot being rebuilt from its manifest: `bytes` bytes to read into `dest`,
+// from the cold tier's record of `key` (sealed) or from the snapshot's own record `slot`.
+struct SnapshotRead {
+  BlockLocation dest;
+  uint32_t bytes = 0;
+  bool sealed = false;
+  Key128 key = {};
+  uint32_t slot = 0;
+  BlockId block = kNoBlock;  // the engine's: the fresh block read into (pinned meanwhile)
+  size_t index = 0;          // the engine's: the manifest block (or checkpoint) it fills
+  bool checkpoint = false;   // the engine's
+};
+
+struct SnapshotLoad {
+  SpaceId space = 0;
+  SnapshotManifest manifest;
+  std::vector<SnapshotRead> reads = {};
+  // The engine's bookkeeping: the block of each manifest block and checkpoint, and every pin.
+  std::vector<BlockId> blocks = {}, checkpoints = {}, pinned = {};
 };
 
 struct LookupResult {
@@ -275,6 +315,38 @@ class Engine {
   // A block that someone took meanwhile (a sequence, a lease) stays where it was; the copy is
   // freed.
   void finishMoves(std::span<const MoveTicket> tickets, bool copied);
+  // --- Snapshot persistence (docs/cache-shapes.md). With a cold directory set, every new snapshot
+  // waits to be written (write-behind); a snapshot rebuilt from disk is written already.
+  // Snapshots waiting, oldest first, until they cover `maxBlocks` blocks (at least one snapshot
+  // when any waits). Their blocks stay pinned until finishSnapshotWrites.
+  std::vector<SnapshotWrite> takeSnapshotWrites(size_t maxBlocks);
+  // written: the snapshots, and the sealed blocks they name, are on disk. Otherwise they wait for
+  // the next try. Snapshots dropped meanwhile are skipped (their deletion is queued after).
+  void finishSnapshotWrites(std::span<const SnapshotWrite> writes, bool written);
+  size_t snapshotWriteBacklog() const { return unwrittenSnapshots_.size(); }  // a hint
+  // Written snapshots holding a sealed block whose record `held(space, key)` says is gone (the
+  // cold tier's capacity bound took it since) wait to be written again, record included. Returns
+  // how many. For a graceful shutdown: what memory still holds is kept.
+  size_t rewriteSnapshotsMissing(const std::function<bool(SpaceId, const Key128&)>& held);
+  bool hasSnapshot(SpaceId space, SnapshotId id) const;
+  // True when the snapshot's manifest is on disk or being written: dropping it must delete it.
+  bool snapshotOnDisk(SpaceId space, SnapshotId id) const;
+  // Snapshot ids: the next one is at least `next`; ids at or past `limit` are not handed out
+  // (UNAVAILABLE) until a higher limit is set. The daemon sets only limits it has persisted, so
+  // that no id is handed out twice across restarts. Without a limit set: unbounded.
+  void setSnapshotIds(SnapshotId next, SnapshotId limit);
+  SnapshotId nextSnapshotId() const { return nextSnapshot_; }
+  SnapshotId snapshotIdLimit() const { return snapshotIdLimit_; }
+  // Rebuilds a snapshot from its manifest in two steps around the reads. begin checks the
+  // manifest against the namespace (INVALID_ARGUMENT: it is not usable here), pins the sealed
+  // blocks still in memory and fresh blocks for the others (FULL when there is no room; nothing
+  // changed); NOT_SUPPORTED when a checkpoint is larger than this pool's extents; CONFLICT if
+  // the snapshot is in memory. The caller then reads every SnapshotRead.
+  Result<SnapshotLoad> beginSnapshotLoad(SpaceId space, SnapshotManifest manifest);
+  // readOk[i]: whether reads[i] was read. When all were, the snapshot exists again under its id;
+  // otherwise NOT_FOUND, and nothing changed but the sealed blocks that were read, which join
+  // the prefix index as promoted blocks. Releases every pin of the load.
+  Result<SnapshotInfo> finishSnapshotLoad(SnapshotLoad& load, std::span<const uint8_t> readOk);
 
   // Bytes of a sealed block of `space` named by a client reference. STALE_REFERENCE when the
   // generation no longer matches (the block was reused) or the block is no longer sealed;
@@ -310,6 +382,9 @@ class Engine {
     std::map<uint64_t, BlockId> checkpoints;  // in [from, to]
     SeqOptions options;
     bool clientKeyed = false, unindexed = false;
+    // Its manifest on disk (snapshot persistence): kNone without a cold tier.
+    enum class Disk : uint8_t { kNone, kWaiting, kWriting, kWritten };
+    Disk disk = Disk::kNone;
   };
   enum class LeaseKind : uint8_t { kSequence, kCheckpoint, kEntry };
   struct Space {
@@ -381,6 +456,12 @@ class Engine {
   void dropCheckpointsAfter(Sequence& seq, uint64_t pos);
   void dropAllCheckpoints(Sequence& seq);
   Result<SnapshotInfo> addSnapshot(Snapshot snap);
+  // UNAVAILABLE unless `n` more snapshot ids may be handed out.
+  Status checkSnapshotIds(uint64_t n) const;
+  const Snapshot* findSnapshot(SpaceId space, SnapshotId id) const;
+  // Indexes a block read back from the cold tier as the sealed block `key` of `space`; false
+  // when a twin is indexed already (the caller's block is then freed when unpinned).
+  bool indexPromoted(SpaceId space, const Key128& key, BlockId block);
   SnapshotInfo infoOf(SnapshotId id, const Snapshot& snap) const;
   Status middleRemove(SpaceId space, Sequence& seq, uint64_t begin, uint64_t end);
   void evict(BlockId victim);
@@ -416,6 +497,8 @@ class Engine {
   std::unordered_map<IndexKey, Entry, IndexKeyHash> entries_;
   std::unordered_map<SnapshotId, Snapshot> snapshots_;
   SnapshotId nextSnapshot_ = 1;
+  SnapshotId snapshotIdLimit_ = std::numeric_limits<SnapshotId>::max();
+  std::deque<SnapshotId> unwrittenSnapshots_;  // waiting for takeSnapshotWrites (hints)
   const KeyRotator* rotator_ = nullptr;
   const ColdDirectory* cold_ = nullptr;
   bool spillPaused_ = false;

@@ -82,18 +82,21 @@ Result<PromoteTicket> Engine::beginPromote(SpaceId space, const Key128& key) {
   return PromoteTicket{b, pool_.location(b), space, key};
 }
 
+bool Engine::indexPromoted(SpaceId space, const Key128& key, BlockId block) {
+  if (!index_.emplace(IndexKey{space, key}, block).second) return false;
+  BlockMeta& m = pool_[block];
+  m.state = BlockState::kSealed;
+  m.space = space;
+  m.key = key;
+  m.onDisk = true;  // its record is still there: dropping it again costs nothing
+  ++promoted_;
+  ++coldHits_;
+  return true;
+}
+
 void Engine::finishPromote(const PromoteTicket& ticket, bool ok) {
   if (ticket.block == kNoBlock) return;
-  BlockMeta& m = pool_[ticket.block];
-  if (ok && !index_.count(IndexKey{ticket.space, ticket.key})) {
-    index_.emplace(IndexKey{ticket.space, ticket.key}, ticket.block);
-    m.state = BlockState::kSealed;
-    m.space = ticket.space;
-    m.key = ticket.key;
-    m.onDisk = true;  // its record is still there: dropping it again costs nothing
-    ++promoted_;
-    ++coldHits_;
-  }
+  if (ok) (void)indexPromoted(ticket.space, ticket.key, ticket.block);
   unpin(ticket.block);  // a sealed block becomes evictable; a failed one is freed
 }
 

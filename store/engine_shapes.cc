@@ -10,17 +10,10 @@
 namespace kvtier {
 namespace {
 
+using engine_util::blobClassBytes;
 using engine_util::ceilDiv;
 using engine_util::checkName;
 using engine_util::invalid;
-
-// Blobs (checkpoints, entries) come in power-of-two size classes from 4 KiB, so that a handful of
-// classes serve every size (at most 2x slack).
-uint32_t blobClassBytes(uint64_t bytes) {
-  uint64_t c = 4096;
-  while (c < bytes) c <<= 1;
-  return static_cast<uint32_t>(c);
-}
 
 }  // namespace
 
@@ -34,13 +27,18 @@ SnapshotInfo Engine::infoOf(SnapshotId id, const Snapshot& snap) const {
 }
 
 Result<SnapshotInfo> Engine::addSnapshot(Snapshot snap) {
+  assert(nextSnapshot_ < snapshotIdLimit_);  // checkSnapshotIds came first
   const SnapshotId id = nextSnapshot_++;
+  // Write-behind: with a cold tier, the daemon writes its manifest (engine_snapshot_disk.cc).
+  snap.disk = cold_ ? Snapshot::Disk::kWaiting : Snapshot::Disk::kNone;
+  if (cold_) unwrittenSnapshots_.push_back(id);
   auto& stored = snapshots_.emplace(id, std::move(snap)).first->second;
   return infoOf(id, stored);
 }
 
 Result<SnapshotInfo> Engine::snapshot(SpaceId space, std::string_view name, uint64_t from) {
   if (auto s = checkSpace(space); !s) return s.error();
+  if (auto s = checkSnapshotIds(1); !s) return s.error();
   Sequence* seq = findSeq(space, name);
   if (!seq) return makeError(ErrorCode::kNotFound, "no sequence '", name, "'");
   const uint64_t length = seq->tokens.size();
@@ -229,6 +227,7 @@ Result<SnapshotInfo> Engine::mergeSnapshots(SpaceId space, SnapshotId aId, Snaps
   }
   const Snapshot& a = ai->second;
   const Snapshot& b = bi->second;
+  if (auto s = checkSnapshotIds(1); !s) return s.error();
   if (a.to != b.from) {
     return invalid("snapshots [", a.from, ", ", a.to, ") and [", b.from, ", ", b.to,
                    ") are not adjacent");
@@ -288,6 +287,7 @@ Result<std::pair<SnapshotInfo, SnapshotInfo>> Engine::splitSnapshot(SpaceId spac
     return makeError(ErrorCode::kNotFound, "no snapshot ", id);
   }
   const Snapshot& s = it->second;
+  if (auto ids = checkSnapshotIds(2); !ids) return ids.error();
   if (!s.checkpoints.empty()) {
     return makeError(ErrorCode::kNotSupported,
                      "a snapshot holding recurrent state cannot be split (no state at the cut)");

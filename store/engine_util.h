@@ -21,4 +21,12 @@ inline Status checkName(std::string_view name, const char* what) {
 
 inline uint64_t ceilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
+// Blobs (checkpoints, entries) come in power-of-two size classes from 4 KiB, so that a handful of
+// classes serve every size (at most 2x slack).
+inline uint32_t blobClassBytes(uint64_t bytes) {
+  uint64_t c = 4096;
+  while (c < bytes) c <<= 1;
+  return static_cast<uint32_t>(c);
+}
+
 }  // namespace kvtier::engine_util

@@ -1,5 +1,5 @@
-// Cold tier with real kvtierd processes: spill past memory, promote on lookup, keep the cache
-// across restarts (graceful and SIGKILL), and never serve a corrupt record.
+// Cold tier with real kvtierd processes: spill past memory, promote on lookup, keep the cache and
+// the snapshots across restarts (graceful and SIGKILL), and never serve a corrupt record.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -8,6 +8,9 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <optional>
 
 #include "daemon/cold_tier.h"
 #include "tests/test_support.h"
@@ -241,6 +244,321 @@ TEST(ColdIntegration, MetricsEndpointServesPrometheusText) {
     EXPECT_NE(page.find(line), std::string::npos) << line << " missing from:\n" << page;
   }
   EXPECT_NE(httpGet(daemon.metricsAddr(), "/other").find("404"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvtier
+
+// ---------------------------------------------------------------------------------------------
+// Snapshots across restarts: their manifests and the blocks they need are on disk (write-behind,
+// and flushed on SIGTERM), restores after a restart serve the same bytes, ids stay unique, and a
+// snapshot whose manifest or records are damaged or gone fails cleanly.
+
+namespace kvtier {
+namespace {
+
+constexpr uint64_t kSnapPool = 64 * kBlockBytes;
+
+std::vector<uint32_t> chatTokens() { return synthetic::tokens(7, 40); }  // 2 blocks + 8 tokens
+std::vector<uint32_t> recurrentTokens() { return synthetic::tokens(8, 24); }
+
+std::vector<uint32_t> chatPrefix(uint64_t n) {
+  const auto t = chatTokens();
+  return std::vector<uint32_t>(t.begin(), t.begin() + static_cast<ptrdiff_t>(n));
+}
+
+std::vector<uint8_t> stateBytes() {
+  std::vector<uint8_t> v(3000);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<uint8_t>(i * 13 + 5);
+  return v;
+}
+
+void putAll(Space& space, std::string_view seq, const std::vector<uint32_t>& t) {
+  const auto kv = synthetic::packedKv(testLayout(), t, 0, t.size());
+  auto r = space.put(seq, 0, t, kv.data(), kv.size(), {.detached = true});
+  ASSERT_TRUE(r.ok()) << seq << ": " << r.error();
+}
+
+// The packed KV of [0, length) of seq; empty if it cannot be read.
+std::vector<uint8_t> bytesOf(Space& space, std::string_view seq) {
+  auto g = space.get(seq);
+  if (!g) {
+    ADD_FAILURE() << "get " << seq << ": " << g.error();
+    return {};
+  }
+  std::vector<uint8_t> out(g->end() * testLayout().tokenKvBytes());
+  EXPECT_TRUE(g->copyTo(0, g->end(), out.data(), out.size()).ok());
+  return out;
+}
+
+std::vector<uint8_t> kvOf(const std::vector<uint32_t>& t) {
+  return synthetic::packedKv(testLayout(), t, 0, t.size());
+}
+
+struct Taken {
+  SnapshotInfo whole, tail, recurrent;
+};
+
+// Three snapshots: of a sequence ending in a partial block, of its tail from inside a block, and
+// of a recurrent sequence with a state checkpoint.
+Taken takeSnapshots(Space& space) {
+  Taken t;
+  putAll(space, "chat", chatTokens());
+  putAll(space, "rec", recurrentTokens());
+  const auto state = stateBytes();
+  EXPECT_TRUE(space.putCheckpoint("rec", 24, state.data(), state.size()).ok());
+  t.whole = space.snapshot("chat", 0).value();
+  t.tail = space.snapshot("chat", 20).value();
+  t.recurrent = space.snapshot("rec", 0).value();
+  EXPECT_EQ(t.recurrent.checkpoints, std::vector<uint64_t>{24});
+  return t;
+}
+
+// Restores the three after a restart, from a client that never saw them, and checks the bytes.
+void expectRestored(Space& space, const Taken& t) {
+  ASSERT_TRUE(space.restore("r1", t.whole.id, 40).ok());
+  EXPECT_EQ(bytesOf(space, "r1"), kvOf(chatTokens())) << "whole snapshot";
+
+  auto info = space.snapshotInfo(t.tail.id);
+  ASSERT_TRUE(info.ok()) << info.error();
+  EXPECT_EQ(info->from, 20u);
+  EXPECT_EQ(info->to, 40u);
+  const auto prefix = chatPrefix(20);
+  putAll(space, "r2", prefix);
+  ASSERT_TRUE(space.restore("r2", t.tail.id, 40).ok());
+  EXPECT_EQ(bytesOf(space, "r2"), kvOf(chatTokens())) << "tail snapshot onto its prefix";
+
+  auto restored = space.restore("r3", t.recurrent.id, 24);
+  ASSERT_TRUE(restored.ok()) << restored.error();
+  EXPECT_EQ(bytesOf(space, "r3"), kvOf(recurrentTokens()));
+  auto cp = space.getCheckpoint("r3", 24);
+  ASSERT_TRUE(cp.ok()) << cp.error();
+  EXPECT_EQ(std::vector<uint8_t>(cp->data().begin(), cp->data().end()), stateBytes());
+}
+
+TEST(ColdIntegration, SnapshotsSurviveAGracefulRestart) {
+  std::string dataDir;
+  Taken taken;
+  {
+    DaemonProcess first(kSnapPool, "", coldOn());
+    dataDir = first.dataDir();
+    auto client = first.connect();
+    auto space = client->open(testLayout()).value();
+    taken = takeSnapshots(*space);
+    // The bytes as served before the restart: the restore after must give the same.
+    ASSERT_TRUE(space->restore("before", taken.whole.id, 40).ok());
+    ASSERT_EQ(bytesOf(*space, "before"), kvOf(chatTokens()));
+    space.reset();
+    client.reset();
+    const int status = first.stop(SIGTERM);  // --flush-on-exit is on by default
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  }
+  DaemonProcess second(kSnapPool, dataDir, coldOn());
+  auto client = second.connect();
+  EXPECT_EQ(client->stats().value().coldSnapshots, 3u);
+  auto space = client->open(testLayout()).value();
+  expectRestored(*space, taken);
+  // A split and a merge of a snapshot from before the restart.
+  auto halves = space->splitSnapshot(taken.whole.id, 25);
+  ASSERT_TRUE(halves.ok()) << halves.error();
+  auto merged = space->mergeSnapshots(halves->first.id, halves->second.id);
+  ASSERT_TRUE(merged.ok()) << merged.error();
+  ASSERT_TRUE(space->restore("r4", merged->id, 40).ok());
+  EXPECT_EQ(bytesOf(*space, "r4"), kvOf(chatTokens()));
+  // New ids differ from every id handed out before the restart.
+  for (uint64_t id : {halves->first.id, halves->second.id, merged->id}) {
+    EXPECT_GT(id, std::max({taken.whole.id, taken.tail.id, taken.recurrent.id}));
+  }
+  // Dropped after the restart: gone from disk too.
+  ASSERT_TRUE(space->dropSnapshot(taken.tail.id).ok());
+  EXPECT_EQ(space->snapshotInfo(taken.tail.id).code(), ErrorCode::kNotFound);
+  EXPECT_EQ(space->dropSnapshot(taken.tail.id).code(), ErrorCode::kNotFound);
+  const Stats s = test::waitForStats(*client, [](const Stats& s) { return s.coldSnapshots == 5; });
+  EXPECT_EQ(s.coldSnapshots, 5u) << "3 before, one dropped, 3 new";
+  EXPECT_EQ(s.coldSnapshotsDropped, 0u);
+}
+
+TEST(ColdIntegration, SnapshotsWrittenBeforeASigkillAreRestoredWithTheSameBytes) {
+  std::string dataDir;
+  Taken taken;
+  {
+    DaemonProcess first(kSnapPool, "", coldOn());
+    dataDir = first.dataDir();
+    auto client = first.connect();
+    auto space = client->open(testLayout()).value();
+    taken = takeSnapshots(*space);
+    // Write-behind: wait until all three are on disk, then kill without a flush.
+    const Stats s =
+        test::waitForStats(*client, [](const Stats& s) { return s.coldSnapshots == 3; });
+    ASSERT_EQ(s.coldSnapshots, 3u);
+    first.stop(SIGKILL);
+  }
+  DaemonProcess second(kSnapPool, dataDir, coldOn());
+  auto client = second.connect();
+  auto space = client->open(testLayout()).value();
+  expectRestored(*space, taken);
+  EXPECT_EQ(client->stats().value().coldSnapshotsDropped, 0u);
+}
+
+TEST(ColdIntegration, ASigkillRightAfterASnapshotLeavesItWholeOrNotFoundAndItsIdUnused) {
+  std::string dataDir;
+  std::vector<uint64_t> ids;
+  {
+    DaemonProcess first(kSnapPool, "", coldOn());
+    dataDir = first.dataDir();
+    auto client = first.connect();
+    auto space = client->open(testLayout()).value();
+    putAll(*space, "chat", chatTokens());
+    for (uint64_t from : {0, 5, 17, 33}) ids.push_back(space->snapshot("chat", from).value().id);
+    first.stop(SIGKILL);  // the writes may or may not have happened
+  }
+  DaemonProcess second(kSnapPool, dataDir, coldOn());
+  auto client = second.connect();
+  auto space = client->open(testLayout()).value();
+  for (uint64_t id : ids) {
+    SCOPED_TRACE(::testing::Message() << "snapshot " << id);
+    auto info = space->snapshotInfo(id);
+    if (!info.ok()) {
+      EXPECT_EQ(info.code(), ErrorCode::kNotFound);
+      EXPECT_EQ(space->restore("r", id, 40).code(), ErrorCode::kNotFound);
+      continue;
+    }
+    const std::string seq = "r" + std::to_string(id);
+    const auto prefix = chatPrefix(info->from);
+    if (!prefix.empty()) putAll(*space, seq, prefix);
+    ASSERT_TRUE(space->restore(seq, id, 40).ok());
+    EXPECT_EQ(bytesOf(*space, seq), kvOf(chatTokens())) << "never wrong bytes";
+  }
+  // Ids are reserved on disk before they are handed out: none is handed out again.
+  putAll(*space, "new", chatTokens());
+  const uint64_t fresh = space->snapshot("new", 0).value().id;
+  for (uint64_t id : ids) EXPECT_NE(fresh, id);
+  EXPECT_GT(fresh, *std::max_element(ids.begin(), ids.end()));
+  EXPECT_EQ(client->stats().value().coldSnapshotsDropped, 0u);
+}
+
+// Flips one byte of a value in the snapshots column family: the manifest whose id is `id`
+// (manifest) or that snapshot's own record `slot`.
+void corruptSnapshotValue(const std::string& dataDir, uint64_t id, std::optional<uint32_t> slot) {
+  auto tier = ColdTier::open({.path = dataDir + "/cold", .capacityBytes = 0, .fileSystem = nullptr})
+                  .value();
+  const SnapshotKey key{testLayout().fingerprint(), saltFor("uid:" + std::to_string(getuid())), id};
+  ASSERT_TRUE(tier->hasSnapshot(key)) << "snapshot " << id << " is not on disk";
+  const std::string k = slot ? key.recordKey(*slot) : key.manifestKey();
+  auto* db = tier->rawDb();
+  std::string value;
+  ASSERT_TRUE(db->Get(rocksdb::ReadOptions(), tier->snapshotsFamily(), k, &value).ok());
+  value[value.size() - 3] ^= 0x10;
+  ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), tier->snapshotsFamily(), k, value).ok());
+}
+
+TEST(ColdIntegration, ACorruptManifestOrRecordFailsCleanlyChangesNothingAndIsCounted) {
+  std::string dataDir;
+  Taken taken;
+  {
+    DaemonProcess first(kSnapPool, "", coldOn());
+    dataDir = first.dataDir();
+    auto client = first.connect();
+    auto space = client->open(testLayout()).value();
+    taken = takeSnapshots(*space);
+    space.reset();
+    client.reset();
+    ASSERT_EQ(first.stop(SIGTERM), 0);
+  }
+  corruptSnapshotValue(dataDir, taken.whole.id, std::nullopt);           // the manifest
+  corruptSnapshotValue(dataDir, taken.recurrent.id, checkpointSlot(0));  // the state record
+  DaemonProcess second(kSnapPool, dataDir, coldOn());
+  auto client = second.connect();
+  auto space = client->open(testLayout()).value();
+  putAll(*space, "keep", chatTokens());
+  const auto before = bytesOf(*space, "keep");
+
+  EXPECT_EQ(space->restore("keep", taken.whole.id, 40).code(), ErrorCode::kChecksumMismatch);
+  EXPECT_EQ(space->restore("keep", taken.recurrent.id, 24).code(), ErrorCode::kChecksumMismatch);
+  EXPECT_EQ(bytesOf(*space, "keep"), before) << "a failed restore changes nothing";
+  EXPECT_EQ(space->length("keep").value().value_or(0), 40u);
+  // Dropped, not retried: they are gone now.
+  EXPECT_EQ(space->snapshotInfo(taken.whole.id).code(), ErrorCode::kNotFound);
+  EXPECT_EQ(space->restore("keep", taken.recurrent.id, 24).code(), ErrorCode::kNotFound);
+  const Stats s = client->stats().value();
+  EXPECT_EQ(s.coldSnapshotsDropped, 2u);
+  EXPECT_EQ(s.coldSnapshots, 1u);
+  EXPECT_GE(s.corruptDropped, 1u) << "the corrupt record";
+  EXPECT_EQ(s.blocksPinned, 0u);
+  // The undamaged one still restores.
+  const auto prefix = chatPrefix(20);
+  putAll(*space, "t", prefix);
+  ASSERT_TRUE(space->restore("t", taken.tail.id, 40).ok());
+  EXPECT_EQ(bytesOf(*space, "t"), kvOf(chatTokens()));
+}
+
+// The cold tier keeps 4 blocks: prompts written after a snapshot push its block records out.
+std::vector<std::string> smallDisk() {
+  return {"--cold-tier", "on", "--disk-bytes", std::to_string(4 * kBlockBytes)};
+}
+
+// Takes a snapshot, waits until it is on disk, then writes 3 prompts (12 block records) and waits
+// until the disk bound has evicted the snapshot's 2 block records (the oldest). Stops the daemon
+// with `signal`.
+void snapshotThenEvictItsBlocks(int signal, std::string* dataDir, SnapshotInfo* snap) {
+  DaemonProcess first(kSnapPool, "", smallDisk());
+  *dataDir = first.dataDir();
+  auto client = first.connect();
+  auto space = client->open(testLayout()).value();
+  putAll(*space, "chat", chatTokens());
+  *snap = space->snapshot("chat", 0).value();
+  ASSERT_EQ(test::waitForStats(*client, [](const Stats& s) { return s.coldSnapshots == 1; })
+                .coldSnapshots,
+            1u);
+  for (uint64_t i = 0; i < 3; ++i) putPrompt(*space, i);
+  ASSERT_GE(
+      test::waitForStats(*client, [](const Stats& s) { return s.coldEvicted >= 2; }).coldEvicted,
+      2u);
+  space.reset();
+  client.reset();
+  first.stop(signal);
+}
+
+TEST(ColdIntegration, ASnapshotWhoseBlocksTheDiskBoundEvictedIsNotFoundNeverPartial) {
+  std::string dataDir;
+  SnapshotInfo snap;
+  snapshotThenEvictItsBlocks(SIGKILL, &dataDir, &snap);  // no flush could write them again
+  DaemonProcess second(kSnapPool, dataDir, smallDisk());
+  auto client = second.connect();
+  auto space = client->open(testLayout()).value();
+  EXPECT_EQ(space->restore("r", snap.id, 40).code(), ErrorCode::kNotFound);
+  EXPECT_FALSE(space->length("r").value().has_value()) << "nothing was created";
+  const Stats s = client->stats().value();
+  EXPECT_EQ(s.coldSnapshotsDropped, 1u);
+  EXPECT_EQ(s.coldSnapshots, 0u);
+  EXPECT_EQ(s.blocksPinned, 0u);
+}
+
+TEST(ColdIntegration, AGracefulStopWritesAgainTheBlocksOfSnapshotsTheDiskBoundEvicted) {
+  std::string dataDir;
+  SnapshotInfo snap;
+  snapshotThenEvictItsBlocks(SIGTERM, &dataDir, &snap);  // memory still holds them: kept
+  DaemonProcess second(kSnapPool, dataDir, smallDisk());
+  auto client = second.connect();
+  auto space = client->open(testLayout()).value();
+  auto restored = space->restore("r", snap.id, 40);
+  ASSERT_TRUE(restored.ok()) << restored.error();
+  EXPECT_EQ(bytesOf(*space, "r"), kvOf(chatTokens()));
+  EXPECT_EQ(client->stats().value().coldSnapshotsDropped, 0u);
+}
+
+TEST(ColdIntegration, SnapshotCountersInStatsJsonAndMetrics) {
+  DaemonProcess daemon(kSnapPool, "", {"--cold-tier", "on", "--metrics-addr", "127.0.0.1:0"});
+  auto client = daemon.connect();
+  auto space = client->open(testLayout()).value();
+  putAll(*space, "chat", chatTokens());
+  ASSERT_TRUE(space->snapshot("chat", 0).ok());
+  const Stats s = test::waitForStats(*client, [](const Stats& s) { return s.coldSnapshots == 1; });
+  EXPECT_NE(s.toJson().find("\"snapshots\": 1, \"snapshots_dropped\": 0"), std::string::npos)
+      << s.toJson();
+  const std::string page = httpGet(daemon.metricsAddr(), "/metrics");
+  EXPECT_NE(page.find("kvtier_cold_snapshots 1"), std::string::npos) << page;
+  EXPECT_NE(page.find("kvtier_cold_snapshots_dropped_total 0"), std::string::npos) << page;
 }
 
 }  // namespace

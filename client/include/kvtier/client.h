@@ -83,6 +83,9 @@ struct Stats {
   // Cold tier (RocksDB).
   uint64_t spilled = 0, promoted = 0, coldRecords = 0, coldBytes = 0, corruptDropped = 0;
   uint64_t spillErrors = 0, evictedUnspilled = 0, coldEvicted = 0;
+  // Snapshots on disk (they survive a restart), and those dropped because their manifest or a
+  // record they need failed its checks or was gone.
+  uint64_t coldSnapshots = 0, coldSnapshotsDropped = 0;
   // GPU pools (blocksTotal and blocksUsed above count the host pool).
   uint64_t gpuBlocksTotal = 0, gpuBlocksUsed = 0, gpuDemoted = 0, gpuPromoted = 0;
   std::vector<SpaceStats> spaces;
