@@ -36,20 +36,12 @@ ColdService::ColdService(Engine& engine, std::unique_ptr<ColdTier> tier, kj::Tim
       timer_(timer),
       spillRetryDelay_(spillRetryDelay),
       tasks_(*this) {
-  std::promise<void> ready;
-  worker_ = std::thread([this, &ready] {
-    // Spills and promotes yield the CPU to the event loop: hot lookups must not wait behind disk
-    // work on a small machine (Linux niceness is per thread).
-    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
-    kj::EventLoop loop;
-    kj::WaitScope waitScope(loop);
-    auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
-    workerExecutor_ = &kj::getCurrentThreadExecutor();
-    stopWorker_ = kj::mv(paf.fulfiller);
-    ready.set_value();
-    paf.promise.wait(waitScope);
-  });
-  ready.get_future().wait();
+  // Two workers: background writes (spill, snapshot writes and deletes, in order) at idle
+  // priority, so that they never take a core from the event loop serving hot lookups; and reads
+  // a lookup or restore waits for (promotes, snapshot loads), at normal priority, never queued
+  // behind a write batch.
+  writer_ = std::make_unique<WorkerThread>(WorkerThread::Priority::kIdle);
+  reader_ = std::make_unique<WorkerThread>(WorkerThread::Priority::kNormal);
   // Snapshot ids start above everything an earlier run may have handed out, and none is handed
   // out before its chunk is reserved on disk (if this write fails, the first snapshot call
   // tries again).
@@ -63,8 +55,8 @@ ColdService::ColdService(Engine& engine, std::unique_ptr<ColdTier> tier, kj::Tim
 
 ColdService::~ColdService() {
   engine_.setColdDirectory(nullptr);
-  stopWorker_->fulfill();
-  worker_.join();
+  writer_.reset();
+  reader_.reset();
 }
 
 bool ColdService::canMakeRoom() const {
@@ -89,7 +81,7 @@ void ColdService::kickSpill() {
         ColdRecord{ColdKey{item.fingerprint, item.salt, item.key}, data, item.location.bytes});
   }
   // The blocks stay pinned until spillFinished: the worker reads them in place.
-  auto written = workerExecutor_->executeAsync(
+  auto written = writer_->executor().executeAsync(
       [this, records = std::move(records)]() { return tier_->putBatch(records).ok(); });
   tasks_.add(written.then(
       [this, batch = std::move(batch)](bool ok) mutable { spillFinished(std::move(batch), ok); }));
@@ -153,7 +145,7 @@ kj::Promise<void> ColdService::promoteOne(SpaceId space, Key128 key, int waits) 
   const ColdKey coldKey{sp.fingerprint, sp.salt, key};
   uint8_t* dest = engine_.memory().extentBase(ticket->location.extent) + ticket->location.offset;
   const uint32_t bytes = ticket->location.bytes;
-  auto read = workerExecutor_->executeAsync([this, coldKey, dest, bytes]() {
+  auto read = reader_->executor().executeAsync([this, coldKey, dest, bytes]() {
     // Missing, corrupt or of the wrong size: a miss (the lookup stops before this block).
     return tier_->getInto(coldKey, dest, bytes).ok();
   });
@@ -274,7 +266,7 @@ void ColdService::writeSnapshots() {
   snapshotWriteInFlight_ = true;
   // The writes' blocks stay pinned until snapshotsWritten: the worker reads them in place, and
   // the puts point into *writes, which both closures keep alive.
-  auto written = workerExecutor_->executeAsync([this, writes, batch = snapshotPuts(*writes)]() {
+  auto written = writer_->executor().executeAsync([this, writes, batch = snapshotPuts(*writes)]() {
     return batch.write(engine_.memory(), *tier_);
   });
   tasks_.add(written.then([this, writes](bool ok) { snapshotsWritten(*writes, ok); }));
@@ -303,7 +295,7 @@ void ColdService::reserveSnapshotIds() {
   if (reservingIds_ || closing_ || limit - next >= kSnapshotIdChunk / 2) return;
   reservingIds_ = true;
   const SnapshotId newLimit = next + kSnapshotIdChunk;
-  auto stored = workerExecutor_->executeAsync(
+  auto stored = reader_->executor().executeAsync(
       [this, newLimit]() { return tier_->storeSnapshotIdLimit(newLimit).ok(); });
   tasks_.add(stored.then([this, newLimit](bool ok) {
     reservingIds_ = false;
@@ -332,8 +324,9 @@ kj::Promise<void> ColdService::loadSnapshot(SpaceId space, SnapshotId id) {
   const std::string name = loadKey(space, id);
   KJ_IF_MAYBE (going, loadInFlight(name)) return going->promise.addBranch();  // coalesce
   const SnapshotKey key = snapshotKey(space, id);
-  if (!tier_->hasSnapshot(key)) return kj::READY_NOW;  // nowhere: the engine answers NOT_FOUND
-  auto read = workerExecutor_->executeAsync([this, key]() {
+  // Nowhere (or dropped, its deletion still queued): the engine answers NOT_FOUND.
+  if (erasing_.count(name) || !tier_->hasSnapshot(key)) return kj::READY_NOW;
+  auto read = reader_->executor().executeAsync([this, key]() {
     // A manifest that fails its checks is dropped (and counted) by the tier.
     auto manifest = tier_->getSnapshot(key);
     if (!manifest) throwRpcError(manifest.error());
@@ -417,7 +410,7 @@ kj::Promise<void> ColdService::loadBlocks(SpaceId space, SnapshotKey key,
     std::string message = {};
   };
   // The fresh blocks stay pinned until finishSnapshotLoad: the worker writes them in place.
-  auto read = workerExecutor_->executeAsync([this, key, jobs = std::move(jobs)]() {
+  auto read = reader_->executor().executeAsync([this, key, jobs = std::move(jobs)]() {
     Outcome out{std::vector<uint8_t>(jobs.size(), 0)};
     for (size_t i = 0; i < jobs.size(); ++i) {
       const Job& j = jobs[i];
@@ -452,8 +445,8 @@ kj::Promise<void> ColdService::loadBlocks(SpaceId space, SnapshotKey key,
 
 kj::Promise<void> ColdService::dropBroken(SnapshotKey key, Error why) {
   logWarn("snapshot_dropped", "id=" + std::to_string(key.id) + " reason=\"" + why.message() + "\"");
-  return workerExecutor_
-      ->executeAsync([this, key]() { (void)tier_->eraseSnapshot(key, /*broken=*/true); })
+  return reader_->executor()
+      .executeAsync([this, key]() { (void)tier_->eraseSnapshot(key, /*broken=*/true); })
       .then([why = std::move(why)]() -> kj::Promise<void> { return toKjException(why); });
 }
 
@@ -472,15 +465,23 @@ kj::Promise<void> ColdService::dropSnapshot(SpaceId space, SnapshotId id) {
     if (onDisk) {
       // Queued after any write of it in flight (the worker runs its tasks in order): the delete
       // comes last, and nothing can write it again (the engine no longer holds it).
-      tasks_.add(workerExecutor_->executeAsync(
-          [this, key]() { (void)tier_->eraseSnapshot(key, /*broken=*/false); }));
+      // Until it has run, the snapshot counts as gone (a load must not bring it back).
+      const std::string name = loadKey(space, id);
+      erasing_.insert(name);
+      tasks_.add(writer_->executor()
+                     .executeAsync([this, key]() { (void)tier_->eraseSnapshot(key, false); })
+                     .then([this, name]() { erasing_.erase(name); },
+                           [this, name](kj::Exception&& e) {
+                             erasing_.erase(name);
+                             kj::throwFatalException(kj::mv(e));
+                           }));
     }
     kick();
     return kj::READY_NOW;
   }
-  if (!tier_->hasSnapshot(key))
+  if (erasing_.count(loadKey(space, id)) || !tier_->hasSnapshot(key))
     return toKjException(makeError(ErrorCode::kNotFound, "no snapshot ", id));
-  return workerExecutor_->executeAsync([this, key, id]() {
+  return reader_->executor().executeAsync([this, key, id]() {
     auto erased = tier_->eraseSnapshot(key, /*broken=*/false);
     if (!erased) throwRpcError(erased.error());
     if (!*erased) throwRpcError(makeError(ErrorCode::kNotFound, "no snapshot ", id));

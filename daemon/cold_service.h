@@ -26,11 +26,13 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "daemon/cold_tier.h"
+#include "daemon/worker_thread.h"
 #include "store/cold_directory.h"
 #include "store/engine.h"
 
@@ -137,9 +139,9 @@ class ColdService final : private kj::TaskSet::ErrorHandler {
   ColdTierDirectory directory_;
   kj::Timer& timer_;
   kj::Duration spillRetryDelay_;
-  std::thread worker_;
-  const kj::Executor* workerExecutor_ = nullptr;
-  kj::Own<kj::CrossThreadPromiseFulfiller<void>> stopWorker_;  // ends the worker's loop
+  std::unique_ptr<WorkerThread> writer_;  // spill and snapshot writes/deletes, idle priority
+  std::unique_ptr<WorkerThread> reader_;  // promotes, snapshot loads, id reservations
+  std::set<std::string> erasing_;  // snapshots dropped whose deletion on disk is still queued
   bool spillInFlight_ = false;
   bool paused_ = false;
   uint64_t spillErrors_ = 0;

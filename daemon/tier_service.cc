@@ -1,7 +1,5 @@
 #include "daemon/tier_service.h"
 
-#include <future>
-
 #include "daemon/log.h"
 
 namespace kvtier {
@@ -13,24 +11,12 @@ TierService::TierService(Engine& engine, BlockCopier copier, std::vector<uint8_t
       gpuTiers_(std::move(gpuTiers)),
       lowWater_(lowWater),
       tasks_(*this) {
-  std::promise<void> ready;
-  worker_ = std::thread([this, &ready] {
-    kj::EventLoop loop;
-    kj::WaitScope waitScope(loop);
-    auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
-    workerExecutor_ = &kj::getCurrentThreadExecutor();
-    stopWorker_ = kj::mv(paf.fulfiller);
-    ready.set_value();
-    paf.promise.wait(waitScope);
-  });
-  ready.get_future().wait();
   engine_.setGpuDemotion(true);
 }
 
 TierService::~TierService() {
   engine_.setGpuDemotion(false);
-  stopWorker_->fulfill();
-  worker_.join();
+  worker_.reset();
 }
 
 kj::Promise<bool> TierService::copyOnWorker(const std::vector<MoveTicket>& tickets) {
@@ -43,8 +29,8 @@ kj::Promise<bool> TierService::copyOnWorker(const std::vector<MoveTicket>& ticke
   }
   // Both ends of every copy stay pinned until finishMoves: the worker reads and writes in place.
   // A copy that throws, or a worker that is gone, is a failed copy: the moves still finish.
-  return workerExecutor_
-      ->executeAsync([this, copies = std::move(copies)]() { return copier_(copies); })
+  return worker_->executor()
+      .executeAsync([this, copies = std::move(copies)]() { return copier_(copies); })
       .catch_([](kj::Exception&& e) {
         logWarn("tier_copy_failed", e.getDescription().cStr());
         return false;

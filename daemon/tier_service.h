@@ -17,9 +17,9 @@
 #include <functional>
 #include <memory>
 #include <span>
-#include <thread>
 #include <vector>
 
+#include "daemon/worker_thread.h"
 #include "store/engine.h"
 
 namespace kvtier {
@@ -59,9 +59,7 @@ class TierService final : private kj::TaskSet::ErrorHandler {
   BlockCopier copier_;
   std::vector<uint8_t> gpuTiers_;
   double lowWater_;
-  std::thread worker_;
-  const kj::Executor* workerExecutor_ = nullptr;
-  kj::Own<kj::CrossThreadPromiseFulfiller<void>> stopWorker_;
+  std::unique_ptr<WorkerThread> worker_ = std::make_unique<WorkerThread>();
   bool inFlight_ = false;
   std::vector<kj::Own<kj::PromiseFulfiller<void>>> settleWaiters_;
   kj::TaskSet tasks_;
