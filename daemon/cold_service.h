@@ -139,7 +139,7 @@ class ColdService final : private kj::TaskSet::ErrorHandler {
   ColdTierDirectory directory_;
   kj::Timer& timer_;
   kj::Duration spillRetryDelay_;
-  std::unique_ptr<WorkerThread> writer_;  // spill and snapshot writes/deletes, idle priority
+  std::unique_ptr<WorkerThread> writer_;  // spill and snapshot writes/deletes, niceness 10
   std::unique_ptr<WorkerThread> reader_;  // promotes, snapshot loads, id reservations
   std::set<std::string> erasing_;  // snapshots dropped whose deletion on disk is still queued
   bool spillInFlight_ = false;

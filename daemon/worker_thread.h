@@ -13,9 +13,10 @@ class WorkerThread {
  public:
   enum class Priority {
     kNormal,
-    // SCHED_IDLE: runs only on CPU time nothing else wants, and any other thread that wakes
-    // preempts it. For background writes that must never delay a lookup.
-    kIdle,
+    // Niceness 10: a small share of a busy CPU (about a tenth of a normal thread's), so that
+    // background writes yield to the event loop but still progress on a loaded node. (SCHED_IDLE
+    // was measured too: no better for hot lookups on 2 cores, and it can starve spilling.)
+    kBackground,
   };
 
   explicit WorkerThread(Priority priority = Priority::kNormal);
