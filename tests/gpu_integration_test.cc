@@ -102,15 +102,5 @@ TEST(GpuIntegration, DemotionToHostAndPromotionBackKeepTheBytes) {
   }
 }
 
-TEST(GpuIntegration, OpeningADeviceWithoutAPoolIsRefused) {
-  SKIP_WITHOUT_GPU();
-  DaemonProcess daemon;  // --gpus none
-  auto client = daemon.connect();
-  EXPECT_TRUE(client->devices().empty());
-  auto space = client->open(testLayout(), OpenOptions{.device = 0});
-  ASSERT_FALSE(space.ok());
-  EXPECT_EQ(space.error().code(), ErrorCode::kInvalidArgument);
-}
-
 }  // namespace
 }  // namespace kvtier::test

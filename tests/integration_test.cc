@@ -409,5 +409,24 @@ TEST(Integration, CheckpointsAndEntriesTravelThroughThePoolAndInline) {
   }
 }
 
+// A space opened on a GPU device the daemon has no pool for (here: a daemon started with --gpus
+// none) is refused, typed: INVALID_ARGUMENT from the daemon, or NOT_SUPPORTED from a client built
+// without CUDA. Needs no GPU.
+TEST(Integration, OpeningASpaceOnADeviceWithoutAPoolIsRefused) {
+  test::DaemonProcess daemon;
+  auto client = daemon.connect();
+  EXPECT_TRUE(client->devices().empty());
+  auto space = client->open(test::testLayout(), OpenOptions{.device = 0});
+  ASSERT_FALSE(space.ok());
+#ifdef KVTIER_HAVE_CUDA
+  EXPECT_EQ(space.error().code(), ErrorCode::kInvalidArgument) << space.error();
+#else
+  EXPECT_EQ(space.error().code(), ErrorCode::kNotSupported) << space.error();
+#endif
+  EXPECT_EQ(client->stats().value().gpuBlocksTotal, 0u);
+  // The session still works on the host pool.
+  EXPECT_TRUE(client->open(test::testLayout()).ok());
+}
+
 }  // namespace
 }  // namespace kvtier
