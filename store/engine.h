@@ -234,6 +234,7 @@ class Engine {
   // Middle ranges (end < length) need the layout's RoPE scheme and a KeyRotator: later tokens move
   // down and their K is re-rotated; the moved KV is no longer what a prefill of the shortened
   // tokens would give, so from `begin` on the sequence's blocks never enter the prefix index.
+  // The re-rotated blocks are host blocks (GPU blocks are read through a host copy).
   Status remove(SpaceId space, std::string_view seq, uint64_t begin, uint64_t end);
   Status truncate(SpaceId space, std::string_view seq, uint64_t len);
   Result<bool> canResume(SpaceId space, std::string_view seq, uint64_t pos);

@@ -459,13 +459,6 @@ Status Engine::middleRemove(SpaceId space, Sequence& seq, uint64_t begin, uint64
   const uint64_t length = seq.tokens.size(), shift = end - begin, newLength = length - shift;
   const size_t first = begin / bt;
   const size_t count = ceilDiv(newLength, bt) - first;
-  for (size_t i = first; i < seq.blocks.size(); ++i) {
-    if (seq.blocks[i] != kNoBlock && !memory_.hostAddressable(pool_[seq.blocks[i]].extent)) {
-      return makeError(ErrorCode::kNotSupported,
-                       "the range's blocks are in GPU memory: middle removal re-rotates host "
-                       "blocks only");
-    }
-  }
   std::vector<BlockId> fresh;
   if (!allocateMany(space, count, fresh)) {
     return makeError(ErrorCode::kFull, "pool has no room for the ", count, " re-rotated blocks");
@@ -473,9 +466,21 @@ Status Engine::middleRemove(SpaceId space, Sequence& seq, uint64_t begin, uint64
   // Gather the tokens that move, packed [layer][K|V][token]..., rotate each layer's K.
   const uint64_t moved = length - end, tb = layout.tokenBytes();
   std::vector<uint8_t> packed(moved * layout.tokenKvBytes());
+  // Blocks in GPU memory are read through one host copy each (the fresh blocks are host blocks).
+  std::map<BlockId, std::vector<uint8_t>> staged;
+  auto hostView = [&](BlockId b) -> const uint8_t* {
+    const BlockMeta& m = pool_[b];
+    if (memory_.hostAddressable(m.extent)) return memory_.blockData(m);
+    auto [it, fresh] = staged.try_emplace(b);
+    if (fresh) {
+      it->second.resize(pool_.classBytes(m.sizeClass));
+      memory_.copy(it->second.data(), memory_.blockData(m), it->second.size());
+    }
+    return it->second.data();
+  };
   for (uint64_t t = 0; t < moved; ++t) {
     const uint64_t pos = end + t;
-    const uint8_t* src = memory_.blockData(pool_[seq.blocks[pos / bt]]);
+    const uint8_t* src = hostView(seq.blocks[pos / bt]);
     for (uint32_t layer = 0; layer < layout.numLayers; ++layer) {
       for (uint32_t kv = 0; kv < 2; ++kv) {
         std::memcpy(packed.data() + ((layer * 2 + kv) * moved + t) * tb,
