@@ -319,15 +319,23 @@ class SpaceImpl final : public rpc::Space::Server {
         chain.push_back(step.key);
         if (!step.hot) cold.push_back(step.key);
       }
-      if (!cold.empty() || (moveTiers && !chain.empty())) {
-        kj::Promise<void> ready = kj::READY_NOW;
-        if (!cold.empty()) ready = cold_->promote(space_, std::move(cold));
+      kj::Maybe<kj::Promise<void>> waitFor;
+      if (!cold.empty()) {
+        kj::Promise<void> promoted = cold_->promote(space_, std::move(cold));
         if (moveTiers) {
-          ready = ready.then([this, chain]() { return tiers_->bringTo(space_, chain, tier_); });
+          promoted = promoted.then([this, chain]() -> kj::Promise<void> {
+            KJ_IF_MAYBE (moving, tiers_->bringTo(space_, chain, tier_)) return kj::mv(*moving);
+            return kj::READY_NOW;
+          });
         }
-        return ready.then([this, context = kj::mv(context), tokens = std::move(tokens),
-                           keys = std::move(keys), bindSeq = std::move(bindSeq), options,
-                           inlineData, chain = std::move(chain)]() mutable {
+        waitFor = kj::mv(promoted);
+      } else if (moveTiers && !chain.empty()) {
+        waitFor = tiers_->bringTo(space_, chain, tier_);  // nothing when all is in place
+      }
+      KJ_IF_MAYBE (ready, waitFor) {
+        return ready->then([this, context = kj::mv(context), tokens = std::move(tokens),
+                            keys = std::move(keys), bindSeq = std::move(bindSeq), options,
+                            inlineData, chain = std::move(chain)]() mutable {
           answerLookup(context, tokens, keys, bindSeq, options, inlineData, chain);
         });
       }

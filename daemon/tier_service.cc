@@ -81,9 +81,10 @@ kj::Promise<void> TierService::whenSettles() {
   return kj::mv(paf.promise);
 }
 
-kj::Promise<void> TierService::bringTo(SpaceId space, std::vector<Key128> keys, uint8_t tier) {
+kj::Maybe<kj::Promise<void>> TierService::bringTo(SpaceId space, std::vector<Key128> keys,
+                                                  uint8_t tier) {
   auto tickets = engine_.beginMovesTo(space, keys, tier);
-  if (tickets.empty()) return kj::READY_NOW;
+  if (tickets.empty()) return nullptr;
   auto done = copyOnWorker(tickets)
                   .then([this, tickets = std::move(tickets)](bool ok) {
                     engine_.finishMoves(tickets, ok);

@@ -45,8 +45,9 @@ class TierService final : private kj::TaskSet::ErrorHandler {
   // Resolves when the batch in flight (if any) has finished.
   kj::Promise<void> whenSettles();
   // Brings the blocks of `keys` held only by the index to `tier` (a GPU's, or the host pool's);
-  // resolves when they have moved (or could not: they are then served where they are).
-  kj::Promise<void> bringTo(SpaceId space, std::vector<Key128> keys, uint8_t tier);
+  // resolves when they have moved (or could not: they are then served where they are). Nothing
+  // when no block needs to move (the caller answers at once).
+  kj::Maybe<kj::Promise<void>> bringTo(SpaceId space, std::vector<Key128> keys, uint8_t tier);
 
  private:
   void taskFailed(kj::Exception&& exception) override;

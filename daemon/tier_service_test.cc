@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <kj/async.h>
+#include <kj/debug.h>
 
 #include <atomic>
 #include <chrono>
@@ -139,9 +140,11 @@ TEST(TierService, PromoteBringsHostBlocksToTheGpu) {
   TierService tiers(rig.engine, rig.copier(), {kGpu}, 0.0);
   const auto tokens = toks(2 * kBt, 500);
   rig.cache(tokens, 0);
-  tiers.bringTo(rig.space, rig.keysOf(tokens), kGpu).wait(ws);
+  KJ_ASSERT_NONNULL(tiers.bringTo(rig.space, rig.keysOf(tokens), kGpu)).wait(ws);
   EXPECT_EQ(rig.where(tokens), (std::vector<uint32_t>{1, 1}));
   EXPECT_EQ(rig.engine.stats().gpuPromoted, 2u);
+  // Already there: nothing to wait for, the lookup answers at once.
+  EXPECT_TRUE(tiers.bringTo(rig.space, rig.keysOf(tokens), kGpu) == nullptr);
 }
 
 TEST(TierService, AFailedCopyMovesNothingAndLeaksNothing) {
@@ -152,7 +155,7 @@ TEST(TierService, AFailedCopyMovesNothingAndLeaksNothing) {
   TierService tiers(rig.engine, rig.copier(), {kGpu}, 0.0);
   const auto tokens = toks(2 * kBt, 500);
   rig.cache(tokens, 0);
-  tiers.bringTo(rig.space, rig.keysOf(tokens), kGpu).wait(ws);
+  KJ_ASSERT_NONNULL(tiers.bringTo(rig.space, rig.keysOf(tokens), kGpu)).wait(ws);
   EXPECT_EQ(rig.where(tokens), (std::vector<uint32_t>{0, 0}));
   const EngineStats s = rig.engine.stats();
   EXPECT_EQ(s.gpuPromoted, 0u);
