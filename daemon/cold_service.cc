@@ -55,6 +55,7 @@ ColdService::ColdService(Engine& engine, std::unique_ptr<ColdTier> tier, kj::Tim
 
 ColdService::~ColdService() {
   engine_.setColdDirectory(nullptr);
+  erasePending();  // a drop the client was told of must not come back after a restart
   writer_.reset();
   reader_.reset();
 }
@@ -81,8 +82,12 @@ void ColdService::kickSpill() {
         ColdRecord{ColdKey{item.fingerprint, item.salt, item.key}, data, item.location.bytes});
   }
   // The blocks stay pinned until spillFinished: the worker reads them in place.
-  auto written = writer_->executor().executeAsync(
-      [this, records = std::move(records)]() { return tier_->putBatch(records).ok(); });
+  // A job that throws (or a worker that is gone) is a failed write: the blocks are unpinned.
+  auto written = writer_->executor()
+                     .executeAsync([this, records = std::move(records)]() {
+                       return tier_->putBatch(records).ok();
+                     })
+                     .catch_([](kj::Exception&&) { return false; });
   tasks_.add(written.then(
       [this, batch = std::move(batch)](bool ok) mutable { spillFinished(std::move(batch), ok); }));
 }
@@ -172,6 +177,7 @@ void ColdService::flushAll(kj::WaitScope& waitScope) {
     }
   }
   // From here on nothing runs the event loop: no call interleaves with the writes below.
+  erasePending();
   // Snapshots in memory whose block records the capacity bound took are written again.
   const size_t rewritten = engine_.rewriteSnapshotsMissing([this](SpaceId space, const Key128& k) {
     const SpaceInfo& sp = engine_.space(space);
@@ -266,9 +272,11 @@ void ColdService::writeSnapshots() {
   snapshotWriteInFlight_ = true;
   // The writes' blocks stay pinned until snapshotsWritten: the worker reads them in place, and
   // the puts point into *writes, which both closures keep alive.
-  auto written = writer_->executor().executeAsync([this, writes, batch = snapshotPuts(*writes)]() {
-    return batch.write(engine_.memory(), *tier_);
-  });
+  auto written = writer_->executor()
+                     .executeAsync([this, writes, batch = snapshotPuts(*writes)]() {
+                       return batch.write(engine_.memory(), *tier_);
+                     })
+                     .catch_([](kj::Exception&&) { return false; });
   tasks_.add(written.then([this, writes](bool ok) { snapshotsWritten(*writes, ok); }));
 }
 
@@ -425,6 +433,12 @@ kj::Promise<void> ColdService::loadBlocks(SpaceId space, SnapshotKey key,
     }
     return out;
   });
+  // A job that throws (or a worker that is gone) read nothing: the load still finishes and unpins.
+  const size_t reads = load->reads.size();
+  read = read.catch_([reads](kj::Exception&& e) {
+    return Outcome{std::vector<uint8_t>(reads, 0), ErrorCode::kUnavailable,
+                   e.getDescription().cStr()};
+  });
   return read.then([this, key, load](Outcome r) -> kj::Promise<void> {
     auto info = engine_.finishSnapshotLoad(*load, r.ok);
     kick();  // blocks read back and not kept are evictable now
@@ -467,14 +481,8 @@ kj::Promise<void> ColdService::dropSnapshot(SpaceId space, SnapshotId id) {
       // comes last, and nothing can write it again (the engine no longer holds it).
       // Until it has run, the snapshot counts as gone (a load must not bring it back).
       const std::string name = loadKey(space, id);
-      erasing_.insert(name);
-      tasks_.add(writer_->executor()
-                     .executeAsync([this, key]() { (void)tier_->eraseSnapshot(key, false); })
-                     .then([this, name]() { erasing_.erase(name); },
-                           [this, name](kj::Exception&& e) {
-                             erasing_.erase(name);
-                             kj::throwFatalException(kj::mv(e));
-                           }));
+      erasing_.emplace(name, key);
+      eraseLater(name, key);
     }
     kick();
     return kj::READY_NOW;
@@ -486,6 +494,34 @@ kj::Promise<void> ColdService::dropSnapshot(SpaceId space, SnapshotId id) {
     if (!erased) throwRpcError(erased.error());
     if (!*erased) throwRpcError(makeError(ErrorCode::kNotFound, "no snapshot ", id));
   });
+}
+
+void ColdService::eraseLater(const std::string& name, SnapshotKey key) {
+  tasks_.add(writer_->executor()
+                 .executeAsync([this, key]() { return tier_->eraseSnapshot(key, false).ok(); })
+                 .catch_([](kj::Exception&&) { return false; })
+                 .then([this, name, key](bool ok) -> kj::Promise<void> {
+                   if (ok) {
+                     erasing_.erase(name);
+                     return kj::READY_NOW;
+                   }
+                   // A failing disk: the snapshot stays gone for every call, and the delete is
+                   // tried again (a restart would otherwise bring it back).
+                   logWarn("snapshot_delete_retry", "id=" + std::to_string(key.id));
+                   return timer_.afterDelay(spillRetryDelay_).then([this, name, key]() {
+                     if (erasing_.count(name)) eraseLater(name, key);
+                   });
+                 }));
+}
+
+void ColdService::erasePending() {
+  for (auto it = erasing_.begin(); it != erasing_.end();) {
+    if (tier_->eraseSnapshot(it->second, false)) {
+      it = erasing_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 ColdServiceStats ColdService::stats() const {

@@ -26,7 +26,6 @@
 
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -141,7 +140,13 @@ class ColdService final : private kj::TaskSet::ErrorHandler {
   kj::Duration spillRetryDelay_;
   std::unique_ptr<WorkerThread> writer_;  // spill and snapshot writes/deletes, niceness 10
   std::unique_ptr<WorkerThread> reader_;  // promotes, snapshot loads, id reservations
-  std::set<std::string> erasing_;  // snapshots dropped whose deletion on disk is still queued
+  // Snapshots dropped whose deletion on disk is still queued (or failed and is retried): they
+  // count as gone. Name -> key.
+  std::map<std::string, SnapshotKey> erasing_;
+  // Queues the deletion of a dropped snapshot on the writer (after its writes), retrying on error.
+  void eraseLater(const std::string& name, SnapshotKey key);
+  // Runs the deletions still pending, here and now (shutdown: queued ones would be cancelled).
+  void erasePending();
   bool spillInFlight_ = false;
   bool paused_ = false;
   uint64_t spillErrors_ = 0;

@@ -226,7 +226,7 @@ Status ColdTier::openDb() {
   } else if (!s.IsNotFound()) {
     return unavailable(s, "cannot read the cold tier's snapshot id limit");
   }
-  std::unordered_set<std::string> manifests;
+  std::unordered_map<std::string, std::vector<std::string>> manifests;
   {
     std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), snapshots_));
     for (it->Seek(std::string(1, kManifestTag));
@@ -237,7 +237,24 @@ Status ColdTier::openDb() {
         id = id << 8 | static_cast<uint8_t>(it->key()[i]);
       }
       if (id != std::numeric_limits<uint64_t>::max()) floor = std::max(floor, id + 1);
-      manifests.insert(it->key().ToString());
+      // The block records it names, kept from the capacity bound. A manifest that does not
+      // decode names none: it is dropped when a call loads it.
+      SnapshotKey key{0, {}, id};
+      for (int i = 0; i < 8; ++i) {
+        key.fingerprint |= uint64_t{static_cast<uint8_t>(it->key()[1 + i])} << (8 * i);
+      }
+      std::memcpy(key.salt.data(), it->key().data() + 9, key.salt.size());
+      std::vector<std::string> named;
+      const auto v = it->value();
+      if (auto m =
+              decodeManifest(std::string_view(v.data(), v.size()), key.fingerprint, key.salt, id)) {
+        for (const auto& b : m->blocks) {
+          if (b.kind == ManifestBlock::Kind::kSealed) {
+            named.push_back(ColdKey{key.fingerprint, key.salt, b.key}.encode());
+          }
+        }
+      }
+      manifests.emplace(it->key().ToString(), std::move(named));
     }
   }
 
@@ -262,7 +279,9 @@ Status ColdTier::openDb() {
     stats_.bytes += payload;
   }
   stats_.records = held_.size();
-  manifests_ = std::move(manifests);
+  manifests_.clear();
+  namedBy_.clear();
+  for (auto& [key, named] : manifests) nameLocked(key, std::move(named));
   stats_.snapshots = manifests_.size();
   snapshotIdFloor_ = std::max(snapshotIdFloor_, floor);
   return {};
@@ -305,8 +324,9 @@ Status ColdTier::putBatch(std::span<const ColdRecord> records) {
   }
   rocksdb::Status s;
   {
-    std::unique_lock<std::shared_mutex> dbLock(dbMu_);
-    if (auto reopened = reopenForWriteLocked(); !reopened) return reopened;
+    // Shared: reads (promotes, snapshot loads on another thread) go on during the write.
+    std::shared_lock<std::shared_mutex> dbLock;
+    if (auto ready = lockForWrite(dbLock); !ready) return ready;
     rocksdb::WriteBatch batch;
     for (size_t i = 0; i < keys.size(); ++i) {
       const rocksdb::Slice key(keys[i]);
@@ -315,7 +335,6 @@ Status ColdTier::putBatch(std::span<const ColdRecord> records) {
           rocksdb::Slice(reinterpret_cast<const char*>(records[i].data), records[i].bytes)};
       batch.Put(blocks_, rocksdb::SliceParts(&key, 1), rocksdb::SliceParts(value, 2));
     }
-    needsReopen_ = false;
     s = db_->Write(blockWriteOptions(), &batch);
     if (!s.ok()) needsReopen_ = true;
   }
@@ -338,8 +357,18 @@ Status ColdTier::putBatch(std::span<const ColdRecord> records) {
   return {};
 }
 
+Status ColdTier::lockForWrite(std::shared_lock<std::shared_mutex>& lock) {
+  for (;;) {
+    lock = std::shared_lock<std::shared_mutex>(dbMu_);
+    if (db_ && !needsReopen_.load()) return {};
+    lock.unlock();
+    std::unique_lock<std::shared_mutex> exclusive(dbMu_);
+    if (auto reopened = reopenForWriteLocked(); !reopened) return reopened;
+  }
+}
+
 Status ColdTier::reopenForWriteLocked() {
-  if (!needsReopen_ && db_) return {};
+  if (!needsReopen_.load() && db_) return {};
   // A write failed before (a full disk): RocksDB keeps refusing writes after such an error until
   // it is reopened; reopen it now that a write is wanted again. Reads went on meanwhile.
   closeDb();
@@ -348,6 +377,7 @@ Status ColdTier::reopenForWriteLocked() {
     ++stats_.writeErrors;
     return reopened.error();
   }
+  needsReopen_ = false;
   return {};
 }
 
@@ -356,9 +386,12 @@ void ColdTier::enforceCapacity() {
   std::vector<std::string> doomed;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    while (stats_.bytes > options_.capacityBytes && !order_.empty()) {
-      doomed.push_back(order_.front());
-      forgetLocked(order_.front());
+    // Oldest access first, except records a snapshot names: they stay until it is dropped.
+    for (auto it = order_.begin(); stats_.bytes > options_.capacityBytes && it != order_.end();) {
+      const std::string key = *it++;
+      if (namedBy_.count(key)) continue;
+      doomed.push_back(key);
+      forgetLocked(key);
       ++stats_.capacityEvicted;
     }
   }
@@ -383,7 +416,9 @@ Status ColdTier::readVerified(const ColdKey& key,
     forgetLocked(k);
     return makeError(ErrorCode::kNotFound, "no cold record ", key.key.hex());
   }
-  // A read error (corruption RocksDB detected itself included) or a failed check is a miss.
+  // A passing read error (I/O, busy) is UNAVAILABLE and deletes nothing; corruption RocksDB
+  // detected itself, or a failed check, is a miss: the record is dropped.
+  if (!s.ok() && !s.IsCorruption()) return unavailable(s, "cold record read failed");
   auto payload = s.ok()
                      ? verifyValue(key, std::string_view(value.data(), value.size()))
                      : Result<std::string_view>(makeError(
@@ -452,9 +487,16 @@ Status ColdTier::putSnapshots(std::span<const SnapshotPut> puts) {
   };
   std::vector<Encoded> records;
   std::vector<std::pair<std::string, std::string>> manifests;
+  std::vector<std::vector<std::string>> named;  // per manifest: the block records it names
   for (const auto& put : puts) {
     const SnapshotManifest& m = *put.manifest;
     const SnapshotKey key{m.fingerprint, m.salt, m.id};
+    named.emplace_back();
+    for (const auto& b : m.blocks) {
+      if (b.kind == ManifestBlock::Kind::kSealed) {
+        named.back().push_back(ColdKey{m.fingerprint, m.salt, b.key}.encode());
+      }
+    }
     for (const auto& r : put.sealed) {
       if (contains(r.key)) continue;  // spilled already: the manifest names it
       records.push_back(Encoded{r.key.encode(), encodeHeader(r), r.data, r.bytes, true});
@@ -469,8 +511,8 @@ Status ColdTier::putSnapshots(std::span<const SnapshotPut> puts) {
   }
   rocksdb::Status s;
   {
-    std::unique_lock<std::shared_mutex> dbLock(dbMu_);
-    if (auto reopened = reopenForWriteLocked(); !reopened) return reopened;
+    std::shared_lock<std::shared_mutex> dbLock;
+    if (auto ready = lockForWrite(dbLock); !ready) return ready;
     rocksdb::WriteBatch batch;
     for (const auto& r : records) {
       const rocksdb::Slice key(r.key);
@@ -481,7 +523,6 @@ Status ColdTier::putSnapshots(std::span<const SnapshotPut> puts) {
     }
     // In the same batch as the records it names: a manifest is never on disk without them.
     for (const auto& [key, value] : manifests) batch.Put(snapshots_, key, value);
-    needsReopen_ = false;
     s = db_->Write(blockWriteOptions(), &batch);
     if (!s.ok()) needsReopen_ = true;
   }
@@ -500,7 +541,7 @@ Status ColdTier::putSnapshots(std::span<const SnapshotPut> puts) {
       ++stats_.written;
     }
     stats_.records = held_.size();
-    for (const auto& [key, value] : manifests) manifests_.insert(key);
+    for (size_t i = 0; i < manifests.size(); ++i) nameLocked(manifests[i].first, named[i]);
     stats_.snapshots = manifests_.size();
   }
   enforceCapacity();
@@ -522,7 +563,7 @@ Result<SnapshotManifest> ColdTier::getSnapshot(const SnapshotKey& key) {
   }
   if (s.IsNotFound()) {
     std::lock_guard<std::mutex> lock(mu_);
-    manifests_.erase(k);
+    unnameLocked(k);
     stats_.snapshots = manifests_.size();
     return makeError(ErrorCode::kNotFound, "no snapshot ", key.id);
   }
@@ -567,24 +608,46 @@ Status ColdTier::getSnapshotRecordInto(const SnapshotKey& key, uint32_t slot, ui
 Result<bool> ColdTier::eraseSnapshot(const SnapshotKey& key, bool broken) {
   const std::string manifest = key.manifestKey();
   const std::string prefix = key.recordPrefix();
-  bool had = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    had = manifests_.erase(manifest) > 0;
-    stats_.snapshots = manifests_.size();
-    if (had && broken) ++stats_.snapshotsDropped;
+    // A delete is a write: after a failed write the database must be reopened first (it refuses
+    // writes until then), and the snapshot counts as present until its delete is on disk.
+    std::unique_lock<std::shared_mutex> dbLock(dbMu_);
+    if (auto reopened = reopenForWriteLocked(); !reopened) return reopened.error();
+    rocksdb::WriteBatch batch;
+    batch.Delete(snapshots_, manifest);
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), snapshots_));
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      batch.Delete(snapshots_, it->key());
+    }
+    it.reset();
+    const rocksdb::Status s = db_->Write(blockWriteOptions(), &batch);
+    if (!s.ok()) {
+      needsReopen_ = true;
+      return unavailable(s, "cold tier snapshot delete failed");
+    }
   }
-  std::shared_lock<std::shared_mutex> dbLock(dbMu_);
-  if (!db_) return makeError(ErrorCode::kUnavailable, "cold tier is closed after a write error");
-  rocksdb::WriteBatch batch;
-  batch.Delete(snapshots_, manifest);
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), snapshots_));
-  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-    batch.Delete(snapshots_, it->key());
-  }
-  const rocksdb::Status s = db_->Write(blockWriteOptions(), &batch);
-  if (!s.ok()) return unavailable(s, "cold tier snapshot delete failed");
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool had = manifests_.count(manifest) > 0;
+  unnameLocked(manifest);
+  stats_.snapshots = manifests_.size();
+  if (had && broken) ++stats_.snapshotsDropped;
   return had;
+}
+
+void ColdTier::nameLocked(const std::string& manifest, std::vector<std::string> blocks) {
+  unnameLocked(manifest);  // a rewrite replaces what it named
+  for (const auto& b : blocks) ++namedBy_[b];
+  manifests_.emplace(manifest, std::move(blocks));
+}
+
+void ColdTier::unnameLocked(const std::string& manifest) {
+  auto it = manifests_.find(manifest);
+  if (it == manifests_.end()) return;
+  for (const auto& b : it->second) {
+    auto n = namedBy_.find(b);
+    if (n != namedBy_.end() && --n->second == 0) namedBy_.erase(n);
+  }
+  manifests_.erase(it);
 }
 
 bool ColdTier::hasSnapshot(const SnapshotKey& key) const {

@@ -14,6 +14,7 @@
 #include <rocksdb/db.h>
 #include <rocksdb/env.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -165,7 +166,12 @@ class ColdTier {
   // Held shared by every database call, exclusively to close or reopen the database.
   mutable std::shared_mutex dbMu_;
   std::unique_ptr<rocksdb::DB> db_;  // null only if a reopen failed
-  bool needsReopen_ = false;  // a write failed: reopen before the next one. GUARDED_BY(dbMu_)
+  // A write failed: reopen before the next one. Set by writers holding dbMu_ shared, cleared
+  // under it exclusively.
+  std::atomic<bool> needsReopen_ = false;
+  // Takes dbMu_ shared with the database open for writes (reopening it first, exclusively, after
+  // a failed write).
+  Status lockForWrite(std::shared_lock<std::shared_mutex>& lock);
   rocksdb::ColumnFamilyHandle* blocks_ = nullptr;
   rocksdb::ColumnFamilyHandle* snapshots_ = nullptr;
   rocksdb::ColumnFamilyHandle* meta_ = nullptr;
@@ -180,9 +186,15 @@ class ColdTier {
     uint32_t bytes;
   };
   std::unordered_map<std::string, Held> held_;  // GUARDED_BY(mu_)
-  std::unordered_set<std::string> manifests_;   // manifest keys. GUARDED_BY(mu_)
-  ColdStats stats_;                             // GUARDED_BY(mu_)
-  uint64_t snapshotIdFloor_ = 1;                // set by openDb
+  // Manifest key -> the block records it names. GUARDED_BY(mu_)
+  std::unordered_map<std::string, std::vector<std::string>> manifests_;
+  // Block record -> how many manifests name it: such records are kept out of the capacity bound's
+  // reach until their snapshots are dropped. GUARDED_BY(mu_)
+  std::unordered_map<std::string, uint32_t> namedBy_;
+  void nameLocked(const std::string& manifest, std::vector<std::string> blocks);
+  void unnameLocked(const std::string& manifest);
+  ColdStats stats_;               // GUARDED_BY(mu_)
+  uint64_t snapshotIdFloor_ = 1;  // set by openDb
 };
 
 }  // namespace kvtier

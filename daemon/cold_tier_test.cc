@@ -315,5 +315,48 @@ TEST(ColdTier, SnapshotIdFloorIsAboveTheStoredLimitAndEveryManifest) {
   EXPECT_EQ(ColdTier::open({.path = dir.path()}).code(), ErrorCode::kUnavailable);
 }
 
+// The capacity bound evicts oldest access first, but never a block record a snapshot's manifest
+// names (the snapshot could not be restored after a crash): here the oldest record is named.
+TEST(ColdTierSnapshots, TheCapacityBoundKeepsRecordsAManifestNames) {
+  TempDir dir;
+  auto tier = ColdTier::open({.path = dir.path(), .capacityBytes = 3 * 16384}).value();
+  ASSERT_TRUE(put(*tier, 1).ok());  // the snapshot's sealed block, spilled long ago
+  ASSERT_TRUE(put(*tier, 2).ok());
+  ASSERT_TRUE(putSnapshot(*tier, manifestOf(7)).ok());  // names keyOf(1), already on disk
+  ASSERT_TRUE(put(*tier, 3).ok());
+  ASSERT_TRUE(put(*tier, 4).ok());  // over capacity
+  EXPECT_TRUE(tier->hasSnapshot(snapshotKeyOf(manifestOf(7))));
+  EXPECT_TRUE(tier->contains(keyOf(1))) << "a record manifest 7 names was evicted";
+  EXPECT_FALSE(tier->contains(keyOf(2))) << "the oldest record no manifest names goes first";
+  // Dropped: its records are ordinary again, and the bound may take them.
+  ASSERT_TRUE(tier->eraseSnapshot(snapshotKeyOf(manifestOf(7)), false).ok());
+  ASSERT_TRUE(put(*tier, 5).ok());
+  EXPECT_FALSE(tier->contains(keyOf(1)));
+}
+
+// A delete after a failed write (the database refuses writes until reopened) reopens first; the
+// snapshot is forgotten only once its delete is on disk, so a restart cannot bring it back.
+TEST(ColdTierSnapshots, AnEraseAfterAFailedWriteSticks) {
+  TempDir dir;
+  auto fs = std::make_shared<test::FullDiskFileSystem>(rocksdb::FileSystem::Default());
+  const SnapshotKey key = snapshotKeyOf(manifestOf(7));
+  {
+    auto tier = ColdTier::open({.path = dir.path(), .fileSystem = fs}).value();
+    ASSERT_TRUE(putSnapshot(*tier, manifestOf(7)).ok());
+    fs->full = true;
+    EXPECT_FALSE(put(*tier, 2).ok());
+    auto failed = tier->eraseSnapshot(key, false);
+    EXPECT_FALSE(failed.ok()) << "the disk is still full";
+    EXPECT_TRUE(tier->hasSnapshot(key)) << "not forgotten before its delete is on disk";
+    fs->full = false;
+    auto erased = tier->eraseSnapshot(key, false);
+    ASSERT_TRUE(erased.ok()) << erased.error();
+    EXPECT_TRUE(*erased);
+    EXPECT_FALSE(tier->hasSnapshot(key));
+  }
+  auto tier = ColdTier::open({.path = dir.path(), .fileSystem = fs}).value();
+  EXPECT_FALSE(tier->hasSnapshot(key)) << "a dropped snapshot came back after a restart";
+}
+
 }  // namespace
 }  // namespace kvtier

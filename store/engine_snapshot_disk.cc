@@ -182,18 +182,20 @@ Result<SnapshotLoad> Engine::beginSnapshotLoad(SpaceId space, SnapshotManifest m
     for (BlockId b : load.pinned) unpin(b);  // fresh blocks are freed, nothing changed
     return makeError(ErrorCode::kFull, "pool has no block for snapshot ", id, "'s ", what);
   };
+  // First pin the sealed blocks still (or again) in memory: no read for them, and no allocation
+  // below may evict one of them (its record may be gone from disk).
   for (size_t i = 0; i < manifest.blocks.size(); ++i) {
     const ManifestBlock& mb = manifest.blocks[i];
-    if (mb.kind == ManifestBlock::Kind::kReleased) continue;
-    if (mb.kind == ManifestBlock::Kind::kSealed) {
-      auto hit = index_.find(IndexKey{space, mb.key});
-      if (hit != index_.end()) {  // still (or again) in memory: no read
-        pin(hit->second);
-        load.pinned.push_back(hit->second);
-        load.blocks[i] = hit->second;
-        continue;
-      }
-    }
+    if (mb.kind != ManifestBlock::Kind::kSealed) continue;
+    auto hit = index_.find(IndexKey{space, mb.key});
+    if (hit == index_.end()) continue;
+    pin(hit->second);
+    load.pinned.push_back(hit->second);
+    load.blocks[i] = hit->second;
+  }
+  for (size_t i = 0; i < manifest.blocks.size(); ++i) {
+    const ManifestBlock& mb = manifest.blocks[i];
+    if (mb.kind == ManifestBlock::Kind::kReleased || load.blocks[i] != kNoBlock) continue;
     const BlockId b = allocate(space);
     if (b == kNoBlock) return full("blocks");
     pin(b);
