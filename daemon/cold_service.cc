@@ -300,16 +300,26 @@ void ColdService::snapshotsWritten(const std::vector<SnapshotWrite>& writes, boo
 
 void ColdService::reserveSnapshotIds() {
   const SnapshotId next = engine_.nextSnapshotId(), limit = engine_.snapshotIdLimit();
-  if (reservingIds_ || closing_ || limit - next >= kSnapshotIdChunk / 2) return;
+  if (reservingIds_ || idsPaused_ || closing_ || limit - next >= kSnapshotIdChunk / 2) return;
   reservingIds_ = true;
   const SnapshotId newLimit = next + kSnapshotIdChunk;
-  auto stored = reader_->executor().executeAsync(
-      [this, newLimit]() { return tier_->storeSnapshotIdLimit(newLimit).ok(); });
+  auto stored =
+      reader_->executor()
+          .executeAsync([this, newLimit]() { return tier_->storeSnapshotIdLimit(newLimit).ok(); })
+          .catch_([](kj::Exception&&) { return false; });
   tasks_.add(stored.then([this, newLimit](bool ok) {
     reservingIds_ = false;
     // Only a limit on disk may be used: ids below it are never handed out again.
     if (ok && !closing_) engine_.setSnapshotIds(0, std::max(newLimit, engine_.snapshotIdLimit()));
-    if (!ok) logWarn("snapshot_ids_not_reserved", "limit=" + std::to_string(newLimit));
+    if (!ok) {
+      // A failing disk: back off like spilling (each try may reopen the database).
+      logWarn("snapshot_ids_not_reserved", "limit=" + std::to_string(newLimit));
+      idsPaused_ = true;
+      tasks_.add(timer_.afterDelay(spillRetryDelay_).then([this] {
+        idsPaused_ = false;
+        reserveSnapshotIds();
+      }));
+    }
     for (auto& waiter : idWaiters_) waiter->fulfill();
     idWaiters_.clear();
   }));

@@ -155,7 +155,8 @@ class ColdService final : private kj::TaskSet::ErrorHandler {
   bool snapshotWritesPaused_ = false;
   std::vector<kj::Own<kj::PromiseFulfiller<void>>> snapshotWriteWaiters_;
   bool reservingIds_ = false;
-  bool closing_ = false;  // flushAll froze the snapshot ids
+  bool idsPaused_ = false;  // a reservation failed: the next waits for the retry delay
+  bool closing_ = false;    // flushAll froze the snapshot ids
   std::vector<kj::Own<kj::PromiseFulfiller<void>>> idWaiters_;
   std::map<std::string, kj::ForkedPromise<void>> promoting_;  // (space, key) -> promote in flight
   struct Loading {
