@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <kj/async-io.h>
 
+#include <atomic>
+#include <cstring>
 #include <filesystem>
 
 #include "tests/full_disk_fs.h"
@@ -143,6 +145,23 @@ class TempDirectory {
   std::string path_;
 };
 
+// Heap extents where extent 1 stands in for a GPU pool: not addressable by the CPU, reached only
+// through copy(), which counts.
+class GpuStandInMemory final : public BlockMemory {
+ public:
+  explicit GpuStandInMemory(const std::vector<BlockPool::Extent>& extents) : heap_(extents) {}
+  uint8_t* extentBase(uint32_t extent) override { return heap_.extentBase(extent); }
+  bool hostAddressable(uint32_t extent) const override { return extent != 1; }
+  void copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) override {
+    ++copies;
+    std::memcpy(dst, src, bytes);
+  }
+  std::atomic<int> copies{0};
+
+ private:
+  HeapBlockMemory heap_;
+};
+
 struct DaemonRun {
   DaemonRun(kj::AsyncIoContext& io, const std::string& dir, bool tenantBFirst = false) : io_(io) {
     auto tier = ColdTier::open({.path = dir + "/cold", .capacityBytes = 0, .fileSystem = nullptr});
@@ -155,10 +174,10 @@ struct DaemonRun {
   ~DaemonRun() { cold_.reset(); }
 
   // 20 tokens of `space` (a sealed block and a partial one), every byte of block i = seed + i.
-  void put(SpaceId space, std::string_view seq, uint8_t seed) {
+  void put(SpaceId space, std::string_view seq, uint8_t seed, uint8_t tier = 0) {
     std::vector<uint32_t> tokens(20);
     for (uint32_t i = 0; i < 20; ++i) tokens[i] = seed * 1000 + i;
-    auto grant = engine_.put(1, space, seq, 0, tokens, {}, SeqOptions{.detached = true});
+    auto grant = engine_.put(1, space, seq, 0, tokens, {}, SeqOptions{.detached = true}, tier);
     ASSERT_TRUE(grant.ok()) << grant.error();
     for (size_t i = 0; i < grant->blocks.size(); ++i) {
       const auto& b = grant->blocks[i];
@@ -198,8 +217,8 @@ struct DaemonRun {
   }
 
   kj::AsyncIoContext& io_;
-  BlockPool pool_{{{0, 16 * 512}}};
-  HeapBlockMemory memory_{pool_.extents()};
+  BlockPool pool_{{{0, 16 * 512, 0}, {1, 16 * 512, 1}}};  // host pool, and a GPU stand-in
+  GpuStandInMemory memory_{pool_.extents()};
   Engine engine_{pool_, memory_};
   std::unique_ptr<ColdService> cold_;
   SpaceId a_ = 0, b_ = 0;
@@ -240,6 +259,29 @@ TEST(ColdService, SnapshotsComeBackAfterARestartForTheirOwnTenantOnly) {
   second.cold_->dropSnapshot(second.a_, id).wait(io.waitScope);
   EXPECT_TRUE(second.runUntil([&] { return second.cold_->stats().tier.snapshots == 0; }));
   EXPECT_EQ(second.cold_->stats().tier.snapshotsDropped, 0u);
+}
+
+// A snapshot of blocks in GPU memory is written through host staging copies (the writer never
+// reads GPU memory in place) and comes back after a restart with the same bytes.
+TEST(ColdService, ASnapshotOfGpuBlocksIsStagedThroughHostMemory) {
+  TempDirectory dir;
+  auto io = kj::setupAsyncIo();
+  SnapshotId id = 0;
+  {
+    DaemonRun first(io, dir.path());
+    first.put(first.a_, "s", 30, /*tier=*/1);
+    ASSERT_EQ(first.engine_.get(first.a_, "s", 0, kEnd).value().blocks[0].extent, 1u);
+    const int before = first.memory_.copies.load();
+    id = first.engine_.snapshot(first.a_, "s", 0).value().id;
+    first.cold_->kick();
+    ASSERT_TRUE(first.runUntil([&] { return first.cold_->stats().tier.snapshots == 1; }));
+    EXPECT_GE(first.memory_.copies.load() - before, 2) << "both GPU blocks staged";
+  }
+  DaemonRun second(io, dir.path());
+  EXPECT_EQ(second.load(second.a_, id), ErrorCode::kOk);
+  ASSERT_TRUE(second.engine_.restore(1, second.a_, "x", id, 20, {}).ok());
+  EXPECT_TRUE(second.holds(second.a_, "x", 30)) << "restored bytes differ";
+  EXPECT_EQ(second.engine_.stats().blocksPinned, 0u);
 }
 
 TEST(ColdService, ADropOfASnapshotOnlyOnDiskDeletesIt) {
