@@ -99,24 +99,19 @@ void setBlocks(Builder&& out, const std::vector<BlockLocation>& blocks) {
   for (uint32_t i = 0; i < blocks.size(); ++i) blockToRpc(blocks[i], out[i]);
 }
 
-// Copies whole blocks into the result for clients that cannot map the pool.
-// Blocks the session cannot reach (in another GPU's pool, or in any GPU's for a host session):
-// the read lease that holds them is released and the call fails, typed.
-void checkReachable(Engine& engine, const std::vector<BlockLocation>& blocks, uint8_t tier,
-                    bool inlineData, LeaseId lease) {
+// Blocks in GPU memory never travel inline: the read lease that holds them is released and the
+// call fails, typed.
+void checkInlineable(Engine& engine, const std::vector<BlockLocation>& blocks, LeaseId lease) {
   for (const auto& b : blocks) {
-    const uint8_t t = engine.pool().extentTier(b.extent);
-    if ((t != 0 && t != tier) || (inlineData && !engine.memory().hostAddressable(b.extent))) {
+    if (!engine.memory().hostAddressable(b.extent)) {
       (void)engine.releaseRead(lease);
       throwRpcError(makeError(ErrorCode::kNotSupported,
-                              t != 0 && t != tier
-                                  ? "blocks of this range are in a GPU pool this session did not "
-                                    "open: open the space on that device"
-                                  : "blocks in GPU memory do not travel inline: map the GPU pool"));
+                              "blocks in GPU memory do not travel inline: map the GPU pool"));
     }
   }
 }
 
+// Copies whole blocks into the result for clients that cannot map the pool.
 void setInlineData(capnp::List<capnp::Data>::Builder out, Engine& engine,
                    const std::vector<BlockLocation>& blocks) {
   for (uint32_t i = 0; i < blocks.size(); ++i) {
@@ -288,13 +283,16 @@ class SpaceImpl final : public rpc::Space::Server {
           checkInlineBytes((end + bt - 1) / bt - p.getBegin() / bt, blockBytes());
       }
     }
-    ReadGrant grant = orThrow(engine_.get(space_, text(p.getSeq()), p.getBegin(), p.getEnd()));
+    ReadGrant grant =
+        orThrow(engine_.get(space_, text(p.getSeq()), p.getBegin(), p.getEnd(), tier_));
     auto out = context.getResults();
     out.setFirstPosition(grant.firstPosition);
     out.setEnd(grant.end);
     setBlocks(out.initBlocks(grant.blocks.size()), grant.blocks);
-    checkReachable(engine_, grant.blocks, tier_, p.getInline(), grant.lease);
-    if (p.getInline()) setInlineData(out.initData(grant.blocks.size()), engine_, grant.blocks);
+    if (p.getInline()) {
+      checkInlineable(engine_, grant.blocks, grant.lease);
+      setInlineData(out.initData(grant.blocks.size()), engine_, grant.blocks);
+    }
     out.setLease(readLease(engine_, grant.lease, cold_));
     return kj::READY_NOW;
   }
@@ -349,7 +347,6 @@ class SpaceImpl final : public rpc::Space::Server {
                     const SeqOptions& options, bool inlineData, const std::vector<Key128>& chain) {
     LookupResult result =
         orThrow(engine_.lookup(owner_, space_, tokens, keys, bindSeq, options, chain, tier_));
-    checkReachable(engine_, result.blocks, tier_, inlineData, result.lease);
     auto out = context.getResults();
     out.setMatchedTokens(result.matchedTokens);
     setBlocks(out.initBlocks(result.blocks.size()), result.blocks);
@@ -358,6 +355,7 @@ class SpaceImpl final : public rpc::Space::Server {
         (void)engine_.releaseRead(result.lease);
         checkInlineBytes(result.blocks.size(), blockBytes());
       }
+      checkInlineable(engine_, result.blocks, result.lease);
       setInlineData(out.initData(result.blocks.size()), engine_, result.blocks);
     }
     out.setLease(readLease(engine_, result.lease, cold_));

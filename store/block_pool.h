@@ -76,13 +76,6 @@ class BlockPool {
   uint8_t classTier(uint32_t cls) const { return classes_[cls].tier; }
   // The tier of a block (of its extent).
   uint8_t tierOf(BlockId id) const { return classes_[blocks_[id].sizeClass].tier; }
-  // The tier of extent `id` (0 for an id no extent has).
-  uint8_t extentTier(uint32_t id) const {
-    for (const auto& e : extents_) {
-      if (e.id == id) return e.tier;
-    }
-    return 0;
-  }
   // True when some extent belongs to `tier`.
   bool hasTier(uint8_t tier) const { return tier < cursors_.size() && cursors_[tier].present; }
 

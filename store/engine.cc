@@ -462,7 +462,14 @@ Result<uint8_t*> Engine::leaseBlockData(LeaseId id, uint32_t index) {
 // ---------------------------------------------------------------------------------------------
 // Reads
 
-Result<ReadGrant> Engine::get(SpaceId space, std::string_view name, uint64_t begin, uint64_t end) {
+bool Engine::reachable(BlockId id, int servedTier) const {
+  if (servedTier < 0) return true;
+  const uint8_t tier = pool_.tierOf(id);
+  return tier == 0 || tier == servedTier;
+}
+
+Result<ReadGrant> Engine::get(SpaceId space, std::string_view name, uint64_t begin, uint64_t end,
+                              int servedTier) {
   if (auto s = checkSpace(space); !s) return s.error();
   if (auto s = checkName(name, "sequence"); !s) return s.error();
   Sequence* seq = findSeq(space, name);
@@ -489,6 +496,13 @@ Result<ReadGrant> Engine::get(SpaceId space, std::string_view name, uint64_t beg
                    kMaxBlocksPerLease, " per lease");
   }
   std::vector<BlockId> blocks(seq->blocks.begin() + firstBlock, seq->blocks.begin() + lastBlock);
+  for (BlockId id : blocks) {
+    if (!reachable(id, servedTier)) {
+      return makeError(ErrorCode::kNotSupported,
+                       "blocks of this range are in a GPU pool this session did not open: open "
+                       "the space on that device");
+    }
+  }
   grant.blocks.reserve(blocks.size());
   for (BlockId id : blocks) grant.blocks.push_back(pool_.location(id));
   bytesGot_ += (end - begin) * spaces_[space].info.layout.tokenKvBytes();
@@ -548,10 +562,9 @@ Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<cons
       walkKeys(space, tokens, keys, knownKeys, [&](size_t, const Key128& key) {
         auto it = index_.find(IndexKey{space, key});
         if (it == index_.end()) return false;
-        const uint8_t tier = pool_.tierOf(it->second);
         // A block the session cannot reach (another GPU's pool; any GPU's for a host session)
         // ends the match: a miss, never a reference the client cannot read.
-        if (servedTier >= 0 && tier != 0 && tier != servedTier) return false;
+        if (!reachable(it->second, servedTier)) return false;
         blocks.push_back(it->second);
         return true;
       });

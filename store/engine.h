@@ -214,8 +214,10 @@ class Engine {
   Result<uint8_t*> leaseBlockData(LeaseId lease, uint32_t index);
 
   // Read lease on the blocks covering [begin, end) of seq (end = kEnd: the length).
-  // Errors: NOT_FOUND (unknown seq), INVALID_ARGUMENT (begin > end or end > length).
-  Result<ReadGrant> get(SpaceId space, std::string_view seq, uint64_t begin, uint64_t end);
+  // Errors: NOT_FOUND (unknown seq), INVALID_ARGUMENT (begin > end or end > length),
+  // NOT_SUPPORTED (with `servedTier` >= 0, as for lookup: a block the session cannot reach).
+  Result<ReadGrant> get(SpaceId space, std::string_view seq, uint64_t begin, uint64_t end,
+                        int servedTier = -1);
   // Longest prefix of `tokens` (or of the client `keys`, one per block) made of sealed blocks,
   // under a read lease. With `bindSeq`, that prefix also becomes the whole of sequence bindSeq.
   // `knownKeys`, if given, are the first keys of the tokens' chain as lookupPlan computed them for
@@ -434,6 +436,9 @@ class Engine {
                   std::span<const Key128> known,
                   const std::function<bool(size_t, const Key128&)>& visit) const;
   Sequence* findSeq(SpaceId space, std::string_view name);
+  // Whether a session that reads the host pool and tier `servedTier` (< 0: every tier) can read
+  // block `id`.
+  bool reachable(BlockId id, int servedTier) const;
   uint32_t blockTokens(SpaceId space) const { return spaces_[space].info.layout.blockTokens; }
 
   // Allocation with eviction: a fresh block of the space's class (or of `cls`), or kNoBlock when

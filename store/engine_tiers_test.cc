@@ -234,7 +234,7 @@ TEST(EngineTiers, MovesToTheHostPoolForAHostSession) {
 
 // A session never gets a reference it cannot read: a host session's match ends at a GPU block,
 // a GPU session's at another GPU's block.
-TEST(EngineTiers, LookupsEndAtBlocksTheSessionCannotReach) {
+TEST(EngineTiers, LookupsAndGetsNeverHandOutBlocksTheSessionCannotReach) {
   Harness h(8, 4);
   const auto tokens = toks(2 * kBt, 300);
   auto g = h.engine->put(kOwner, h.space, "a", 0, toks(kBt, 300), {}, {}, 0);
@@ -254,6 +254,21 @@ TEST(EngineTiers, LookupsEndAtBlocksTheSessionCannotReach) {
       EXPECT_TRUE(h.engine->releaseRead(r->lease).ok());
     }
   }
+  // A get cannot end early: a range holding an unreachable block is NOT_SUPPORTED, nothing pinned.
+  for (int served : {-1, 0, 1, 2}) {
+    auto g = h.engine->get(h.space, "a", 0, kEnd, served);
+    const bool reachable = served == -1 || served == 1;
+    ASSERT_EQ(g.ok(), reachable) << "served tier " << served;
+    if (!g.ok()) {
+      EXPECT_EQ(g.error().code(), ErrorCode::kNotSupported);
+      EXPECT_EQ(h.engine->stats().readLeases, 0u);
+      continue;
+    }
+    EXPECT_TRUE(h.engine->releaseRead(g->lease).ok());
+  }
+  auto host = h.engine->get(h.space, "a", 0, kBt, 0);
+  ASSERT_TRUE(host.ok()) << "the host block alone is reachable";
+  EXPECT_TRUE(h.engine->releaseRead(host->lease).ok());
 }
 
 TEST(EngineTiers, PromotionStopsWhenTheGpuIsFullAndNeverDropsGpuBlocksWithDemotionOn) {
