@@ -120,6 +120,9 @@ struct Client::Impl {
   Status mapExtents(
       const std::vector<std::pair<uint32_t, std::pair<std::string, uint64_t>>>& extents);
   const uint8_t* view(const BlockRef& ref) const;
+  // The host view of a granted block: its bytes in the mapped pool, or an empty span for a block
+  // in GPU memory (reached with kernels). INTERNAL for a block outside every mapping.
+  Result<std::span<uint8_t>> grantedView(const BlockRef& ref) const;
 };
 
 namespace {
@@ -260,6 +263,13 @@ const uint8_t* Client::Impl::view(const BlockRef& ref) const {
     return nullptr;
   }
   return it->second->data() + ref.offset;
+}
+
+Result<std::span<uint8_t>> Client::Impl::grantedView(const BlockRef& ref) const {
+  if (gpuExtents.count(ref.extent)) return std::span<uint8_t>();
+  const uint8_t* p = view(ref);
+  if (!p) return makeError(ErrorCode::kInternal, "daemon granted a block outside the mapped pool");
+  return std::span<uint8_t>(const_cast<uint8_t*>(p), ref.bytes);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -676,14 +686,9 @@ Result<WriteHandle> Space::beginPut(std::string_view seq, uint64_t begin,
   handle.refs_ = std::move(granted->refs);
   if (client->mapped) {
     for (const auto& ref : handle.refs_) {
-      if (client->gpuExtents.count(ref.extent)) {
-        handle.views_.emplace_back();  // GPU memory: written by Space::putPaged
-        continue;
-      }
-      const uint8_t* p = client->view(ref);
-      if (!p)
-        return makeError(ErrorCode::kInternal, "daemon granted a block outside the mapped pool");
-      handle.views_.emplace_back(const_cast<uint8_t*>(p), ref.bytes);
+      auto v = client->grantedView(ref);  // empty for GPU memory: written by Space::putPaged
+      if (!v) return v.error();
+      handle.views_.push_back(*v);
     }
   }
   return handle;
@@ -713,14 +718,9 @@ Status attachViews(Client::Impl& client, std::vector<BlockRef>& refs,
     return {};
   }
   for (const auto& ref : refs) {
-    if (client.gpuExtents.count(ref.extent)) {
-      views.emplace_back();  // GPU memory: no host view (Space::gatherTo reads it)
-      continue;
-    }
-    const uint8_t* p = client.view(ref);
-    if (!p)
-      return makeError(ErrorCode::kInternal, "daemon returned a block outside the mapped pool");
-    views.emplace_back(p, ref.bytes);
+    auto v = client.grantedView(ref);  // empty for GPU memory: Space::gatherTo reads it
+    if (!v) return v.error();
+    views.emplace_back(v->data(), v->size());
   }
   return {};
 }

@@ -121,7 +121,13 @@ class GpuPools {
     return {};
   }
 
-  size_t count() const { return exports().size(); }
+  size_t count() const {
+#ifdef KVTIER_HAVE_CUDA
+    return devices_.size();
+#else
+    return 0;
+#endif
+  }
 
   std::vector<BlockPool::Extent> extents(HostPool& host) const {
     auto out = host.extents();
