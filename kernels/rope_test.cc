@@ -2,10 +2,11 @@
 // reference code written here (format definitions, nearest-value searches, complex rotations).
 #include "kernels/rope.h"
 
+#include "kernels/rope_test_util.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <complex>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -15,6 +16,12 @@
 
 namespace kvtier::kernels {
 namespace {
+
+using testing::decode;
+using testing::elemBytes;
+using testing::encode;
+using testing::partner;
+using testing::tolerance;
 
 uint32_t bitsOf(float f) {
   uint32_t u;
@@ -236,29 +243,6 @@ Layout ropeLayout(DType dtype, RopeStyle style, uint32_t heads, uint32_t headDim
   return l;
 }
 
-uint32_t elemBytes(DType d) { return d == DType::kFloat32 ? 4 : 2; }
-
-void encode(DType d, double v, uint8_t* p) {
-  const float f = static_cast<float>(v);
-  if (d == DType::kFloat32) {
-    std::memcpy(p, &f, 4);
-    return;
-  }
-  const uint16_t h = d == DType::kFloat16 ? floatToHalf(f) : floatToBf16(f);
-  std::memcpy(p, &h, 2);
-}
-
-double decode(DType d, const uint8_t* p) {
-  if (d == DType::kFloat32) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return d == DType::kFloat16 ? halfToFloat(h) : bf16ToFloat(h);
-}
-
 std::vector<double> decodeAll(const Layout& l, const std::vector<uint8_t>& k) {
   const uint32_t eb = elemBytes(l.dtype);
   std::vector<double> out(k.size() / eb);
@@ -284,36 +268,15 @@ std::vector<uint8_t> randomK(const Layout& l, uint64_t tokens, uint64_t seed) {
   return k;
 }
 
-// Reference RoPE: every head's pairs, as complex numbers x_i + i x_j, times e^{i delta theta_d},
-// theta_d = base^(-2d / rotaryDims); pairs (d, d + rotaryDims/2) for NeoX, (2d, 2d + 1) for GPT-J.
+// Reference RoPE of every head (testing::referenceRope) by `delta` positions.
 std::vector<double> referenceRotate(const Layout& l, std::vector<double> x, double delta) {
-  const uint32_t half = l.rope.rotaryDims / 2;
   for (size_t h = 0; h < x.size() / l.headDim; ++h) {
-    double* v = x.data() + h * l.headDim;
-    for (uint32_t d = 0; d < half; ++d) {
-      const bool neox = l.rope.style == RopeStyle::kNeox;
-      const uint32_t i = neox ? d : 2 * d, j = neox ? d + half : 2 * d + 1;
-      const double theta = std::pow(l.rope.base, -2.0 * d / l.rope.rotaryDims);
-      const std::complex<double> z =
-          std::complex<double>(v[i], v[j]) * std::polar(1.0, delta * theta);
-      v[i] = z.real();
-      v[j] = z.imag();
-    }
+    const auto first = x.begin() + static_cast<ptrdiff_t>(h * l.headDim);
+    const auto head =
+        testing::referenceRope(l.rope, std::vector<double>(first, first + l.headDim), delta);
+    std::copy(head.begin(), head.end(), first);
   }
   return x;
-}
-
-// The partner of dim `d` in its rotated pair.
-uint32_t partner(const Layout& l, uint32_t d) {
-  const uint32_t half = l.rope.rotaryDims / 2;
-  if (l.rope.style == RopeStyle::kNeox) return d < half ? d + half : d - half;
-  return d ^ 1u;
-}
-
-// Error allowed on a rotated element, relative to the norm of its pair: a few of the format's
-// roundings (unit roundoff: fp32 2^-24, fp16 2^-11, bf16 2^-8).
-double tolerance(DType d) {
-  return d == DType::kFloat32 ? 1e-5 : d == DType::kFloat16 ? 1.0 / 256 : 1.0 / 64;
 }
 
 // Checks rotated K `got` against reference values `want` (dims past rotaryDims: exactly `orig`).
@@ -330,7 +293,7 @@ void expectClose(const Layout& l, const std::vector<uint8_t>& got, const std::ve
       }
       continue;
     }
-    const double norm = std::hypot(want[i], want[i - d + partner(l, d)]);
+    const double norm = std::hypot(want[i], want[i - d + partner(l.rope, d)]);
     const double g = decode(l.dtype, got.data() + i * eb);
     if (!(std::fabs(g - want[i]) <= tol * norm + 1e-30)) {
       ADD_FAILURE() << "element " << i << " (dim " << d << "): " << g << ", reference " << want[i]

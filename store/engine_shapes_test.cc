@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/rope.h"
+#include "kernels/rope_test_util.h"
 #include "store/engine.h"
 #include "store/engine_test_util.h"
 
@@ -26,6 +27,12 @@ inline void PrintTo(ErrorCode code, std::ostream* os) { *os << errorName(code); 
 namespace {
 
 using namespace test_util;  // smallLayout, Tags, writeTag, readTag, toks
+using kernels::testing::decode;
+using kernels::testing::elemBytes;
+using kernels::testing::encode;
+using kernels::testing::partner;
+using kernels::testing::referenceRope;
+using kernels::testing::tolerance;
 
 constexpr uint32_t kBt = 16;
 constexpr OwnerId kOwner = 1;
@@ -1149,39 +1156,6 @@ std::string caseName(const ::testing::TestParamInfo<RopeCase>& info) {
          std::to_string(c.rotaryDims);
 }
 
-uint32_t elemBytes(DType d) { return d == DType::kFloat32 ? 4 : 2; }
-
-void encode(DType d, double v, uint8_t* p) {
-  const float f = static_cast<float>(v);
-  if (d == DType::kFloat16) {
-    const uint16_t h = kernels::floatToHalf(f);
-    std::memcpy(p, &h, 2);
-  } else if (d == DType::kBFloat16) {
-    const uint16_t b = kernels::floatToBf16(f);
-    std::memcpy(p, &b, 2);
-  } else {
-    std::memcpy(p, &f, 4);
-  }
-}
-
-double decode(DType d, const uint8_t* p) {
-  if (d == DType::kFloat32) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return d == DType::kFloat16 ? kernels::halfToFloat(h) : kernels::bf16ToFloat(h);
-}
-
-// Error allowed on a re-rotated element, relative to the norm of its pair: a few of the format's
-// roundings (unit roundoff: fp32 2^-24, fp16 2^-11, bf16 2^-8); K is rounded when stored and again
-// after each re-rotation.
-double tolerance(DType d) {
-  return d == DType::kFloat32 ? 1e-5 : d == DType::kFloat16 ? 1.0 / 256 : 1.0 / 64;
-}
-
 uint64_t mix(uint64_t x) {  // splitmix64
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -1201,30 +1175,8 @@ uint8_t vByte(uint32_t token, uint32_t layer, uint64_t index) {
   return static_cast<uint8_t>(mix(uint64_t{token} << 24 | layer << 20 | index) >> 17);
 }
 
-// Reference RoPE, independent of kernels/: head vector x (headDim values) rotated to `pos`, as
-// complex numbers (x_i + i x_j) times e^{i pos theta_d}, theta_d = base^(-2d / rotaryDims), with
-// pairs (d, d + rotaryDims/2) for NeoX and (2d, 2d + 1) for GPT-J.
-std::vector<double> referenceRope(const RopeScheme& r, std::vector<double> x, double pos) {
-  const uint32_t half = r.rotaryDims / 2;
-  for (uint32_t d = 0; d < half; ++d) {
-    const uint32_t i = r.style == RopeStyle::kNeox ? d : 2 * d;
-    const uint32_t j = r.style == RopeStyle::kNeox ? d + half : 2 * d + 1;
-    const double theta = std::exp(-std::log(r.base) * (2.0 * d) / r.rotaryDims);
-    const double a = pos * theta;
-    const double xi = x[i], xj = x[j];
-    x[i] = xi * std::cos(a) - xj * std::sin(a);
-    x[j] = xi * std::sin(a) + xj * std::cos(a);
-  }
-  return x;
-}
-
-// Whether dim `dim` takes part in the rotation (and its pair partner).
+// Whether dim `dim` takes part in the rotation.
 bool rotates(const RopeScheme& r, uint32_t dim) { return dim < r.rotaryDims; }
-uint32_t partner(const RopeScheme& r, uint32_t dim) {
-  const uint32_t half = r.rotaryDims / 2;
-  if (r.style == RopeStyle::kNeox) return dim < half ? dim + half : dim - half;
-  return dim ^ 1u;
-}
 
 class RemovalTest : public ::testing::TestWithParam<RopeCase>, protected Harness {
  protected:
