@@ -52,7 +52,9 @@ TEST(GpuIntegration, AKilledGpuClientLeaksNothing) {
   std::string out;
   ASSERT_EQ(runGpuPeer({"put-paged", daemon.socket(), "a", "5", "64"}, &out), 0) << out;
   auto client = daemon.connect();
-  const Stats before = client->stats().value();
+  // The baseline once only this test's own session is left (the peer's close may lag its exit).
+  const Stats before = waitForStats(*client, [](const Stats& s) { return s.clients == 1; });
+  ASSERT_EQ(before.clients, 1u);
   PeerProcess holder({"hold-gpu", daemon.socket(), "5", "64"}, gpuPeer());
   ASSERT_EQ(holder.waitForLine("READY"), "READY 4");
   const Stats held = client->stats().value();

@@ -114,7 +114,10 @@ TEST(Integration, ClientKilledWithLeasesReleasesPinsAndFreesUncommittedBlocks) {
   auto client = daemon.connect();
   auto space = client->open(testLayout()).value();
   ASSERT_EQ(runPeer({"put", daemon.socket(), "prompt-3", "3", "64"}), 0);
-  const Stats before = client->stats().value();
+  // The peer has exited, but the daemon may not have seen its connection close yet: the baseline
+  // is taken once only this test's own session is left.
+  const Stats before = test::waitForStats(*client, [](const Stats& s) { return s.clients == 1; });
+  ASSERT_EQ(before.clients, 1u);
   ASSERT_EQ(before.blocksPinned, 0u);
 
   PeerProcess holder({"hold", daemon.socket(), "3", "64"});
