@@ -72,7 +72,8 @@ const char* kUsage =
     "  --json FILE     also write the figures as JSON (e.g. bench/results/local.json)\n"
     "  --reps N        measured repetitions after one warm-up (default 7)\n"
     "  --daemon PATH   the kvtierd to start (default: the one built with this binary)\n"
-    "  --threading M   SDK mode: caller (default; no thread hop per call) or own\n";
+    "  --threading M   SDK mode: caller (default; no thread hop per call) or own\n"
+    "  --busy-poll-us N  busy polling of kvtierd and the bench's clients (default: theirs, 50)\n";
 
 // The suite's shapes. 8 layers x 8 KV heads x head dim 64 x fp16 = 1 KiB per token and layer, so
 // 16 KiB of K and V per token and 256 KiB per 16-token block; the prefix is 64 blocks, 16 MiB.
@@ -338,10 +339,12 @@ class BenchDaemon {
 };
 
 // The anchor for one control-plane round trip: a forked child that echoes whatever arrives on its
-// end of a socketpair(AF_UNIX, SOCK_STREAM). Start it before any thread exists (fork).
+// end of a socketpair(AF_UNIX, SOCK_STREAM). Start it before any thread exists (fork). With a
+// `busyPoll` window, both ends poll that long for the next message before they block, the policy
+// kvtierd and the SDK follow (transport/busy_poll.h): the floor for a polling round trip.
 class EchoPeer {
  public:
-  static Result<EchoPeer> start() {
+  static Result<EchoPeer> start(std::chrono::microseconds busyPoll = {}) {
     int fds[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0) {
       return unavailable("socketpair: ", std::strerror(errno));
@@ -350,13 +353,13 @@ class EchoPeer {
     if (pid < 0) return unavailable("fork: ", std::strerror(errno));
     if (pid == 0) {
       ::close(fds[0]);
-      echoLoop(fds[1]);
+      echoLoop(fds[1], busyPoll);
     }
     ::close(fds[1]);
-    return EchoPeer(pid, fds[0]);
+    return EchoPeer(pid, fds[0], busyPoll);
   }
   EchoPeer(EchoPeer&& o) noexcept
-      : pid_(std::exchange(o.pid_, -1)), fd_(std::exchange(o.fd_, -1)) {}
+      : pid_(std::exchange(o.pid_, -1)), fd_(std::exchange(o.fd_, -1)), busyPoll_(o.busyPoll_) {}
   EchoPeer(const EchoPeer&) = delete;
   EchoPeer& operator=(const EchoPeer&) = delete;
   ~EchoPeer() {
@@ -371,7 +374,7 @@ class EchoPeer {
   bool pingPong(uint8_t* buf, size_t bytes) {
     if (!writeAll(fd_, buf, bytes)) return false;
     for (size_t got = 0; got < bytes;) {
-      const ssize_t n = ::read(fd_, buf + got, bytes - got);
+      const ssize_t n = readPolling(fd_, buf + got, bytes - got, busyPoll_);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) return false;
       got += static_cast<size_t>(n);
@@ -380,7 +383,23 @@ class EchoPeer {
   }
 
  private:
-  EchoPeer(pid_t pid, int fd) : pid_(pid), fd_(fd) {}
+  EchoPeer(pid_t pid, int fd, std::chrono::microseconds busyPoll)
+      : pid_(pid), fd_(fd), busyPoll_(busyPoll) {}
+
+  // read(2), first polling with MSG_DONTWAIT for up to `window` (async-signal-safe calls only).
+  static ssize_t readPolling(int fd, uint8_t* p, size_t n, std::chrono::microseconds window) {
+    if (window.count() > 0) {
+      timespec now{};
+      ::clock_gettime(CLOCK_MONOTONIC, &now);
+      const int64_t deadline = now.tv_sec * 1000000000LL + now.tv_nsec + window.count() * 1000;
+      do {
+        const ssize_t got = ::recv(fd, p, n, MSG_DONTWAIT);
+        if (got >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) return got;
+        ::clock_gettime(CLOCK_MONOTONIC, &now);
+      } while (now.tv_sec * 1000000000LL + now.tv_nsec < deadline);
+    }
+    return ::read(fd, p, n);
+  }
 
   static bool writeAll(int fd, const uint8_t* p, size_t n) {
     while (n > 0) {
@@ -394,10 +413,10 @@ class EchoPeer {
   }
 
   // The child: only async-signal-safe calls, then _exit.
-  [[noreturn]] static void echoLoop(int fd) {
+  [[noreturn]] static void echoLoop(int fd, std::chrono::microseconds busyPoll) {
     uint8_t buf[4096];
     for (;;) {
-      const ssize_t n = ::read(fd, buf, sizeof buf);
+      const ssize_t n = readPolling(fd, buf, sizeof buf, busyPoll);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0 || !writeAll(fd, buf, static_cast<size_t>(n))) ::_exit(0);
     }
@@ -405,6 +424,7 @@ class EchoPeer {
 
   pid_t pid_;
   int fd_;
+  std::chrono::microseconds busyPoll_;
 };
 
 struct RedisFree {
@@ -720,7 +740,8 @@ struct Breakdown {
   std::vector<std::pair<std::string, double>> steps;  // name, median seconds
 };
 
-Result<Breakdown> measureBreakdown(Space& space, Workload& w) {
+Result<Breakdown> measureBreakdown(Space& space, Workload& w, EchoPeer& pollingEcho,
+                                   std::chrono::microseconds busyPoll) {
   std::vector<double> lookup, copy, release, begin, write, commit, bare, lookup1, drop, copies;
   for (int i = 0; i < kBreakdownIterations; ++i) {
     auto t0 = Clock::now();
@@ -762,6 +783,8 @@ Result<Breakdown> measureBreakdown(Space& space, Workload& w) {
     lookup1.push_back(seconds(t1, t2));
     drop.push_back(seconds(t2, t3));
   }
+  std::vector<double> pings;
+  if (auto s = samplePings(pollingEcho, kBreakdownIterations * 8, pings); !s) return s.error();
   Breakdown b;
   b.steps = {{"memcpy 16 MiB", medianOf(copies)},
              {"get: lookup 64 blocks", medianOf(lookup)},
@@ -772,7 +795,9 @@ Result<Breakdown> measureBreakdown(Space& space, Workload& w) {
              {"put: commit", medianOf(commit)},
              {"length() (smallest call)", medianOf(bare)},
              {"lookup 1 block", medianOf(lookup1)},
-             {"drop of its ReadHandle", medianOf(drop)}};
+             {"drop of its ReadHandle", medianOf(drop)},
+             {"uds ping-pong, both polling " + std::to_string(busyPoll.count()) + " us",
+              medianOf(pings)}};
   return b;
 }
 
@@ -938,7 +963,7 @@ struct RunInfo {
   // Name and JSON value of each program measured, kvtierd first.
   std::vector<std::pair<std::string, std::string>> versions;
   // More top-level members, already JSON ("\"name\": value" each), after the breakdown.
-  std::vector<std::string> extra;
+  std::vector<std::string> extra;  std::optional<uint32_t> busyPollMicros;  // --busy-poll-us; unset: the programs' defaults
 };
 
 std::string toJson(const std::vector<RatioReport>& reports, const Breakdown& breakdown,
@@ -949,6 +974,8 @@ std::string toJson(const std::vector<RatioReport>& reports, const Breakdown& bre
   o << "{\n  \"suite\": " << jsonString(info.suite) << ",\n  \"reps\": " << info.reps
     << ",\n  \"warmup_reps\": 1,\n";
   o << "  \"client_threading\": " << jsonString(info.threading) << ",\n";
+  o << "  \"busy_poll_us\": "
+    << (info.busyPollMicros ? std::to_string(*info.busyPollMicros) : "\"default\"") << ",\n";
   o << "  \"machine\": {\"nproc\": " << ::sysconf(_SC_NPROCESSORS_ONLN) << ", \"uname\": "
     << jsonString(std::string(u.sysname) + " " + u.release + " " + u.version + " " + u.machine)
     << "},\n";
@@ -1020,11 +1047,25 @@ struct Options {
   // The SDK's caller-thread mode is what a serving engine's scheduler thread uses; "own" measures
   // the default mode, whose calls hop to the client's event-loop thread and back.
   ClientThreading threading = ClientThreading::kCallerThread;
+  // Busy polling of the daemon (--busy-poll-us) and of the bench's clients; unset: their defaults.
+  std::optional<uint32_t> busyPollMicros;
+
+  // The daemon's flags: the suite's own, then --busy-poll-us when set.
+  std::vector<std::string> daemonFlags(std::vector<std::string> flags) const {
+    if (busyPollMicros) {
+      flags.push_back("--busy-poll-us");
+      flags.push_back(std::to_string(*busyPollMicros));
+    }
+    return flags;
+  }
 };
 
-Result<std::unique_ptr<Client>> startClient(const std::string& socket, ClientThreading threading,
+Result<std::unique_ptr<Client>> startClient(const std::string& socket, const Options& options,
+                                            ClientThreading threading,
                                             const std::string& name = "kvtier-bench") {
-  return Client::connect({.socketPath = socket, .clientName = name, .threading = threading});
+  ClientOptions o{.socketPath = socket, .clientName = name, .threading = threading};
+  if (options.busyPollMicros) o.busyPoll = std::chrono::microseconds(*options.busyPollMicros);
+  return Client::connect(o);
 }
 
 const char* threadingName(ClientThreading t) {
@@ -1036,12 +1077,18 @@ const char* threadingName(ClientThreading t) {
 Status runLocalSuite(const Options& options) {
   auto echo = EchoPeer::start();  // first: fork while this process has no threads
   if (!echo) return echo.error();
+  // For the breakdown only: the same ping-pong polling like kvtier does.
+  const std::chrono::microseconds busyPoll = std::chrono::microseconds(
+      options.busyPollMicros.value_or(ClientOptions{}.busyPoll.count()));
+  auto pollingEcho = EchoPeer::start(busyPoll);
+  if (!pollingEcho) return pollingEcho.error();
   auto dir = TempDir::create();
   if (!dir) return dir.error();
 
   const std::string socket = dir->file("kvtierd.sock");
   BenchDaemon daemon;
-  if (auto s = daemon.start(options.daemon, *dir, socket, {"--host-pool-bytes", kPoolBytes}); !s)
+  if (auto s = daemon.start(options.daemon, *dir, socket,
+                            options.daemonFlags({"--host-pool-bytes", kPoolBytes})); !s)
     return s;
 
   std::unique_ptr<RedisServer> redis;
@@ -1059,7 +1106,7 @@ Status runLocalSuite(const Options& options) {
   if (!redisSkipped.empty())
     std::fprintf(stderr, "kvtier-bench: %s; get/put_vs_redis are null\n", redisSkipped.c_str());
 
-  auto client = startClient(socket, options.threading);
+  auto client = startClient(socket, options, options.threading);
   if (!client) return client.error();
   Workload w;
   auto space = (*client)->open(w.layout);
@@ -1127,7 +1174,7 @@ Status runLocalSuite(const Options& options) {
       putRedis.anchor.perRep.push_back(*f->redisSet);
     }
   }
-  auto breakdown = measureBreakdown(**space, w);
+  auto breakdown = measureBreakdown(**space, w, *pollingEcho, busyPoll);
   if (!breakdown) return breakdown.error();
 
   const std::vector<RatioReport> reports = {getMem, putMem, rtt, getRedis, putRedis};
@@ -1139,7 +1186,8 @@ Status runLocalSuite(const Options& options) {
                  threadingName(options.threading),
                  {{"kvtierd", jsonString((*client)->daemonVersion())},
                   {"redis", redis ? jsonString(redis->version()) : "null"}},
-                 {}};
+                 {},
+                 options.busyPollMicros};
     if (auto s = writeFile(options.json, toJson(reports, *breakdown, info)); !s) return s;
     std::printf("\nwrote %s\n", options.json.c_str());
   }
@@ -1312,11 +1360,11 @@ struct Spiller {
 // `count` prompts (or until `stop`); prompt i has the tokens `tokensOf(i)` and spill prompt i %
 // kSpillPrompts' bytes. Whoever resumes it after a pause waits for `prompts` to move before
 // pausing it again, so `parked` is never stale.
-void runSpiller(const std::string& socket, ClientThreading threading, const ColdWorkload& w,
+void runSpiller(const std::string& socket, const Options& options, const ColdWorkload& w,
                 const std::function<std::vector<uint32_t>(uint64_t)>& tokensOf, uint64_t count,
                 Spiller& out) {
   out.status = [&]() -> Status {
-    auto client = startClient(socket, threading, "kvtier-bench-spiller");
+    auto client = startClient(socket, options, options.threading, "kvtier-bench-spiller");
     if (!client) return client.error();
     auto space = (*client)->open(w.layout);
     if (!space) return space.error();
@@ -1473,11 +1521,12 @@ Result<ColdRep> measureColdRepetition(const Options& options, const ColdWorkload
   BenchDaemon daemon;
   if (auto s = daemon.start(
           options.daemon, *dir, socket,
-          {"--host-pool-bytes", kColdPoolBytes, "--cold-tier", "on", "--flush-on-exit", "off"});
+          options.daemonFlags({"--host-pool-bytes", kColdPoolBytes, "--cold-tier", "on",
+                               "--flush-on-exit", "off"}));
       !s) {
     return s.error();
   }
-  auto client = startClient(socket, options.threading);
+  auto client = startClient(socket, options, options.threading);
   if (!client) return client.error();
   r.daemonVersion = (*client)->daemonVersion();
   auto space = (*client)->open(w.layout);
@@ -1508,7 +1557,7 @@ Result<ColdRep> measureColdRepetition(const Options& options, const ColdWorkload
   {
     Spiller spiller;
     std::thread thread(
-        runSpiller, socket, options.threading, std::cref(w),
+        runSpiller, socket, std::cref(options), std::cref(w),
         [&w](uint64_t i) { return w.tokens[i]; }, kSpillPrompts, std::ref(spiller));
     thread.join();
     if (!spiller.status) return spiller.status.error();
@@ -1553,7 +1602,7 @@ Result<ColdRep> measureColdRepetition(const Options& options, const ColdWorkload
     Spiller spiller;
     spiller.pause.store(true);
     std::thread thread(
-        runSpiller, socket, options.threading, std::cref(w),
+        runSpiller, socket, std::cref(options), std::cref(w),
         [](uint64_t i) { return synthetic::tokens(900000 + i, kColdPromptTokens); }, UINT64_MAX,
         std::ref(spiller));
     std::vector<double> idle, spilling;
@@ -1729,7 +1778,8 @@ Status runColdSuite(const Options& options) {
                  threadingName(options.threading),
                  {{"kvtierd", jsonString(daemonVersion)},
                   {"db_bench", dbBench ? jsonString(dbVersion) : "null"}},
-                 {}};
+                 {},
+                 options.busyPollMicros};
     std::ostringstream setup;
     setup << "\"setup\": {\"block_bytes\": " << w.blockBytes()
           << ", \"host_pool_bytes\": " << (kColdPoolBlocks * w.blockBytes())
@@ -1789,10 +1839,18 @@ Result<Options> parseArgs(int argc, char** argv) {
       std::fputs(kUsage, stdout);
       std::exit(0);
     } else if (a == "--suite" || a == "--json" || a == "--reps" || a == "--daemon" ||
-               a == "--threading") {
+               a == "--threading" || a == "--busy-poll-us") {
       auto v = value();
       if (!v) return v.error();
-      if (a == "--threading") {
+      if (a == "--busy-poll-us") {
+        char* end = nullptr;
+        const long us = std::strtol(v->c_str(), &end, 10);
+        if (end == v->c_str() || *end != '\0' || us < 0 || us > 10000) {
+          return makeError(ErrorCode::kInvalidArgument, "--busy-poll-us wants 0 to 10000, not '",
+                           *v, "'");
+        }
+        o.busyPollMicros = static_cast<uint32_t>(us);
+      } else if (a == "--threading") {
         if (*v != "caller" && *v != "own") {
           return makeError(ErrorCode::kInvalidArgument, "--threading is caller or own, not '", *v,
                            "'");
@@ -1879,12 +1937,13 @@ Status runGpuMeasurements(const Options& options, std::vector<RatioReport>& repo
   const std::string socket = dir->file("kvtierd.sock");
   BenchDaemon daemon;
   if (auto s = daemon.start(options.daemon, *dir, socket,
-                            {"--host-pool-bytes", "1G", "--gpus", "0", "--gpu-pool-bytes", "1G"});
+                            options.daemonFlags({"--host-pool-bytes", "1G", "--gpus", "0",
+                                                 "--gpu-pool-bytes", "1G"}));
       !s)
     return s;
-  auto gpuClient = startClient(socket, options.threading);
+  auto gpuClient = startClient(socket, options, options.threading);
   if (!gpuClient) return gpuClient.error();
-  auto hostClient = startClient(socket, ClientThreading::kOwnThread, "kvtier-bench-host");
+  auto hostClient = startClient(socket, options, ClientThreading::kOwnThread, "kvtier-bench-host");
   if (!hostClient) return hostClient.error();
   daemonVersion = (*gpuClient)->daemonVersion();
   Workload w;  // the local suite's layout
@@ -2061,7 +2120,8 @@ Status runGpuSuite(const Options& options) {
                  options.reps,
                  threadingName(options.threading),
                  {{"kvtierd", daemonVersion.empty() ? "null" : jsonString(daemonVersion)}},
-                 {}};
+                 {},
+                 options.busyPollMicros};
     if (auto s = writeFile(options.json, toJson(reports, Breakdown{}, info)); !s) return s;
     std::printf("\nwrote %s\n", options.json.c_str());
   }

@@ -14,6 +14,7 @@
 #include "schemas/kvtier.capnp.h"
 #include "store/limits.h"
 #include "transport/buffered_stream.h"
+#include "transport/busy_poll.h"
 #include "transport/rpc_codec.h"
 #include "transport/shm_segment.h"
 #ifdef KVTIER_HAVE_CUDA
@@ -43,6 +44,8 @@ struct Client::Impl {
   // Loop-thread state (touched only inside run()).
   kj::AsyncIoContext* io = nullptr;
   kj::Own<kj::PromiseFulfiller<void>> stop;
+  // Own-thread mode: the loop thread polls for the daemon's next message a while after each one.
+  kj::Own<BusyPoller> poller;
   kj::Own<kj::AsyncIoStream> stream;
   kj::Own<capnp::TwoPartyVatNetwork> network;
   kj::Own<capnp::RpcSystem<capnp::rpc::twoparty::VatId>> rpcSystem;
@@ -87,7 +90,7 @@ struct Client::Impl {
           ws.poll();  // flush the messages the call queued (releases, finishes)
           return {};
         } else if constexpr (std::is_void_v<T>) {
-          f().wait(ws);
+          waitBusyPolling(f(), ws, options.busyPoll);
           ws.poll();
           return {};
         } else if constexpr (kj::isSameType<R, T>()) {
@@ -95,7 +98,7 @@ struct Client::Impl {
           ws.poll();
           return value;
         } else {
-          T value = f().wait(ws);
+          T value = waitBusyPolling(f(), ws, options.busyPoll);
           ws.poll();
           return value;
         }
@@ -169,7 +172,11 @@ Status Client::Impl::setup(kj::AsyncIoContext& context) {
                  auto address = context.provider->getNetwork()
                                     .parseAddress(kj::str("unix:", options.socketPath.c_str()))
                                     .wait(context.waitScope);
-                 stream = kj::heap<BufferedIoStream>(address->connect().wait(context.waitScope));
+                 if (!callerThread) {
+                   poller = kj::heap<BusyPoller>(context.provider->getTimer(), options.busyPoll);
+                 }
+                 stream = kj::heap<BufferedIoStream>(address->connect().wait(context.waitScope),
+                                                     poller.get());
                  network = kj::heap<capnp::TwoPartyVatNetwork>(
                      *stream, capnp::rpc::twoparty::Side::CLIENT, clientReaderOptions());
                  rpcSystem = kj::heap(capnp::makeRpcClient(*network));
@@ -204,6 +211,7 @@ void Client::Impl::teardown() {
   rpcSystem = nullptr;
   network = nullptr;
   stream = nullptr;
+  poller = nullptr;
   io = nullptr;
 }
 

@@ -6,6 +6,10 @@
 #include <cstdlib>
 
 namespace kvtier {
+namespace {
+// Polling longer than a scheduler slice only burns CPU: the thread would be preempted anyway.
+constexpr unsigned long kMaxBusyPollMicros = 10000;
+}  // namespace
 
 Result<uint64_t> parseByteSize(std::string_view text) {
   uint64_t value = 0;
@@ -99,6 +103,14 @@ Result<DaemonConfig> parseDaemonArgs(const std::vector<std::string>& args) {
       if (!bytes)
         return makeError(ErrorCode::kInvalidArgument, flag, ": ", bytes.error().message());
       config.gpuPoolBytes = *bytes;
+    } else if (flag == "--busy-poll-us") {
+      char* end = nullptr;
+      const unsigned long us = std::strtoul(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || value[0] == '-' || us > kMaxBusyPollMicros) {
+        return makeError(ErrorCode::kInvalidArgument, "--busy-poll-us wants 0 to ",
+                         kMaxBusyPollMicros, " microseconds, not '", value, "'");
+      }
+      config.busyPollMicros = static_cast<uint32_t>(us);
     } else if (flag == "--disk-bytes") {
       auto bytes = parseByteSize(value);
       if (!bytes)
@@ -130,6 +142,8 @@ const char* daemonUsage() {
          "  --metrics-addr H:P      serve GET /metrics (Prometheus text) on H:P (off)\n"
          "  --gpus all|none|0,1     CUDA devices that get a GPU pool (all; needs a CUDA build)\n"
          "  --gpu-pool-bytes N      GPU pool size per device, 2 MiB-aligned (1G; 0: none)\n"
+         "  --busy-poll-us N        poll this long before the event loop sleeps (50; 0: "
+         "never)\n"
          "Runs with no flags on these defaults. SIGTERM or SIGINT stop it cleanly.\n";
 }
 

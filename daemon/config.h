@@ -26,6 +26,9 @@ struct DaemonConfig {
   uint64_t gpuPoolBytes = uint64_t{1} << 30;
   bool allGpus = true;
   std::vector<int> gpus;
+  // After the event loop runs out of work it polls for this long before it sleeps: the next
+  // message of a conversation then finds it awake (see transport/event_loop.h). 0: sleep at once.
+  uint32_t busyPollMicros = 50;
   bool showHelp = false;
 
   std::string effectiveSocketPath() const {

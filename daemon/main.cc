@@ -8,6 +8,7 @@
 #include <kj/async-unix.h>
 #include <kj/debug.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -21,6 +22,7 @@
 #include "daemon/server.h"
 #include "kernels/rope.h"
 #include "store/engine.h"
+#include "transport/busy_poll.h"
 #include "transport/host_pool.h"
 #ifdef KVTIER_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -254,6 +256,8 @@ int run(const DaemonConfig& config) {
     cold = std::make_unique<ColdService>(engine, std::move(tier).value(), io.provider->getTimer());
   }
   Server server(engine, **pool, cold.get(), tiers.get(), gpus.exports());
+  BusyPoller poller(io.provider->getTimer(), std::chrono::microseconds(config.busyPollMicros));
+  server.setBusyPoller(&poller);
   logInfo("ready",
           "socket=" + socketPath + " host_pool_bytes=" + std::to_string(config.hostPoolBytes) +
               " extents=" + std::to_string((*pool)->extentCount()) +

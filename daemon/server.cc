@@ -738,8 +738,8 @@ class DaemonImpl final : public rpc::Daemon::Server {
 
 // One client connection: its stream, its two-party network and its RPC system.
 struct Connection {
-  Connection(kj::Own<kj::AsyncIoStream> s, rpc::Daemon::Client bootstrap)
-      : stream(kj::heap<BufferedIoStream>(kj::mv(s))),
+  Connection(kj::Own<kj::AsyncIoStream> s, BusyPoller* poller, rpc::Daemon::Client bootstrap)
+      : stream(kj::heap<BufferedIoStream>(kj::mv(s), poller)),
         network(*stream, capnp::rpc::twoparty::Side::SERVER, readerOptions()),
         rpcSystem(capnp::makeRpcServer(network, kj::mv(bootstrap))) {}
   kj::Own<kj::AsyncIoStream> stream;
@@ -785,7 +785,7 @@ void Server::accept(kj::Own<kj::AsyncIoStream> stream) {
   if (!allowed)
     logWarn("peer_refused", "pid=" + std::to_string(peer.pid) + " uid=" + std::to_string(peer.uid));
   auto connection =
-      kj::heap<Connection>(kj::mv(stream), kj::heap<DaemonImpl>(*this, peer, allowed));
+      kj::heap<Connection>(kj::mv(stream), poller_, kj::heap<DaemonImpl>(*this, peer, allowed));
   auto done = connection->network.onDisconnect();
   tasks_.add(done.attach(kj::mv(connection)));
 }

@@ -14,6 +14,7 @@
 
 #include "daemon/cold_service.h"
 #include "daemon/tier_service.h"
+#include "transport/busy_poll.h"
 #include "store/engine.h"
 #include "transport/host_pool.h"
 
@@ -44,6 +45,9 @@ class Server final : private kj::TaskSet::ErrorHandler {
   // borrowed and must outlive the server.
   Server(Engine& engine, HostPool& pool, ColdService* cold = nullptr, TierService* tiers = nullptr,
          std::vector<GpuPoolExport> gpus = {});
+  // Client connections touch `poller` (borrowed, outlives the server) on every message, so the
+  // loop polls for a client's next message before it sleeps. Call before the first accept.
+  void setBusyPoller(BusyPoller* poller) { poller_ = poller; }
   ~Server();
 
   // Accepts connections until the returned promise is cancelled.
@@ -69,6 +73,7 @@ class Server final : private kj::TaskSet::ErrorHandler {
 
   Engine& engine_;
   HostPool& pool_;
+  BusyPoller* poller_ = nullptr;
   ColdService* cold_;
   TierService* tiers_;
   std::vector<GpuPoolExport> gpus_;

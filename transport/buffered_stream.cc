@@ -5,8 +5,9 @@
 
 namespace kvtier {
 
-BufferedIoStream::BufferedIoStream(kj::Own<kj::AsyncIoStream> inner, size_t bufferBytes)
-    : inner_(kj::mv(inner)), buffer_(kj::heapArray<kj::byte>(bufferBytes)) {}
+BufferedIoStream::BufferedIoStream(kj::Own<kj::AsyncIoStream> inner, BusyPoller* poller,
+                                   size_t bufferBytes)
+    : inner_(kj::mv(inner)), poller_(poller), buffer_(kj::heapArray<kj::byte>(bufferBytes)) {}
 
 kj::Promise<size_t> BufferedIoStream::tryRead(void* buffer, size_t minBytes, size_t maxBytes) {
   auto* dst = static_cast<kj::byte*>(buffer);
@@ -19,12 +20,14 @@ kj::Promise<size_t> BufferedIoStream::tryRead(void* buffer, size_t minBytes, siz
   maxBytes -= buffered;
   if (maxBytes >= buffer_.size()) {
     // Large reads (inline KV) go straight into the caller's memory.
-    return inner_->tryRead(dst, minBytes, maxBytes).then([buffered](size_t n) {
+    return inner_->tryRead(dst, minBytes, maxBytes).then([this, buffered](size_t n) {
+      if (n > 0) touch();
       return buffered + n;
     });
   }
   return inner_->tryRead(buffer_.begin(), minBytes, buffer_.size())
       .then([this, dst, maxBytes, buffered](size_t n) {
+        if (n > 0) touch();
         const size_t take = std::min(n, maxBytes);
         std::memcpy(dst, buffer_.begin(), take);
         begin_ = take;

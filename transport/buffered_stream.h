@@ -3,10 +3,13 @@
 // Cap'n Proto 0.9 reads each message in two or three small reads (segment table, then segments).
 // Over a Unix socket each read is a syscall, and on small VMs a syscall costs microseconds: a
 // buffer turns the reads of a message (often of several) into one. Large reads bypass the buffer.
-// Writes pass straight through.
+// Writes pass straight through. Reads that return bytes and every write touch an optional
+// BusyPoller: a conversation is under way, the next message is likely soon.
 #pragma once
 
 #include <kj/async-io.h>
+
+#include "transport/busy_poll.h"
 
 namespace kvtier {
 
@@ -14,14 +17,17 @@ class BufferedIoStream final : public kj::AsyncIoStream {
  public:
   static constexpr size_t kDefaultBufferBytes = 64 << 10;
 
-  explicit BufferedIoStream(kj::Own<kj::AsyncIoStream> inner,
+  // `poller`, when given, is borrowed and must outlive the stream.
+  explicit BufferedIoStream(kj::Own<kj::AsyncIoStream> inner, BusyPoller* poller = nullptr,
                             size_t bufferBytes = kDefaultBufferBytes);
 
   kj::Promise<size_t> tryRead(void* buffer, size_t minBytes, size_t maxBytes) override;
   kj::Promise<void> write(const void* buffer, size_t size) override {
+    touch();
     return inner_->write(buffer, size);
   }
   kj::Promise<void> write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces) override {
+    touch();
     return inner_->write(pieces);
   }
   kj::Promise<void> whenWriteDisconnected() override { return inner_->whenWriteDisconnected(); }
@@ -36,7 +42,12 @@ class BufferedIoStream final : public kj::AsyncIoStream {
   kj::Maybe<int> getFd() const override { return inner_->getFd(); }
 
  private:
+  void touch() {
+    if (poller_ != nullptr) poller_->touch();
+  }
+
   kj::Own<kj::AsyncIoStream> inner_;
+  BusyPoller* poller_;
   kj::Array<kj::byte> buffer_;
   size_t begin_ = 0;  // unread bytes are buffer_[begin_, end_)
   size_t end_ = 0;
