@@ -786,18 +786,18 @@ Result<Breakdown> measureBreakdown(Space& space, Workload& w, EchoPeer& pollingE
   std::vector<double> pings;
   if (auto s = samplePings(pollingEcho, kBreakdownIterations * 8, pings); !s) return s.error();
   Breakdown b;
-  b.steps = {{"memcpy 16 MiB", medianOf(copies)},
-             {"get: lookup 64 blocks", medianOf(lookup)},
-             {"get: copyTo 16 MiB", medianOf(copy)},
-             {"get: release", medianOf(release)},
-             {"put: beginPut 64 blocks", medianOf(begin)},
-             {"put: write 16 MiB", medianOf(write)},
-             {"put: commit", medianOf(commit)},
-             {"length() (smallest call)", medianOf(bare)},
-             {"lookup 1 block", medianOf(lookup1)},
-             {"drop of its ReadHandle", medianOf(drop)},
-             {"uds ping-pong, both polling " + std::to_string(busyPoll.count()) + " us",
-              medianOf(pings)}};
+  b.steps = {
+      {"memcpy 16 MiB", medianOf(copies)},
+      {"get: lookup 64 blocks", medianOf(lookup)},
+      {"get: copyTo 16 MiB", medianOf(copy)},
+      {"get: release", medianOf(release)},
+      {"put: beginPut 64 blocks", medianOf(begin)},
+      {"put: write 16 MiB", medianOf(write)},
+      {"put: commit", medianOf(commit)},
+      {"length() (smallest call)", medianOf(bare)},
+      {"lookup 1 block", medianOf(lookup1)},
+      {"drop of its ReadHandle", medianOf(drop)},
+      {"uds ping-pong, both polling " + std::to_string(busyPoll.count()) + " us", medianOf(pings)}};
   return b;
 }
 
@@ -963,7 +963,8 @@ struct RunInfo {
   // Name and JSON value of each program measured, kvtierd first.
   std::vector<std::pair<std::string, std::string>> versions;
   // More top-level members, already JSON ("\"name\": value" each), after the breakdown.
-  std::vector<std::string> extra;  std::optional<uint32_t> busyPollMicros;  // --busy-poll-us; unset: the programs' defaults
+  std::vector<std::string> extra;
+  std::optional<uint32_t> busyPollMicros;  // --busy-poll-us; unset: the programs' defaults
 };
 
 std::string toJson(const std::vector<RatioReport>& reports, const Breakdown& breakdown,
@@ -1078,8 +1079,8 @@ Status runLocalSuite(const Options& options) {
   auto echo = EchoPeer::start();  // first: fork while this process has no threads
   if (!echo) return echo.error();
   // For the breakdown only: the same ping-pong polling like kvtier does.
-  const std::chrono::microseconds busyPoll = std::chrono::microseconds(
-      options.busyPollMicros.value_or(ClientOptions{}.busyPoll.count()));
+  const std::chrono::microseconds busyPoll =
+      std::chrono::microseconds(options.busyPollMicros.value_or(ClientOptions{}.busyPoll.count()));
   auto pollingEcho = EchoPeer::start(busyPoll);
   if (!pollingEcho) return pollingEcho.error();
   auto dir = TempDir::create();
@@ -1088,7 +1089,8 @@ Status runLocalSuite(const Options& options) {
   const std::string socket = dir->file("kvtierd.sock");
   BenchDaemon daemon;
   if (auto s = daemon.start(options.daemon, *dir, socket,
-                            options.daemonFlags({"--host-pool-bytes", kPoolBytes})); !s)
+                            options.daemonFlags({"--host-pool-bytes", kPoolBytes}));
+      !s)
     return s;
 
   std::unique_ptr<RedisServer> redis;
@@ -1519,10 +1521,9 @@ Result<ColdRep> measureColdRepetition(const Options& options, const ColdWorkload
   auto t0 = Clock::now();
   const std::string socket = dir->file("kvtierd.sock");
   BenchDaemon daemon;
-  if (auto s = daemon.start(
-          options.daemon, *dir, socket,
-          options.daemonFlags({"--host-pool-bytes", kColdPoolBytes, "--cold-tier", "on",
-                               "--flush-on-exit", "off"}));
+  if (auto s = daemon.start(options.daemon, *dir, socket,
+                            options.daemonFlags({"--host-pool-bytes", kColdPoolBytes, "--cold-tier",
+                                                 "on", "--flush-on-exit", "off"}));
       !s) {
     return s.error();
   }

@@ -40,6 +40,8 @@ struct Client::Impl {
   bool callerThread = false;
   std::thread::id callerThreadId;
   std::optional<kj::AsyncIoContext> ownedIo;  // caller-thread mode: the caller's event loop
+  // Caller-thread mode: when the daemon's answers came, to poll for the next one while hot.
+  std::optional<Conversation> answers;
 
   // Loop-thread state (touched only inside run()).
   kj::AsyncIoContext* io = nullptr;
@@ -90,7 +92,7 @@ struct Client::Impl {
           ws.poll();  // flush the messages the call queued (releases, finishes)
           return {};
         } else if constexpr (std::is_void_v<T>) {
-          waitBusyPolling(f(), ws, options.busyPoll);
+          waitForAnswer(f(), ws, *answers);
           ws.poll();
           return {};
         } else if constexpr (kj::isSameType<R, T>()) {
@@ -98,7 +100,7 @@ struct Client::Impl {
           ws.poll();
           return value;
         } else {
-          T value = waitBusyPolling(f(), ws, options.busyPoll);
+          T value = waitForAnswer(f(), ws, *answers);
           ws.poll();
           return value;
         }
@@ -231,6 +233,7 @@ Status Client::Impl::connect() {
     callerThread = true;
     callerThreadId = std::this_thread::get_id();
     ownedIo.emplace(kj::setupAsyncIo());
+    answers.emplace(options.busyPoll);
     Status status = setup(*ownedIo);
     if (!status) {
       teardown();

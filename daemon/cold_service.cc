@@ -40,8 +40,8 @@ ColdService::ColdService(Engine& engine, std::unique_ptr<ColdTier> tier, kj::Tim
   // priority, so that they yield the CPU to the event loop serving hot lookups; and reads a
   // lookup or restore waits for (promotes, snapshot loads), at normal priority, never queued
   // behind a write batch.
-  writer_ = std::make_unique<WorkerThread>(WorkerThread::Priority::kBackground);
-  reader_ = std::make_unique<WorkerThread>(WorkerThread::Priority::kNormal);
+  writer_ = std::make_unique<WorkerThread>("kvtier-spill", WorkerThread::Priority::kBackground);
+  reader_ = std::make_unique<WorkerThread>("kvtier-promote", WorkerThread::Priority::kNormal);
   // Snapshot ids start above everything an earlier run may have handed out, and none is handed
   // out before its chunk is reserved on disk (if this write fails, the first snapshot call
   // tries again).

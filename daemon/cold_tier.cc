@@ -2,6 +2,7 @@
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
+#include <rocksdb/sst_file_manager.h>
 #include <rocksdb/utilities/options_util.h>
 #include <rocksdb/write_batch.h>
 #include <xxhash.h>
@@ -14,6 +15,7 @@
 #include <random>
 #include <shared_mutex>
 
+#include "daemon/chunked_write_fs.h"
 #include "daemon/snapshot_codec.h"
 #include "schemas/cold_record.capnp.h"
 
@@ -29,6 +31,13 @@ constexpr const char* kSnapshotIdLimitKey = "snapshot_id_limit";
 constexpr char kManifestTag = 'M';
 constexpr char kRecordTag = 'R';
 constexpr size_t kSnapshotPrefixBytes = 1 + 8 + 16 + 8;
+// Obsolete files (old blob and table files) are deleted in the background, truncated this much at
+// a time (see openDb), at up to this rate. The manager compares the trash with the table files
+// alone (blob files are not counted), which with values in blob files are tiny; the rate keeps
+// the trash to about a second of deletions instead.
+constexpr uint64_t kDeleteChunkBytes = 4 << 20;
+constexpr int64_t kDeleteBytesPerSecond = int64_t{1} << 30;
+constexpr double kMaxTrashRatio = 1e6;
 
 void appendBigEndian(std::string& out, uint64_t v, int bytes) {
   for (int i = bytes - 1; i >= 0; --i) out.push_back(static_cast<char>(v >> (8 * i)));
@@ -156,7 +165,11 @@ bool ColdKey::decode(std::string_view in, ColdKey* out) {
 Result<std::unique_ptr<ColdTier>> ColdTier::open(const Options& options) {
   auto tier = std::unique_ptr<ColdTier>(new ColdTier());
   tier->options_ = options;
-  if (options.fileSystem) tier->env_ = rocksdb::NewCompositeEnv(options.fileSystem);
+  // Every file write goes down in short pieces (daemon/chunked_write_fs.h): a long write(2) would
+  // hold a core that a lookup is waiting for.
+  tier->fileSystem_ = std::make_shared<ChunkedWriteFileSystem>(
+      options.fileSystem ? options.fileSystem : rocksdb::FileSystem::Default());
+  tier->env_ = rocksdb::NewCompositeEnv(tier->fileSystem_);
   if (auto s = tier->openDb(); !s) return s.error();
   tier->enforceCapacity();
   return tier;
@@ -166,10 +179,21 @@ Status ColdTier::openDb() {
   rocksdb::DBOptions dbOptions;
   dbOptions.create_if_missing = true;
   dbOptions.create_missing_column_families = true;
-  if (env_) dbOptions.env = env_.get();
+  dbOptions.env = env_.get();
   // RocksDB's flush and compaction threads yield to the event loop serving hot lookups.
   dbOptions.env->LowerThreadPoolCPUPriority(rocksdb::Env::Priority::HIGH);
   dbOptions.env->LowerThreadPoolCPUPriority(rocksdb::Env::Priority::LOW);
+  // No system call that runs for milliseconds: on a kernel that does not preempt system calls
+  // (preempt=none) it holds a core a lookup may be waiting for. So the log files are reused rather
+  // than deleted (dropping a file's cached pages is one long call, and the reused pages need no
+  // fresh allocation), writeback is started every 512 KiB rather than all at once in the
+  // fdatasync that ends a file, and obsolete files are truncated away 4 MiB at a time.
+  dbOptions.recycle_log_file_num = 4;
+  dbOptions.bytes_per_sync = 512 << 10;
+  dbOptions.wal_bytes_per_sync = 512 << 10;
+  dbOptions.sst_file_manager.reset(
+      rocksdb::NewSstFileManager(dbOptions.env, fileSystem_, nullptr, "", kDeleteBytesPerSecond,
+                                 true, nullptr, kMaxTrashRatio, kDeleteChunkBytes));
   rocksdb::ColumnFamilyOptions blocks;
   blocks.enable_blob_files = true;  // integrated BlobDB: KV blocks are large values
   blocks.min_blob_size = 4096;

@@ -162,6 +162,7 @@ class ColdTier {
   void forgetLocked(const std::string& key);
 
   Options options_;
+  std::shared_ptr<rocksdb::FileSystem> fileSystem_;  // the options' (or the default), chunked
   std::unique_ptr<rocksdb::Env> env_;
   // Held shared by every database call, exclusively to close or reopen the database.
   mutable std::shared_mutex dbMu_;

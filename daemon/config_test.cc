@@ -13,6 +13,18 @@ TEST(DaemonConfig, GpusDefaultToEveryDeviceWithAOneGigabytePool) {
   EXPECT_EQ(c->gpuPoolBytes, uint64_t{1} << 30);
 }
 
+TEST(DaemonConfig, BusyPollingDefaultsTo50MicrosecondsAndCanBeOff) {
+  EXPECT_EQ(parseDaemonArgs({}).value().busyPollMicros, 50u);
+  EXPECT_EQ(parseDaemonArgs({"--busy-poll-us", "0"}).value().busyPollMicros, 0u);
+  EXPECT_EQ(parseDaemonArgs({"--busy-poll-us=200"}).value().busyPollMicros, 200u);
+  for (const char* bad : {"", "-1", "abc", "10001", "5us"}) {
+    auto c = parseDaemonArgs({"--busy-poll-us", bad});
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_EQ(c.error().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(c.error().message().find("--busy-poll-us"), std::string::npos) << bad;
+  }
+}
+
 TEST(DaemonConfig, GpusTakeAllNoneOrAList) {
   auto none = parseDaemonArgs({"--gpus", "none"});
   ASSERT_TRUE(none.ok());

@@ -19,6 +19,7 @@
 #include "daemon/config.h"
 #include "daemon/log.h"
 #include "daemon/metrics.h"
+#include "daemon/scheduling.h"
 #include "daemon/server.h"
 #include "kernels/rope.h"
 #include "store/engine.h"
@@ -33,6 +34,10 @@
 
 namespace kvtier {
 namespace {
+
+// The event loop's scheduler slice (EEVDF): the kernel's minimum. Measured on the 2-vCPU
+// development VM: hot lookup p99 while spilling 0.6 ms against 1.6-1.8 ms with the default slice.
+constexpr std::chrono::microseconds kLoopSlice{100};
 
 // Holds an exclusive flock on <dataDir>/kvtierd.lock: one daemon per data directory, and whatever
 // segments or socket carry this directory's name were left by a dead one.
@@ -257,11 +262,16 @@ int run(const DaemonConfig& config) {
   }
   Server server(engine, **pool, cold.get(), tiers.get(), gpus.exports());
   BusyPoller poller(io.provider->getTimer(), std::chrono::microseconds(config.busyPollMicros));
+  // The loop's work comes in pieces of microseconds and it polls when idle: a short slice lets
+  // a waiting thread (a client woken on this core) in sooner, and the loop in sooner on a wake.
+  const bool shortSlice = requestShortSlice(kLoopSlice);
   server.setBusyPoller(&poller);
   logInfo("ready",
           "socket=" + socketPath + " host_pool_bytes=" + std::to_string(config.hostPoolBytes) +
               " extents=" + std::to_string((*pool)->extentCount()) +
-              " gpus=" + std::to_string(gpus.count()) + " pid=" + std::to_string(::getpid()));
+              " gpus=" + std::to_string(gpus.count()) + " pid=" + std::to_string(::getpid()) +
+              " busy_poll_us=" + std::to_string(config.busyPollMicros) +
+              " short_slice=" + (shortSlice ? "yes" : "no"));
   // Prometheus metrics over HTTP, when asked for.
   kj::HttpHeaderTable headerTable;
   MetricsService metrics(headerTable, [&server] { return server.metricsText(); });

@@ -14,8 +14,8 @@
 
 #include "daemon/cold_service.h"
 #include "daemon/tier_service.h"
-#include "transport/busy_poll.h"
 #include "store/engine.h"
+#include "transport/busy_poll.h"
 #include "transport/host_pool.h"
 
 namespace kvtier {
@@ -45,8 +45,8 @@ class Server final : private kj::TaskSet::ErrorHandler {
   // borrowed and must outlive the server.
   Server(Engine& engine, HostPool& pool, ColdService* cold = nullptr, TierService* tiers = nullptr,
          std::vector<GpuPoolExport> gpus = {});
-  // Client connections touch `poller` (borrowed, outlives the server) on every message, so the
-  // loop polls for a client's next message before it sleeps. Call before the first accept.
+  // Client connections tell `poller` (borrowed, outlives the server) of every message they read,
+  // so the loop polls for the next message of a hot conversation. Call before the first accept.
   void setBusyPoller(BusyPoller* poller) { poller_ = poller; }
   ~Server();
 

@@ -60,7 +60,7 @@ class TierService final : private kj::TaskSet::ErrorHandler {
   BlockCopier copier_;
   std::vector<uint8_t> gpuTiers_;
   double lowWater_;
-  std::unique_ptr<WorkerThread> worker_ = std::make_unique<WorkerThread>();
+  std::unique_ptr<WorkerThread> worker_ = std::make_unique<WorkerThread>("kvtier-gpu-copy");
   bool inFlight_ = false;
   std::vector<kj::Own<kj::PromiseFulfiller<void>>> settleWaiters_;
   kj::TaskSet tasks_;

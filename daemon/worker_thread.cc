@@ -1,5 +1,6 @@
 #include "daemon/worker_thread.h"
 
+#include <pthread.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -8,9 +9,10 @@
 
 namespace kvtier {
 
-WorkerThread::WorkerThread(Priority priority) {
+WorkerThread::WorkerThread(const char* name, Priority priority) {
   std::promise<void> ready;
-  thread_ = std::thread([this, priority, &ready] {
+  thread_ = std::thread([this, name, priority, &ready] {
+    (void)::pthread_setname_np(::pthread_self(), name);
     if (priority == Priority::kBackground) {
       // Niceness is per thread on Linux; lowering it is always allowed.
       (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);

@@ -15,11 +15,13 @@ class WorkerThread {
     kNormal,
     // Niceness 10: a small share of a busy CPU (about a tenth of a normal thread's), so that
     // background writes yield to the event loop but still progress on a loaded node. (SCHED_IDLE
-    // was measured too: no better for hot lookups on 2 cores, and it can starve spilling.)
+    // was measured too, twice: hot lookup p99 within the noise of this, spill ~12 % slower, and
+    // it can starve spilling on a node whose cores are all busy.)
     kBackground,
   };
 
-  explicit WorkerThread(Priority priority = Priority::kNormal);
+  // `name` (at most 15 characters) is what top, perf and /proc show for the thread.
+  explicit WorkerThread(const char* name, Priority priority = Priority::kNormal);
   // Ends the loop (closures not yet started are cancelled) and joins.
   ~WorkerThread();
   WorkerThread(const WorkerThread&) = delete;

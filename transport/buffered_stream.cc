@@ -21,13 +21,13 @@ kj::Promise<size_t> BufferedIoStream::tryRead(void* buffer, size_t minBytes, siz
   if (maxBytes >= buffer_.size()) {
     // Large reads (inline KV) go straight into the caller's memory.
     return inner_->tryRead(dst, minBytes, maxBytes).then([this, buffered](size_t n) {
-      if (n > 0) touch();
+      if (n > 0) arrived();
       return buffered + n;
     });
   }
   return inner_->tryRead(buffer_.begin(), minBytes, buffer_.size())
       .then([this, dst, maxBytes, buffered](size_t n) {
-        if (n > 0) touch();
+        if (n > 0) arrived();
         const size_t take = std::min(n, maxBytes);
         std::memcpy(dst, buffer_.begin(), take);
         begin_ = take;

@@ -3,8 +3,8 @@
 // Cap'n Proto 0.9 reads each message in two or three small reads (segment table, then segments).
 // Over a Unix socket each read is a syscall, and on small VMs a syscall costs microseconds: a
 // buffer turns the reads of a message (often of several) into one. Large reads bypass the buffer.
-// Writes pass straight through. Reads that return bytes and every write touch an optional
-// BusyPoller: a conversation is under way, the next message is likely soon.
+// Writes pass straight through. Reads that return bytes tell an optional BusyPoller that a message
+// arrived.
 #pragma once
 
 #include <kj/async-io.h>
@@ -23,11 +23,9 @@ class BufferedIoStream final : public kj::AsyncIoStream {
 
   kj::Promise<size_t> tryRead(void* buffer, size_t minBytes, size_t maxBytes) override;
   kj::Promise<void> write(const void* buffer, size_t size) override {
-    touch();
     return inner_->write(buffer, size);
   }
   kj::Promise<void> write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces) override {
-    touch();
     return inner_->write(pieces);
   }
   kj::Promise<void> whenWriteDisconnected() override { return inner_->whenWriteDisconnected(); }
@@ -42,8 +40,8 @@ class BufferedIoStream final : public kj::AsyncIoStream {
   kj::Maybe<int> getFd() const override { return inner_->getFd(); }
 
  private:
-  void touch() {
-    if (poller_ != nullptr) poller_->touch();
+  void arrived() {
+    if (poller_ != nullptr) poller_->arrived();
   }
 
   kj::Own<kj::AsyncIoStream> inner_;

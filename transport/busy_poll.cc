@@ -2,9 +2,10 @@
 
 namespace kvtier {
 
-void BusyPoller::touch() {
-  if (window_.count() == 0) return;
-  deadline_ = std::chrono::steady_clock::now() + window_;
+void BusyPoller::arrived() {
+  const auto now = std::chrono::steady_clock::now();
+  if (!conversation_.arrived(now)) return;
+  deadline_ = now + conversation_.window();
   if (polling_) return;
   polling_ = true;
   task_ = poll().eagerlyEvaluate(nullptr);

@@ -59,9 +59,10 @@ struct ClientOptions {
   // cannot be mapped, bytes travel inline in the RPC messages.
   bool mapPool = true;
   ClientThreading threading = ClientThreading::kOwnThread;
-  // While it waits for the daemon's answer, the thread running the client's event loop polls for
-  // this long before it sleeps, so the answer does not have to wake it (a wake-up on a small VM
-  // costs more than the call). Zero sleeps at once; the CPU spent is bounded by this per wait.
+  // While calls follow each other within this window, the thread running the client's event loop
+  // polls for the daemon's answer for up to this long before it sleeps, so the answer need not
+  // wake it (on a small VM a wake-up costs more than the call); the first call after a pause does
+  // not poll (see transport/busy_poll.h). Zero: never polls. CPU spent: at most this per call.
   std::chrono::microseconds busyPoll{50};
 };
 

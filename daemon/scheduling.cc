@@ -1,0 +1,38 @@
+#include "daemon/scheduling.h"
+
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdint>
+
+namespace kvtier {
+namespace {
+
+// struct sched_attr of sched_setattr(2) (glibc 2.36 has no wrapper; <linux/sched/types.h> clashes
+// with <sched.h>). Layout fixed by the kernel ABI (SCHED_ATTR_SIZE_VER1).
+struct SchedAttr {
+  uint32_t size;
+  uint32_t policy;
+  uint64_t flags;
+  int32_t nice;
+  uint32_t priority;
+  uint64_t runtime;  // for SCHED_OTHER since Linux 6.12: the requested slice, ns
+  uint64_t deadline;
+  uint64_t period;
+  uint32_t utilMin;
+  uint32_t utilMax;
+};
+
+}  // namespace
+
+bool requestShortSlice(std::chrono::nanoseconds slice) {
+  SchedAttr attr{};
+  attr.size = sizeof attr;
+  attr.policy = SCHED_OTHER;
+  attr.nice = 0;
+  attr.runtime = static_cast<uint64_t>(slice.count());
+  return ::syscall(SYS_sched_setattr, 0, &attr, 0) == 0;
+}
+
+}  // namespace kvtier
