@@ -2,6 +2,7 @@
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
+#include <rocksdb/listener.h>
 #include <rocksdb/sst_file_manager.h>
 #include <rocksdb/utilities/options_util.h>
 #include <rocksdb/write_batch.h>
@@ -16,6 +17,7 @@
 #include <shared_mutex>
 
 #include "daemon/chunked_write_fs.h"
+#include "daemon/scheduling.h"
 #include "daemon/snapshot_codec.h"
 #include "schemas/cold_record.capnp.h"
 
@@ -38,6 +40,23 @@ constexpr size_t kSnapshotPrefixBytes = 1 + 8 + 16 + 8;
 constexpr uint64_t kDeleteChunkBytes = 4 << 20;
 constexpr int64_t kDeleteBytesPerSecond = int64_t{1} << 30;
 constexpr double kMaxTrashRatio = 1e6;
+
+// Gives RocksDB's flush and compaction threads a long scheduler slice as they start a job (RocksDB
+// has no hook for a pool thread's start; these run on the job's thread), so that any thread that
+// wakes, the event loop or a client, takes their core at once (daemon/scheduling.h).
+class BackgroundSliceListener final : public rocksdb::EventListener {
+ public:
+  const char* Name() const override { return "kvtier.BackgroundSlice"; }
+  void OnFlushBegin(rocksdb::DB*, const rocksdb::FlushJobInfo&) override {
+    (void)requestSlice(kBackgroundSlice);
+  }
+  void OnCompactionBegin(rocksdb::DB*, const rocksdb::CompactionJobInfo&) override {
+    (void)requestSlice(kBackgroundSlice);
+  }
+  void OnSubcompactionBegin(const rocksdb::SubcompactionJobInfo&) override {
+    (void)requestSlice(kBackgroundSlice);
+  }
+};
 
 void appendBigEndian(std::string& out, uint64_t v, int bytes) {
   for (int i = bytes - 1; i >= 0; --i) out.push_back(static_cast<char>(v >> (8 * i)));
@@ -188,6 +207,7 @@ Status ColdTier::openDb() {
   // than deleted (dropping a file's cached pages is one long call, and the reused pages need no
   // fresh allocation), writeback is started every 512 KiB rather than all at once in the
   // fdatasync that ends a file, and obsolete files are truncated away 4 MiB at a time.
+  dbOptions.listeners.push_back(std::make_shared<BackgroundSliceListener>());
   dbOptions.recycle_log_file_num = 4;
   dbOptions.bytes_per_sync = 512 << 10;
   dbOptions.wal_bytes_per_sync = 512 << 10;

@@ -1,9 +1,11 @@
 #include "daemon/scheduling.h"
 
 #include <sched.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 
 namespace kvtier {
@@ -26,11 +28,14 @@ struct SchedAttr {
 
 }  // namespace
 
-bool requestShortSlice(std::chrono::nanoseconds slice) {
+bool requestSlice(std::chrono::nanoseconds slice) {
+  errno = 0;
+  const int nice = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)));
+  if (nice == -1 && errno != 0) return false;
   SchedAttr attr{};
   attr.size = sizeof attr;
   attr.policy = SCHED_OTHER;
-  attr.nice = 0;
+  attr.nice = nice;
   attr.runtime = static_cast<uint64_t>(slice.count());
   return ::syscall(SYS_sched_setattr, 0, &attr, 0) == 0;
 }

@@ -2,13 +2,21 @@
 
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
 #include <thread>
+#include <vector>
+
+#include "daemon/cold_tier.h"
 
 namespace kvtier {
 namespace {
@@ -31,18 +39,59 @@ bool kernelAtLeast(int major, int minor) {
   return ma > major || (ma == major && mi >= minor);
 }
 
-TEST(Scheduling, AShortSliceKeepsThePolicyAndNicenessAndIsWhatTheKernelReports) {
+Attr current() {
+  Attr attr{};
+  EXPECT_EQ(::syscall(SYS_sched_getattr, 0, &attr, sizeof attr, 0), 0);
+  return attr;
+}
+
+TEST(Scheduling, ASliceIsWhatTheKernelReportsAndKeepsPolicyAndNiceness) {
   if (!kernelAtLeast(6, 12)) {
     GTEST_SKIP() << "per-thread slices need Linux 6.12 or later (EEVDF custom slices)";
   }
   std::thread([] {
-    ASSERT_TRUE(requestShortSlice(std::chrono::microseconds(200)));
-    Attr attr{};
-    ASSERT_EQ(::syscall(SYS_sched_getattr, 0, &attr, sizeof attr, 0), 0);
-    EXPECT_EQ(attr.policy, static_cast<uint32_t>(SCHED_OTHER));
-    EXPECT_EQ(attr.nice, 0);
-    EXPECT_EQ(attr.runtime, 200000u);
+    ASSERT_TRUE(requestSlice(kShortestSlice));
+    EXPECT_EQ(current().runtime, 100000u);
+    EXPECT_EQ(current().policy, static_cast<uint32_t>(SCHED_OTHER));
+    EXPECT_EQ(current().nice, 0);
+    // A background thread, niced first: the long slice keeps its niceness.
+    ASSERT_EQ(::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10), 0);
+    ASSERT_TRUE(requestSlice(kBackgroundSlice));
+    EXPECT_EQ(current().runtime, 20000000u);
+    EXPECT_EQ(current().nice, 10);
   }).join();
+}
+
+// RocksDB's flush threads take the long slice when a flush starts (reopening the tier flushes the
+// recovered log), and keep their niceness.
+TEST(Scheduling, RocksDbBackgroundThreadsRunWithTheLongSlice) {
+  if (!kernelAtLeast(6, 12)) {
+    GTEST_SKIP() << "per-thread slices need Linux 6.12 or later (EEVDF custom slices)";
+  }
+  char tmpl[] = "/tmp/kvtier-slice-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const std::vector<uint8_t> bytes(64 << 10, 7);
+  ColdKey key;
+  key.fingerprint = 1;
+  const ColdRecord record{key, bytes.data(), static_cast<uint32_t>(bytes.size())};
+  ASSERT_TRUE(
+      ColdTier::open({.path = dir + "/cold"}).value()->putBatch(std::span(&record, 1)).ok());
+  auto tier = ColdTier::open({.path = dir + "/cold"}).value();  // recovery flushes the log
+  std::map<std::string, std::string> slices;                    // thread name -> "slice nice"
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name != "rocksdb:high") continue;
+    std::ifstream sched(task.path() / "sched");
+    for (std::string line; std::getline(sched, line);) {
+      if (line.rfind("se.slice", 0) == 0) slices[name] = line.substr(line.find(':') + 1);
+    }
+  }
+  ASSERT_EQ(slices.count("rocksdb:high"), 1u) << "no flush thread found";
+  EXPECT_EQ(std::stoull(slices["rocksdb:high"]), 20000000u);
+  tier.reset();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 
 #include <future>
 
+#include "daemon/scheduling.h"
+
 namespace kvtier {
 
 WorkerThread::WorkerThread(const char* name, Priority priority) {
@@ -16,6 +18,7 @@ WorkerThread::WorkerThread(const char* name, Priority priority) {
     if (priority == Priority::kBackground) {
       // Niceness is per thread on Linux; lowering it is always allowed.
       (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
+      (void)requestSlice(kBackgroundSlice);  // any thread that wakes preempts it at once
     }
     kj::EventLoop loop;
     kj::WaitScope waitScope(loop);
