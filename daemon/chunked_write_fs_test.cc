@@ -3,13 +3,13 @@
 #include <gtest/gtest.h>
 #include <rocksdb/file_system.h>
 
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <mutex>
 #include <vector>
 
 #include "daemon/cold_tier.h"
+#include "tests/temp_dir.h"
 
 namespace kvtier {
 namespace {
@@ -83,18 +83,7 @@ class RecordingFileSystem : public rocksdb::FileSystemWrapper {
   size_t failAt_ = 0;
 };
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/kvtier-chunked-XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using test::TempDir;
 
 std::string bytesOf(size_t n, char seed) {
   std::string s(n, '\0');

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "tests/full_disk_fs.h"
+#include "tests/temp_dir.h"
 #include "transport/rpc_codec.h"
 
 namespace kvtier {
@@ -132,18 +133,7 @@ TEST(ColdService, FullDiskPausesSpillingMemoryKeepsServingAndSpillingResumes) {
 // Snapshots across restarts, in-process: each Run is one life of a daemon over the same data
 // directory (a fresh pool, engine and ColdService; the namespaces opened in another order).
 
-class TempDirectory {
- public:
-  TempDirectory() {
-    char tmpl[] = "/tmp/kvtier-coldsnap-XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDirectory() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using TempDirectory = test::TempDir;
 
 // Heap extents where extent 1 stands in for a GPU pool: not addressable by the CPU, reached only
 // through copy(), which counts.

@@ -1,5 +1,6 @@
 #include "daemon/cold_tier.h"
 #include "tests/full_disk_fs.h"
+#include "tests/temp_dir.h"
 
 #include <gtest/gtest.h>
 #include <rocksdb/file_system.h>
@@ -10,17 +11,13 @@
 namespace kvtier {
 namespace {
 
+// The cold tier's directory inside a test's temporary directory.
 class TempDir {
  public:
-  TempDir() {
-    char tmpl[] = "/tmp/kvtier-cold-XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  std::string path() const { return path_ + "/cold"; }
+  std::string path() const { return dir_.file("cold"); }
 
  private:
-  std::string path_;
+  test::TempDir dir_;
 };
 
 ColdKey keyOf(uint8_t n) {
