@@ -365,6 +365,8 @@ class EchoPeer {
   ~EchoPeer() {
     if (fd_ >= 0) ::close(fd_);  // the child reads end-of-file and exits
     if (pid_ > 0) {
+      // A child forked later holds a copy of this socket, so end-of-file may not come: stop it.
+      ::kill(pid_, SIGTERM);
       int status = 0;
       ::waitpid(pid_, &status, 0);
     }

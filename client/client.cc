@@ -4,6 +4,7 @@
 #include <kj/async-io.h>
 #include <kj/debug.h>
 
+#include <algorithm>
 #include <future>
 #include <map>
 #include <optional>
@@ -131,6 +132,8 @@ struct Client::Impl {
 };
 
 namespace {
+
+constexpr std::chrono::microseconds kMaxBusyPoll{10000};
 
 capnp::ReaderOptions clientReaderOptions() {
   capnp::ReaderOptions options;
@@ -288,6 +291,8 @@ Result<std::span<uint8_t>> Client::Impl::grantedView(const BlockRef& ref) const 
 Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  // Polling longer than a scheduler slice only burns CPU; negative is off.
+  impl->options.busyPoll = std::clamp(options.busyPoll, std::chrono::microseconds(0), kMaxBusyPoll);
   if (auto s = impl->connect(); !s) return s.error();
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }

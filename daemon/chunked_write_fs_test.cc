@@ -115,6 +115,16 @@ TEST(ChunkedWriteFileSystem, SplitsLargeAppendsAndKeepsEveryByteInOrder) {
   EXPECT_EQ(contentsOf(dir.file("f")), a + b + c + d + e);
 }
 
+TEST(ChunkedWriteFileSystem, PiecesAreWholePagesEvenWhenAskedForLess) {
+  TempDir dir;
+  auto recording = std::make_shared<RecordingFileSystem>();
+  ChunkedWriteFileSystem fs(recording, 0);  // never a zero-byte piece (which would never end)
+  std::unique_ptr<rocksdb::FSWritableFile> file;
+  ASSERT_TRUE(fs.NewWritableFile(dir.file("f"), {}, &file, nullptr).ok());
+  ASSERT_TRUE(file->Append(bytesOf(5000, 1), {}, nullptr).ok());
+  EXPECT_EQ(recording->appends(), (std::vector<size_t>{4096, 904}));
+}
+
 TEST(ChunkedWriteFileSystem, AFailingPieceFailsTheAppendAndStopsThere) {
   TempDir dir;
   auto recording = std::make_shared<RecordingFileSystem>();

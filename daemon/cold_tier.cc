@@ -36,7 +36,7 @@ constexpr size_t kSnapshotPrefixBytes = 1 + 8 + 16 + 8;
 // Obsolete files (old blob and table files) are deleted in the background, truncated this much at
 // a time (see openDb), at up to this rate. The manager compares the trash with the table files
 // alone (blob files are not counted), which with values in blob files are tiny; the rate keeps
-// the trash to about a second of deletions instead.
+// the trash to about a second of deletions instead (on disk beyond --disk-bytes meanwhile).
 constexpr uint64_t kDeleteChunkBytes = 4 << 20;
 constexpr int64_t kDeleteBytesPerSecond = int64_t{1} << 30;
 constexpr double kMaxTrashRatio = 1e6;
@@ -194,7 +194,7 @@ Result<std::unique_ptr<ColdTier>> ColdTier::open(const Options& options) {
   return tier;
 }
 
-Status ColdTier::openDb() {
+Status ColdTier::openDb(bool reopening) {
   rocksdb::DBOptions dbOptions;
   dbOptions.create_if_missing = true;
   dbOptions.create_missing_column_families = true;
@@ -203,17 +203,19 @@ Status ColdTier::openDb() {
   dbOptions.env->LowerThreadPoolCPUPriority(rocksdb::Env::Priority::HIGH);
   dbOptions.env->LowerThreadPoolCPUPriority(rocksdb::Env::Priority::LOW);
   // No system call that runs for milliseconds: on a kernel that does not preempt system calls
-  // (preempt=none) it holds a core a lookup may be waiting for. So the log files are reused rather
-  // than deleted (dropping a file's cached pages is one long call, and the reused pages need no
-  // fresh allocation), writeback is started every 512 KiB rather than all at once in the
-  // fdatasync that ends a file, and obsolete files are truncated away 4 MiB at a time.
+  // (preempt=none) it holds a core a lookup may be waiting for. So writeback is started every
+  // 512 KiB rather than all at once in the fdatasync that ends a file, and obsolete files are
+  // truncated away 4 MiB at a time in the background (one unlink dropping a large file's cached
+  // pages took up to 40 ms). (Recycling log files would avoid deleting them at all, but RocksDB
+  // 7.8 turns recycle_log_file_num off under the point-in-time recovery kept here.) After a
+  // failed write (a full disk) the reopen deletes at once: trash must not hold the space the
+  // reopen needs.
   dbOptions.listeners.push_back(std::make_shared<BackgroundSliceListener>());
-  dbOptions.recycle_log_file_num = 4;
   dbOptions.bytes_per_sync = 512 << 10;
   dbOptions.wal_bytes_per_sync = 512 << 10;
-  dbOptions.sst_file_manager.reset(
-      rocksdb::NewSstFileManager(dbOptions.env, fileSystem_, nullptr, "", kDeleteBytesPerSecond,
-                                 true, nullptr, kMaxTrashRatio, kDeleteChunkBytes));
+  dbOptions.sst_file_manager.reset(rocksdb::NewSstFileManager(
+      dbOptions.env, fileSystem_, nullptr, "", reopening ? 0 : kDeleteBytesPerSecond, true, nullptr,
+      kMaxTrashRatio, kDeleteChunkBytes));
   rocksdb::ColumnFamilyOptions blocks;
   blocks.enable_blob_files = true;  // integrated BlobDB: KV blocks are large values
   blocks.min_blob_size = 4096;
@@ -416,7 +418,7 @@ Status ColdTier::reopenForWriteLocked() {
   // A write failed before (a full disk): RocksDB keeps refusing writes after such an error until
   // it is reopened; reopen it now that a write is wanted again. Reads went on meanwhile.
   closeDb();
-  if (auto reopened = openDb(); !reopened) {
+  if (auto reopened = openDb(/*reopening=*/true); !reopened) {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.writeErrors;
     return reopened.error();

@@ -151,7 +151,8 @@ class ColdTier {
 
  private:
   ColdTier() = default;
-  Status openDb();  // requires dbMu_ held exclusively (or no other user yet)
+  // Requires dbMu_ held exclusively (or no other user yet). `reopening`: after a failed write.
+  Status openDb(bool reopening = false);
   // Before a write: reopens the database if a write failed before. Requires dbMu_ exclusively.
   Status reopenForWriteLocked();
   // Reads and checks `key`'s record; hands its payload to `consume` while the read is pinned.

@@ -27,7 +27,7 @@ struct DaemonConfig {
   bool allGpus = true;
   std::vector<int> gpus;
   // After the event loop runs out of work it polls for this long before it sleeps: the next
-  // message of a conversation then finds it awake (see transport/event_loop.h). 0: sleep at once.
+  // message of a conversation then finds it awake (see transport/busy_poll.h). 0: sleep at once.
   uint32_t busyPollMicros = 50;
   bool showHelp = false;
 

@@ -26,6 +26,8 @@ struct SchedAttr {
   uint32_t utilMax;
 };
 
+constexpr uint64_t kKeepPolicy = 0x08;  // SCHED_FLAG_KEEP_POLICY
+
 }  // namespace
 
 bool requestSlice(std::chrono::nanoseconds slice) {
@@ -34,6 +36,9 @@ bool requestSlice(std::chrono::nanoseconds slice) {
   if (nice == -1 && errno != 0) return false;
   SchedAttr attr{};
   attr.size = sizeof attr;
+  // The thread's policy stays as it is (an operator may have set SCHED_BATCH, or real time: for
+  // those the kernel refuses the call and nothing changes).
+  attr.flags = kKeepPolicy;
   attr.policy = SCHED_OTHER;
   attr.nice = nice;
   attr.runtime = static_cast<uint64_t>(slice.count());

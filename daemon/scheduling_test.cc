@@ -1,6 +1,7 @@
 #include "daemon/scheduling.h"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -59,6 +60,19 @@ TEST(Scheduling, ASliceIsWhatTheKernelReportsAndKeepsPolicyAndNiceness) {
     ASSERT_TRUE(requestSlice(kBackgroundSlice));
     EXPECT_EQ(current().runtime, 20000000u);
     EXPECT_EQ(current().nice, 10);
+  }).join();
+}
+
+TEST(Scheduling, ASliceRequestKeepsAPolicyAnOperatorChose) {
+  if (!kernelAtLeast(6, 12)) {
+    GTEST_SKIP() << "per-thread slices need Linux 6.12 or later (EEVDF custom slices)";
+  }
+  std::thread([] {
+    const sched_param none{};
+    ASSERT_EQ(::pthread_setschedparam(::pthread_self(), SCHED_BATCH, &none), 0);
+    ASSERT_TRUE(requestSlice(kBackgroundSlice));
+    EXPECT_EQ(current().policy, static_cast<uint32_t>(SCHED_BATCH));
+    EXPECT_EQ(current().runtime, 20000000u);
   }).join();
 }
 

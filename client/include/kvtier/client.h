@@ -63,6 +63,7 @@ struct ClientOptions {
   // polls for the daemon's answer for up to this long before it sleeps, so the answer need not
   // wake it (on a small VM a wake-up costs more than the call); the first call after a pause does
   // not poll (see transport/busy_poll.h). Zero: never polls. CPU spent: at most this per call.
+  // Clamped to [0, 10 ms].
   std::chrono::microseconds busyPoll{50};
 };
 
