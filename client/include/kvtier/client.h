@@ -59,11 +59,12 @@ struct ClientOptions {
   // cannot be mapped, bytes travel inline in the RPC messages.
   bool mapPool = true;
   ClientThreading threading = ClientThreading::kOwnThread;
-  // While calls follow each other within this window, the thread running the client's event loop
+  // Caller-thread mode: while calls follow each other within this window, the calling thread
   // polls for the daemon's answer for up to this long before it sleeps, so the answer need not
   // wake it (on a small VM a wake-up costs more than the call); the first call after a pause does
   // not poll (see transport/busy_poll.h). Zero: never polls. CPU spent: at most this per call.
-  // Clamped to [0, 10 ms].
+  // Clamped to [0, 10 ms]. (Own-thread mode never polls: its loop thread would hold the core the
+  // caller it wakes is placed on.)
   std::chrono::microseconds busyPoll{50};
 };
 
