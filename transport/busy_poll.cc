@@ -1,11 +1,18 @@
 #include "transport/busy_poll.h"
 
+#include <algorithm>
+
 namespace kvtier {
 
 void BusyPoller::arrived() {
+  const std::chrono::nanoseconds window = conversation_.window();
+  if (window.count() == 0) return;
   const auto now = std::chrono::steady_clock::now();
-  if (!conversation_.arrived(now)) return;
-  deadline_ = now + conversation_.window();
+  const auto until = now + (conversation_.arrived(now)
+                                ? window
+                                : std::min<std::chrono::nanoseconds>(window, kFollowUpPoll));
+  if (until <= deadline_) return;
+  deadline_ = until;
   if (polling_) return;
   polling_ = true;
   task_ = poll().eagerlyEvaluate(nullptr);

