@@ -35,7 +35,7 @@ TEST(Conversation, AZeroWindowIsNeverHot) {
 TEST(BusyPoller, PollsBrieflyAfterAnyMessageAndForTheWindowInAHotConversation) {
   auto io = kj::setupAsyncIo();
   auto& timer = io.provider->getTimer();
-  BusyPoller poller(timer, milliseconds(50));
+  BusyPoller poller(timer, milliseconds(300));
   poller.arrived();  // one message: polls for its follow-ups only, then stops by itself
   EXPECT_TRUE(poller.polling());
   timer.afterDelay(2 * kj::MILLISECONDS).wait(io.waitScope);
@@ -46,7 +46,7 @@ TEST(BusyPoller, PollsBrieflyAfterAnyMessageAndForTheWindowInAHotConversation) {
   poller.arrived();
   timer.afterDelay(2 * kj::MILLISECONDS).wait(io.waitScope);
   EXPECT_TRUE(poller.polling());
-  timer.afterDelay(60 * kj::MILLISECONDS).wait(io.waitScope);
+  timer.afterDelay(320 * kj::MILLISECONDS).wait(io.waitScope);
   EXPECT_FALSE(poller.polling());
 }
 
