@@ -21,12 +21,9 @@
 
 namespace kvtier {
 
-// Readable failure messages for error codes (the same definition as in engine_test.cc).
-inline void PrintTo(ErrorCode code, std::ostream* os) { *os << errorName(code); }
-
 namespace {
 
-using namespace test_util;  // smallLayout, Tags, writeTag, readTag, toks
+using namespace test_util;  // smallLayout, Tags, tags, toks, kOwner, EngineHarness
 using kernels::testing::decode;
 using kernels::testing::elemBytes;
 using kernels::testing::encode;
@@ -35,27 +32,12 @@ using kernels::testing::referenceRope;
 using kernels::testing::tolerance;
 
 constexpr uint32_t kBt = 16;
-constexpr OwnerId kOwner = 1;
 // Checkpoints and entries live in blob blocks of 4 KiB and more (engine_shapes.cc); pools that hold
 // blobs get room for some.
 constexpr uint64_t kBlobBlock = 4096;
 
 std::vector<uint32_t> slice(const std::vector<uint32_t>& v, size_t begin, size_t end) {
   return {v.begin() + begin, v.begin() + end};
-}
-std::vector<uint32_t> head(const std::vector<uint32_t>& v, size_t n) { return slice(v, 0, n); }
-
-std::vector<uint32_t> cat(std::vector<uint32_t> a, const std::vector<uint32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-Tags tagsOf(const std::vector<uint32_t>& tokens) { return Tags(tokens.begin(), tokens.end()); }
-
-Key128 keyOf(uint8_t seed) {
-  Key128 k;
-  for (size_t i = 0; i < k.bytes.size(); ++i) k.bytes[i] = static_cast<uint8_t>(seed * 31 + i);
-  return k;
 }
 
 // Blob contents (checkpoints, entries): a pattern that differs per seed.
@@ -65,70 +47,14 @@ std::vector<uint8_t> blob(uint8_t seed, size_t n) {
   return v;
 }
 
-// The engine, its pool and heap memory, and helpers shared by the fixtures below.
-class Harness {
+// The engine harness plus the helpers of the cache shapes, shared by the fixtures below.
+class Harness : protected EngineHarness {
  protected:
-  // A fresh engine over one extent of `blocks` blocks of layout_ plus `blobBytes` more bytes.
-  void makeEngine(uint64_t blocks, uint64_t blobBytes = 0) {
-    engine_.reset();
-    mem_.reset();
-    pool_ = std::make_unique<BlockPool>(
-        std::vector<BlockPool::Extent>{{0, blocks * layout_.blockBytes() + blobBytes}});
-    mem_ = std::make_unique<HeapBlockMemory>(pool_->extents());
-    engine_ = std::make_unique<Engine>(*pool_, *mem_, nullptr, rotator_);
-    auto s = engine_->openSpace(layout_, saltFor("tenant-a"));
-    ASSERT_TRUE(s.ok()) << s.error();
-    space_ = *s;
-    ASSERT_EQ(engine_->space(space_).blockBytes, layout_.blockBytes());
-  }
-
-  uint8_t* at(const BlockLocation& loc) { return mem_->extentBase(loc.extent) + loc.offset; }
-
-  // Writes tag = token into positions [begin, begin + tags.size()) of a grant.
-  void fill(const PutGrant& g, uint64_t begin, const std::vector<uint32_t>& tags) {
-    for (size_t i = 0; i < tags.size(); ++i) {
-      const uint64_t pos = begin + i;
-      const size_t index = (pos - g.firstPosition) / kBt;
-      ASSERT_LT(index, g.blocks.size()) << "position " << pos << " is outside the grant";
-      writeTag(layout_, at(g.blocks[index]), pos % kBt, tags[i]);
-    }
-  }
-
   // put + write the tokens as tags + commit everything.
   ::testing::AssertionResult write(std::string_view seq, uint64_t begin,
                                    const std::vector<uint32_t>& tokens,
                                    const SeqOptions& options = {}, OwnerId owner = kOwner) {
-    auto g = engine_->put(owner, space_, seq, begin, tokens, {}, options);
-    if (!g.ok()) return ::testing::AssertionFailure() << "put: " << g.error();
-    fill(*g, begin, tokens);
-    auto c = engine_->commit(g->lease, kEnd);
-    if (!c.ok()) return ::testing::AssertionFailure() << "commit: " << c.error();
-    if (c->length != begin + tokens.size()) {
-      return ::testing::AssertionFailure() << "committed length " << c->length;
-    }
-    return ::testing::AssertionSuccess();
-  }
-
-  // The tags of positions [begin, end) of seq, read through a get's block references.
-  Tags readRange(std::string_view seq, uint64_t begin, uint64_t end) {
-    auto g = engine_->get(space_, seq, begin, end);
-    if (!g.ok()) {
-      ADD_FAILURE() << "get '" << seq << "' [" << begin << ", " << end << "): " << g.error();
-      return {};
-    }
-    Tags out;
-    for (uint64_t pos = begin; pos < g->end; ++pos) {
-      const size_t index = (pos - g->firstPosition) / kBt;
-      if (index >= g->blocks.size()) {
-        ADD_FAILURE() << "get '" << seq << "' has no block for position " << pos;
-        break;
-      }
-      out.push_back(readTag(layout_, at(g->blocks[index]), pos % kBt));
-    }
-    if (g->lease != 0) {
-      EXPECT_TRUE(engine_->releaseRead(g->lease).ok());
-    }
-    return out;
+    return putAndCommit(space_, seq, begin, tokens, options, owner);
   }
   Tags read(std::string_view seq) { return readRange(seq, 0, kEnd); }
 
@@ -138,34 +64,6 @@ class Harness {
       EXPECT_TRUE(engine_->releaseRead(g->lease).ok());
     }
     return g.code();
-  }
-
-  std::optional<uint64_t> len(std::string_view seq) {
-    auto r = engine_->length(space_, seq);
-    if (!r.ok()) {
-      ADD_FAILURE() << "length '" << seq << "': " << r.error();
-      return std::nullopt;
-    }
-    return *r;
-  }
-
-  // Tokens a lookup matches (its read lease released again).
-  uint64_t matched(const std::vector<uint32_t>& tokens) {
-    auto r = engine_->lookup(kOwner, space_, tokens, {}, "", SeqOptions{});
-    if (!r.ok()) {
-      ADD_FAILURE() << "lookup: " << r.error();
-      return 0;
-    }
-    if (r->lease != 0) {
-      EXPECT_TRUE(engine_->releaseRead(r->lease).ok());
-    }
-    return r->matchedTokens;
-  }
-
-  bool resumable(std::string_view seq, uint64_t pos) {
-    auto r = engine_->canResume(space_, seq, pos);
-    EXPECT_TRUE(r.ok()) << r.error();
-    return r.ok() && *r;
   }
 
   SnapshotInfo snap(std::string_view seq, uint64_t from) {
@@ -252,7 +150,6 @@ class Harness {
     return out;
   }
 
-  uint64_t used() const { return pool_->blocksUsed(); }
   // Blocks held by sequences, snapshots and leases: in use and not merely cached in the index.
   uint64_t held() const {
     const EngineStats s = engine_->stats();
@@ -262,13 +159,6 @@ class Harness {
   uint64_t blobsUsed() const {
     return pool_->blocksUsed() - pool_->blocksUsed(engine_->space(space_).sizeClass);
   }
-
-  Layout layout_ = smallLayout();
-  const KeyRotator* rotator_ = nullptr;
-  std::unique_ptr<BlockPool> pool_;
-  std::unique_ptr<HeapBlockMemory> mem_;
-  std::unique_ptr<Engine> engine_;
-  SpaceId space_ = 0;
 };
 
 class ShapesTest : public ::testing::Test, protected Harness {

@@ -17,14 +17,11 @@
 
 namespace kvtier {
 
-inline void PrintTo(ErrorCode code, std::ostream* os) { *os << errorName(code); }
-
 namespace {
 
 using namespace test_util;  // smallLayout, Tags, writeTag, readTag, toks
 
 constexpr uint32_t kBt = kTestBlockTokens;
-constexpr OwnerId kOwner = 1;
 
 // With a cold directory set, the engine queues new snapshots for writing. Nothing is on disk as
 // far as eviction is concerned: the pools below are large enough never to evict.

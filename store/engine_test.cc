@@ -12,8 +12,7 @@
 
 namespace kvtier {
 
-// Readable failure messages for error codes and block references.
-inline void PrintTo(ErrorCode code, std::ostream* os) { *os << errorName(code); }
+// Readable failure messages for block references (error codes: engine_test_util.h).
 inline void PrintTo(const BlockLocation& l, std::ostream* os) {
   *os << "{extent " << l.extent << ", offset " << l.offset << ", bytes " << l.bytes << ", gen "
       << l.generation << "}";
@@ -21,66 +20,23 @@ inline void PrintTo(const BlockLocation& l, std::ostream* os) {
 
 namespace {
 
-using namespace test_util;  // smallLayout, Tags, writeTag, readTag, toks
+using namespace test_util;  // smallLayout, Tags, tagsOf, toks, kOwner, EngineHarness
 
 // A small layout, so that pools of a few blocks reach FULL and eviction quickly: 2 layers, 1 KV
 // head, head dim 4, fp16 -> 8 bytes per token per layer for K (and V), 512 bytes per block.
 constexpr uint32_t kBt = 16;
 constexpr uint32_t kBlockBytes = 512;
-constexpr OwnerId kOwner = 1;
-
-std::vector<uint32_t> head(const std::vector<uint32_t>& v, size_t n) {
-  return {v.begin(), v.begin() + n};
-}
-
-std::vector<uint32_t> cat(std::vector<uint32_t> a, const std::vector<uint32_t>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-Tags tagsOf(const std::vector<uint32_t>& tokens) { return Tags(tokens.begin(), tokens.end()); }
-
-Key128 keyOf(uint8_t seed) {
-  Key128 k;
-  for (size_t i = 0; i < k.bytes.size(); ++i) k.bytes[i] = static_cast<uint8_t>(seed * 31 + i);
-  return k;
-}
 
 std::vector<BlockLocation> firstBlocks(const std::vector<BlockLocation>& v, size_t n) {
   return {v.begin(), v.begin() + n};
 }
 
-class EngineTest : public ::testing::Test {
+class EngineTest : public ::testing::Test, protected EngineHarness {
  protected:
   void SetUp() override { makeEngine(16); }
 
-  // A fresh engine over a pool of `blocks` blocks of the small layout in one extent.
-  void makeEngine(uint64_t blocks) {
-    engine_.reset();
-    mem_.reset();
-    pool_ = std::make_unique<BlockPool>(std::vector<BlockPool::Extent>{{0, blocks * kBlockBytes}});
-    mem_ = std::make_unique<HeapBlockMemory>(pool_->extents());
-    engine_ = std::make_unique<Engine>(*pool_, *mem_);
-    auto s = engine_->openSpace(layout_, saltFor("tenant-a"));
-    ASSERT_TRUE(s.ok()) << s.error();
-    space_ = *s;
-    ASSERT_EQ(engine_->space(space_).blockBytes, kBlockBytes);
-  }
-
-  uint8_t* at(const BlockLocation& loc) { return mem_->extentBase(loc.extent) + loc.offset; }
   std::optional<uint32_t> tagAt(const BlockLocation& loc, uint32_t slot) {
     return readTag(layout_, at(loc), slot);
-  }
-
-  // Writes tag = token into positions [begin, begin + tokens.size()) of a grant.
-  void fill(const PutGrant& g, uint64_t begin, const std::vector<uint32_t>& tags) {
-    for (size_t i = 0; i < tags.size(); ++i) {
-      const uint64_t pos = begin + i;
-      const size_t index = (pos - g.firstPosition) / kBt;
-      ASSERT_LT(index, g.blocks.size()) << "position " << pos << " is outside the grant";
-      ASSERT_EQ(g.blocks[index].bytes, kBlockBytes);
-      writeTag(layout_, at(g.blocks[index]), pos % kBt, tags[i]);
-    }
   }
 
   Result<PutGrant> put(std::string_view seq, uint64_t begin, const std::vector<uint32_t>& tokens,
@@ -92,15 +48,7 @@ class EngineTest : public ::testing::Test {
   ::testing::AssertionResult writeIn(SpaceId sp, std::string_view seq, uint64_t begin,
                                      const std::vector<uint32_t>& tokens, OwnerId owner = kOwner,
                                      bool detached = false, const std::vector<Key128>& keys = {}) {
-    auto g = engine_->put(owner, sp, seq, begin, tokens, keys, SeqOptions{.detached = detached});
-    if (!g.ok()) return ::testing::AssertionFailure() << "put: " << g.error();
-    fill(*g, begin, tokens);
-    auto c = engine_->commit(g->lease, kEnd);
-    if (!c.ok()) return ::testing::AssertionFailure() << "commit: " << c.error();
-    if (c->length != begin + tokens.size()) {
-      return ::testing::AssertionFailure() << "committed length " << c->length;
-    }
-    return ::testing::AssertionSuccess();
+    return putAndCommit(sp, seq, begin, tokens, SeqOptions{.detached = detached}, owner, keys);
   }
   ::testing::AssertionResult write(std::string_view seq, uint64_t begin,
                                    const std::vector<uint32_t>& tokens, OwnerId owner = kOwner,
@@ -109,27 +57,7 @@ class EngineTest : public ::testing::Test {
   }
 
   // The tags of every position of seq, read through a get's block references.
-  Tags readIn(SpaceId sp, std::string_view seq) {
-    auto g = engine_->get(sp, seq, 0, kEnd);
-    if (!g.ok()) {
-      ADD_FAILURE() << "get '" << seq << "': " << g.error();
-      return {};
-    }
-    EXPECT_EQ(g->firstPosition, 0u);
-    Tags out;
-    for (uint64_t pos = 0; pos < g->end; ++pos) {
-      const size_t index = pos / kBt;
-      if (index >= g->blocks.size()) {
-        ADD_FAILURE() << "get '" << seq << "' has no block for position " << pos;
-        break;
-      }
-      out.push_back(tagAt(g->blocks[index], pos % kBt));
-    }
-    if (g->lease != 0) {
-      EXPECT_TRUE(engine_->releaseRead(g->lease).ok());
-    }
-    return out;
-  }
+  Tags readIn(SpaceId sp, std::string_view seq) { return readRangeIn(sp, seq, 0, kEnd); }
   Tags read(std::string_view seq) { return readIn(space_, seq); }
 
   std::vector<BlockLocation> blocksOf(std::string_view seq) {
@@ -144,31 +72,6 @@ class EngineTest : public ::testing::Test {
     return g->blocks;
   }
 
-  std::optional<uint64_t> lenIn(SpaceId sp, std::string_view seq) {
-    auto r = engine_->length(sp, seq);
-    if (!r.ok()) {
-      ADD_FAILURE() << "length '" << seq << "': " << r.error();
-      return std::nullopt;
-    }
-    return *r;
-  }
-  std::optional<uint64_t> len(std::string_view seq) { return lenIn(space_, seq); }
-
-  // Tokens a lookup matches (its read lease released again).
-  uint64_t matchedIn(SpaceId sp, const std::vector<uint32_t>& tokens) {
-    auto r = engine_->lookup(kOwner, sp, tokens, {}, "", SeqOptions{});
-    if (!r.ok()) {
-      ADD_FAILURE() << "lookup: " << r.error();
-      return 0;
-    }
-    EXPECT_EQ(r->blocks.size() * kBt, r->matchedTokens);
-    EXPECT_EQ(r->lease == 0, r->matchedTokens == 0);
-    if (r->lease != 0) {
-      EXPECT_TRUE(engine_->releaseRead(r->lease).ok());
-    }
-    return r->matchedTokens;
-  }
-  uint64_t matched(const std::vector<uint32_t>& tokens) { return matchedIn(space_, tokens); }
   uint64_t matchedKeys(const std::vector<Key128>& keys) {
     auto r = engine_->lookup(kOwner, space_, {}, keys, "", SeqOptions{});
     if (!r.ok()) {
@@ -180,20 +83,6 @@ class EngineTest : public ::testing::Test {
     }
     return r->matchedTokens;
   }
-
-  bool resumable(std::string_view seq, uint64_t pos) {
-    auto r = engine_->canResume(space_, seq, pos);
-    EXPECT_TRUE(r.ok()) << r.error();
-    return r.ok() && *r;
-  }
-
-  uint64_t used() const { return pool_->blocksUsed(); }
-
-  Layout layout_ = smallLayout();
-  std::unique_ptr<BlockPool> pool_;
-  std::unique_ptr<HeapBlockMemory> mem_;
-  std::unique_ptr<Engine> engine_;
-  SpaceId space_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -2,13 +2,20 @@
 // every layer's K and V slot, so that a test can tell exactly which position's bytes it reads.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvtier/layout.h"
+#include "store/block_pool.h"
+#include "store/engine.h"
 
 namespace kvtier::test_util {
 
@@ -74,4 +81,143 @@ inline std::vector<uint32_t> toks(size_t n, uint32_t first) {
   return v;
 }
 
+inline constexpr OwnerId kOwner = 1;
+
+inline std::vector<uint32_t> head(const std::vector<uint32_t>& v, size_t n) {
+  return {v.begin(), v.begin() + n};
+}
+inline std::vector<uint32_t> cat(std::vector<uint32_t> a, const std::vector<uint32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+inline Tags tagsOf(const std::vector<uint32_t>& tokens) {
+  return Tags(tokens.begin(), tokens.end());
+}
+inline Key128 keyOf(uint8_t seed) {
+  Key128 k;
+  for (size_t i = 0; i < k.bytes.size(); ++i) k.bytes[i] = static_cast<uint8_t>(seed * 31 + i);
+  return k;
+}
+
+// A real engine over a BlockPool and heap memory, and the helpers the engine's fixtures share:
+// writing tags through a put, reading them back through a get, lengths, lookups, canResume.
+class EngineHarness {
+ protected:
+  // A fresh engine over one extent of `blocks` blocks of layout_ plus `blobBytes` more bytes.
+  void makeEngine(uint64_t blocks, uint64_t blobBytes = 0) {
+    engine_.reset();
+    mem_.reset();
+    pool_ = std::make_unique<BlockPool>(
+        std::vector<BlockPool::Extent>{{0, blocks * layout_.blockBytes() + blobBytes}});
+    mem_ = std::make_unique<HeapBlockMemory>(pool_->extents());
+    engine_ = std::make_unique<Engine>(*pool_, *mem_, nullptr, rotator_);
+    auto s = engine_->openSpace(layout_, saltFor("tenant-a"));
+    ASSERT_TRUE(s.ok()) << s.error();
+    space_ = *s;
+    ASSERT_EQ(engine_->space(space_).blockBytes, layout_.blockBytes());
+  }
+
+  uint8_t* at(const BlockLocation& loc) { return mem_->extentBase(loc.extent) + loc.offset; }
+
+  // Writes tag = token into positions [begin, begin + tags.size()) of a grant.
+  void fill(const PutGrant& g, uint64_t begin, const std::vector<uint32_t>& tags) {
+    const uint32_t bt = layout_.blockTokens;
+    for (size_t i = 0; i < tags.size(); ++i) {
+      const uint64_t pos = begin + i;
+      const size_t index = (pos - g.firstPosition) / bt;
+      ASSERT_LT(index, g.blocks.size()) << "position " << pos << " is outside the grant";
+      ASSERT_EQ(g.blocks[index].bytes, layout_.blockBytes());
+      writeTag(layout_, at(g.blocks[index]), pos % bt, tags[i]);
+    }
+  }
+
+  // put + write the tokens as tags + commit everything.
+  ::testing::AssertionResult putAndCommit(SpaceId sp, std::string_view seq, uint64_t begin,
+                                          const std::vector<uint32_t>& tokens,
+                                          const SeqOptions& options, OwnerId owner,
+                                          const std::vector<Key128>& keys = {}) {
+    auto g = engine_->put(owner, sp, seq, begin, tokens, keys, options);
+    if (!g.ok()) return ::testing::AssertionFailure() << "put: " << g.error();
+    fill(*g, begin, tokens);
+    auto c = engine_->commit(g->lease, kEnd);
+    if (!c.ok()) return ::testing::AssertionFailure() << "commit: " << c.error();
+    if (c->length != begin + tokens.size()) {
+      return ::testing::AssertionFailure() << "committed length " << c->length;
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+  // The tags of positions [begin, end) of seq, read through a get's block references.
+  Tags readRangeIn(SpaceId sp, std::string_view seq, uint64_t begin, uint64_t end) {
+    auto g = engine_->get(sp, seq, begin, end);
+    if (!g.ok()) {
+      ADD_FAILURE() << "get '" << seq << "' [" << begin << ", " << end << "): " << g.error();
+      return {};
+    }
+    const uint32_t bt = layout_.blockTokens;
+    Tags out;
+    for (uint64_t pos = begin; pos < g->end; ++pos) {
+      const size_t index = (pos - g->firstPosition) / bt;
+      if (index >= g->blocks.size()) {
+        ADD_FAILURE() << "get '" << seq << "' has no block for position " << pos;
+        break;
+      }
+      out.push_back(readTag(layout_, at(g->blocks[index]), pos % bt));
+    }
+    if (g->lease != 0) {
+      EXPECT_TRUE(engine_->releaseRead(g->lease).ok());
+    }
+    return out;
+  }
+  Tags readRange(std::string_view seq, uint64_t begin, uint64_t end) {
+    return readRangeIn(space_, seq, begin, end);
+  }
+
+  std::optional<uint64_t> lenIn(SpaceId sp, std::string_view seq) {
+    auto r = engine_->length(sp, seq);
+    if (!r.ok()) {
+      ADD_FAILURE() << "length '" << seq << "': " << r.error();
+      return std::nullopt;
+    }
+    return *r;
+  }
+  std::optional<uint64_t> len(std::string_view seq) { return lenIn(space_, seq); }
+
+  // Tokens a lookup matches (whole blocks; its read lease released again).
+  uint64_t matchedIn(SpaceId sp, const std::vector<uint32_t>& tokens) {
+    auto r = engine_->lookup(kOwner, sp, tokens, {}, "", SeqOptions{});
+    if (!r.ok()) {
+      ADD_FAILURE() << "lookup: " << r.error();
+      return 0;
+    }
+    EXPECT_EQ(r->blocks.size() * layout_.blockTokens, r->matchedTokens);
+    EXPECT_EQ(r->lease == 0, r->matchedTokens == 0);
+    if (r->lease != 0) {
+      EXPECT_TRUE(engine_->releaseRead(r->lease).ok());
+    }
+    return r->matchedTokens;
+  }
+  uint64_t matched(const std::vector<uint32_t>& tokens) { return matchedIn(space_, tokens); }
+
+  bool resumable(std::string_view seq, uint64_t pos) {
+    auto r = engine_->canResume(space_, seq, pos);
+    EXPECT_TRUE(r.ok()) << r.error();
+    return r.ok() && *r;
+  }
+
+  uint64_t used() const { return pool_->blocksUsed(); }
+
+  Layout layout_ = smallLayout();
+  const KeyRotator* rotator_ = nullptr;
+  std::unique_ptr<BlockPool> pool_;
+  std::unique_ptr<HeapBlockMemory> mem_;
+  std::unique_ptr<Engine> engine_;
+  SpaceId space_ = 0;
+};
+
 }  // namespace kvtier::test_util
+
+namespace kvtier {
+// Readable failure messages for error codes.
+inline void PrintTo(ErrorCode code, std::ostream* os) { *os << errorName(code); }
+}  // namespace kvtier
