@@ -2,13 +2,6 @@
 
 #include <kj/debug.h>
 
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#include <cstring>
-#include <future>
-
 #include "daemon/log.h"
 #include "transport/rpc_codec.h"
 
@@ -24,6 +17,15 @@ std::string promoteKey(SpaceId space, const Key128& key) {
 
 std::string loadKey(SpaceId space, SnapshotId id) {
   return std::to_string(space) + "#" + std::to_string(id);
+}
+
+// Runs `job` (which returns whether it succeeded) on `worker`. A job that throws, or a worker
+// that is gone, counts as a failure: whatever waits on it still finishes and unpins.
+template <typename F>
+kj::Promise<bool> attempt(WorkerThread& worker, F&& job) {
+  return worker.executor().executeAsync(kj::fwd<F>(job)).catch_([](kj::Exception&&) {
+    return false;
+  });
 }
 
 }  // namespace
@@ -82,12 +84,8 @@ void ColdService::kickSpill() {
         ColdRecord{ColdKey{item.fingerprint, item.salt, item.key}, data, item.location.bytes});
   }
   // The blocks stay pinned until spillFinished: the worker reads them in place.
-  // A job that throws (or a worker that is gone) is a failed write: the blocks are unpinned.
-  auto written = writer_->executor()
-                     .executeAsync([this, records = std::move(records)]() {
-                       return tier_->putBatch(records).ok();
-                     })
-                     .catch_([](kj::Exception&&) { return false; });
+  auto written = attempt(
+      *writer_, [this, records = std::move(records)]() { return tier_->putBatch(records).ok(); });
   tasks_.add(written.then(
       [this, batch = std::move(batch)](bool ok) mutable { spillFinished(std::move(batch), ok); }));
 }
@@ -95,8 +93,7 @@ void ColdService::kickSpill() {
 void ColdService::spillFinished(std::vector<SpillItem> batch, bool ok) {
   engine_.finishSpill(batch, ok);
   spillInFlight_ = false;
-  for (auto& waiter : settleWaiters_) waiter->fulfill();
-  settleWaiters_.clear();
+  wakeAll(settleWaiters_);
   if (ok) {
     kick();
     return;
@@ -119,6 +116,11 @@ kj::Promise<void> ColdService::waitOn(std::vector<kj::Own<kj::PromiseFulfiller<v
   return kj::mv(paf.promise);
 }
 
+void ColdService::wakeAll(std::vector<kj::Own<kj::PromiseFulfiller<void>>>& waiters) {
+  for (auto& waiter : waiters) waiter->fulfill();
+  waiters.clear();
+}
+
 kj::Promise<void> ColdService::whenSpillSettles() {
   if (!spillInFlight_) return kj::READY_NOW;
   return waitOn(settleWaiters_);
@@ -138,10 +140,10 @@ kj::Promise<void> ColdService::promoteOne(SpaceId space, Key128 key, int waits) 
   if (!ticket) {
     // No block to read into: as for any allocating call, wait for the spill batch in flight when
     // it can make room; otherwise the block stays cold and the lookup stops before it.
-    if (ticket.code() == ErrorCode::kFull && waits < kMaxRoomWaits && canMakeRoom()) {
-      kick();
-      return whenSpillSettles().then(
-          [this, space, key, waits] { return promoteOne(space, key, waits + 1); });
+    if (waits < kMaxRoomWaits) {
+      KJ_IF_MAYBE (room, whenRetryable(ticket.code())) {
+        return room->then([this, space, key, waits] { return promoteOne(space, key, waits + 1); });
+      }
     }
     return kj::READY_NOW;
   }
@@ -272,19 +274,16 @@ void ColdService::writeSnapshots() {
   snapshotWriteInFlight_ = true;
   // The writes' blocks stay pinned until snapshotsWritten: the worker reads them in place, and
   // the puts point into *writes, which both closures keep alive.
-  auto written = writer_->executor()
-                     .executeAsync([this, writes, batch = snapshotPuts(*writes)]() {
-                       return batch.write(engine_.memory(), *tier_);
-                     })
-                     .catch_([](kj::Exception&&) { return false; });
+  auto written = attempt(*writer_, [this, writes, batch = snapshotPuts(*writes)]() {
+    return batch.write(engine_.memory(), *tier_);
+  });
   tasks_.add(written.then([this, writes](bool ok) { snapshotsWritten(*writes, ok); }));
 }
 
 void ColdService::snapshotsWritten(const std::vector<SnapshotWrite>& writes, bool ok) {
   engine_.finishSnapshotWrites(writes, ok);
   snapshotWriteInFlight_ = false;
-  for (auto& waiter : snapshotWriteWaiters_) waiter->fulfill();
-  snapshotWriteWaiters_.clear();
+  wakeAll(snapshotWriteWaiters_);
   if (ok) {
     writeSnapshots();
     return;
@@ -304,9 +303,7 @@ void ColdService::reserveSnapshotIds() {
   reservingIds_ = true;
   const SnapshotId newLimit = next + kSnapshotIdChunk;
   auto stored =
-      reader_->executor()
-          .executeAsync([this, newLimit]() { return tier_->storeSnapshotIdLimit(newLimit).ok(); })
-          .catch_([](kj::Exception&&) { return false; });
+      attempt(*reader_, [this, newLimit]() { return tier_->storeSnapshotIdLimit(newLimit).ok(); });
   tasks_.add(stored.then([this, newLimit](bool ok) {
     reservingIds_ = false;
     // Only a limit on disk may be used: ids below it are never handed out again.
@@ -320,8 +317,7 @@ void ColdService::reserveSnapshotIds() {
         reserveSnapshotIds();
       }));
     }
-    for (auto& waiter : idWaiters_) waiter->fulfill();
-    idWaiters_.clear();
+    wakeAll(idWaiters_);
   }));
 }
 
@@ -395,11 +391,12 @@ kj::Promise<void> ColdService::loadBlocks(SpaceId space, SnapshotKey key,
   if (!begun) {
     if (begun.code() == ErrorCode::kFull) {
       // As for any allocating call: wait for the spill batch in flight when it can make room.
-      if (waits < kMaxRoomWaits && canMakeRoom()) {
-        kick();
-        return whenSpillSettles().then([this, space, key, manifest, waits]() mutable {
-          return loadBlocks(space, key, kj::mv(manifest), waits + 1);
-        });
+      if (waits < kMaxRoomWaits) {
+        KJ_IF_MAYBE (room, whenRetryable(ErrorCode::kFull)) {
+          return room->then([this, space, key, manifest, waits]() mutable {
+            return loadBlocks(space, key, kj::mv(manifest), waits + 1);
+          });
+        }
       }
       return toKjException(begun.error());
     }
@@ -507,21 +504,20 @@ kj::Promise<void> ColdService::dropSnapshot(SpaceId space, SnapshotId id) {
 }
 
 void ColdService::eraseLater(const std::string& name, SnapshotKey key) {
-  tasks_.add(writer_->executor()
-                 .executeAsync([this, key]() { return tier_->eraseSnapshot(key, false).ok(); })
-                 .catch_([](kj::Exception&&) { return false; })
-                 .then([this, name, key](bool ok) -> kj::Promise<void> {
-                   if (ok) {
-                     erasing_.erase(name);
-                     return kj::READY_NOW;
-                   }
-                   // A failing disk: the snapshot stays gone for every call, and the delete is
-                   // tried again (a restart would otherwise bring it back).
-                   logWarn("snapshot_delete_retry", "id=" + std::to_string(key.id));
-                   return timer_.afterDelay(spillRetryDelay_).then([this, name, key]() {
-                     if (erasing_.count(name)) eraseLater(name, key);
-                   });
-                 }));
+  tasks_.add(attempt(*writer_, [this, key]() {
+               return tier_->eraseSnapshot(key, false).ok();
+             }).then([this, name, key](bool ok) -> kj::Promise<void> {
+    if (ok) {
+      erasing_.erase(name);
+      return kj::READY_NOW;
+    }
+    // A failing disk: the snapshot stays gone for every call, and the delete is
+    // tried again (a restart would otherwise bring it back).
+    logWarn("snapshot_delete_retry", "id=" + std::to_string(key.id));
+    return timer_.afterDelay(spillRetryDelay_).then([this, name, key]() {
+      if (erasing_.count(name)) eraseLater(name, key);
+    });
+  }));
 }
 
 void ColdService::erasePending() {

@@ -66,8 +66,8 @@ class ColdService final : private kj::TaskSet::ErrorHandler {
   // after a crash skips at most this many (a graceful one none).
   static constexpr uint64_t kSnapshotIdChunk = uint64_t{1} << 20;
 
-  // `engine` and `timer` are borrowed and must outlive the service. Starts the worker thread and
-  // reserves the first snapshot ids (a blocking write).
+  // `engine` and `timer` are borrowed and must outlive the service. Starts the worker threads
+  // and reserves the first snapshot ids (a blocking write).
   ColdService(Engine& engine, std::unique_ptr<ColdTier> tier, kj::Timer& timer,
               kj::Duration spillRetryDelay = kDefaultSpillRetryDelay);
   ~ColdService();
@@ -113,7 +113,6 @@ class ColdService final : private kj::TaskSet::ErrorHandler {
   // Starts writing the snapshots waiting for it, if no write is in flight.
   void writeSnapshots();
   void snapshotsWritten(const std::vector<SnapshotWrite>& writes, bool ok);
-  // Puts for the cold tier, reading the writes' pinned blocks in place.
   // What a batch of snapshot writes puts, pointing into pinned pool blocks; blocks in GPU memory
   // are first copied (`copies`, run on the thread that writes) into host `staging`.
   struct SnapshotBatch {
@@ -132,6 +131,7 @@ class ColdService final : private kj::TaskSet::ErrorHandler {
   // Drops a snapshot whose manifest or records failed (counted), then rejects with `why`.
   kj::Promise<void> dropBroken(SnapshotKey key, Error why);
   static kj::Promise<void> waitOn(std::vector<kj::Own<kj::PromiseFulfiller<void>>>& waiters);
+  static void wakeAll(std::vector<kj::Own<kj::PromiseFulfiller<void>>>& waiters);
 
   Engine& engine_;
   std::unique_ptr<ColdTier> tier_;
