@@ -72,6 +72,27 @@ Key128 recordName(uint64_t id, uint32_t slot) {
   return k;
 }
 
+// The block records a manifest names (encoded keys): the capacity bound keeps them.
+std::vector<std::string> namedRecords(const SnapshotManifest& m) {
+  std::vector<std::string> named;
+  for (const auto& b : m.blocks) {
+    if (b.kind == ManifestBlock::Kind::kSealed) {
+      named.push_back(ColdKey{m.fingerprint, m.salt, b.key}.encode());
+    }
+  }
+  return named;
+}
+
+// A record's value in a write batch: its header, then its payload read in place (no copy).
+void putRecord(rocksdb::WriteBatch& batch, rocksdb::ColumnFamilyHandle* family,
+               const std::string& key, const std::string& header, const uint8_t* data,
+               uint32_t bytes) {
+  const rocksdb::Slice k(key);
+  const rocksdb::Slice value[2] = {rocksdb::Slice(header),
+                                   rocksdb::Slice(reinterpret_cast<const char*>(data), bytes)};
+  batch.Put(family, rocksdb::SliceParts(&k, 1), rocksdb::SliceParts(value, 2));
+}
+
 // Block records keep the write-ahead log: a restart after SIGKILL must still serve what was
 // spilled (the WAL costs a second write of each block; docs/performance.md).
 rocksdb::WriteOptions blockWriteOptions() { return rocksdb::WriteOptions(); }
@@ -294,11 +315,7 @@ Status ColdTier::openDb(bool reopening) {
       const auto v = it->value();
       if (auto m =
               decodeManifest(std::string_view(v.data(), v.size()), key.fingerprint, key.salt, id)) {
-        for (const auto& b : m->blocks) {
-          if (b.kind == ManifestBlock::Kind::kSealed) {
-            named.push_back(ColdKey{key.fingerprint, key.salt, b.key}.encode());
-          }
-        }
+        named = namedRecords(*m);
       }
       manifests.emplace(it->key().ToString(), std::move(named));
     }
@@ -319,10 +336,7 @@ Status ColdTier::openDb(bool reopening) {
     const uint32_t payload = v.size() >= 4 + uint64_t{headerBytes}
                                  ? static_cast<uint32_t>(v.size() - 4 - headerBytes)
                                  : 0;
-    const std::string k = it->key().ToString();
-    order_.push_back(k);
-    held_[k] = Held{std::prev(order_.end()), payload};
-    stats_.bytes += payload;
+    holdLocked(it->key().ToString(), payload);
   }
   stats_.records = held_.size();
   manifests_.clear();
@@ -352,6 +366,13 @@ void ColdTier::touchLocked(const std::string& key) {
   order_.splice(order_.end(), order_, it->second.pos);
 }
 
+void ColdTier::holdLocked(const std::string& key, uint32_t bytes) {
+  forgetLocked(key);
+  order_.push_back(key);
+  held_[key] = Held{std::prev(order_.end()), bytes};
+  stats_.bytes += bytes;
+}
+
 void ColdTier::forgetLocked(const std::string& key) {
   auto it = held_.find(key);
   if (it == held_.end()) return;
@@ -375,11 +396,7 @@ Status ColdTier::putBatch(std::span<const ColdRecord> records) {
     if (auto ready = lockForWrite(dbLock); !ready) return ready;
     rocksdb::WriteBatch batch;
     for (size_t i = 0; i < keys.size(); ++i) {
-      const rocksdb::Slice key(keys[i]);
-      const rocksdb::Slice value[2] = {
-          rocksdb::Slice(headers[i]),
-          rocksdb::Slice(reinterpret_cast<const char*>(records[i].data), records[i].bytes)};
-      batch.Put(blocks_, rocksdb::SliceParts(&key, 1), rocksdb::SliceParts(value, 2));
+      putRecord(batch, blocks_, keys[i], headers[i], records[i].data, records[i].bytes);
     }
     s = db_->Write(blockWriteOptions(), &batch);
     if (!s.ok()) needsReopen_ = true;
@@ -390,12 +407,7 @@ Status ColdTier::putBatch(std::span<const ColdRecord> records) {
       ++stats_.writeErrors;
       return unavailable(s, "cold tier write failed");
     }
-    for (size_t i = 0; i < records.size(); ++i) {
-      forgetLocked(keys[i]);
-      order_.push_back(keys[i]);
-      held_[keys[i]] = Held{std::prev(order_.end()), records[i].bytes};
-      stats_.bytes += records[i].bytes;
-    }
+    for (size_t i = 0; i < records.size(); ++i) holdLocked(keys[i], records[i].bytes);
     stats_.records = held_.size();
     stats_.written += records.size();
   }
@@ -537,12 +549,7 @@ Status ColdTier::putSnapshots(std::span<const SnapshotPut> puts) {
   for (const auto& put : puts) {
     const SnapshotManifest& m = *put.manifest;
     const SnapshotKey key{m.fingerprint, m.salt, m.id};
-    named.emplace_back();
-    for (const auto& b : m.blocks) {
-      if (b.kind == ManifestBlock::Kind::kSealed) {
-        named.back().push_back(ColdKey{m.fingerprint, m.salt, b.key}.encode());
-      }
-    }
+    named.push_back(namedRecords(m));
     for (const auto& r : put.sealed) {
       if (contains(r.key)) continue;  // spilled already: the manifest names it
       records.push_back(Encoded{r.key.encode(), encodeHeader(r), r.data, r.bytes, true});
@@ -561,11 +568,7 @@ Status ColdTier::putSnapshots(std::span<const SnapshotPut> puts) {
     if (auto ready = lockForWrite(dbLock); !ready) return ready;
     rocksdb::WriteBatch batch;
     for (const auto& r : records) {
-      const rocksdb::Slice key(r.key);
-      const rocksdb::Slice value[2] = {
-          rocksdb::Slice(r.header), rocksdb::Slice(reinterpret_cast<const char*>(r.data), r.bytes)};
-      batch.Put(r.block ? blocks_ : snapshots_, rocksdb::SliceParts(&key, 1),
-                rocksdb::SliceParts(value, 2));
+      putRecord(batch, r.block ? blocks_ : snapshots_, r.key, r.header, r.data, r.bytes);
     }
     // In the same batch as the records it names: a manifest is never on disk without them.
     for (const auto& [key, value] : manifests) batch.Put(snapshots_, key, value);
@@ -580,10 +583,7 @@ Status ColdTier::putSnapshots(std::span<const SnapshotPut> puts) {
     }
     for (const auto& r : records) {
       if (!r.block) continue;
-      forgetLocked(r.key);
-      order_.push_back(r.key);
-      held_[r.key] = Held{std::prev(order_.end()), r.bytes};
-      stats_.bytes += r.bytes;
+      holdLocked(r.key, r.bytes);
       ++stats_.written;
     }
     stats_.records = held_.size();

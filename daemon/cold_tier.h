@@ -161,6 +161,8 @@ class ColdTier {
   void touchLocked(const std::string& key);
   void enforceCapacity();
   void forgetLocked(const std::string& key);
+  // Records `key` (payload `bytes`) as held, most recently accessed. Requires mu_.
+  void holdLocked(const std::string& key, uint32_t bytes);
 
   Options options_;
   std::shared_ptr<rocksdb::FileSystem> fileSystem_;  // the options' (or the default), chunked
