@@ -78,7 +78,7 @@ cudaError_t PagedCopier::launch(bool scatter, const PagedKv& kv, const PagedCopy
   }
   // Staged tables: tensor bases, then pool block bases (both pointers), then the block table.
   const size_t tensorBytes = 2ull * kv.numLayers * sizeof(uint8_t*);
-  const uint64_t poolCount = (c.end - 1) / c.poolTokens - c.poolFirst + 1;
+  const uint64_t poolCount = poolBlockCount(c);
   const size_t poolBytes = poolCount * sizeof(uint8_t*);
   const uint64_t tableCount = (c.end - 1) / kv.blockTokens + 1;
   const size_t tableBytes = tableCount * sizeof(int32_t);

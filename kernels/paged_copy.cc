@@ -3,24 +3,6 @@
 #include <cstring>
 
 namespace kvtier::kernels {
-namespace {
-
-// The two ends of row (plane, pos): the engine's and the pool's.
-struct Row {
-  uint8_t* engine;
-  uint8_t* pool;
-};
-
-Row rowOf(const PagedKv& kv, const PagedCopy& c, uint32_t plane, uint64_t pos) {
-  const uint64_t engineBlock = static_cast<uint64_t>(c.blockTable[pos / kv.blockTokens]);
-  uint8_t* engine =
-      c.tensors[plane] + (engineBlock * kv.blockTokens + pos % kv.blockTokens) * kv.tokenBytes;
-  uint8_t* pool = c.poolBlocks[pos / c.poolTokens - c.poolFirst] +
-                  (uint64_t{plane} * c.poolTokens + pos % c.poolTokens) * kv.tokenBytes;
-  return Row{engine, pool};
-}
-
-}  // namespace
 
 std::string checkPagedCopy(const PagedKv& kv, const PagedCopy& c) {
   if (kv.numLayers == 0 || kv.blockTokens == 0 || kv.tokenBytes == 0) {
@@ -38,7 +20,7 @@ std::string checkPagedCopy(const PagedKv& kv, const PagedCopy& c) {
 void scatterCpu(const PagedKv& kv, const PagedCopy& c) {
   for (uint32_t plane = 0; plane < 2 * kv.numLayers; ++plane) {
     for (uint64_t pos = c.begin; pos < c.end; ++pos) {
-      const Row r = rowOf(kv, c, plane, pos);
+      const PagedRow r = pagedRow(kv, c, plane, pos);
       std::memcpy(r.pool, r.engine, kv.tokenBytes);
     }
   }
@@ -47,7 +29,7 @@ void scatterCpu(const PagedKv& kv, const PagedCopy& c) {
 void gatherCpu(const PagedKv& kv, const PagedCopy& c) {
   for (uint32_t plane = 0; plane < 2 * kv.numLayers; ++plane) {
     for (uint64_t pos = c.begin; pos < c.end; ++pos) {
-      const Row r = rowOf(kv, c, plane, pos);
+      const PagedRow r = pagedRow(kv, c, plane, pos);
       std::memcpy(r.engine, r.pool, kv.tokenBytes);
     }
   }
@@ -59,7 +41,7 @@ uint32_t pagedCopyAlignment(const PagedKv& kv, const PagedCopy& c) {
     bits |= reinterpret_cast<uintptr_t>(c.tensors[plane]);
   }
   if (c.begin < c.end) {
-    const uint64_t blocks = (c.end - 1) / c.poolTokens - c.poolFirst + 1;
+    const uint64_t blocks = poolBlockCount(c);
     for (uint64_t j = c.begin / c.poolTokens - c.poolFirst; j < blocks; ++j) {
       bits |= reinterpret_cast<uintptr_t>(c.poolBlocks[j]);
     }

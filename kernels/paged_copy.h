@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/host_device.h"
+
 namespace kvtier::kernels {
 
 struct PagedKv {
@@ -33,6 +35,28 @@ struct PagedCopy {
   uint64_t poolFirst = 0;
   uint64_t begin = 0, end = 0;  // positions copied
 };
+
+// The two ends of row (plane, pos) of a copy, plane = layer * 2 + (K: 0, V: 1): the engine's and
+// the pool's. One definition for the CPU reference and the CUDA kernel, so both address the same
+// bytes.
+struct PagedRow {
+  uint8_t* engine;
+  uint8_t* pool;
+};
+KVTIER_HD PagedRow pagedRow(const PagedKv& kv, const PagedCopy& c, uint32_t plane, uint64_t pos) {
+  const uint64_t engineBlock = static_cast<uint64_t>(c.blockTable[pos / kv.blockTokens]);
+  uint8_t* engine =
+      c.tensors[plane] + (engineBlock * kv.blockTokens + pos % kv.blockTokens) * kv.tokenBytes;
+  uint8_t* pool =
+      c.poolBlocks[pos / c.poolTokens - c.poolFirst] +
+      (static_cast<uint64_t>(plane) * c.poolTokens + pos % c.poolTokens) * kv.tokenBytes;
+  return PagedRow{engine, pool};
+}
+
+// How many entries of `poolBlocks` a non-empty copy reaches.
+inline uint64_t poolBlockCount(const PagedCopy& c) {
+  return (c.end - 1) / c.poolTokens - c.poolFirst + 1;
+}
 
 // Why a copy's shape is unusable ("" when it is fine): zero sizes, begin > end, a pool block size
 // or engine block size of 0. The tables themselves are the caller's to get right.

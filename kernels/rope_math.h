@@ -7,11 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
-#ifdef __CUDACC__
-#define KVTIER_HD __host__ __device__ __forceinline__
-#else
-#define KVTIER_HD inline
-#endif
+#include "kernels/host_device.h"
 
 namespace kvtier::kernels::detail {
 

@@ -1,5 +1,6 @@
 // CUDA kernels: paged KV scatter/gather and RoPE re-rotation. They match the CPU reference in
-// kernels/paged_copy.cc and kernels/rope.cc byte for byte (kernels/gpu_test.cc checks).
+// kernels/paged_copy.cc and kernels/rope.cc byte for byte (kernels/gpu_test.cc checks): both sides
+// address rows with pagedRow (paged_copy.h) and rotate with rope_math.h.
 //
 // Paged copy: one launch moves every row of a copy. blockIdx.y is the plane (layer * 2 + K|V),
 // threadIdx.y picks a row (position) and threadIdx.x walks the row's bytes in vectors of V, so a
@@ -22,14 +23,9 @@ __global__ void pagedCopyKernel(PagedKv kv, PagedCopy c, uint64_t rows) {
   const uint64_t row = static_cast<uint64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   if (row >= rows) return;
   const uint32_t plane = blockIdx.y;
-  const uint64_t pos = c.begin + row;
-  const uint64_t engineBlock = static_cast<uint64_t>(c.blockTable[pos / kv.blockTokens]);
-  uint8_t* engine =
-      c.tensors[plane] + (engineBlock * kv.blockTokens + pos % kv.blockTokens) * kv.tokenBytes;
-  uint8_t* pool = c.poolBlocks[pos / c.poolTokens - c.poolFirst] +
-                  (static_cast<uint64_t>(plane) * c.poolTokens + pos % c.poolTokens) * kv.tokenBytes;
-  const V* src = reinterpret_cast<const V*>(kScatter ? engine : pool);
-  V* dst = reinterpret_cast<V*>(kScatter ? pool : engine);
+  const PagedRow r = pagedRow(kv, c, plane, c.begin + row);
+  const V* src = reinterpret_cast<const V*>(kScatter ? r.engine : r.pool);
+  V* dst = reinterpret_cast<V*>(kScatter ? r.pool : r.engine);
   const uint64_t n = kv.tokenBytes / sizeof(V);
   for (uint64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
 }
