@@ -258,11 +258,10 @@ int run(const DaemonConfig& config) {
   }
   // Before the server, which borrows it: destroyed after it.
   BusyPoller poller(io.provider->getTimer(), std::chrono::microseconds(config.busyPollMicros));
-  Server server(engine, **pool, cold.get(), tiers.get(), gpus.exports());
+  Server server(engine, **pool, cold.get(), tiers.get(), gpus.exports(), &poller);
   // See daemon/scheduling.h. Measured on the 2-vCPU development VM: hot lookup p99 while spilling
   // 0.6 ms against 1.6-1.8 ms with the default slice.
   const bool shortSlice = requestSlice(kShortestSlice);
-  server.setBusyPoller(&poller);
   logInfo("ready",
           "socket=" + socketPath + " host_pool_bytes=" + std::to_string(config.hostPoolBytes) +
               " extents=" + std::to_string((*pool)->extentCount()) +

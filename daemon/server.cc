@@ -99,22 +99,16 @@ void setBlocks(Builder&& out, const std::vector<BlockLocation>& blocks) {
   for (uint32_t i = 0; i < blocks.size(); ++i) blockToRpc(blocks[i], out[i]);
 }
 
-// Blocks in GPU memory never travel inline: the read lease that holds them is released and the
-// call fails, typed.
-void checkInlineable(Engine& engine, const std::vector<BlockLocation>& blocks, LeaseId lease) {
-  for (const auto& b : blocks) {
-    if (!engine.memory().hostAddressable(b.extent)) {
+// Copies whole blocks into the result for clients that cannot map the pool. Blocks in GPU memory
+// never travel inline: the read lease that holds them is released and the call fails, typed.
+void setInlineData(capnp::List<capnp::Data>::Builder out, Engine& engine,
+                   const std::vector<BlockLocation>& blocks, LeaseId lease) {
+  for (uint32_t i = 0; i < blocks.size(); ++i) {
+    if (!engine.memory().hostAddressable(blocks[i].extent)) {
       (void)engine.releaseRead(lease);
       throwRpcError(makeError(ErrorCode::kNotSupported,
                               "blocks in GPU memory do not travel inline: map the GPU pool"));
     }
-  }
-}
-
-// Copies whole blocks into the result for clients that cannot map the pool.
-void setInlineData(capnp::List<capnp::Data>::Builder out, Engine& engine,
-                   const std::vector<BlockLocation>& blocks) {
-  for (uint32_t i = 0; i < blocks.size(); ++i) {
     const uint8_t* base = engine.memory().extentBase(blocks[i].extent) + blocks[i].offset;
     out.set(i, capnp::Data::Reader(base, blocks[i].bytes));
   }
@@ -290,8 +284,7 @@ class SpaceImpl final : public rpc::Space::Server {
     out.setEnd(grant.end);
     setBlocks(out.initBlocks(grant.blocks.size()), grant.blocks);
     if (p.getInline()) {
-      checkInlineable(engine_, grant.blocks, grant.lease);
-      setInlineData(out.initData(grant.blocks.size()), engine_, grant.blocks);
+      setInlineData(out.initData(grant.blocks.size()), engine_, grant.blocks, grant.lease);
     }
     out.setLease(readLease(engine_, grant.lease, cold_));
     return kj::READY_NOW;
@@ -355,8 +348,7 @@ class SpaceImpl final : public rpc::Space::Server {
         (void)engine_.releaseRead(result.lease);
         checkInlineBytes(result.blocks.size(), blockBytes());
       }
-      checkInlineable(engine_, result.blocks, result.lease);
-      setInlineData(out.initData(result.blocks.size()), engine_, result.blocks);
+      setInlineData(out.initData(result.blocks.size()), engine_, result.blocks, result.lease);
     }
     out.setLease(readLease(engine_, result.lease, cold_));
   }
@@ -425,38 +417,32 @@ class SpaceImpl final : public rpc::Space::Server {
 
   kj::Promise<void> restore(RestoreContext context) override {
     const SnapshotId id = context.getParams().getSnapshot();
-    return withSnapshots({id}, [this, context]() mutable {
-      return whenRoom([this, context]() mutable {
-        auto p = context.getParams();
-        std::optional<SnapshotId> snap;
-        if (p.getSnapshot() != 0) snap = p.getSnapshot();
-        orThrow(engine_.restore(owner_, space_, text(p.getSeq()), snap, p.getTarget(),
-                                optionsFrom(p.getOptions())));
-      });
+    return whenRoomWithSnapshots({id}, [this, context]() mutable {
+      auto p = context.getParams();
+      std::optional<SnapshotId> snap;
+      if (p.getSnapshot() != 0) snap = p.getSnapshot();
+      orThrow(engine_.restore(owner_, space_, text(p.getSeq()), snap, p.getTarget(),
+                              optionsFrom(p.getOptions())));
     });
   }
 
   kj::Promise<void> mergeSnapshots(MergeSnapshotsContext context) override {
     const auto p = context.getParams();
-    return withSnapshots({p.getA(), p.getB()}, [this, context]() mutable {
-      return whenRoom([this, context]() mutable {
-        auto p = context.getParams();
-        setSnapshot(context.getResults().initSnapshot(),
-                    orThrow(engine_.mergeSnapshots(space_, p.getA(), p.getB())));
-        kickSpill(cold_);
-      });
+    return whenRoomWithSnapshots({p.getA(), p.getB()}, [this, context]() mutable {
+      auto p = context.getParams();
+      setSnapshot(context.getResults().initSnapshot(),
+                  orThrow(engine_.mergeSnapshots(space_, p.getA(), p.getB())));
+      kickSpill(cold_);
     });
   }
 
   kj::Promise<void> splitSnapshot(SplitSnapshotContext context) override {
-    return withSnapshots({context.getParams().getSnapshot()}, [this, context]() mutable {
-      return whenRoom([this, context]() mutable {
-        auto p = context.getParams();
-        auto [left, right] = orThrow(engine_.splitSnapshot(space_, p.getSnapshot(), p.getAt()));
-        setSnapshot(context.getResults().initLeft(), left);
-        setSnapshot(context.getResults().initRight(), right);
-        kickSpill(cold_);
-      });
+    return whenRoomWithSnapshots({context.getParams().getSnapshot()}, [this, context]() mutable {
+      auto p = context.getParams();
+      auto [left, right] = orThrow(engine_.splitSnapshot(space_, p.getSnapshot(), p.getAt()));
+      setSnapshot(context.getResults().initLeft(), left);
+      setSnapshot(context.getResults().initRight(), right);
+      kickSpill(cold_);
     });
   }
 
@@ -524,19 +510,15 @@ class SpaceImpl final : public rpc::Space::Server {
   template <typename Attempt>
   kj::Promise<void> whenRoom(Attempt attempt, int tries = 0) {
     KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] { attempt(); })) {
-      if (tier_ != 0 && tiers_ && tries < ColdService::kMaxRoomWaits &&
-          fromKjException(*e).code() == ErrorCode::kFull) {
-        // Short of GPU blocks: demotion to the host pool makes room.
-        tiers_->makeRoom(tier_);
-        if (tiers_->canMakeRoom()) {
-          return tiers_->whenSettles().then([this, attempt = kj::mv(attempt), tries]() mutable {
-            return whenRoom(kj::mv(attempt), tries + 1);
-          });
-        }
-      }
-      if (cold_ && tries < ColdService::kMaxRoomWaits) {
-        KJ_IF_MAYBE (wait, cold_->whenRetryable(fromKjException(*e).code())) {
-          return wait->then([this, attempt = kj::mv(attempt), tries]() mutable {
+      if (tries < ColdService::kMaxRoomWaits) {
+        // Short of GPU blocks, demotion to the host pool makes room; short of host blocks, the
+        // spiller; short of snapshot ids, their reservation.
+        const ErrorCode code = fromKjException(*e).code();
+        kj::Maybe<kj::Promise<void>> wait = nullptr;
+        if (tiers_) wait = tiers_->whenRetryable(code, tier_);
+        if (wait == nullptr && cold_) wait = cold_->whenRetryable(code);
+        KJ_IF_MAYBE (w, wait) {
+          return w->then([this, attempt = kj::mv(attempt), tries]() mutable {
             return whenRoom(kj::mv(attempt), tries + 1);
           });
         }
@@ -559,6 +541,13 @@ class SpaceImpl final : public rpc::Space::Server {
     }
     if (loads.empty()) return next();
     return kj::joinPromises(loads.releaseAsArray()).then(kj::mv(next));
+  }
+
+  // whenRoom(attempt) once the snapshots `ids` are in memory (brought back from disk if needed).
+  template <typename Attempt>
+  kj::Promise<void> whenRoomWithSnapshots(std::initializer_list<SnapshotId> ids, Attempt attempt) {
+    return withSnapshots(
+        ids, [this, attempt = kj::mv(attempt)]() mutable { return whenRoom(kj::mv(attempt)); });
   }
 
   template <typename Results>
@@ -754,9 +743,10 @@ bool peerAllowed(const PeerCredentials& peer, int64_t daemonUid, int64_t daemonG
 }
 
 Server::Server(Engine& engine, HostPool& pool, ColdService* cold, TierService* tiers,
-               std::vector<GpuPoolExport> gpus)
+               std::vector<GpuPoolExport> gpus, BusyPoller* poller)
     : engine_(engine),
       pool_(pool),
+      poller_(poller),
       cold_(cold),
       tiers_(tiers),
       gpus_(std::move(gpus)),

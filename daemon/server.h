@@ -41,13 +41,12 @@ struct GpuPoolExport {
 
 class Server final : private kj::TaskSet::ErrorHandler {
  public:
-  // `engine`, `pool`, `cold` (optional: no cold tier) and `tiers` (optional: no GPU pools) are
-  // borrowed and must outlive the server.
+  // `engine`, `pool`, `cold` (optional: no cold tier), `tiers` (optional: no GPU pools) and
+  // `poller` (optional: no busy polling) are borrowed and must outlive the server. Client
+  // connections tell `poller` of every message they read, so the loop polls for the next message
+  // of a hot conversation.
   Server(Engine& engine, HostPool& pool, ColdService* cold = nullptr, TierService* tiers = nullptr,
-         std::vector<GpuPoolExport> gpus = {});
-  // Client connections tell `poller` (borrowed, outlives the server) of every message they read,
-  // so the loop polls for the next message of a hot conversation. Call before the first accept.
-  void setBusyPoller(BusyPoller* poller) { poller_ = poller; }
+         std::vector<GpuPoolExport> gpus = {}, BusyPoller* poller = nullptr);
   ~Server();
 
   // Accepts connections until the returned promise is cancelled.
@@ -73,7 +72,7 @@ class Server final : private kj::TaskSet::ErrorHandler {
 
   Engine& engine_;
   HostPool& pool_;
-  BusyPoller* poller_ = nullptr;
+  BusyPoller* poller_;
   ColdService* cold_;
   TierService* tiers_;
   std::vector<GpuPoolExport> gpus_;

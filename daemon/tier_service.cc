@@ -81,7 +81,14 @@ kj::Promise<void> TierService::whenSettles() {
   return kj::mv(paf.promise);
 }
 
-kj::Maybe<kj::Promise<void>> TierService::bringTo(SpaceId space, std::vector<Key128> keys,
+kj::Maybe<kj::Promise<void>> TierService::whenRetryable(ErrorCode code, uint8_t tier) {
+  if (code != ErrorCode::kFull || tier == 0) return nullptr;
+  makeRoom(tier);
+  if (!canMakeRoom()) return nullptr;
+  return whenSettles();
+}
+
+kj::Maybe<kj::Promise<void>> TierService::bringTo(SpaceId space, std::span<const Key128> keys,
                                                   uint8_t tier) {
   auto tickets = engine_.beginMovesTo(space, keys, tier);
   if (tickets.empty()) return nullptr;

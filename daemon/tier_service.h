@@ -44,10 +44,13 @@ class TierService final : private kj::TaskSet::ErrorHandler {
   bool canMakeRoom() const { return inFlight_; }
   // Resolves when the batch in flight (if any) has finished.
   kj::Promise<void> whenSettles();
+  // What a call that failed with `code` needing blocks of `tier` may wait for before it tries
+  // again: for FULL in a GPU tier, a demotion batch started for it; nullptr when that cannot help.
+  kj::Maybe<kj::Promise<void>> whenRetryable(ErrorCode code, uint8_t tier);
   // Brings the blocks of `keys` held only by the index to `tier` (a GPU's, or the host pool's);
   // resolves when they have moved (or could not: they are then served where they are). Nothing
   // when no block needs to move (the caller answers at once).
-  kj::Maybe<kj::Promise<void>> bringTo(SpaceId space, std::vector<Key128> keys, uint8_t tier);
+  kj::Maybe<kj::Promise<void>> bringTo(SpaceId space, std::span<const Key128> keys, uint8_t tier);
 
  private:
   void taskFailed(kj::Exception&& exception) override;

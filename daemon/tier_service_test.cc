@@ -133,6 +133,25 @@ TEST(TierService, MakeRoomDemotesWhateverTheMark) {
   EXPECT_EQ(rig.where(toks(2 * kBt, 10)).size(), 2u) << "the demoted blocks still hit";
 }
 
+// What a server call short of GPU blocks waits for: a demotion batch, and only for FULL in a GPU
+// tier that has something to demote.
+TEST(TierService, OnlyAFullGpuTierWithBlocksToDemoteIsWorthWaitingFor) {
+  kj::EventLoop loop;
+  kj::WaitScope ws(loop);
+  Rig rig;
+  TierService tiers(rig.engine, rig.copier(), {kGpu}, 0.25);
+  EXPECT_TRUE(tiers.whenRetryable(ErrorCode::kFull, kGpu) == nullptr) << "nothing to demote";
+  rig.cache(toks(2 * kBt, 10), kGpu);
+  EXPECT_TRUE(tiers.whenRetryable(ErrorCode::kFull, 0) == nullptr) << "the host tier";
+  EXPECT_TRUE(tiers.whenRetryable(ErrorCode::kNotFound, kGpu) == nullptr);
+  KJ_IF_MAYBE (wait, tiers.whenRetryable(ErrorCode::kFull, kGpu)) {
+    wait->wait(ws);
+  } else {
+    FAIL() << "a demotion batch should have started";
+  }
+  EXPECT_EQ(rig.engine.stats().gpuDemoted, 2u);
+}
+
 TEST(TierService, PromoteBringsHostBlocksToTheGpu) {
   kj::EventLoop loop;
   kj::WaitScope ws(loop);
