@@ -48,6 +48,7 @@
 
 #include "kvtier/client.h"
 #include "tools/synthetic_kv.h"
+#include "transport/busy_poll.h"
 #ifdef KVTIER_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -371,6 +372,8 @@ class EchoPeer {
       ::waitpid(pid_, &status, 0);
     }
   }
+
+  std::chrono::microseconds busyPoll() const { return busyPoll_; }
 
   // One round trip of `bytes` bytes from `buf`; false if the peer is gone.
   bool pingPong(uint8_t* buf, size_t bytes) {
@@ -742,8 +745,7 @@ struct Breakdown {
   std::vector<std::pair<std::string, double>> steps;  // name, median seconds
 };
 
-Result<Breakdown> measureBreakdown(Space& space, Workload& w, EchoPeer& pollingEcho,
-                                   std::chrono::microseconds busyPoll) {
+Result<Breakdown> measureBreakdown(Space& space, Workload& w, EchoPeer& pollingEcho) {
   std::vector<double> lookup, copy, release, begin, write, commit, bare, lookup1, drop, copies;
   for (int i = 0; i < kBreakdownIterations; ++i) {
     auto t0 = Clock::now();
@@ -799,7 +801,8 @@ Result<Breakdown> measureBreakdown(Space& space, Workload& w, EchoPeer& pollingE
       {"length() (smallest call)", medianOf(bare)},
       {"lookup 1 block", medianOf(lookup1)},
       {"drop of its ReadHandle", medianOf(drop)},
-      {"uds ping-pong, both polling " + std::to_string(busyPoll.count()) + " us", medianOf(pings)}};
+      {"uds ping-pong, both polling " + std::to_string(pollingEcho.busyPoll().count()) + " us",
+       medianOf(pings)}};
   return b;
 }
 
@@ -1178,7 +1181,7 @@ Status runLocalSuite(const Options& options) {
       putRedis.anchor.perRep.push_back(*f->redisSet);
     }
   }
-  auto breakdown = measureBreakdown(**space, w, *pollingEcho, busyPoll);
+  auto breakdown = measureBreakdown(**space, w, *pollingEcho);
   if (!breakdown) return breakdown.error();
 
   const std::vector<RatioReport> reports = {getMem, putMem, rtt, getRedis, putRedis};
@@ -1845,14 +1848,20 @@ Result<Options> parseArgs(int argc, char** argv) {
                a == "--threading" || a == "--busy-poll-us") {
       auto v = value();
       if (!v) return v.error();
-      if (a == "--busy-poll-us") {
+      // A whole number from lo to hi, or a typed error naming the flag.
+      auto number = [&](long lo, long hi) -> Result<long> {
         char* end = nullptr;
-        const long us = std::strtol(v->c_str(), &end, 10);
-        if (end == v->c_str() || *end != '\0' || us < 0 || us > 10000) {
-          return makeError(ErrorCode::kInvalidArgument, "--busy-poll-us wants 0 to 10000, not '",
-                           *v, "'");
+        const long n = std::strtol(v->c_str(), &end, 10);
+        if (end == v->c_str() || *end != '\0' || n < lo || n > hi) {
+          return makeError(ErrorCode::kInvalidArgument, a, " wants a number from ", lo, " to ", hi,
+                           ", not '", *v, "'");
         }
-        o.busyPollMicros = static_cast<uint32_t>(us);
+        return n;
+      };
+      if (a == "--busy-poll-us") {
+        auto us = number(0, kMaxBusyPoll.count());
+        if (!us) return us.error();
+        o.busyPollMicros = static_cast<uint32_t>(*us);
       } else if (a == "--threading") {
         if (*v != "caller" && *v != "own") {
           return makeError(ErrorCode::kInvalidArgument, "--threading is caller or own, not '", *v,
@@ -1866,13 +1875,9 @@ Result<Options> parseArgs(int argc, char** argv) {
       } else if (a == "--daemon") {
         o.daemon = *v;
       } else {
-        char* end = nullptr;
-        const long reps = std::strtol(v->c_str(), &end, 10);
-        if (end == v->c_str() || *end != '\0' || reps < 1 || reps > 1000) {
-          return makeError(ErrorCode::kInvalidArgument,
-                           "--reps wants a number from 1 to 1000, not '", *v, "'");
-        }
-        o.reps = static_cast<int>(reps);
+        auto reps = number(1, 1000);
+        if (!reps) return reps.error();
+        o.reps = static_cast<int>(*reps);
       }
     } else {
       return makeError(ErrorCode::kInvalidArgument, "unknown argument '", a, "'");

@@ -131,8 +131,6 @@ struct Client::Impl {
 
 namespace {
 
-constexpr std::chrono::microseconds kMaxBusyPoll{10000};
-
 capnp::ReaderOptions clientReaderOptions() {
   capnp::ReaderOptions options;
   options.traversalLimitInWords =

@@ -5,10 +5,11 @@
 #include <charconv>
 #include <cstdlib>
 
+#include "transport/busy_poll.h"
+
 namespace kvtier {
 namespace {
-// Polling longer than a scheduler slice only burns CPU: the thread would be preempted anyway.
-constexpr unsigned long kMaxBusyPollMicros = 10000;
+constexpr unsigned long kMaxBusyPollMicros = kMaxBusyPoll.count();
 }  // namespace
 
 Result<uint64_t> parseByteSize(std::string_view text) {

@@ -23,6 +23,10 @@
 
 namespace kvtier {
 
+// The longest window kvtierd and the SDK accept: polling longer than a scheduler slice only burns
+// CPU (the thread would be preempted anyway).
+inline constexpr std::chrono::microseconds kMaxBusyPoll{10000};
+
 // Tells whether a conversation is hot: arrived() within `window` of the previous arrival.
 class Conversation {
  public:
@@ -31,9 +35,9 @@ class Conversation {
   // A message arrived now; returns whether the previous one came within the window (never with a
   // zero window). Hot path: one clock read.
   bool arrived(std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now()) {
-    const bool hot = window_.count() > 0 && now - last_ <= window_;
+    const bool wasHot = hot(now);
     last_ = now;
-    return hot;
+    return wasHot;
   }
   // Whether a message now would be hot, without recording one.
   bool hot(std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now()) const {
@@ -83,8 +87,9 @@ class BusyPoller {
 // daemon is likely still polling); records the answer's arrival.
 template <typename T>
 T waitForAnswer(kj::Promise<T>&& promise, kj::WaitScope& waitScope, Conversation& answers) {
-  if (answers.hot()) {
-    const auto deadline = std::chrono::steady_clock::now() + answers.window();
+  const auto sent = std::chrono::steady_clock::now();
+  if (answers.hot(sent)) {
+    const auto deadline = sent + answers.window();
     while (!promise.poll(waitScope) && std::chrono::steady_clock::now() < deadline) {
     }
   }
