@@ -8,6 +8,7 @@
 #include <future>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -59,8 +60,8 @@ struct Client::Impl {
   std::string daemonVersion;
   std::vector<int> devices;  // with a GPU pool on the daemon (the daemon's ordinals)
   std::vector<std::string> devicePciBusIds;  // of those devices, in the same order
-  // GPU extents this client was told of (id -> device): their blocks have no host view.
-  std::map<uint32_t, int> gpuExtents;
+  // GPU extents this client was told of: their blocks have no host view.
+  std::set<uint32_t> gpuExtents;
 #ifdef KVTIER_HAVE_CUDA
   // Opened once per extent, closed with the client. Guarded by gpuMutex, like the copiers (a
   // client may be called from several threads; kernels launch from the caller's thread).
@@ -156,6 +157,17 @@ void setKeys(capnp::List<capnp::Data>::Builder out, std::span<const Key128> keys
 }
 
 Error invalid(auto&&... args) { return makeError(ErrorCode::kInvalidArgument, args...); }
+
+// INVALID_ARGUMENT unless positions [from, to) lie within a handle's [begin, end). `what` names
+// the call, `holds` what the handle has ("held", "granted").
+Status checkRange(const char* what, const char* holds, uint64_t from, uint64_t to, uint64_t begin,
+                  uint64_t end) {
+  if (from > to || from < begin || to > end) {
+    return invalid(what, " range [", from, ", ", to, ") is outside the ", holds, " [", begin, ", ",
+                   end, ")");
+  }
+  return {};
+}
 
 // PutOptions and LookupOptions both carry how a sequence they create is kept.
 template <typename Options>
@@ -320,7 +332,6 @@ Result<std::unique_ptr<Space>> Client::open(const Layout& layout, const OpenOpti
 #endif
   struct GpuExtent {
     uint32_t id;
-    int device;
     uint64_t bytes;
     std::vector<uint8_t> handle;
   };
@@ -335,15 +346,16 @@ Result<std::unique_ptr<Space>> Client::open(const Layout& layout, const OpenOpti
   int daemonDevice = options.device;
 #ifdef KVTIER_HAVE_CUDA
   if (options.device >= 0 && !impl_->devicePciBusIds.empty()) {
-    char pci[32] = {};
-    if (cudaDeviceGetPCIBusId(pci, sizeof pci, options.device) != cudaSuccess) {
-      cudaGetLastError();
+    const std::string pci = pciBusId(options.device);
+    if (pci.empty()) {
       return makeError(ErrorCode::kInvalidArgument, "no CUDA device ", options.device,
                        " in this process");
     }
     daemonDevice = -2;  // a device the daemon has no pool on: it refuses the open
     for (size_t i = 0; i < impl_->devicePciBusIds.size(); ++i) {
-      if (strcasecmp(impl_->devicePciBusIds[i].c_str(), pci) == 0) daemonDevice = impl_->devices[i];
+      if (strcasecmp(impl_->devicePciBusIds[i].c_str(), pci.c_str()) == 0) {
+        daemonDevice = impl_->devices[i];
+      }
     }
     if (daemonDevice == -2) {
       return makeError(ErrorCode::kInvalidArgument, "kvtierd has no GPU pool on CUDA device ",
@@ -361,7 +373,7 @@ Result<std::unique_ptr<Space>> Client::open(const Layout& layout, const OpenOpti
       for (auto e : r.getExtents()) {
         if (e.getDevice() >= 0) {
           auto h = e.getIpcHandle();
-          o.gpuExtents.push_back({e.getId(), e.getDevice(), e.getBytes(), {h.begin(), h.end()}});
+          o.gpuExtents.push_back({e.getId(), e.getBytes(), {h.begin(), h.end()}});
         } else {
           o.extents.push_back({e.getId(), {e.getShmName().cStr(), e.getBytes()}});
         }
@@ -371,10 +383,12 @@ Result<std::unique_ptr<Space>> Client::open(const Layout& layout, const OpenOpti
   });
   if (!opened) return opened.error();
   // Mapping the pool is best effort: without it, bytes travel inline.
-  (void)impl_->run([&] { (void)impl_->mapExtents(opened->extents); });
-  for (const auto& g : opened->gpuExtents) {
-    (void)impl_->run([&] { impl_->gpuExtents[g.id] = options.device; });
+  (void)impl_->run([&] {
+    (void)impl_->mapExtents(opened->extents);
+    for (const auto& g : opened->gpuExtents) impl_->gpuExtents.insert(g.id);
+  });
 #ifdef KVTIER_HAVE_CUDA
+  for (const auto& g : opened->gpuExtents) {
     std::lock_guard<std::mutex> lock(impl_->gpuMutex);
     if (impl_->deviceMappings.count(g.id)) continue;
     IpcHandleBytes handle{};
@@ -390,8 +404,8 @@ Result<std::unique_ptr<Space>> Client::open(const Layout& layout, const OpenOpti
       return mapping.error();
     }
     impl_->deviceMappings.emplace(g.id, std::move(mapping).value());
-#endif
   }
+#endif
   auto spaceImpl = std::make_unique<Space::Impl>();
   (void)impl_->run([&] {
     spaceImpl->cap = kj::mv(opened->impl->cap);
@@ -531,10 +545,7 @@ void ReadHandle::release() {
 
 Status ReadHandle::copyTo(uint64_t from, uint64_t to, void* out, size_t bytes) const {
   const Layout& layout = space_->layout();
-  if (from > to || from < begin_ || to > end_) {
-    return invalid("copy range [", from, ", ", to, ") is outside the held [", begin_, ", ", end_,
-                   ")");
-  }
+  if (auto s = checkRange("copy", "held", from, to, begin_, end_); !s) return s;
   if (bytes != (to - from) * layout.tokenKvBytes()) {
     return invalid("copy buffer of ", bytes, " bytes, expected ",
                    (to - from) * layout.tokenKvBytes());
@@ -567,10 +578,7 @@ WriteHandle::~WriteHandle() = default;
 Status WriteHandle::write(uint64_t from, uint64_t to, const void* kv, size_t bytes) {
   if (!lease_) return makeError(ErrorCode::kReleased, "write handle was committed or aborted");
   const Layout& layout = space_->layout();
-  if (from > to || from < begin_ || to > end_) {
-    return invalid("write range [", from, ", ", to, ") is outside the granted [", begin_, ", ",
-                   end_, ")");
-  }
+  if (auto s = checkRange("write", "granted", from, to, begin_, end_); !s) return s;
   if (bytes != (to - from) * layout.tokenKvBytes()) {
     return invalid("write buffer of ", bytes, " bytes, expected ",
                    (to - from) * layout.tokenKvBytes());
@@ -1183,9 +1191,8 @@ Status Space::scatterTo(const WriteHandle& handle, uint64_t from, uint64_t to,
   if (!handle.lease_) {
     return makeError(ErrorCode::kReleased, "write handle was committed or aborted");
   }
-  if (from > to || from < handle.begin_ || to > handle.end_) {
-    return invalid("scatter range [", from, ", ", to, ") is outside the granted [", handle.begin_,
-                   ", ", handle.end_, ")");
+  if (auto s = checkRange("scatter", "granted", from, to, handle.begin_, handle.end_); !s) {
+    return s;
   }
   return pagedCopy(true, handle.refs_, handle.firstPosition_, from, to, cache, blockTable, stream);
 }
@@ -1193,10 +1200,7 @@ Status Space::scatterTo(const WriteHandle& handle, uint64_t from, uint64_t to,
 Status Space::gatherTo(const ReadHandle& handle, uint64_t from, uint64_t to,
                        const PagedKvCache& cache, std::span<const int32_t> blockTable,
                        void* stream) {
-  if (from > to || from < handle.begin_ || to > handle.end_) {
-    return invalid("gather range [", from, ", ", to, ") is outside the held [", handle.begin_, ", ",
-                   handle.end_, ")");
-  }
+  if (auto s = checkRange("gather", "held", from, to, handle.begin_, handle.end_); !s) return s;
   if (handle.views_.empty() && from < to) {
     return makeError(ErrorCode::kReleased, "read handle was released");
   }

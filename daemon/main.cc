@@ -150,7 +150,7 @@ class GpuPools {
     if (devices_.empty()) return nullptr;
     auto mover = std::make_shared<CudaBlockMover>();
     std::vector<uint8_t> tiers;
-    for (size_t i = 0; i < devices_.size(); ++i) tiers.push_back(static_cast<uint8_t>(1 + i));
+    for (size_t i = 0; i < devices_.size(); ++i) tiers.push_back(BlockPool::gpuTier(i));
     return std::make_unique<TierService>(
         engine, [mover](std::span<const BlockCopy> copies) { return mover->copy(copies); },
         std::move(tiers));
@@ -166,9 +166,8 @@ class GpuPools {
     for (size_t i = 0; i < devices_.size(); ++i) {
       GpuPoolExport g;
       g.device = devices_[i]->device();
-      char pci[32] = {};
-      if (cudaDeviceGetPCIBusId(pci, sizeof pci, g.device) == cudaSuccess) g.pciBusId = pci;
-      g.tier = static_cast<uint8_t>(1 + i);
+      g.pciBusId = pciBusId(g.device);
+      g.tier = BlockPool::gpuTier(i);
       for (const auto& x : devices_[i]->extents()) {
         g.extents.push_back({x.id, x.bytes, {x.handle.begin(), x.handle.end()}});
       }

@@ -61,10 +61,12 @@ class BlockPool {
   struct Extent {
     uint32_t id;
     uint64_t bytes;
-    // Which memory the extent is: 0 the host pool, 1 + d the pool of GPU d. Blocks of one size
-    // in different tiers are different size classes: allocation names the tier it wants.
+    // Which memory the extent is: 0 the host pool, gpuTier(i) the pool of GPU pool i. Blocks of
+    // one size in different tiers are different size classes: allocation names the tier it wants.
     uint8_t tier = 0;
   };
+  // The tier of the daemon's GPU pool `index` (0, 1, ... in the order the pools were made).
+  static constexpr uint8_t gpuTier(size_t index) { return static_cast<uint8_t>(1 + index); }
 
   explicit BlockPool(std::vector<Extent> extents);
   BlockPool(const BlockPool&) = delete;

@@ -166,11 +166,20 @@ bool CudaBlockMover::copy(std::span<const BlockCopy> copies) {
   return ok;
 }
 
+std::string pciBusId(int device) {
+  char pci[32] = {};
+  if (cudaDeviceGetPCIBusId(pci, sizeof pci, device) != cudaSuccess) {
+    cudaGetLastError();
+    return {};
+  }
+  return pci;
+}
+
 std::vector<BlockPool::Extent> deviceExtents(std::span<const std::unique_ptr<DevicePool>> devices) {
   std::vector<BlockPool::Extent> out;
   for (size_t i = 0; i < devices.size(); ++i) {
     for (const auto& x : devices[i]->extents()) {
-      out.push_back(BlockPool::Extent{x.id, x.bytes, static_cast<uint8_t>(1 + i)});
+      out.push_back(BlockPool::Extent{x.id, x.bytes, BlockPool::gpuTier(i)});
     }
   }
   return out;

@@ -115,8 +115,12 @@ class CudaBlockMover {
   std::vector<cudaStream_t> streams_;  // by device
 };
 
-// The pool extents (id, bytes, tier) of the device pools, for BlockPool: GPU `i` of `devices` is
-// tier 1 + i.
+// The pool extents (id, bytes, tier) of the device pools, for BlockPool: pool `i` of `devices` is
+// tier BlockPool::gpuTier(i).
 std::vector<BlockPool::Extent> deviceExtents(std::span<const std::unique_ptr<DevicePool>> devices);
+
+// The PCI bus id of CUDA device `device` as this process numbers it ("0000:3b:00.0"); empty when
+// CUDA cannot say (the error is cleared).
+std::string pciBusId(int device);
 
 }  // namespace kvtier
