@@ -38,31 +38,12 @@ struct Rig {
       return copierWorks.load();
     };
   }
-  uint8_t* at(const BlockLocation& l) { return mem.extentBase(l.extent) + l.offset; }
   void cache(const std::vector<uint32_t>& tokens, uint8_t tier) {
-    auto g = engine.put(1, space, "s", 0, tokens, {}, {}, tier);
-    ASSERT_TRUE(g.ok()) << g.error();
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      writeTag(layout, at(g->blocks[i / kBt]), i % kBt, tokens[i]);
-    }
-    ASSERT_TRUE(engine.commit(g->lease, kEnd).ok());
-    ASSERT_TRUE(engine.remove(space, "s", 0, kEnd).ok());
+    cacheTagged(engine, mem, space, "s", tokens, tier);
   }
-  // The extent of each block a lookup finds, after checking every tag.
+  // The extent of each block a lookup finds (every tag checked).
   std::vector<uint32_t> where(const std::vector<uint32_t>& tokens) {
-    auto r = engine.lookup(1, space, tokens, {}, "", {});
-    EXPECT_TRUE(r.ok());
-    std::vector<uint32_t> out;
-    for (size_t b = 0; b < r->blocks.size(); ++b) {
-      out.push_back(r->blocks[b].extent);
-      for (uint32_t s = 0; s < kBt; ++s) {
-        EXPECT_EQ(readTag(layout, at(r->blocks[b]), s), tokens[b * kBt + s]);
-      }
-    }
-    if (r->lease) {
-      EXPECT_TRUE(engine.releaseRead(r->lease).ok());
-    }
-    return out;
+    return lookupExtents(engine, mem, space, tokens);
   }
   std::vector<Key128> keysOf(const std::vector<uint32_t>& tokens) {
     std::vector<Key128> keys;

@@ -439,6 +439,8 @@ class Engine {
   // Whether a session that reads the host pool and tier `servedTier` (< 0: every tier) can read
   // block `id`.
   bool reachable(BlockId id, int servedTier) const;
+  // A move of `from`'s bytes into the fresh block `to`, both pinned until finishMoves.
+  MoveTicket beginMove(BlockId from, BlockId to);
   uint32_t blockTokens(SpaceId space) const { return spaces_[space].info.layout.blockTokens; }
 
   // Allocation with eviction: a fresh block of the space's class (or of `cls`), or kNoBlock when

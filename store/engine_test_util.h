@@ -99,6 +99,46 @@ inline Key128 keyOf(uint8_t seed) {
   return k;
 }
 
+// Puts `tokens` as `seq` of `space` in `tier` with tag = token, commits, and removes the sequence,
+// so that only the prefix index holds its full blocks.
+inline void cacheTagged(Engine& engine, BlockMemory& memory, SpaceId space, std::string_view seq,
+                        const std::vector<uint32_t>& tokens, uint8_t tier) {
+  const Layout& layout = engine.space(space).layout;
+  auto g = engine.put(kOwner, space, seq, 0, tokens, {}, {}, tier);
+  ASSERT_TRUE(g.ok()) << g.error();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const BlockLocation& b = g->blocks[i / layout.blockTokens];
+    writeTag(layout, memory.extentBase(b.extent) + b.offset, i % layout.blockTokens, tokens[i]);
+  }
+  ASSERT_TRUE(engine.commit(g->lease, kEnd).ok());
+  ASSERT_TRUE(engine.remove(space, seq, 0, kEnd).ok());
+}
+
+// The extent of each block a lookup of `tokens` finds, after checking every tag of the blocks the
+// CPU can read (its read lease released again).
+inline std::vector<uint32_t> lookupExtents(Engine& engine, BlockMemory& memory, SpaceId space,
+                                           const std::vector<uint32_t>& tokens) {
+  const Layout& layout = engine.space(space).layout;
+  auto r = engine.lookup(kOwner, space, tokens, {}, "", {});
+  EXPECT_TRUE(r.ok());
+  if (!r.ok()) return {};
+  std::vector<uint32_t> extents;
+  for (size_t b = 0; b < r->blocks.size(); ++b) {
+    const BlockLocation& l = r->blocks[b];
+    extents.push_back(l.extent);
+    if (!memory.hostAddressable(l.extent)) continue;
+    for (uint32_t s = 0; s < layout.blockTokens; ++s) {
+      EXPECT_EQ(readTag(layout, memory.extentBase(l.extent) + l.offset, s),
+                tokens[b * layout.blockTokens + s])
+          << "block " << b;
+    }
+  }
+  if (r->lease) {
+    EXPECT_TRUE(engine.releaseRead(r->lease).ok());
+  }
+  return extents;
+}
+
 // A real engine over a BlockPool and heap memory, and the helpers the engine's fixtures share:
 // writing tags through a put, reading them back through a get, lengths, lookups, canResume.
 class EngineHarness {

@@ -10,6 +10,12 @@
 
 namespace kvtier {
 
+MoveTicket Engine::beginMove(BlockId from, BlockId to) {
+  pin(from);
+  pin(to);
+  return MoveTicket{from, to, pool_.location(from), pool_.location(to)};
+}
+
 std::vector<MoveTicket> Engine::takeDemoteBatch(uint8_t tier, size_t max, double lowWater) {
   std::vector<MoveTicket> out;
   if (tier == 0) return out;
@@ -26,9 +32,7 @@ std::vector<MoveTicket> Engine::takeDemoteBatch(uint8_t tier, size_t max, double
       if (m.entry || m.spilling) continue;
       const BlockId to = allocateClass(hostCls);
       if (to == kNoBlock) return out;  // the host pool is full too: nothing to demote into
-      pin(from);
-      pin(to);
-      out.push_back(MoveTicket{from, to, pool_.location(from), pool_.location(to)});
+      out.push_back(beginMove(from, to));
     }
   }
   return out;
@@ -46,9 +50,7 @@ std::vector<MoveTicket> Engine::beginMovesTo(SpaceId space, std::span<const Key1
     if (pool_.tierOf(from) == tier || m.refs != 0 || m.pins != 0 || m.spilling || m.entry) continue;
     const BlockId to = allocate(space, tier);
     if (to == kNoBlock) break;
-    pin(from);
-    pin(to);
-    out.push_back(MoveTicket{from, to, pool_.location(from), pool_.location(to)});
+    out.push_back(beginMove(from, to));
   }
   return out;
 }

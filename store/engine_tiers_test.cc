@@ -15,7 +15,6 @@ using namespace test_util;
 
 constexpr uint32_t kBt = kTestBlockTokens;
 constexpr uint32_t kBlockBytes = 512;
-constexpr OwnerId kOwner = 1;
 constexpr uint8_t kGpu = 1;  // tier of GPU 0
 constexpr uint32_t kHostExtent = 0, kGpuExtent = 1;
 
@@ -54,34 +53,13 @@ struct Harness {
   }
   uint8_t* at(const BlockLocation& l) { return mem->extentBase(l.extent) + l.offset; }
 
-  // Puts `tokens` as seq in `tier` with tag = token, commits, and removes the sequence so only the
-  // prefix index holds its full blocks.
   void cache(const std::string& seq, const std::vector<uint32_t>& tokens, uint8_t tier) {
-    auto g = engine->put(kOwner, space, seq, 0, tokens, {}, {}, tier);
-    ASSERT_TRUE(g.ok()) << g.error();
-    for (size_t i = 0; i < tokens.size(); ++i) {
-      writeTag(layout, at(g->blocks[i / kBt]), i % kBt, tokens[i]);
-    }
-    ASSERT_TRUE(engine->commit(g->lease, kEnd).ok());
-    ASSERT_TRUE(engine->remove(space, seq, 0, kEnd).ok());
+    cacheTagged(*engine, *mem, space, seq, tokens, tier);
   }
-  // Looks tokens up; returns the blocks' extents and checks every tag.
+  // Looks tokens up; returns the blocks' extents (every tag checked).
   std::vector<uint32_t> lookupExtents(const std::vector<uint32_t>& tokens, size_t expectBlocks) {
-    auto r = engine->lookup(kOwner, space, tokens, {}, "", {});
-    EXPECT_TRUE(r.ok());
-    if (!r.ok()) return {};
-    EXPECT_EQ(r->blocks.size(), expectBlocks);
-    std::vector<uint32_t> extents;
-    for (size_t b = 0; b < r->blocks.size(); ++b) {
-      extents.push_back(r->blocks[b].extent);
-      if (!mem->hostAddressable(r->blocks[b].extent)) continue;
-      for (uint32_t s = 0; s < kBt; ++s) {
-        EXPECT_EQ(readTag(layout, at(r->blocks[b]), s), tokens[b * kBt + s]) << "block " << b;
-      }
-    }
-    if (r->lease) {
-      EXPECT_TRUE(engine->releaseRead(r->lease).ok());
-    }
+    std::vector<uint32_t> extents = test_util::lookupExtents(*engine, *mem, space, tokens);
+    EXPECT_EQ(extents.size(), expectBlocks);
     return extents;
   }
   void runMoves(const std::vector<MoveTicket>& moves, bool copied = true) {
