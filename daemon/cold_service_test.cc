@@ -176,6 +176,12 @@ struct DaemonRun {
     ASSERT_TRUE(engine_.commit(grant->lease, kEnd).ok());
   }
 
+  // A snapshot of a fresh sequence "s" of tenant a, put with `seed`.
+  SnapshotId snapshotOfNew(uint8_t seed) {
+    put(a_, "s", seed);
+    return engine_.snapshot(a_, "s", 0).value().id;
+  }
+
   // The bytes of seq's blocks, checked against put's pattern.
   bool holds(SpaceId space, std::string_view seq, uint8_t seed) {
     auto g = engine_.get(space, seq, 0, kEnd);
@@ -220,8 +226,7 @@ TEST(ColdService, SnapshotsComeBackAfterARestartForTheirOwnTenantOnly) {
   SnapshotId id = 0;
   {
     DaemonRun first(io, dir.path());
-    first.put(first.a_, "s", 10);
-    id = first.engine_.snapshot(first.a_, "s", 0).value().id;
+    id = first.snapshotOfNew(10);
     first.cold_->kick();  // what the server does after every snapshot call
     ASSERT_TRUE(first.runUntil([&] { return first.cold_->stats().tier.snapshots == 1; }));
     EXPECT_TRUE(first.engine_.snapshotOnDisk(first.a_, id));
@@ -280,8 +285,7 @@ TEST(ColdService, ADropOfASnapshotOnlyOnDiskDeletesIt) {
   SnapshotId id = 0;
   {
     DaemonRun first(io, dir.path());
-    first.put(first.a_, "s", 10);
-    id = first.engine_.snapshot(first.a_, "s", 0).value().id;
+    id = first.snapshotOfNew(10);
     first.cold_->flushAll(io.waitScope);  // as on SIGTERM
     EXPECT_EQ(first.cold_->stats().tier.snapshots, 1u);
   }
@@ -299,8 +303,7 @@ TEST(ColdService, ASnapshotWhoseRecordIsCorruptIsDroppedAndChangesNothing) {
   SnapshotId id = 0;
   {
     DaemonRun first(io, dir.path());
-    first.put(first.a_, "s", 10);
-    id = first.engine_.snapshot(first.a_, "s", 0).value().id;
+    id = first.snapshotOfNew(10);
     first.cold_->flushAll(io.waitScope);
   }
   {

@@ -312,15 +312,19 @@ TEST(SnapshotDisk, ARebuiltSnapshotRestoresTheSameBytesInAFreshEngine) {
             ErrorCode::kConflict);
 }
 
+// A node snapshots a 40-token sequence (two sealed blocks and a partial one), writes it to `disk`
+// and goes away.
+void snapshotOnDisk(FakeDisk& disk, SnapshotInfo* snap) {
+  Node before;
+  ASSERT_TRUE(before.write("s", 0, toks(40, 1000)));
+  *snap = before.engine->snapshot(before.space, "s", 0).value();
+  before.writeAll(disk);
+}
+
 TEST(SnapshotDisk, AReadThatFailsChangesNothingButTheBlocksItPromoted) {
   FakeDisk disk;
   SnapshotInfo snap;
-  {
-    Node before;
-    ASSERT_TRUE(before.write("s", 0, toks(40, 1000)));
-    snap = before.engine->snapshot(before.space, "s", 0).value();
-    before.writeAll(disk);
-  }
+  ASSERT_NO_FATAL_FAILURE(snapshotOnDisk(disk, &snap));
   Node after;
   after.engine->setSnapshotIds(snap.id + 1, snap.id + 100);
   const uint64_t usedBefore = after.used();
@@ -338,12 +342,7 @@ TEST(SnapshotDisk, AReadThatFailsChangesNothingButTheBlocksItPromoted) {
 TEST(SnapshotDisk, AManifestThatDoesNotFitTheNamespaceIsRefusedAndChangesNothing) {
   FakeDisk disk;
   SnapshotInfo snap;
-  {
-    Node before;
-    ASSERT_TRUE(before.write("s", 0, toks(40, 1000)));
-    snap = before.engine->snapshot(before.space, "s", 0).value();
-    before.writeAll(disk);
-  }
+  ASSERT_NO_FATAL_FAILURE(snapshotOnDisk(disk, &snap));
   Node after(/*blocks=*/2, /*blobBytes=*/0);  // too small for the snapshot's three blocks
   after.engine->setSnapshotIds(snap.id + 1, snap.id + 100);
   const SnapshotManifest& m = disk.manifests.at(snap.id);
@@ -364,8 +363,7 @@ TEST(SnapshotDisk, AManifestThatDoesNotFitTheNamespaceIsRefusedAndChangesNothing
             ErrorCode::kInvalidArgument);
   auto bigState = m;
   bigState.checkpoints = {{40, 3000}};  // a blob class larger than this pool's extent
-  EXPECT_EQ(after.engine->beginSnapshotLoad(after.space, bigState).code(),
-            ErrorCode::kNotSupported)
+  EXPECT_EQ(after.engine->beginSnapshotLoad(after.space, bigState).code(), ErrorCode::kNotSupported)
       << "this pool's limit, not a bad manifest: the daemon keeps it";
   EXPECT_EQ(after.engine->beginSnapshotLoad(after.space, m).code(), ErrorCode::kFull);
   EXPECT_EQ(after.used(), 0u);
