@@ -74,7 +74,10 @@ const char* kUsage =
     "  --reps N        measured repetitions after one warm-up (default 7)\n"
     "  --daemon PATH   the kvtierd to start (default: the one built with this binary)\n"
     "  --threading M   SDK mode: caller (default; no thread hop per call) or own\n"
-    "  --busy-poll-us N  busy polling of kvtierd and the bench's clients (default: theirs, 50)\n";
+    "  --busy-poll-us N  busy polling of kvtierd and the bench's clients (default: theirs, 50)\n"
+    "  --hot-samples FILE  cold suite: also write every measured hot lookup as a line\n"
+    "                  'REP idle|spilling START_S LATENCY_US' (START_S: CLOCK_MONOTONIC, the\n"
+    "                  clock of 'perf record -k CLOCK_MONOTONIC', to line traces up)\n";
 
 // The suite's shapes. 8 layers x 8 KV heads x head dim 64 x fp16 = 1 KiB per token and layer, so
 // 16 KiB of K and V per token and 256 KiB per 16-token block; the prefix is 64 blocks, 16 MiB.
@@ -1055,6 +1058,7 @@ struct Options {
   ClientThreading threading = ClientThreading::kCallerThread;
   // Busy polling of the daemon (--busy-poll-us) and of the bench's clients; unset: their defaults.
   std::optional<uint32_t> busyPollMicros;
+  std::string hotSamples;  // --hot-samples: the cold suite's hot lookups, one line each
 
   // The daemon's flags: the suite's own, then --busy-poll-us when set.
   std::vector<std::string> daemonFlags(std::vector<std::string> flags) const {
@@ -1465,8 +1469,10 @@ Result<Clock::time_point> waitSpilled(Client& client, uint64_t target) {
 
 // Lookups of the hot prefix, each kHotInterval after the previous one started (right after it, if
 // it took longer: a slow lookup is not followed by a burst that catches up); each one's seconds
-// (lookup, then dropping its handle, which releases without waiting) go into `out`.
-Status sampleHot(Space& space, const ColdWorkload& w, int samples, std::vector<double>& out) {
+// (lookup, then dropping its handle, which releases without waiting) go into `out`, and when
+// asked, its start (seconds of the steady clock, CLOCK_MONOTONIC) into `starts`.
+Status sampleHot(Space& space, const ColdWorkload& w, int samples, std::vector<double>& out,
+                 std::vector<double>* starts = nullptr) {
   auto next = Clock::now();
   for (int i = 0; i < samples; ++i) {
     if (gInterrupted) return unavailable("interrupted");
@@ -1479,6 +1485,7 @@ Status sampleHot(Space& space, const ColdWorkload& w, int samples, std::vector<d
       if (auto s = expectMatched(*hit, kColdPromptTokens); !s) return s;
     }
     out.push_back(secondsSince(t0));
+    if (starts) starts->push_back(std::chrono::duration<double>(t0.time_since_epoch()).count());
   }
   return {};
 }
@@ -1490,6 +1497,12 @@ struct ColdRep {
   double hotIdleP50 = 0, hotSpillP50 = 0;
   uint64_t promoted = 0, promoteLookedUp = 0, fullRetries = 0;
   double spillWindowRate = 0;  // blocks/s the daemon spilled while the hot lookups ran
+  // Every hot lookup in the order taken: spilling or idle, start (steady clock s), seconds.
+  struct HotSample {
+    bool spilling;
+    double start, seconds;
+  };
+  std::vector<HotSample> hotSamples;
   std::vector<std::pair<std::string, double>> phases;
   std::string daemonVersion;
 };
@@ -1612,6 +1625,16 @@ Result<ColdRep> measureColdRepetition(const Options& options, const ColdWorkload
         [](uint64_t i) { return synthetic::tokens(900000 + i, kColdPromptTokens); }, UINT64_MAX,
         std::ref(spiller));
     std::vector<double> idle, spilling;
+    // One window's lookups into `out`, each also kept with its start in r.hotSamples.
+    auto sampleWindow = [&](bool spillingWindow, std::vector<double>& out) -> Status {
+      std::vector<double> starts;
+      const size_t first = out.size();
+      if (auto s = sampleHot(**space, w, kHotSamples / kHotWindows, out, &starts); !s) return s;
+      for (size_t i = 0; i < starts.size(); ++i) {
+        r.hotSamples.push_back({spillingWindow, starts[i], out[first + i]});
+      }
+      return {};
+    };
     uint64_t windowSpilled = 0;
     double windowSeconds = 0;
     const Status sampled = [&]() -> Status {
@@ -1624,7 +1647,7 @@ Result<ColdRep> measureColdRepetition(const Options& options, const ColdWorkload
             return spiller.status ? unavailable("the spiller stopped") : spiller.status;
           }
           if (auto s = waitSpillQuiet(**client); !s) return s;
-          if (auto s = sampleHot(**space, w, kHotSamples / kHotWindows, idle); !s) return s;
+          if (auto s = sampleWindow(false, idle); !s) return s;
           continue;
         }
         // Spilling: resumed, and its first prompt in (so its blocks are being written).
@@ -1640,7 +1663,7 @@ Result<ColdRep> measureColdRepetition(const Options& options, const ColdWorkload
         auto s0 = (*client)->stats();
         if (!s0) return s0.error();
         const auto w0 = Clock::now();
-        if (auto s = sampleHot(**space, w, kHotSamples / kHotWindows, spilling); !s) return s;
+        if (auto s = sampleWindow(true, spilling); !s) return s;
         auto s1 = (*client)->stats();
         if (!s1) return s1.error();
         windowSeconds += secondsSince(w0);
@@ -1701,6 +1724,14 @@ Status runColdSuite(const Options& options) {
       {"hot_p50_spilling_us", {}}};
   std::vector<std::pair<std::string, std::vector<double>>> phases;
   std::string daemonVersion = "unknown";
+  std::unique_ptr<FILE, int (*)(FILE*)> hotSamples(nullptr, &std::fclose);
+  if (!options.hotSamples.empty()) {
+    hotSamples.reset(std::fopen(options.hotSamples.c_str(), "w"));
+    if (!hotSamples) {
+      return makeError(ErrorCode::kInvalidArgument, "cannot write --hot-samples ",
+                       options.hotSamples, ": ", std::strerror(errno));
+    }
+  }
 
   for (int rep = 0; rep <= options.reps; ++rep) {
     if (gInterrupted) return unavailable("interrupted");
@@ -1727,6 +1758,11 @@ Status runColdSuite(const Options& options) {
       promote.anchor.perRep.push_back(f->read->recordsPerSec());
     }
     hot.kvtier.perRep.push_back(f->hotSpillP99);
+    for (const auto& h : f->hotSamples) {
+      if (!hotSamples) break;
+      std::fprintf(hotSamples.get(), "%d %s %.6f %.1f\n", rep, h.spilling ? "spilling" : "idle",
+                   h.start, h.seconds * 1e6);
+    }
     hot.anchor.perRep.push_back(f->hotIdleP99);
     const double nan = std::nan("");
     const double values[] = {
@@ -1845,7 +1881,7 @@ Result<Options> parseArgs(int argc, char** argv) {
       std::fputs(kUsage, stdout);
       std::exit(0);
     } else if (a == "--suite" || a == "--json" || a == "--reps" || a == "--daemon" ||
-               a == "--threading" || a == "--busy-poll-us") {
+               a == "--threading" || a == "--busy-poll-us" || a == "--hot-samples") {
       auto v = value();
       if (!v) return v.error();
       // A whole number from lo to hi, or a typed error naming the flag.
@@ -1872,6 +1908,8 @@ Result<Options> parseArgs(int argc, char** argv) {
         o.suite = *v;
       } else if (a == "--json") {
         o.json = *v;
+      } else if (a == "--hot-samples") {
+        o.hotSamples = *v;
       } else if (a == "--daemon") {
         o.daemon = *v;
       } else {
