@@ -19,6 +19,7 @@
 #include "transport/busy_poll.h"
 #include "transport/rpc_codec.h"
 #include "transport/shm_segment.h"
+#include "transport/socket_stream.h"
 #ifdef KVTIER_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <strings.h>
@@ -188,7 +189,8 @@ Status Client::Impl::setup(kj::AsyncIoContext& context) {
                  // No busy polling on an own-thread client's loop thread: the caller it wakes
                  // with each answer is placed on its core, and a polling loop thread would hold
                  // that core (measured: a one-block lookup took ~200 us instead of ~60).
-                 stream = kj::heap<BufferedIoStream>(address->connect().wait(context.waitScope));
+                 stream = kj::heap<BufferedIoStream>(readWatchedSocket(
+                     context.unixEventPort, address->connect().wait(context.waitScope)));
                  network = kj::heap<capnp::TwoPartyVatNetwork>(
                      *stream, capnp::rpc::twoparty::Side::CLIENT, clientReaderOptions());
                  rpcSystem = kj::heap(capnp::makeRpcClient(*network));

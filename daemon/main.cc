@@ -295,7 +295,7 @@ int run(const DaemonConfig& config) {
   std::fflush(stdout);
 
   auto stop = io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(io.unixEventPort.onSignal(SIGINT));
-  kj::Promise<void> accepting = server.acceptLoop(*listener);
+  kj::Promise<void> accepting = server.acceptLoop(*listener, io.unixEventPort);
   if (metricsServer) {
     accepting = accepting.exclusiveJoin(metricsServer->listenHttp(*metricsListener));
   }

@@ -14,6 +14,7 @@
 #include "schemas/kvtier.capnp.h"
 #include "transport/buffered_stream.h"
 #include "transport/rpc_codec.h"
+#include "transport/socket_stream.h"
 
 namespace kvtier {
 namespace {
@@ -754,10 +755,10 @@ Server::Server(Engine& engine, HostPool& pool, ColdService* cold, TierService* t
 
 Server::~Server() = default;
 
-kj::Promise<void> Server::acceptLoop(kj::ConnectionReceiver& listener) {
-  return listener.accept().then([this, &listener](kj::Own<kj::AsyncIoStream> stream) {
-    accept(kj::mv(stream));
-    return acceptLoop(listener);
+kj::Promise<void> Server::acceptLoop(kj::ConnectionReceiver& listener, kj::UnixEventPort& port) {
+  return listener.accept().then([this, &listener, &port](kj::Own<kj::AsyncIoStream> stream) {
+    accept(readWatchedSocket(port, kj::mv(stream)));
+    return acceptLoop(listener, port);
   });
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <kj/async-io.h>
+#include <kj/async-unix.h>
 
 #include <cstdint>
 #include <string>
@@ -49,8 +50,9 @@ class Server final : private kj::TaskSet::ErrorHandler {
          std::vector<GpuPoolExport> gpus = {}, BusyPoller* poller = nullptr);
   ~Server();
 
-  // Accepts connections until the returned promise is cancelled.
-  kj::Promise<void> acceptLoop(kj::ConnectionReceiver& listener);
+  // Accepts connections until the returned promise is cancelled. Each is read through a
+  // SocketStream on `port` (the loop's own event port), which watches it for reading only.
+  kj::Promise<void> acceptLoop(kj::ConnectionReceiver& listener, kj::UnixEventPort& port);
 
   uint64_t sessions() const { return sessions_; }
   // Every counter, in Prometheus text format.
