@@ -46,6 +46,21 @@ struct Client::Impl {
   // Caller-thread mode: when the daemon's answers came, to poll for the next one while hot.
   std::optional<Conversation> answers;
 
+  // Own-thread mode: lease capabilities dropped by callers, for the loop thread to drop. A caller
+  // that drops a handle queues its lease and wakes the loop thread (at most one wake per batch)
+  // instead of waiting for a round trip through the executor: the release goes out as soon as the
+  // loop thread runs, and always before any later call of this client (run() drops what is queued
+  // first). Guarded by dropMutex.
+  std::mutex dropMutex;
+  std::vector<capnp::Capability::Client> dropped;
+  kj::Own<kj::CrossThreadPromiseFulfiller<void>> dropWake;  // the loop thread's, while it runs
+  // Queues `cap` for the loop thread to drop (own-thread mode; any thread).
+  void dropLater(capnp::Capability::Client&& cap);
+  // On the loop thread: drops what callers queued.
+  void dropQueued();
+  // On the loop thread: drops what is queued each time a caller wakes it, until cancelled.
+  kj::Promise<void> dropWhenWoken();
+
   // Loop-thread state (touched only inside run()).
   kj::AsyncIoContext* io = nullptr;
   kj::Own<kj::PromiseFulfiller<void>> stop;
@@ -106,11 +121,16 @@ struct Client::Impl {
           return value;
         }
       }
+      // Leases dropped before this call are released before it.
+      auto afterDrops = [&]() {
+        dropQueued();
+        return f();
+      };
       if constexpr (std::is_void_v<T>) {
-        executor->executeSync(kj::fwd<F>(f));
+        executor->executeSync(afterDrops);
         return {};
       } else {
-        return executor->executeSync(kj::fwd<F>(f));
+        return executor->executeSync(afterDrops);
       }
     } catch (const kj::Exception& e) {
       return fromKjException(e);
@@ -228,6 +248,36 @@ void Client::Impl::teardown() {
   io = nullptr;
 }
 
+void Client::Impl::dropLater(capnp::Capability::Client&& cap) {
+  std::lock_guard<std::mutex> lock(dropMutex);
+  dropped.push_back(kj::mv(cap));
+  if (dropWake.get() != nullptr) {
+    dropWake->fulfill();  // wakes the loop thread without waiting for it
+    dropWake = nullptr;   // the loop thread arms a new one when it drains the queue
+  }
+}
+
+void Client::Impl::dropQueued() {
+  std::vector<capnp::Capability::Client> batch;
+  {
+    std::lock_guard<std::mutex> lock(dropMutex);
+    batch.swap(dropped);
+  }
+  batch.clear();  // here, on the loop thread: each sends its release
+}
+
+kj::Promise<void> Client::Impl::dropWhenWoken() {
+  auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
+  {
+    std::lock_guard<std::mutex> lock(dropMutex);
+    dropWake = kj::mv(paf.fulfiller);
+  }
+  return paf.promise.then([this]() {
+    dropQueued();
+    return dropWhenWoken();
+  });
+}
+
 void Client::Impl::loop(std::promise<Status>& ready) {
   auto context = kj::setupAsyncIo();
   executor = &kj::getCurrentThreadExecutor();
@@ -235,7 +285,15 @@ void Client::Impl::loop(std::promise<Status>& ready) {
   auto paf = kj::newPromiseAndFulfiller<void>();
   stop = kj::mv(paf.fulfiller);
   ready.set_value(status);
-  if (status) paf.promise.wait(context.waitScope);
+  if (status) {
+    auto dropping = dropWhenWoken().eagerlyEvaluate(nullptr);
+    paf.promise.wait(context.waitScope);
+    {
+      std::lock_guard<std::mutex> lock(dropMutex);
+      dropWake = nullptr;  // handles do not outlive their client: nothing is queued after this
+    }
+    dropQueued();
+  }
   teardown();
 }
 
@@ -526,8 +584,16 @@ struct LeaseState {
   Client::Impl* client = nullptr;
   kj::Maybe<capnp::Capability::Client> cap;
   ~LeaseState() {
-    // Dropping the capability sends the daemon a release without waiting for it.
-    if (cap != nullptr) (void)client->run([this] { cap = nullptr; });
+    // Dropping the capability sends the daemon a release without waiting for it. A caller-thread
+    // client drops it here; an own-thread one hands it to its loop thread without waiting.
+    KJ_IF_MAYBE (c, cap) {
+      if (client->callerThread) {
+        (void)client->run([this] { cap = nullptr; });
+      } else {
+        client->dropLater(kj::mv(*c));
+        cap = nullptr;
+      }
+    }
   }
 };
 

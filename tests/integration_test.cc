@@ -6,9 +6,11 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <thread>
+#include <vector>
 
 #include "tests/test_support.h"
 #include "tools/synthetic_kv.h"
@@ -318,6 +320,46 @@ TEST(Integration, ConnectToMissingDaemonIsUnavailable) {
 
 namespace kvtier {
 namespace {
+
+TEST(Integration, AnOwnThreadClientReleasesDroppedHandlesBeforeItsNextCallAndWithoutOne) {
+  test::DaemonProcess daemon;
+  auto client = daemon.connect();  // the default: the SDK's own loop thread
+  auto space = client->open(test::testLayout()).value();
+  const auto t = synthetic::tokens(61, 40);
+  const auto kv = synthetic::packedKv(test::testLayout(), t, 0, 40);
+  ASSERT_TRUE(space->put("c", 0, t, kv.data(), kv.size()).ok());
+  {
+    auto hit = space->lookup(t).value();
+    EXPECT_EQ(hit.matchedTokens(), 32u);
+    EXPECT_EQ(client->stats().value().blocksPinned, 2u);
+  }  // dropped: the caller does not wait for the release
+  // Released before this client's next call is sent.
+  EXPECT_EQ(client->stats().value().blocksPinned, 0u);
+
+  // Handles dropped on several threads at once.
+  std::vector<std::thread> threads;
+  std::atomic<int> hits{0};
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&] {
+      for (int j = 0; j < 50; ++j) {
+        auto hit = space->lookup(t);
+        if (hit.ok() && hit->matchedTokens() == 32u) ++hits;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(hits.load(), 200);
+  const Stats after = client->stats().value();
+  EXPECT_EQ(after.blocksPinned, 0u);
+  EXPECT_EQ(after.readLeases, 0u);
+
+  // And with no later call from this client: another one sees the pins go.
+  { auto hit = space->lookup(t).value(); }
+  auto watcher = daemon.connect();
+  EXPECT_EQ(
+      test::waitForStats(*watcher, [](const Stats& s) { return s.blocksPinned == 0; }).blocksPinned,
+      0u);
+}
 
 TEST(Integration, CallerThreadClientWorksOnItsThreadAndRefusesOthers) {
   test::DaemonProcess daemon;
