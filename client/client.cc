@@ -273,8 +273,13 @@ kj::Promise<void> Client::Impl::dropWhenWoken() {
     dropWake = kj::mv(paf.fulfiller);
   }
   return paf.promise.then([this]() {
-    dropQueued();
-    return dropWhenWoken();
+    // Armed again before the queue is taken: a handle dropped meanwhile either is in what is
+    // taken or fulfils the new wake.
+    auto next = dropWhenWoken();
+    KJ_IF_MAYBE (e, kj::runCatchingExceptions([this] { dropQueued(); })) {
+      KJ_LOG(ERROR, "dropping released leases failed", *e);
+    }
+    return next;
   });
 }
 

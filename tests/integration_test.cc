@@ -361,6 +361,37 @@ TEST(Integration, AnOwnThreadClientReleasesDroppedHandlesBeforeItsNextCallAndWit
       0u);
 }
 
+TEST(Integration, HandlesDroppedOnManyThreadsAtOnceAreAllReleasedWithoutALaterCall) {
+  test::DaemonProcess daemon;
+  auto client = daemon.connect();
+  auto space = client->open(test::testLayout()).value();
+  const auto t = synthetic::tokens(62, 40);
+  const auto kv = synthetic::packedKv(test::testLayout(), t, 0, 40);
+  ASSERT_TRUE(space->put("c", 0, t, kv.data(), kv.size()).ok());
+  auto watcher = daemon.connect();
+  for (int round = 0; round < 20; ++round) {
+    constexpr int kThreads = 4;
+    std::atomic<int> holding{0};
+    std::atomic<bool> drop{false};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kThreads; ++i) {
+      threads.emplace_back([&] {
+        auto hit = space->lookup(t);
+        ++holding;
+        while (!drop) std::this_thread::yield();
+      });  // every handle dropped at about the same moment
+    }
+    while (holding < kThreads) std::this_thread::yield();
+    drop = true;
+    for (auto& thread : threads) thread.join();
+    // No later call from `client`: the releases must still all go out.
+    const Stats s =
+        test::waitForStats(*watcher, [](const Stats& x) { return x.blocksPinned == 0; });
+    ASSERT_EQ(s.blocksPinned, 0u) << "round " << round;
+    ASSERT_EQ(s.readLeases, 0u) << "round " << round;
+  }
+}
+
 TEST(Integration, CallerThreadClientWorksOnItsThreadAndRefusesOthers) {
   test::DaemonProcess daemon;
   auto client =

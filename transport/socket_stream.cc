@@ -40,8 +40,10 @@ SocketStream::SocketStream(kj::UnixEventPort& port, kj::AutoCloseFd fd)
       readObserver_(port, nonBlocking(fd_.get()), FdObserver::OBSERVE_READ) {}
 
 SocketStream::~SocketStream() noexcept(false) {
-  // Stop watching before the descriptors close (members go in reverse order, observers first).
+  // Stop watching before the descriptors close.
   writeObserver_ = nullptr;
+  writeFd_ = nullptr;
+  writeDisconnected_ = nullptr;
 }
 
 kj::Promise<size_t> SocketStream::tryRead(void* buffer, size_t minBytes, size_t maxBytes) {
@@ -124,19 +126,29 @@ kj::Promise<void> SocketStream::writeFrom(kj::Array<kj::ArrayPtr<const kj::byte>
 }
 
 kj::Promise<void> SocketStream::whenWritable() {
-  if (writeFd_ == nullptr) {
-    const int dup = ::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0);
-    if (dup < 0) return socketError(errno, "dup");
-    writeFd_ = kj::AutoCloseFd(dup);
-  }
-  // Registered now, watched until writable, then unregistered again: no EPOLLOUT wake-ups while
-  // nothing waits to write. (Registering reports a socket already writable at once.)
+  // A wait left by a cancelled write goes first: one registration per descriptor.
+  writeObserver_ = nullptr;
+  writeFd_ = nullptr;
+  const int dup = ::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0);
+  if (dup < 0) return socketError(errno, "dup");
+  writeFd_ = kj::AutoCloseFd(dup);
+  // Registered now, watched until writable, then unregistered and closed again: no EPOLLOUT
+  // wake-ups and no second descriptor while nothing waits to write. (Registering reports a socket
+  // already writable at once.)
   writeObserver_ = kj::heap<FdObserver>(port_, writeFd_.get(), FdObserver::OBSERVE_WRITE);
-  return writeObserver_->whenBecomesWritable().then([this]() { writeObserver_ = nullptr; });
+  return writeObserver_->whenBecomesWritable().then([this]() {
+    writeObserver_ = nullptr;
+    writeFd_ = nullptr;
+  });
 }
 
 kj::Promise<void> SocketStream::whenWriteDisconnected() {
-  return readObserver_.whenWriteDisconnected();
+  // May be called again without cancelling earlier promises: every caller gets a branch.
+  KJ_IF_MAYBE (forked, writeDisconnected_) return forked->addBranch();
+  auto forked = readObserver_.whenWriteDisconnected().fork();
+  auto branch = forked.addBranch();
+  writeDisconnected_ = kj::mv(forked);
+  return branch;
 }
 
 void SocketStream::shutdownWrite() { KJ_SYSCALL(::shutdown(fd_.get(), SHUT_WR)); }

@@ -51,9 +51,12 @@ class SocketStream final : public kj::AsyncIoStream {
 
   kj::UnixEventPort& port_;
   kj::AutoCloseFd fd_;
-  kj::AutoCloseFd writeFd_;  // the duplicate watched while a write waits; made on first need
   kj::UnixEventPort::FdObserver readObserver_;
-  kj::Own<kj::UnixEventPort::FdObserver> writeObserver_;  // only while a write waits
+  // One watch of the peer hanging up, shared by every whenWriteDisconnected() caller.
+  kj::Maybe<kj::ForkedPromise<void>> writeDisconnected_;
+  // Only while a write waits for room: a duplicate of fd_ and its watch for writability.
+  kj::AutoCloseFd writeFd_;
+  kj::Own<kj::UnixEventPort::FdObserver> writeObserver_;
 };
 
 // A SocketStream over a duplicate of `stream`'s descriptor, `stream` itself closed. A stream with

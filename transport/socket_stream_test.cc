@@ -61,9 +61,55 @@ TEST(SocketStream, AWriteLargerThanTheSocketBufferWaitsForRoomAndArrivesWhole) {
   std::vector<kj::byte> got(sent.size());
   auto writing = left.write(sent.data(), sent.size());
   auto reading = right.read(got.data(), got.size(), got.size());
-  writing.wait(io.waitScope);
-  EXPECT_EQ(reading.wait(io.waitScope), got.size());
+  // A lost readiness edge would hang: bounded, it fails instead.
+  auto& timer = io.provider->getTimer();
+  timer.timeoutAfter(10 * kj::SECONDS, kj::mv(writing)).wait(io.waitScope);
+  EXPECT_EQ(timer.timeoutAfter(10 * kj::SECONDS, kj::mv(reading)).wait(io.waitScope), got.size());
   EXPECT_TRUE(got == sent);
+}
+
+TEST(SocketStream, AWriteAfterACancelledBlockedOneCanWaitForRoomAgain) {
+  auto io = kj::setupAsyncIo();
+  auto& timer = io.provider->getTimer();
+  SocketPair p;
+  SocketStream left(io.unixEventPort, kj::mv(p.a));
+  const auto big = pattern(16 << 20, 8);
+  {
+    auto blocked = left.write(big.data(), big.size());
+    EXPECT_FALSE(blocked.poll(io.waitScope));  // the socket is full: it waits for room
+  }                                            // cancelled while waiting
+  // Another large write, drained by a reader: it must be able to wait for room again.
+  std::atomic<size_t> drained{0};
+  std::thread reader([&] {
+    std::vector<kj::byte> buffer(1 << 16);
+    for (;;) {
+      const ssize_t n = ::read(p.b.get(), buffer.data(), buffer.size());
+      if (n <= 0) return;
+      drained += static_cast<size_t>(n);
+    }
+  });
+  KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] {
+                 timer.timeoutAfter(10 * kj::SECONDS, left.write(big.data(), big.size()))
+                     .wait(io.waitScope);
+               })) {
+    ADD_FAILURE() << e->getDescription().cStr();
+  }
+  left.shutdownWrite();  // the reader sees the end
+  reader.join();
+  EXPECT_GE(drained.load(), big.size());
+}
+
+TEST(SocketStream, EveryWhenWriteDisconnectedPromiseResolvesWhenThePeerCloses) {
+  auto io = kj::setupAsyncIo();
+  auto& timer = io.provider->getTimer();
+  SocketPair p;
+  SocketStream left(io.unixEventPort, kj::mv(p.a));
+  auto first = left.whenWriteDisconnected();
+  auto second = left.whenWriteDisconnected();  // does not cancel the first
+  EXPECT_FALSE(first.poll(io.waitScope));
+  p.b = nullptr;
+  timer.timeoutAfter(10 * kj::SECONDS, kj::mv(first)).wait(io.waitScope);
+  timer.timeoutAfter(10 * kj::SECONDS, kj::mv(second)).wait(io.waitScope);
 }
 
 TEST(SocketStream, APeerThatClosesEndsTheStream) {

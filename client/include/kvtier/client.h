@@ -133,7 +133,8 @@ class ReadHandle {
   // [begin(), end()) or `bytes` is not (to - from) * layout.tokenKvBytes().
   Status copyTo(uint64_t from, uint64_t to, void* out, size_t bytes) const;
   // Unpins the blocks; the views become invalid. Idempotent. Does not wait for the daemon: the
-  // release reaches it before any later call of this client.
+  // release reaches it before any later call of this client (in the default own-thread mode the
+  // client's loop thread sends it right after, so other processes see the pins go shortly after).
   void release();
 
  private:
