@@ -71,18 +71,17 @@ kj::Promise<size_t> SocketStream::readMore(kj::byte* buffer, size_t minBytes, si
 }
 
 kj::Promise<void> SocketStream::write(const void* buffer, size_t size) {
-  auto pieces = kj::heapArray<kj::ArrayPtr<const kj::byte>>(1);
-  pieces[0] = kj::arrayPtr(static_cast<const kj::byte*>(buffer), size);
-  return writeFrom(kj::mv(pieces), 0, 0);
+  const kj::ArrayPtr<const kj::byte> piece(static_cast<const kj::byte*>(buffer), size);
+  return writeFrom(kj::arrayPtr(&piece, 1), 0, 0, nullptr);
 }
 
 kj::Promise<void> SocketStream::write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces) {
-  // The piece list is copied (the bytes are not: the caller keeps them until the promise resolves).
-  return writeFrom(kj::heapArray(pieces), 0, 0);
+  return writeFrom(pieces, 0, 0, nullptr);
 }
 
-kj::Promise<void> SocketStream::writeFrom(kj::Array<kj::ArrayPtr<const kj::byte>> pieces,
-                                          size_t next, size_t offset) {
+kj::Promise<void> SocketStream::writeFrom(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces,
+                                          size_t next, size_t offset,
+                                          kj::Array<kj::ArrayPtr<const kj::byte>> owned) {
   for (;;) {
     while (next < pieces.size() && offset == pieces[next].size()) {
       ++next;
@@ -105,8 +104,15 @@ kj::Promise<void> SocketStream::writeFrom(kj::Array<kj::ArrayPtr<const kj::byte>
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno != EAGAIN && errno != EWOULDBLOCK) return socketError(errno, "sendmsg");
-      return whenWritable().then([this, pieces = kj::mv(pieces), next, offset]() mutable {
-        return writeFrom(kj::mv(pieces), next, offset);
+      // Waiting: the pieces left are copied, unless they already were (the caller's list, and
+      // write()'s one piece on the stack, need not outlive this call; the bytes do).
+      if (owned == nullptr) {
+        owned = kj::heapArray(pieces.slice(next, pieces.size()));
+        next = 0;
+      }
+      return whenWritable().then([this, owned = kj::mv(owned), next, offset]() mutable {
+        const auto left = owned.asPtr();
+        return writeFrom(left, next, offset, kj::mv(owned));
       });
     }
     // Advance past what went out.

@@ -45,8 +45,9 @@ class SocketStream final : public kj::AsyncIoStream {
  private:
   kj::Promise<size_t> readMore(kj::byte* buffer, size_t minBytes, size_t maxBytes, size_t done);
   // Writes pieces[next..] from `offset` bytes into pieces[next]; waits whenever the socket is full.
-  kj::Promise<void> writeFrom(kj::Array<kj::ArrayPtr<const kj::byte>> pieces, size_t next,
-                              size_t offset);
+  // `owned`, when not null, is the array `pieces` points into (a copy made for an earlier wait).
+  kj::Promise<void> writeFrom(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces, size_t next,
+                              size_t offset, kj::Array<kj::ArrayPtr<const kj::byte>> owned);
   kj::Promise<void> whenWritable();
 
   kj::UnixEventPort& port_;

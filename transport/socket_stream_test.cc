@@ -68,6 +68,30 @@ TEST(SocketStream, AWriteLargerThanTheSocketBufferWaitsForRoomAndArrivesWhole) {
   EXPECT_TRUE(got == sent);
 }
 
+TEST(SocketStream, APieceListNeedNotOutliveAWriteThatWaitsForRoom) {
+  auto io = kj::setupAsyncIo();
+  auto& timer = io.provider->getTimer();
+  SocketPair p;
+  SocketStream left(io.unixEventPort, kj::mv(p.a));
+  SocketStream right(io.unixEventPort, kj::mv(p.b));
+  const auto one = pattern(5 << 20, 21), two = pattern(6 << 20, 22);
+  kj::Promise<void> writing = nullptr;
+  {
+    // Gone once write() returns (KJ's contract keeps only the bytes alive).
+    const kj::ArrayPtr<const kj::byte> pieces[] = {kj::arrayPtr(one.data(), one.size()),
+                                                   kj::arrayPtr(two.data(), 0),
+                                                   kj::arrayPtr(two.data(), two.size())};
+    writing = left.write(kj::arrayPtr(pieces, 3));
+  }
+  std::vector<kj::byte> got(one.size() + two.size());
+  auto reading = right.read(got.data(), got.size(), got.size());
+  timer.timeoutAfter(10 * kj::SECONDS, kj::mv(writing)).wait(io.waitScope);
+  EXPECT_EQ(timer.timeoutAfter(10 * kj::SECONDS, kj::mv(reading)).wait(io.waitScope), got.size());
+  std::vector<kj::byte> want(one);
+  want.insert(want.end(), two.begin(), two.end());
+  EXPECT_TRUE(got == want);
+}
+
 TEST(SocketStream, AWriteAfterACancelledBlockedOneCanWaitForRoomAgain) {
   auto io = kj::setupAsyncIo();
   auto& timer = io.provider->getTimer();
