@@ -96,12 +96,21 @@ std::string contentsOf(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-TEST(ChunkedWriteFileSystem, SplitsLargeAppendsAndKeepsEveryByteInOrder) {
+// A file "f" opened through a ChunkedWriteFileSystem of `chunkBytes` pieces over a recorder.
+struct ChunkedFile {
+  explicit ChunkedFile(size_t chunkBytes) : fs(recording, chunkBytes) {
+    EXPECT_TRUE(fs.NewWritableFile(dir.file("f"), {}, &file, nullptr).ok());
+  }
   TempDir dir;
-  auto recording = std::make_shared<RecordingFileSystem>();
-  ChunkedWriteFileSystem fs(recording, 4096);
+  std::shared_ptr<RecordingFileSystem> recording = std::make_shared<RecordingFileSystem>();
+  ChunkedWriteFileSystem fs;
   std::unique_ptr<rocksdb::FSWritableFile> file;
-  ASSERT_TRUE(fs.NewWritableFile(dir.file("f"), {}, &file, nullptr).ok());
+};
+
+TEST(ChunkedWriteFileSystem, SplitsLargeAppendsAndKeepsEveryByteInOrder) {
+  ChunkedFile f(4096);
+  ASSERT_NE(f.file, nullptr);
+  auto& file = f.file;
   const std::string a = bytesOf(10000, 1), b = bytesOf(1, 2), c = bytesOf(4096, 3);
   for (const std::string* s : {&a, &b, &c}) ASSERT_TRUE(file->Append(*s, {}, nullptr).ok());
   // An append with a checksum: pieces when large, passed whole when it fits one piece.
@@ -110,31 +119,25 @@ TEST(ChunkedWriteFileSystem, SplitsLargeAppendsAndKeepsEveryByteInOrder) {
     ASSERT_TRUE(file->Append(*s, {}, rocksdb::DataVerificationInfo(), nullptr).ok());
   }
   ASSERT_TRUE(file->Close({}, nullptr).ok());
-  EXPECT_EQ(recording->appends(),
+  EXPECT_EQ(f.recording->appends(),
             (std::vector<size_t>{4096, 4096, 1808, 1, 4096, 4096, 4096, 808, 100}));
-  EXPECT_EQ(contentsOf(dir.file("f")), a + b + c + d + e);
+  EXPECT_EQ(contentsOf(f.dir.file("f")), a + b + c + d + e);
 }
 
 TEST(ChunkedWriteFileSystem, PiecesAreWholePagesEvenWhenAskedForLess) {
-  TempDir dir;
-  auto recording = std::make_shared<RecordingFileSystem>();
-  ChunkedWriteFileSystem fs(recording, 0);  // never a zero-byte piece (which would never end)
-  std::unique_ptr<rocksdb::FSWritableFile> file;
-  ASSERT_TRUE(fs.NewWritableFile(dir.file("f"), {}, &file, nullptr).ok());
-  ASSERT_TRUE(file->Append(bytesOf(5000, 1), {}, nullptr).ok());
-  EXPECT_EQ(recording->appends(), (std::vector<size_t>{4096, 904}));
+  ChunkedFile f(0);  // never a zero-byte piece (which would never end)
+  ASSERT_NE(f.file, nullptr);
+  ASSERT_TRUE(f.file->Append(bytesOf(5000, 1), {}, nullptr).ok());
+  EXPECT_EQ(f.recording->appends(), (std::vector<size_t>{4096, 904}));
 }
 
 TEST(ChunkedWriteFileSystem, AFailingPieceFailsTheAppendAndStopsThere) {
-  TempDir dir;
-  auto recording = std::make_shared<RecordingFileSystem>();
-  ChunkedWriteFileSystem fs(recording, 4096);
-  std::unique_ptr<rocksdb::FSWritableFile> file;
-  ASSERT_TRUE(fs.NewWritableFile(dir.file("f"), {}, &file, nullptr).ok());
-  recording->failAppend(2);
-  const rocksdb::IOStatus s = file->Append(bytesOf(12000, 1), {}, nullptr);
+  ChunkedFile f(4096);
+  ASSERT_NE(f.file, nullptr);
+  f.recording->failAppend(2);
+  const rocksdb::IOStatus s = f.file->Append(bytesOf(12000, 1), {}, nullptr);
   EXPECT_TRUE(s.IsIOError()) << s.ToString();
-  EXPECT_EQ(recording->appends().size(), 2u);  // the third piece is never tried
+  EXPECT_EQ(f.recording->appends().size(), 2u);  // the third piece is never tried
 }
 
 // What the daemon relies on: RocksDB under the cold tier never hands the disk a write larger
