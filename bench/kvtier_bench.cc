@@ -1467,12 +1467,27 @@ Result<Clock::time_point> waitSpilled(Client& client, uint64_t target) {
   }
 }
 
+// One hot lookup: taken while spilling or idle, its start (seconds of the steady clock,
+// CLOCK_MONOTONIC) and its seconds (lookup, then dropping its handle, which releases without
+// waiting).
+struct HotSample {
+  bool spilling;
+  double start, seconds;
+};
+
+// The seconds of the samples of one kind.
+std::vector<double> secondsOf(const std::vector<HotSample>& samples, bool spilling) {
+  std::vector<double> out;
+  for (const auto& h : samples) {
+    if (h.spilling == spilling) out.push_back(h.seconds);
+  }
+  return out;
+}
+
 // Lookups of the hot prefix, each kHotInterval after the previous one started (right after it, if
-// it took longer: a slow lookup is not followed by a burst that catches up); each one's seconds
-// (lookup, then dropping its handle, which releases without waiting) go into `out`, and when
-// asked, its start (seconds of the steady clock, CLOCK_MONOTONIC) into `starts`.
-Status sampleHot(Space& space, const ColdWorkload& w, int samples, std::vector<double>& out,
-                 std::vector<double>* starts = nullptr) {
+// it took longer: a slow lookup is not followed by a burst that catches up), appended to `out`.
+Status sampleHot(Space& space, const ColdWorkload& w, int samples, bool spilling,
+                 std::vector<HotSample>& out) {
   auto next = Clock::now();
   for (int i = 0; i < samples; ++i) {
     if (gInterrupted) return unavailable("interrupted");
@@ -1484,8 +1499,8 @@ Status sampleHot(Space& space, const ColdWorkload& w, int samples, std::vector<d
       if (!hit) return hit.error();
       if (auto s = expectMatched(*hit, kColdPromptTokens); !s) return s;
     }
-    out.push_back(secondsSince(t0));
-    if (starts) starts->push_back(std::chrono::duration<double>(t0.time_since_epoch()).count());
+    out.push_back(
+        {spilling, std::chrono::duration<double>(t0.time_since_epoch()).count(), secondsSince(t0)});
   }
   return {};
 }
@@ -1496,13 +1511,8 @@ struct ColdRep {
   double spillRate = 0, promoteRate = 0, hotIdleP99 = 0, hotSpillP99 = 0;
   double hotIdleP50 = 0, hotSpillP50 = 0;
   uint64_t promoted = 0, promoteLookedUp = 0, fullRetries = 0;
-  double spillWindowRate = 0;  // blocks/s the daemon spilled while the hot lookups ran
-  // Every hot lookup in the order taken: spilling or idle, start (steady clock s), seconds.
-  struct HotSample {
-    bool spilling;
-    double start, seconds;
-  };
-  std::vector<HotSample> hotSamples;
+  double spillWindowRate = 0;         // blocks/s the daemon spilled while the hot lookups ran
+  std::vector<HotSample> hotSamples;  // every measured hot lookup, in the order taken
   std::vector<std::pair<std::string, double>> phases;
   std::string daemonVersion;
 };
@@ -1567,8 +1577,8 @@ Result<ColdRep> measureColdRepetition(const Options& options, const ColdWorkload
   }
   phase("kvtierd start + hot put", t0);
 
-  std::vector<double> scratch;
-  if (auto s = sampleHot(**space, w, kHotWarmupLookups, scratch); !s) return s.error();
+  std::vector<HotSample> scratch;
+  if (auto s = sampleHot(**space, w, kHotWarmupLookups, false, scratch); !s) return s.error();
 
   // Spill: wall time from the first put until the daemon has written every block of the phase.
   auto before = (*client)->stats();
@@ -1624,16 +1634,8 @@ Result<ColdRep> measureColdRepetition(const Options& options, const ColdWorkload
         runSpiller, socket, std::cref(options), std::cref(w),
         [](uint64_t i) { return synthetic::tokens(900000 + i, kColdPromptTokens); }, UINT64_MAX,
         std::ref(spiller));
-    std::vector<double> idle, spilling;
-    // One window's lookups into `out`, each also kept with its start in r.hotSamples.
-    auto sampleWindow = [&](bool spillingWindow, std::vector<double>& out) -> Status {
-      std::vector<double> starts;
-      const size_t first = out.size();
-      if (auto s = sampleHot(**space, w, kHotSamples / kHotWindows, out, &starts); !s) return s;
-      for (size_t i = 0; i < starts.size(); ++i) {
-        r.hotSamples.push_back({spillingWindow, starts[i], out[first + i]});
-      }
-      return {};
+    auto sampleWindow = [&](bool spillingWindow) {
+      return sampleHot(**space, w, kHotSamples / kHotWindows, spillingWindow, r.hotSamples);
     };
     uint64_t windowSpilled = 0;
     double windowSeconds = 0;
@@ -1647,7 +1649,7 @@ Result<ColdRep> measureColdRepetition(const Options& options, const ColdWorkload
             return spiller.status ? unavailable("the spiller stopped") : spiller.status;
           }
           if (auto s = waitSpillQuiet(**client); !s) return s;
-          if (auto s = sampleWindow(false, idle); !s) return s;
+          if (auto s = sampleWindow(false); !s) return s;
           continue;
         }
         // Spilling: resumed, and its first prompt in (so its blocks are being written).
@@ -1663,7 +1665,7 @@ Result<ColdRep> measureColdRepetition(const Options& options, const ColdWorkload
         auto s0 = (*client)->stats();
         if (!s0) return s0.error();
         const auto w0 = Clock::now();
-        if (auto s = sampleWindow(true, spilling); !s) return s;
+        if (auto s = sampleWindow(true); !s) return s;
         auto s1 = (*client)->stats();
         if (!s1) return s1.error();
         windowSeconds += secondsSince(w0);
@@ -1675,6 +1677,8 @@ Result<ColdRep> measureColdRepetition(const Options& options, const ColdWorkload
     thread.join();
     if (!sampled) return sampled.error();
     if (!spiller.status) return spiller.status.error();
+    const std::vector<double> idle = secondsOf(r.hotSamples, false);
+    const std::vector<double> spilling = secondsOf(r.hotSamples, true);
     r.hotIdleP99 = percentile(idle, 0.99);
     r.hotIdleP50 = percentile(idle, 0.50);
     r.hotSpillP99 = percentile(spilling, 0.99);
@@ -1758,10 +1762,11 @@ Status runColdSuite(const Options& options) {
       promote.anchor.perRep.push_back(f->read->recordsPerSec());
     }
     hot.kvtier.perRep.push_back(f->hotSpillP99);
-    for (const auto& h : f->hotSamples) {
-      if (!hotSamples) break;
-      std::fprintf(hotSamples.get(), "%d %s %.6f %.1f\n", rep, h.spilling ? "spilling" : "idle",
-                   h.start, h.seconds * 1e6);
+    if (hotSamples) {
+      for (const auto& h : f->hotSamples) {
+        std::fprintf(hotSamples.get(), "%d %s %.6f %.1f\n", rep, h.spilling ? "spilling" : "idle",
+                     h.start, h.seconds * 1e6);
+      }
     }
     hot.anchor.perRep.push_back(f->hotIdleP99);
     const double nan = std::nan("");
