@@ -93,9 +93,23 @@ void putRecord(rocksdb::WriteBatch& batch, rocksdb::ColumnFamilyHandle* family,
   batch.Put(family, rocksdb::SliceParts(&k, 1), rocksdb::SliceParts(value, 2));
 }
 
-// Block records keep the write-ahead log: a restart after SIGKILL must still serve what was
-// spilled (the WAL costs a second write of each block; docs/performance.md).
+// A write batch entry's bytes besides its key and value: a tag, a column family id and two
+// varint lengths (at most 1 + 5 + 5 + 5), with the batch's own 12-byte header counted once per
+// entry to keep it simple.
+constexpr size_t kBatchEntryOverhead = 32;
+
+// Writes other than spill batches (snapshots, deletes) go through the write-ahead log.
 rocksdb::WriteOptions blockWriteOptions() { return rocksdb::WriteOptions(); }
+
+// A spill batch skips the write-ahead log and is flushed at once instead (ColdTier::putBatch):
+// each block is written once, to a synced blob file, rather than twice (log, then blob file) —
+// and the log's checksum, computed in software by Debian's portable RocksDB build, cost the spill
+// worker about as much CPU as everything else it does (docs/performance.md).
+rocksdb::WriteOptions spillWriteOptions() {
+  rocksdb::WriteOptions options;
+  options.disableWAL = true;
+  return options;
+}
 constexpr const char* kNodeIdKey = "node_id";
 
 Error unavailable(const rocksdb::Status& s, const char* what) {
@@ -241,6 +255,12 @@ Status ColdTier::openDb(bool reopening) {
   blocks.enable_blob_files = true;  // integrated BlobDB: KV blocks are large values
   blocks.min_blob_size = 4096;
   blocks.enable_blob_garbage_collection = true;
+  // Every spill batch is flushed (putBatch), so level 0 gets a file per batch (16 MiB of blocks)
+  // rather than per 64 MiB memtable: compact (and collect blob garbage) after as many bytes as
+  // with the defaults, and stall writers no sooner.
+  blocks.level0_file_num_compaction_trigger = 16;
+  blocks.level0_slowdown_writes_trigger = 48;
+  blocks.level0_stop_writes_trigger = 64;
   // Snapshots hold their own records (blocks, checkpoints) and manifests: large values too.
   const rocksdb::ColumnFamilyOptions& snapshots = blocks;
   std::vector<rocksdb::ColumnFamilyDescriptor> families = {
@@ -394,11 +414,23 @@ Status ColdTier::putBatch(std::span<const ColdRecord> records) {
     // Shared: reads (promotes, snapshot loads on another thread) go on during the write.
     std::shared_lock<std::shared_mutex> dbLock;
     if (auto ready = lockForWrite(dbLock); !ready) return ready;
-    rocksdb::WriteBatch batch;
+    // Room for the whole batch up front: no copying as it grows (it is 16 MiB of blocks).
+    size_t bytes = 0;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      bytes += keys[i].size() + headers[i].size() + records[i].bytes + kBatchEntryOverhead;
+    }
+    rocksdb::WriteBatch batch(bytes);
     for (size_t i = 0; i < keys.size(); ++i) {
       putRecord(batch, blocks_, keys[i], headers[i], records[i].data, records[i].bytes);
     }
-    s = db_->Write(blockWriteOptions(), &batch);
+    s = db_->Write(spillWriteOptions(), &batch);
+    if (s.ok()) {
+      // Written means on disk: the caller frees the blocks' memory next, and a SIGKILL from here
+      // on must find them. (Never held back by a write stall: nothing else writes this much.)
+      rocksdb::FlushOptions flush;
+      flush.allow_write_stall = true;
+      s = db_->Flush(flush, blocks_);
+    }
     if (!s.ok()) needsReopen_ = true;
   }
   {
