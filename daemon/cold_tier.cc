@@ -19,6 +19,7 @@
 #include "daemon/chunked_write_fs.h"
 #include "daemon/scheduling.h"
 #include "daemon/snapshot_codec.h"
+#include "daemon/trash_thread_fs.h"
 #include "schemas/cold_record.capnp.h"
 
 namespace kvtier {
@@ -221,8 +222,11 @@ Result<std::unique_ptr<ColdTier>> ColdTier::open(const Options& options) {
   tier->options_ = options;
   // Every file write goes down in short pieces (daemon/chunked_write_fs.h): a long write(2) would
   // hold a core that a lookup is waiting for.
-  tier->fileSystem_ = std::make_shared<ChunkedWriteFileSystem>(
-      options.fileSystem ? options.fileSystem : rocksdb::FileSystem::Default());
+  // And the thread RocksDB empties its trash on runs lowered, like its flush and compaction
+  // threads (daemon/trash_thread_fs.h).
+  tier->fileSystem_ =
+      std::make_shared<ChunkedWriteFileSystem>(std::make_shared<TrashThreadFileSystem>(
+          options.fileSystem ? options.fileSystem : rocksdb::FileSystem::Default()));
   tier->env_ = rocksdb::NewCompositeEnv(tier->fileSystem_);
   if (auto s = tier->openDb(); !s) return s.error();
   tier->enforceCapacity();
