@@ -350,7 +350,13 @@ Status ColdTier::openDb(bool reopening) {
   order_.clear();
   held_.clear();
   stats_.bytes = 0;
-  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions(), blocks_));
+  // RocksDB 7.8's iterator reads every blob to give its value (only the size is wanted here):
+  // without its software CRC32C and without filling the block cache, opening 2560 records
+  // (640 MiB, in the page cache) took 0.13 s against 0.70 s. Records are checked when served.
+  rocksdb::ReadOptions scanOptions;
+  scanOptions.verify_checksums = false;
+  scanOptions.fill_cache = false;
+  std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(scanOptions, blocks_));
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
     ColdKey key;
     if (!ColdKey::decode(std::string_view(it->key().data(), it->key().size()), &key)) continue;
