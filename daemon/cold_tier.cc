@@ -439,7 +439,10 @@ Status ColdTier::putBatch(std::span<const ColdRecord> records) {
       // on must find them. (Never held back by a write stall: nothing else writes this much.)
       rocksdb::FlushOptions flush;
       flush.allow_write_stall = true;
-      s = db_->Flush(flush, blocks_);
+      // The other families too (a no-op when empty): a log file stays until every family with
+      // entries in it is flushed, and the tier's metadata, written once at open, would otherwise
+      // keep every log since then (one per flush) until the next restart replayed them all.
+      s = db_->Flush(flush, {blocks_, snapshots_, meta_, default_});
     }
     if (!s.ok()) needsReopen_ = true;
   }

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <optional>
 #include <random>
+#include <thread>
 
 namespace kvtier {
 namespace {
@@ -90,6 +91,39 @@ TEST(ColdTierDeathTest, ABatchIsOnDiskWhenPutBatchReturnsEvenIfTheProcessDiesAtO
   auto tier = ColdTier::open({.path = path}).value();
   EXPECT_EQ(tier->stats().records, 4u);
   for (uint8_t n = 1; n <= 4; ++n) EXPECT_EQ(tier->get(keyOf(n)).value(), payload(n, 300000));
+}
+
+// Spilling under a capacity bound (every batch evicts: deletes, which go through the write-ahead
+// log) keeps only a couple of log files: each flush leaves the earlier logs obsolete, instead of
+// one more log per batch for the next restart to replay.
+TEST(ColdTier, SpillingKeepsOnlyACoupleOfLogFiles) {
+  TempDir dir;
+  auto tier = ColdTier::open({.path = dir.path(), .capacityBytes = 8 * 65536}).value();
+  const std::vector<uint8_t> bytes(65536, 3);
+  for (uint8_t batch = 0; batch < 24; ++batch) {
+    std::vector<ColdRecord> records;
+    for (uint8_t i = 0; i < 4; ++i) {
+      ColdKey key;
+      key.key.bytes[0] = batch;
+      key.key.bytes[1] = i;
+      records.push_back({key, bytes.data(), static_cast<uint32_t>(bytes.size())});
+    }
+    ASSERT_TRUE(tier->putBatch(records).ok());
+  }
+  EXPECT_EQ(tier->stats().records, 8u);
+  EXPECT_GT(tier->stats().capacityEvicted, 0u);
+  auto logs = [&] {
+    int n = 0;
+    for (const auto& f : std::filesystem::directory_iterator(dir.path())) {
+      n += f.path().extension() == ".log";
+    }
+    return n;
+  };
+  for (int i = 0; i < 200 && logs() > 2; ++i) {
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(10));  // obsolete files go in the background
+  }
+  EXPECT_LE(logs(), 2);
 }
 
 TEST(ColdTier, FlippedBytesAreAMissCountedAndDeleted) {
