@@ -15,11 +15,11 @@
 #include <limits>
 #include <random>
 #include <shared_mutex>
+#include <thread>
 
 #include "daemon/chunked_write_fs.h"
 #include "daemon/scheduling.h"
 #include "daemon/snapshot_codec.h"
-#include "daemon/trash_thread_fs.h"
 #include "schemas/cold_record.capnp.h"
 
 namespace kvtier {
@@ -222,11 +222,8 @@ Result<std::unique_ptr<ColdTier>> ColdTier::open(const Options& options) {
   tier->options_ = options;
   // Every file write goes down in short pieces (daemon/chunked_write_fs.h): a long write(2) would
   // hold a core that a lookup is waiting for.
-  // And the thread RocksDB empties its trash on runs lowered, like its flush and compaction
-  // threads (daemon/trash_thread_fs.h).
-  tier->fileSystem_ =
-      std::make_shared<ChunkedWriteFileSystem>(std::make_shared<TrashThreadFileSystem>(
-          options.fileSystem ? options.fileSystem : rocksdb::FileSystem::Default()));
+  tier->fileSystem_ = std::make_shared<ChunkedWriteFileSystem>(
+      options.fileSystem ? options.fileSystem : rocksdb::FileSystem::Default());
   tier->env_ = rocksdb::NewCompositeEnv(tier->fileSystem_);
   if (auto s = tier->openDb(); !s) return s.error();
   tier->enforceCapacity();
@@ -252,16 +249,24 @@ Status ColdTier::openDb(bool reopening) {
   dbOptions.listeners.push_back(std::make_shared<BackgroundSliceListener>());
   dbOptions.bytes_per_sync = 512 << 10;
   dbOptions.wal_bytes_per_sync = 512 << 10;
-  dbOptions.sst_file_manager.reset(rocksdb::NewSstFileManager(
-      dbOptions.env, fileSystem_, nullptr, "", reopening ? 0 : kDeleteBytesPerSecond, true, nullptr,
-      kMaxTrashRatio, kDeleteChunkBytes));
+  // The manager empties its trash (truncate, fsync, unlink) on a thread it starts as it is made,
+  // and RocksDB has no priority setting for that thread: it ran at the event loop's priority,
+  // traced holding a core while hot lookups waited. So the manager is made on a short-lived
+  // thread that has lowered itself first; the trash thread inherits its niceness, slice and name.
+  std::thread([&] {
+    lowerCallingThread(kTrashThreadName);
+    dbOptions.sst_file_manager.reset(rocksdb::NewSstFileManager(
+        dbOptions.env, fileSystem_, nullptr, "", reopening ? 0 : kDeleteBytesPerSecond, true,
+        nullptr, kMaxTrashRatio, kDeleteChunkBytes));
+  }).join();
   rocksdb::ColumnFamilyOptions blocks;
   blocks.enable_blob_files = true;  // integrated BlobDB: KV blocks are large values
   blocks.min_blob_size = 4096;
   blocks.enable_blob_garbage_collection = true;
   // Every spill batch is flushed (putBatch), so level 0 gets a file per batch (16 MiB of blocks)
   // rather than per 64 MiB memtable: compact (and collect blob garbage) after as many bytes as
-  // with the defaults, and stall writers no sooner.
+  // with the defaults (16 x 16 MiB against 4 x 64 MiB); writers slow down at 48 files (768 MiB)
+  // and stop at 64.
   blocks.level0_file_num_compaction_trigger = 16;
   blocks.level0_slowdown_writes_trigger = 48;
   blocks.level0_stop_writes_trigger = 64;

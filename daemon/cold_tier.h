@@ -102,12 +102,17 @@ class ColdTier {
 
   // Opens or creates the database, checks its format version, and loads the key set.
   static Result<std::unique_ptr<ColdTier>> open(const Options& options);
+  // The name of the thread RocksDB deletes obsolete files on (lowered like its flush and
+  // compaction threads).
+  static constexpr const char* kTrashThreadName = "rocksdb:trash";
   ~ColdTier();
   ColdTier(const ColdTier&) = delete;
   ColdTier& operator=(const ColdTier&) = delete;
 
-  // Writes the records in one batch (blocking). UNAVAILABLE on an I/O error or a full disk:
-  // nothing of the batch is kept.
+  // Writes the records in one batch and flushes it to disk (blocking). UNAVAILABLE on an I/O error
+  // or a full disk: the batch counts as not written (the caller keeps the blocks in memory). Its
+  // records may still reach disk later (RocksDB's own recovery, or the flush when the database is
+  // reopened) and then be found by a restart, with their own bytes.
   Status putBatch(std::span<const ColdRecord> records);
   // The bytes of `key` (blocking). NOT_FOUND if absent; CHECKSUM_MISMATCH if the record fails its
   // checks (it is deleted and counted).

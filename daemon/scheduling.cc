@@ -1,5 +1,6 @@
 #include "daemon/scheduling.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -43,6 +44,13 @@ bool requestSlice(std::chrono::nanoseconds slice) {
   attr.nice = nice;
   attr.runtime = static_cast<uint64_t>(slice.count());
   return ::syscall(SYS_sched_setattr, 0, &attr, 0) == 0;
+}
+
+void lowerCallingThread(const char* name) {
+  // Niceness is per thread on Linux; lowering it is always allowed.
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), kRocksDbNiceness);
+  (void)requestSlice(kBackgroundSlice);
+  (void)::pthread_setname_np(::pthread_self(), name);
 }
 
 }  // namespace kvtier

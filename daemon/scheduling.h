@@ -20,4 +20,11 @@ inline constexpr std::chrono::milliseconds kBackgroundSlice{20};
 // kernels accept the request and ignore it; false only if the call itself is refused.
 bool requestSlice(std::chrono::nanoseconds slice);
 
+// Niceness of RocksDB's lowered threads (Env::LowerThreadPoolCPUPriority).
+inline constexpr int kRocksDbNiceness = 19;
+
+// Lowers the calling thread to RocksDB's background niceness with the long slice and names it
+// (15 characters at most). A thread it starts afterwards inherits all three.
+void lowerCallingThread(const char* name);
+
 }  // namespace kvtier

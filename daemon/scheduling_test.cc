@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "daemon/cold_tier.h"
-#include "daemon/trash_thread_fs.h"
 #include "tests/temp_dir.h"
 
 namespace kvtier {
@@ -91,7 +90,7 @@ TEST(Scheduling, RocksDbBackgroundThreadsRunWithTheLongSlice) {
   const ColdRecord record{key, bytes.data(), static_cast<uint32_t>(bytes.size())};
   ASSERT_TRUE(
       ColdTier::open({.path = dir.file("cold")}).value()->putBatch(std::span(&record, 1)).ok());
-  // Reopening flushes the recovered log (the tier's own metadata) on a new flush thread.
+  // putBatch flushed on one of RocksDB's (process-wide) flush threads.
   auto tier = ColdTier::open({.path = dir.file("cold")}).value();
   std::string slice;  // the flush thread's se.slice, ns
   for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
@@ -108,65 +107,41 @@ TEST(Scheduling, RocksDbBackgroundThreadsRunWithTheLongSlice) {
   EXPECT_EQ(std::stoull(slice), 20000000u);
 }
 
-// What RocksDB's delete scheduler does first with each file in its trash (read its size) lowers
-// the thread it does it on, once, and names it; the main thread, a thread already lowered, and any
-// file outside the trash leave the caller as it was.
-TEST(TrashThreadFileSystem, LowersAndNamesTheThreadThatEmptiesTheTrash) {
+// The thread RocksDB deletes obsolete files on (its delete scheduler, which has no priority
+// setting) runs lowered like the flush and compaction threads, and named; the thread that opened
+// the tier is left as it was, whatever it is (here an ordinary worker, not the main thread).
+TEST(Scheduling, RocksDbDeletesObsoleteFilesOnALoweredThread) {
   test::TempDir dir;
-  const std::string trash = dir.file("000004.log.trash");
-  const std::string plain = dir.file("000005.log");
-  for (const auto& name : {trash, plain}) std::ofstream(name) << "x";
-  TrashThreadFileSystem fs(rocksdb::FileSystem::Default());
-  auto size = [&](const std::string& name) {
-    uint64_t bytes = 0;
-    EXPECT_TRUE(fs.GetFileSize(name, rocksdb::IOOptions(), &bytes, nullptr).ok());
-    EXPECT_EQ(bytes, 1u);
-  };
-  struct Seen {
-    int nice = 0;
-    uint64_t slice = 0;
-    std::string name;
-  };
-  auto seen = [] {
+  std::thread([&] {
+    const int niceBefore = ::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)));
+    ASSERT_EQ(::pthread_setname_np(::pthread_self(), "kvtier-promote"), 0);
+    auto tier = ColdTier::open({.path = dir.file("cold")}).value();
     char name[16] = {};
     ::pthread_getname_np(::pthread_self(), name, sizeof name);
-    return Seen{::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid))),
-                current().runtime, name};
-  };
-  const Seen mainBefore = seen();
+    EXPECT_STREQ(name, "kvtier-promote");
+    EXPECT_EQ(::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid))), niceBefore);
 
-  size(trash);  // the main thread: never lowered
-  EXPECT_EQ(seen().nice, mainBefore.nice);
-  EXPECT_EQ(seen().name, mainBefore.name);
-
-  std::thread([&] {
-    size(plain);  // not in the trash: unchanged
-    EXPECT_EQ(seen().nice, mainBefore.nice);
-    size(trash);  // the delete scheduler's first step
-    const Seen after = seen();
-    EXPECT_EQ(after.nice, TrashThreadFileSystem::kNiceness);
-    EXPECT_EQ(after.name, TrashThreadFileSystem::kThreadName);
-    if (kernelAtLeast(6, 12)) {
-      EXPECT_EQ(after.slice, 20000000u);
+    int found = 0;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream comm(task.path() / "comm");
+      std::string threadName;
+      std::getline(comm, threadName);
+      if (threadName != ColdTier::kTrashThreadName) continue;
+      ++found;
+      const auto tid = static_cast<id_t>(std::stoul(task.path().filename().string()));
+      EXPECT_EQ(::getpriority(PRIO_PROCESS, tid), kRocksDbNiceness);
+      if (kernelAtLeast(6, 12)) {
+        std::ifstream sched(task.path() / "sched");
+        std::string slice;
+        for (std::string line; std::getline(sched, line);) {
+          if (line.rfind("se.slice", 0) == 0) slice = line.substr(line.find(':') + 1);
+        }
+        ASSERT_FALSE(slice.empty());
+        EXPECT_EQ(std::stoull(slice), 20000000u);
+      }
     }
+    EXPECT_EQ(found, 1) << "the tier's trash thread";
   }).join();
-
-  std::thread([&] {
-    // Already lowered (the spill worker at niceness 10): left as it is.
-    ASSERT_EQ(::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10), 0);
-    EXPECT_TRUE(fs.DeleteFile(trash, rocksdb::IOOptions(), nullptr).ok());
-    EXPECT_EQ(seen().nice, 10);
-    EXPECT_NE(seen().name, TrashThreadFileSystem::kThreadName);
-  }).join();
-  EXPECT_FALSE(std::filesystem::exists(trash));
-}
-
-TEST(TrashThreadFileSystem, KnowsATrashFileByItsName) {
-  EXPECT_TRUE(TrashThreadFileSystem::inTrash("/data/cold/000012.sst.trash"));
-  EXPECT_TRUE(TrashThreadFileSystem::inTrash(".trash"));
-  EXPECT_FALSE(TrashThreadFileSystem::inTrash("/data/cold/000012.sst"));
-  EXPECT_FALSE(TrashThreadFileSystem::inTrash("/data/cold.trash/000012.sst"));
-  EXPECT_FALSE(TrashThreadFileSystem::inTrash("trash"));
 }
 
 }  // namespace
