@@ -2,8 +2,10 @@
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
+#include <rocksdb/filter_policy.h>
 #include <rocksdb/listener.h>
 #include <rocksdb/sst_file_manager.h>
+#include <rocksdb/table.h>
 #include <rocksdb/utilities/options_util.h>
 #include <rocksdb/write_batch.h>
 #include <xxhash.h>
@@ -270,6 +272,13 @@ Status ColdTier::openDb(bool reopening) {
   blocks.level0_file_num_compaction_trigger = 16;
   blocks.level0_slowdown_writes_trigger = 48;
   blocks.level0_stop_writes_trigger = 64;
+  // A read looks in every level-0 table whose key range holds its key, and block keys are hashes,
+  // so every such table's range holds every key: with a table per batch (up to 16 in level 0
+  // before a compaction) a Bloom filter lets a read skip the tables without its key (10 bits per
+  // key, ~1% false positives; promote 6304 -> 7412 blocks/s in back-to-back 5-repetition runs).
+  rocksdb::BlockBasedTableOptions table;
+  table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
+  blocks.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
   // Snapshots hold their own records (blocks, checkpoints) and manifests: large values too.
   const rocksdb::ColumnFamilyOptions& snapshots = blocks;
   std::vector<rocksdb::ColumnFamilyDescriptor> families = {

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <rocksdb/file_system.h>
+#include <rocksdb/table_properties.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -124,6 +125,20 @@ TEST(ColdTier, SpillingKeepsOnlyACoupleOfLogFiles) {
         std::chrono::milliseconds(10));  // obsolete files go in the background
   }
   EXPECT_LE(logs(), 2);
+}
+
+// The block family's tables carry a Bloom filter (a read skips the level-0 tables without its
+// key).
+TEST(ColdTier, BlockTablesCarryABloomFilter) {
+  TempDir dir;
+  auto tier = ColdTier::open({.path = dir.path()}).value();
+  ASSERT_TRUE(put(*tier, 1).ok());  // flushed: one table
+  rocksdb::TablePropertiesCollection tables;
+  ASSERT_TRUE(tier->rawDb()->GetPropertiesOfAllTables(tier->blocksFamily(), &tables).ok());
+  ASSERT_FALSE(tables.empty());
+  for (const auto& [file, properties] : tables) {
+    EXPECT_EQ(properties->filter_policy_name, "bloomfilter") << file;
+  }
 }
 
 TEST(ColdTier, FlippedBytesAreAMissCountedAndDeleted) {
