@@ -47,6 +47,30 @@ Attr current() {
   return attr;
 }
 
+// A thread of this process, found by name: its id and the scheduler slice the kernel reports for
+// it (se.slice in ns; empty where the kernel reports none).
+struct Task {
+  id_t tid;
+  std::string slice;
+};
+
+std::vector<Task> threadsNamed(const std::string& name) {
+  std::vector<Task> found;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string threadName;
+    std::getline(comm, threadName);
+    if (threadName != name) continue;
+    Task t{static_cast<id_t>(std::stoul(task.path().filename().string())), {}};
+    std::ifstream sched(task.path() / "sched");
+    for (std::string line; std::getline(sched, line);) {
+      if (line.rfind("se.slice", 0) == 0) t.slice = line.substr(line.find(':') + 1);
+    }
+    found.push_back(t);
+  }
+  return found;
+}
+
 TEST(Scheduling, ASliceIsWhatTheKernelReportsAndKeepsPolicyAndNiceness) {
   if (!kernelAtLeast(6, 12)) {
     GTEST_SKIP() << "per-thread slices need Linux 6.12 or later (EEVDF custom slices)";
@@ -77,8 +101,8 @@ TEST(Scheduling, ASliceRequestKeepsAPolicyAnOperatorChose) {
   }).join();
 }
 
-// RocksDB's flush threads take the long slice when a flush starts (reopening the tier flushes the
-// recovered log), and keep their niceness.
+// RocksDB's flush threads take the long slice when a flush starts (putBatch flushes), and keep
+// their niceness.
 TEST(Scheduling, RocksDbBackgroundThreadsRunWithTheLongSlice) {
   if (!kernelAtLeast(6, 12)) {
     GTEST_SKIP() << "per-thread slices need Linux 6.12 or later (EEVDF custom slices)";
@@ -88,23 +112,12 @@ TEST(Scheduling, RocksDbBackgroundThreadsRunWithTheLongSlice) {
   ColdKey key;
   key.fingerprint = 1;
   const ColdRecord record{key, bytes.data(), static_cast<uint32_t>(bytes.size())};
-  ASSERT_TRUE(
-      ColdTier::open({.path = dir.file("cold")}).value()->putBatch(std::span(&record, 1)).ok());
-  // putBatch flushed on one of RocksDB's (process-wide) flush threads.
   auto tier = ColdTier::open({.path = dir.file("cold")}).value();
-  std::string slice;  // the flush thread's se.slice, ns
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream comm(task.path() / "comm");
-    std::string name;
-    std::getline(comm, name);
-    if (name != "rocksdb:high") continue;
-    std::ifstream sched(task.path() / "sched");
-    for (std::string line; std::getline(sched, line);) {
-      if (line.rfind("se.slice", 0) == 0) slice = line.substr(line.find(':') + 1);
-    }
-  }
-  ASSERT_FALSE(slice.empty()) << "no flush thread found";
-  EXPECT_EQ(std::stoull(slice), 20000000u);
+  ASSERT_TRUE(tier->putBatch(std::span(&record, 1)).ok());  // flushed on RocksDB's flush thread
+  const auto flushThreads = threadsNamed("rocksdb:high");
+  ASSERT_FALSE(flushThreads.empty()) << "no flush thread found";
+  ASSERT_FALSE(flushThreads.back().slice.empty());
+  EXPECT_EQ(std::stoull(flushThreads.back().slice), 20000000u);
 }
 
 // The thread RocksDB deletes obsolete files on (its delete scheduler, which has no priority
@@ -121,26 +134,13 @@ TEST(Scheduling, RocksDbDeletesObsoleteFilesOnALoweredThread) {
     EXPECT_STREQ(name, "kvtier-promote");
     EXPECT_EQ(::getpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid))), niceBefore);
 
-    int found = 0;
-    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-      std::ifstream comm(task.path() / "comm");
-      std::string threadName;
-      std::getline(comm, threadName);
-      if (threadName != ColdTier::kTrashThreadName) continue;
-      ++found;
-      const auto tid = static_cast<id_t>(std::stoul(task.path().filename().string()));
-      EXPECT_EQ(::getpriority(PRIO_PROCESS, tid), kRocksDbNiceness);
-      if (kernelAtLeast(6, 12)) {
-        std::ifstream sched(task.path() / "sched");
-        std::string slice;
-        for (std::string line; std::getline(sched, line);) {
-          if (line.rfind("se.slice", 0) == 0) slice = line.substr(line.find(':') + 1);
-        }
-        ASSERT_FALSE(slice.empty());
-        EXPECT_EQ(std::stoull(slice), 20000000u);
-      }
+    const auto trash = threadsNamed(ColdTier::kTrashThreadName);
+    ASSERT_EQ(trash.size(), 1u) << "the tier's trash thread";
+    EXPECT_EQ(::getpriority(PRIO_PROCESS, trash[0].tid), kRocksDbNiceness);
+    if (kernelAtLeast(6, 12)) {
+      ASSERT_FALSE(trash[0].slice.empty());
+      EXPECT_EQ(std::stoull(trash[0].slice), 20000000u);
     }
-    EXPECT_EQ(found, 1) << "the tier's trash thread";
   }).join();
 }
 
