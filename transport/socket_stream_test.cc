@@ -33,6 +33,18 @@ std::vector<kj::byte> pattern(size_t n, uint32_t seed) {
   return out;
 }
 
+// Reads `bytes` bytes from `from` while `writing` goes on, both bounded (a lost readiness edge
+// would hang: bounded, it fails instead), and returns them.
+std::vector<kj::byte> receive(kj::AsyncIoContext& io, SocketStream& from, size_t bytes,
+                              kj::Promise<void> writing) {
+  std::vector<kj::byte> got(bytes);
+  auto reading = from.read(got.data(), got.size(), got.size());
+  auto& timer = io.provider->getTimer();
+  timer.timeoutAfter(10 * kj::SECONDS, kj::mv(writing)).wait(io.waitScope);
+  EXPECT_EQ(timer.timeoutAfter(10 * kj::SECONDS, kj::mv(reading)).wait(io.waitScope), got.size());
+  return got;
+}
+
 TEST(SocketStream, BytesWrittenInPiecesArriveWholeAndInOrder) {
   auto io = kj::setupAsyncIo();
   SocketPair p;
@@ -58,19 +70,11 @@ TEST(SocketStream, AWriteLargerThanTheSocketBufferWaitsForRoomAndArrivesWhole) {
   SocketStream left(io.unixEventPort, kj::mv(p.a));
   SocketStream right(io.unixEventPort, kj::mv(p.b));
   const auto sent = pattern(16 << 20, 7);  // far beyond a Unix socket's buffer
-  std::vector<kj::byte> got(sent.size());
-  auto writing = left.write(sent.data(), sent.size());
-  auto reading = right.read(got.data(), got.size(), got.size());
-  // A lost readiness edge would hang: bounded, it fails instead.
-  auto& timer = io.provider->getTimer();
-  timer.timeoutAfter(10 * kj::SECONDS, kj::mv(writing)).wait(io.waitScope);
-  EXPECT_EQ(timer.timeoutAfter(10 * kj::SECONDS, kj::mv(reading)).wait(io.waitScope), got.size());
-  EXPECT_TRUE(got == sent);
+  EXPECT_TRUE(receive(io, right, sent.size(), left.write(sent.data(), sent.size())) == sent);
 }
 
 TEST(SocketStream, APieceListNeedNotOutliveAWriteThatWaitsForRoom) {
   auto io = kj::setupAsyncIo();
-  auto& timer = io.provider->getTimer();
   SocketPair p;
   SocketStream left(io.unixEventPort, kj::mv(p.a));
   SocketStream right(io.unixEventPort, kj::mv(p.b));
@@ -83,13 +87,9 @@ TEST(SocketStream, APieceListNeedNotOutliveAWriteThatWaitsForRoom) {
                                                    kj::arrayPtr(two.data(), two.size())};
     writing = left.write(kj::arrayPtr(pieces, 3));
   }
-  std::vector<kj::byte> got(one.size() + two.size());
-  auto reading = right.read(got.data(), got.size(), got.size());
-  timer.timeoutAfter(10 * kj::SECONDS, kj::mv(writing)).wait(io.waitScope);
-  EXPECT_EQ(timer.timeoutAfter(10 * kj::SECONDS, kj::mv(reading)).wait(io.waitScope), got.size());
   std::vector<kj::byte> want(one);
   want.insert(want.end(), two.begin(), two.end());
-  EXPECT_TRUE(got == want);
+  EXPECT_TRUE(receive(io, right, want.size(), kj::mv(writing)) == want);
 }
 
 TEST(SocketStream, AWriteAfterACancelledBlockedOneCanWaitForRoomAgain) {
