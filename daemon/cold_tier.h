@@ -2,10 +2,12 @@
 //
 // One RocksDB under <data-dir>/cold with column families "blocks" (record key -> header + bytes,
 // with integrated BlobDB for the large values), "snapshots" (snapshot manifests and the snapshots'
-// own records) and "meta" (format version, node id, snapshot id limit). Records are keyed by
-// (layout fingerprint, tenant salt, block key), so they survive restarts, which renumber
-// namespaces. Every record carries an xxh3 checksum that is checked on read: a bad record is a
-// miss, counted and deleted — never returned.
+// own records) and "meta" (format version, node id, snapshot id limit). Beside each block record
+// the blocks family holds a size entry (payload size), written and deleted with it, so that
+// opening learns the records and their sizes without reading one. Records
+// are keyed by (layout fingerprint, tenant salt, block key), so they survive restarts, which
+// renumber namespaces. Every record carries an xxh3 checksum that is checked on read: a bad record
+// is a miss, counted and deleted — never returned.
 //
 // Thread-safety: all methods may be called from any thread (the daemon calls them from its worker
 // threads). RocksDB is thread-safe; the in-memory key set and access order are guarded by mu_.
@@ -13,6 +15,7 @@
 
 #include <rocksdb/db.h>
 #include <rocksdb/env.h>
+#include <rocksdb/write_batch.h>
 
 #include <atomic>
 #include <cstdint>
@@ -163,6 +166,17 @@ class ColdTier {
   // Reads and checks `key`'s record; hands its payload to `consume` while the read is pinned.
   Status readVerified(const ColdKey& key, const std::function<Status(std::string_view)>& consume);
   void closeDb();
+  // At open: the block records' keys and payload sizes from their size entries, reading no record;
+  // an error if an entry is damaged.
+  Status readSizes(std::vector<std::pair<std::string, uint32_t>>& records);
+  // At open, for a tier of format 1 or when readSizes fails: the keys and sizes from the records
+  // themselves (reads every one), written back as size entries (and the tier raised to format 2).
+  Status rebuildSizes(std::vector<std::pair<std::string, uint32_t>>& records);
+  // A block record and its size entry, written and deleted together (same batch).
+  void putBlockRecord(rocksdb::WriteBatch& batch, const std::string& key, const std::string& header,
+                      const uint8_t* data, uint32_t bytes);
+  void deleteBlockRecord(rocksdb::WriteBatch& batch, const std::string& key);
+  rocksdb::Status deleteBlockRecord(const std::string& key);  // through the log
   void touchLocked(const std::string& key);
   void enforceCapacity();
   void forgetLocked(const std::string& key);

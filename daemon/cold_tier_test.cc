@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <random>
 #include <thread>
@@ -44,6 +45,101 @@ Status put(ColdTier& tier, uint8_t n, size_t size = 16384) {
   const auto bytes = payload(n, size);
   const ColdRecord r{keyOf(n), bytes.data(), static_cast<uint32_t>(bytes.size())};
   return tier.putBatch(std::span(&r, 1));
+}
+
+// The tier's database opened directly, with all its column families (in openDb's order), for
+// tests that change it under the tier's feet while the tier is closed.
+class RawDb {
+ public:
+  enum Family { kDefault, kBlocks, kSnapshots, kMeta };
+  explicit RawDb(const std::string& path) {
+    std::vector<rocksdb::ColumnFamilyDescriptor> families = {
+        {rocksdb::kDefaultColumnFamilyName, {}}, {"blocks", {}}, {"snapshots", {}}, {"meta", {}}};
+    rocksdb::DB* raw = nullptr;
+    const rocksdb::Status s = rocksdb::DB::Open({}, path, families, &handles_, &raw);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    db_.reset(raw);
+  }
+  ~RawDb() {
+    for (auto* h : handles_) (void)db_->DestroyColumnFamilyHandle(h);
+  }
+  rocksdb::DB& db() { return *db_; }
+  rocksdb::ColumnFamilyHandle* family(Family f) { return handles_.at(f); }
+
+ private:
+  std::unique_ptr<rocksdb::DB> db_;
+  std::vector<rocksdb::ColumnFamilyHandle*> handles_;
+};
+
+// Counts the bytes read from blob files (where block records' bytes live).
+class BlobReadCounter final : public rocksdb::FileSystemWrapper {
+ public:
+  BlobReadCounter() : FileSystemWrapper(rocksdb::FileSystem::Default()) {}
+  const char* Name() const override { return "BlobReadCounter"; }
+  std::atomic<uint64_t> bytes{0};
+
+  rocksdb::IOStatus NewRandomAccessFile(const std::string& name,
+                                        const rocksdb::FileOptions& options,
+                                        std::unique_ptr<rocksdb::FSRandomAccessFile>* result,
+                                        rocksdb::IODebugContext* dbg) override {
+    rocksdb::IOStatus s = target()->NewRandomAccessFile(name, options, result, dbg);
+    if (s.ok() && name.ends_with(".blob")) {
+      *result = std::make_unique<File>(std::move(*result), bytes);
+    }
+    return s;
+  }
+
+ private:
+  class File final : public rocksdb::FSRandomAccessFileOwnerWrapper {
+   public:
+    File(std::unique_ptr<rocksdb::FSRandomAccessFile> f, std::atomic<uint64_t>& bytes)
+        : FSRandomAccessFileOwnerWrapper(std::move(f)), bytes_(bytes) {}
+    rocksdb::IOStatus Read(uint64_t offset, size_t n, const rocksdb::IOOptions& options,
+                           rocksdb::Slice* result, char* scratch,
+                           rocksdb::IODebugContext* dbg) const override {
+      bytes_ += n;
+      return target()->Read(offset, n, options, result, scratch, dbg);
+    }
+    rocksdb::IOStatus MultiRead(rocksdb::FSReadRequest* reqs, size_t n,
+                                const rocksdb::IOOptions& options,
+                                rocksdb::IODebugContext* dbg) override {
+      for (size_t i = 0; i < n; ++i) bytes_ += reqs[i].len;
+      return target()->MultiRead(reqs, n, options, dbg);
+    }
+
+   private:
+    std::atomic<uint64_t>& bytes_;
+  };
+};
+
+// The size entries: the blocks family's 49-byte keys, nine bytes of ones before a record key.
+const std::string kSizePrefix(9, '\xff');
+bool isSizeEntry(const rocksdb::Slice& key) {
+  return key.size() == kSizePrefix.size() + 40 && key.starts_with(kSizePrefix);
+}
+
+// Every block record has its size entry, holding its payload size, and there is no other entry:
+// what a reopen relies on to know the records without reading them.
+void expectSizesMatchRecords(rocksdb::DB& db, rocksdb::ColumnFamilyHandle* blocks) {
+  std::map<std::string, uint32_t> records, sizes;
+  std::unique_ptr<rocksdb::Iterator> it(db.NewIterator({}, blocks));
+  for (it->SeekToFirst(); it->Valid(); it->Next()) {
+    uint32_t n = 0;
+    if (isSizeEntry(it->key())) {
+      ASSERT_EQ(it->value().size(), 4u);
+      std::memcpy(&n, it->value().data(), 4);
+      sizes[it->key().ToString().substr(kSizePrefix.size())] = n;
+    } else {
+      ASSERT_EQ(it->key().size(), 40u);
+      std::memcpy(&n, it->value().data(), 4);  // the header's size
+      records[it->key().ToString()] = static_cast<uint32_t>(it->value().size() - 4 - n);
+    }
+  }
+  ASSERT_TRUE(it->status().ok());
+  EXPECT_EQ(records, sizes);
+}
+void expectSizesMatchRecords(ColdTier& tier) {
+  expectSizesMatchRecords(*tier.rawDb(), tier.blocksFamily());
 }
 
 TEST(ColdTier, RecordsRoundTripAndSurviveReopen) {
@@ -91,7 +187,112 @@ TEST(ColdTierDeathTest, ABatchIsOnDiskWhenPutBatchReturnsEvenIfTheProcessDiesAtO
   ::unsetenv(kDirVariable);
   auto tier = ColdTier::open({.path = path}).value();
   EXPECT_EQ(tier->stats().records, 4u);
+  EXPECT_EQ(tier->stats().bytes, 4u * 300000);  // their sizes were flushed with them
   for (uint8_t n = 1; n <= 4; ++n) EXPECT_EQ(tier->get(keyOf(n)).value(), payload(n, 300000));
+}
+
+// A reopen learns the records and their sizes from the sizes family without reading a record (a
+// 64 GiB tier would otherwise read 64 GiB to start); the records read back after it.
+TEST(ColdTier, ReopeningReadsNoRecord) {
+  TempDir dir;
+  constexpr uint8_t kRecords = 16;
+  constexpr size_t kBytes = 256 << 10;
+  {
+    auto tier = ColdTier::open({.path = dir.path()}).value();
+    for (uint8_t n = 0; n < kRecords; ++n) ASSERT_TRUE(put(*tier, n, kBytes + n).ok());
+  }
+  auto counter = std::make_shared<BlobReadCounter>();
+  auto tier = ColdTier::open({.path = dir.path(), .fileSystem = counter}).value();
+  EXPECT_EQ(counter->bytes.load(), 0u);
+  EXPECT_EQ(tier->stats().records, kRecords);
+  EXPECT_EQ(tier->stats().bytes, kRecords * kBytes + (kRecords - 1) * kRecords / 2);
+  EXPECT_EQ(tier->get(keyOf(3)).value(), payload(3, kBytes + 3));
+  EXPECT_GE(counter->bytes.load(), kBytes);  // the counter does see record reads
+}
+
+// A tier written without size entries (format 1, an older kvtierd), or with damaged ones, is
+// indexed from its records at open, once, and raised to format 2: the open after that reads no
+// record again.
+TEST(ColdTier, ATierWithoutAUsableSizeIndexIsIndexedAtOpen) {
+  TempDir dir;
+  {
+    auto tier = ColdTier::open({.path = dir.path()}).value();
+    for (uint8_t n = 1; n <= 3; ++n) ASSERT_TRUE(put(*tier, n, 8192 * n).ok());
+  }
+  auto breakIndex = [&](const std::function<void(RawDb&)>& change) {
+    RawDb raw(dir.path());
+    change(raw);
+    ASSERT_TRUE(raw.db().Flush({}, {raw.family(RawDb::kBlocks), raw.family(RawDb::kMeta)}).ok());
+  };
+  auto format = [&] {
+    RawDb raw(dir.path());
+    std::string value;
+    EXPECT_TRUE(raw.db().Get({}, raw.family(RawDb::kMeta), "format_version", &value).ok());
+    return value;
+  };
+  auto expectIndexedFromTheRecords = [&] {
+    auto counter = std::make_shared<BlobReadCounter>();
+    {
+      auto tier = ColdTier::open({.path = dir.path(), .fileSystem = counter}).value();
+      EXPECT_GT(counter->bytes.load(), 0u);  // it read the records
+      EXPECT_EQ(tier->stats().records, 3u);
+      EXPECT_EQ(tier->stats().bytes, 8192u * 6);
+      expectSizesMatchRecords(*tier);
+    }
+    EXPECT_EQ(format(), "2");
+    counter->bytes = 0;
+    auto tier = ColdTier::open({.path = dir.path(), .fileSystem = counter}).value();
+    EXPECT_EQ(counter->bytes.load(), 0u);
+    EXPECT_EQ(tier->stats().records, 3u);
+    EXPECT_EQ(tier->stats().bytes, 8192u * 6);
+    for (uint8_t n = 1; n <= 3; ++n) EXPECT_EQ(tier->get(keyOf(n)).value(), payload(n, 8192 * n));
+  };
+  EXPECT_EQ(format(), "2");
+  // As an older kvtierd leaves it: format 1, no size entries.
+  breakIndex([](RawDb& raw) {
+    for (uint8_t n = 1; n <= 3; ++n) {
+      ASSERT_TRUE(
+          raw.db().Delete({}, raw.family(RawDb::kBlocks), kSizePrefix + keyOf(n).encode()).ok());
+    }
+    ASSERT_TRUE(raw.db().Put({}, raw.family(RawDb::kMeta), "format_version", "1").ok());
+  });
+  expectIndexedFromTheRecords();
+  // An entry that does not decode, and one for a record that is not there.
+  breakIndex([](RawDb& raw) {
+    auto* blocks = raw.family(RawDb::kBlocks);
+    ASSERT_TRUE(raw.db().Put({}, blocks, kSizePrefix + keyOf(2).encode(), "abc").ok());
+    ASSERT_TRUE(raw.db().Put({}, blocks, kSizePrefix + keyOf(9).encode(), "\1\0\0\0").ok());
+  });
+  expectIndexedFromTheRecords();
+  // A format this kvtierd does not know: refused, nothing changed.
+  breakIndex([](RawDb& raw) {
+    ASSERT_TRUE(raw.db().Put({}, raw.family(RawDb::kMeta), "format_version", "3").ok());
+  });
+  EXPECT_EQ(ColdTier::open({.path = dir.path()}).code(), ErrorCode::kUnavailable);
+  EXPECT_EQ(format(), "3");
+}
+
+// Whatever writes or deletes block records — spill batches, the capacity bound, an erase, a
+// corrupt record dropped — keeps the size entries exactly in step (snapshots' sealed blocks: in
+// SnapshotsRoundTripSurviveReopenAndGoWithTheirRecords).
+TEST(ColdTier, TheSizesIndexFollowsEveryWriteAndDelete) {
+  TempDir dir;
+  auto tier = ColdTier::open({.path = dir.path(), .capacityBytes = 6 * 16384}).value();
+  for (uint8_t n = 1; n <= 4; ++n) ASSERT_TRUE(put(*tier, n).ok());
+  expectSizesMatchRecords(*tier);
+  for (uint8_t n = 5; n <= 8; ++n) ASSERT_TRUE(put(*tier, n).ok());  // evicts 1 and 2
+  EXPECT_EQ(tier->stats().capacityEvicted, 2u);
+  expectSizesMatchRecords(*tier);
+  ASSERT_TRUE(tier->erase(keyOf(5)).ok());
+  expectSizesMatchRecords(*tier);
+  std::string value;
+  const std::string k6 = keyOf(6).encode();
+  ASSERT_TRUE(tier->rawDb()->Get({}, tier->blocksFamily(), k6, &value).ok());
+  value[value.size() - 1] ^= 0x10;
+  ASSERT_TRUE(tier->rawDb()->Put({}, tier->blocksFamily(), k6, value).ok());
+  EXPECT_EQ(tier->get(keyOf(6)).code(), ErrorCode::kChecksumMismatch);
+  expectSizesMatchRecords(*tier);
+  EXPECT_EQ(tier->stats().records, 4u);  // 3, 4, 7 and 8
 }
 
 // Spilling under a capacity bound (every batch evicts: deletes, which go through the write-ahead
@@ -318,8 +519,10 @@ TEST(ColdTier, SnapshotsRoundTripSurviveReopenAndGoWithTheirRecords) {
     EXPECT_TRUE(tier->contains(keyOf(1))) << "the sealed block is an ordinary block record";
     EXPECT_EQ(tier->stats().snapshots, 1u);
     EXPECT_EQ(tier->stats().records, 1u) << "own records are not block records";
+    expectSizesMatchRecords(*tier);  // the sealed block has its size entry
   }
   auto tier = ColdTier::open({.path = dir.path()}).value();
+  EXPECT_EQ(tier->stats().bytes, 16384u);
   EXPECT_TRUE(tier->hasSnapshot(key));
   EXPECT_EQ(tier->stats().snapshots, 1u);
   EXPECT_EQ(tier->getSnapshot(key).value(), m);
@@ -436,15 +639,8 @@ TEST(ColdTier, SnapshotIdFloorIsAboveTheStoredLimitAndEveryManifest) {
   }
   {
     // An unreadable limit: ids handed out before can no longer be told apart; refuse to open.
-    rocksdb::DB* raw = nullptr;
-    std::vector<rocksdb::ColumnFamilyHandle*> handles;
-    rocksdb::DBOptions options;
-    std::vector<rocksdb::ColumnFamilyDescriptor> families = {
-        {rocksdb::kDefaultColumnFamilyName, {}}, {"blocks", {}}, {"snapshots", {}}, {"meta", {}}};
-    ASSERT_TRUE(rocksdb::DB::Open(options, dir.path(), families, &handles, &raw).ok());
-    std::unique_ptr<rocksdb::DB> db(raw);
-    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), handles[3], "snapshot_id_limit", "12x").ok());
-    for (auto* h : handles) (void)db->DestroyColumnFamilyHandle(h);
+    RawDb raw(dir.path());
+    ASSERT_TRUE(raw.db().Put({}, raw.family(RawDb::kMeta), "snapshot_id_limit", "12x").ok());
   }
   EXPECT_EQ(ColdTier::open({.path = dir.path()}).code(), ErrorCode::kUnavailable);
 }
