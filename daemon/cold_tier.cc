@@ -439,9 +439,9 @@ Status ColdTier::readSizes(std::vector<std::pair<std::string, uint32_t>>& record
 
 Status ColdTier::rebuildSizes(std::vector<std::pair<std::string, uint32_t>>& records) {
   records.clear();
-  // RocksDB 7.8's iterator reads every blob to give its value (only the size is wanted here):
-  // without its software CRC32C and without filling the block cache, 2560 records (640 MiB, in
-  // the page cache) took 0.13 s against 0.70 s. Records are checked when served.
+  // RocksDB 7.8's iterator reads every blob to give its value (only the size is wanted here): so
+  // without its software CRC32C and without filling the block cache (docs/performance.md).
+  // Records are checked when served.
   rocksdb::ReadOptions scanOptions;
   scanOptions.verify_checksums = false;
   scanOptions.fill_cache = false;
@@ -462,6 +462,12 @@ Status ColdTier::rebuildSizes(std::vector<std::pair<std::string, uint32_t>>& rec
                                  : 0;
     records.emplace_back(it->key().ToString(), payload);
   }
+  if (!it->status().ok()) {
+    // Records past the failed read would have no entry and be held by no one for good: serve
+    // what was seen for this run, write nothing, and scan again at the next open.
+    logWarn("cold_sizes_unsaved", "reason=\"" + it->status().ToString() + "\"");
+    return {};
+  }
   it.reset();
   // The entries replaced whole, with the tier's format, in one logged batch.
   rocksdb::WriteBatch batch;
@@ -471,9 +477,9 @@ Status ColdTier::rebuildSizes(std::vector<std::pair<std::string, uint32_t>>& rec
   rocksdb::WriteOptions synced;
   synced.sync = true;
   if (const rocksdb::Status s = db_->Write(synced, &batch); !s.ok()) {
-    // Not fatal: the records are known for this run; the next open scans again.
+    // Not fatal: the records are known for this run; the next open scans again. (A database
+    // that now refuses writes fails the next one, which reopens it as after any failed write.)
     logWarn("cold_sizes_unsaved", "reason=\"" + s.ToString() + "\"");
-    needsReopen_ = true;
   }
   return {};
 }
@@ -646,6 +652,7 @@ Status ColdTier::readVerified(const ColdKey& key,
   if (s.IsNotFound()) {
     std::lock_guard<std::mutex> lock(mu_);
     forgetLocked(k);
+    (void)deleteBlockRecord(k);  // its size entry, or the next open would hold it again
     return makeError(ErrorCode::kNotFound, "no cold record ", key.key.hex());
   }
   // A passing read error (I/O, busy) is UNAVAILABLE and deletes nothing; corruption RocksDB

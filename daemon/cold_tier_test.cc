@@ -71,12 +71,14 @@ class RawDb {
   std::vector<rocksdb::ColumnFamilyHandle*> handles_;
 };
 
-// Counts the bytes read from blob files (where block records' bytes live).
+// Counts the bytes read from blob files (where block records' bytes live), and fails those reads
+// once `readsLeft` (when not negative) runs out.
 class BlobReadCounter final : public rocksdb::FileSystemWrapper {
  public:
   BlobReadCounter() : FileSystemWrapper(rocksdb::FileSystem::Default()) {}
   const char* Name() const override { return "BlobReadCounter"; }
   std::atomic<uint64_t> bytes{0};
+  std::atomic<int64_t> readsLeft{-1};
 
   rocksdb::IOStatus NewRandomAccessFile(const std::string& name,
                                         const rocksdb::FileOptions& options,
@@ -84,7 +86,7 @@ class BlobReadCounter final : public rocksdb::FileSystemWrapper {
                                         rocksdb::IODebugContext* dbg) override {
     rocksdb::IOStatus s = target()->NewRandomAccessFile(name, options, result, dbg);
     if (s.ok() && name.ends_with(".blob")) {
-      *result = std::make_unique<File>(std::move(*result), bytes);
+      *result = std::make_unique<File>(std::move(*result), bytes, readsLeft);
     }
     return s;
   }
@@ -92,23 +94,28 @@ class BlobReadCounter final : public rocksdb::FileSystemWrapper {
  private:
   class File final : public rocksdb::FSRandomAccessFileOwnerWrapper {
    public:
-    File(std::unique_ptr<rocksdb::FSRandomAccessFile> f, std::atomic<uint64_t>& bytes)
-        : FSRandomAccessFileOwnerWrapper(std::move(f)), bytes_(bytes) {}
+    File(std::unique_ptr<rocksdb::FSRandomAccessFile> f, std::atomic<uint64_t>& bytes,
+         std::atomic<int64_t>& readsLeft)
+        : FSRandomAccessFileOwnerWrapper(std::move(f)), bytes_(bytes), readsLeft_(readsLeft) {}
     rocksdb::IOStatus Read(uint64_t offset, size_t n, const rocksdb::IOOptions& options,
                            rocksdb::Slice* result, char* scratch,
                            rocksdb::IODebugContext* dbg) const override {
+      if (readsLeft_.load() == 0) return rocksdb::IOStatus::IOError("injected: read failed");
+      if (readsLeft_.load() > 0) --readsLeft_;
       bytes_ += n;
       return target()->Read(offset, n, options, result, scratch, dbg);
     }
     rocksdb::IOStatus MultiRead(rocksdb::FSReadRequest* reqs, size_t n,
                                 const rocksdb::IOOptions& options,
                                 rocksdb::IODebugContext* dbg) override {
+      if (readsLeft_.load() >= 0) return rocksdb::IOStatus::NotSupported("test: no MultiRead");
       for (size_t i = 0; i < n; ++i) bytes_ += reqs[i].len;
       return target()->MultiRead(reqs, n, options, dbg);
     }
 
    private:
     std::atomic<uint64_t>& bytes_;
+    std::atomic<int64_t>& readsLeft_;
   };
 };
 
@@ -191,7 +198,7 @@ TEST(ColdTierDeathTest, ABatchIsOnDiskWhenPutBatchReturnsEvenIfTheProcessDiesAtO
   for (uint8_t n = 1; n <= 4; ++n) EXPECT_EQ(tier->get(keyOf(n)).value(), payload(n, 300000));
 }
 
-// A reopen learns the records and their sizes from the sizes family without reading a record (a
+// A reopen learns the records and their sizes from their size entries without reading a record (a
 // 64 GiB tier would otherwise read 64 GiB to start); the records read back after it.
 TEST(ColdTier, ReopeningReadsNoRecord) {
   TempDir dir;
@@ -208,6 +215,18 @@ TEST(ColdTier, ReopeningReadsNoRecord) {
   EXPECT_EQ(tier->stats().bytes, kRecords * kBytes + (kRecords - 1) * kRecords / 2);
   EXPECT_EQ(tier->get(keyOf(3)).value(), payload(3, kBytes + 3));
   EXPECT_GE(counter->bytes.load(), kBytes);  // the counter does see record reads
+}
+
+// Makes the tier at `path` look as an older kvtierd left it: format 1, no size entries for the
+// records keyOf(first..last).
+void makeFormat1(const std::string& path, uint8_t first, uint8_t last) {
+  RawDb raw(path);
+  for (uint8_t n = first; n <= last; ++n) {
+    ASSERT_TRUE(
+        raw.db().Delete({}, raw.family(RawDb::kBlocks), kSizePrefix + keyOf(n).encode()).ok());
+  }
+  ASSERT_TRUE(raw.db().Put({}, raw.family(RawDb::kMeta), "format_version", "1").ok());
+  ASSERT_TRUE(raw.db().Flush({}, {raw.family(RawDb::kBlocks), raw.family(RawDb::kMeta)}).ok());
 }
 
 // A tier written without size entries (format 1, an older kvtierd), or with damaged ones, is
@@ -249,19 +268,12 @@ TEST(ColdTier, ATierWithoutAUsableSizeIndexIsIndexedAtOpen) {
   };
   EXPECT_EQ(format(), "2");
   // As an older kvtierd leaves it: format 1, no size entries.
-  breakIndex([](RawDb& raw) {
-    for (uint8_t n = 1; n <= 3; ++n) {
-      ASSERT_TRUE(
-          raw.db().Delete({}, raw.family(RawDb::kBlocks), kSizePrefix + keyOf(n).encode()).ok());
-    }
-    ASSERT_TRUE(raw.db().Put({}, raw.family(RawDb::kMeta), "format_version", "1").ok());
-  });
+  makeFormat1(dir.path(), 1, 3);
   expectIndexedFromTheRecords();
-  // An entry that does not decode, and one for a record that is not there.
+  // An entry that does not decode.
   breakIndex([](RawDb& raw) {
-    auto* blocks = raw.family(RawDb::kBlocks);
-    ASSERT_TRUE(raw.db().Put({}, blocks, kSizePrefix + keyOf(2).encode(), "abc").ok());
-    ASSERT_TRUE(raw.db().Put({}, blocks, kSizePrefix + keyOf(9).encode(), "\1\0\0\0").ok());
+    ASSERT_TRUE(
+        raw.db().Put({}, raw.family(RawDb::kBlocks), kSizePrefix + keyOf(2).encode(), "abc").ok());
   });
   expectIndexedFromTheRecords();
   // A format this kvtierd does not know: refused, nothing changed.
@@ -270,6 +282,56 @@ TEST(ColdTier, ATierWithoutAUsableSizeIndexIsIndexedAtOpen) {
   });
   EXPECT_EQ(ColdTier::open({.path = dir.path()}).code(), ErrorCode::kUnavailable);
   EXPECT_EQ(format(), "3");
+}
+
+// A record read fails while a format-1 tier is being indexed: the tier serves what it saw for
+// this run and writes nothing, so the next open indexes every record (had it stored the entries
+// it had, the records past the failure would be held by no one, never served nor evicted).
+TEST(ColdTier, AnIndexingScanThatFailsStoresNothing) {
+  TempDir dir;
+  {
+    auto tier = ColdTier::open({.path = dir.path()}).value();
+    for (uint8_t n = 1; n <= 3; ++n) ASSERT_TRUE(put(*tier, n).ok());  // a blob file each
+  }
+  makeFormat1(dir.path(), 1, 3);
+  auto failing = std::make_shared<BlobReadCounter>();
+  failing->readsLeft = 1;
+  {
+    auto tier = ColdTier::open({.path = dir.path(), .fileSystem = failing}).value();
+    EXPECT_LT(tier->stats().records, 3u);
+  }
+  auto tier = ColdTier::open({.path = dir.path()}).value();
+  EXPECT_EQ(tier->stats().records, 3u);
+  for (uint8_t n = 1; n <= 3; ++n) EXPECT_EQ(tier->get(keyOf(n)).value(), payload(n));
+  expectSizesMatchRecords(*tier);
+}
+
+// A size entry whose record is gone (the files damaged under the tier) is held until a read finds
+// nothing, and is deleted then: the next open no longer counts it.
+TEST(ColdTier, ASizeEntryWithoutItsRecordGoesWhenAReadFindsNothing) {
+  TempDir dir;
+  {
+    auto tier = ColdTier::open({.path = dir.path()}).value();
+    ASSERT_TRUE(put(*tier, 1).ok());
+  }
+  {
+    RawDb raw(dir.path());
+    ASSERT_TRUE(raw.db()
+                    .Put({}, raw.family(RawDb::kBlocks), kSizePrefix + keyOf(9).encode(),
+                         std::string("\0\x40\0\0", 4))
+                    .ok());
+  }
+  {
+    auto tier = ColdTier::open({.path = dir.path()}).value();
+    EXPECT_EQ(tier->stats().records, 2u);
+    EXPECT_EQ(tier->stats().bytes, 2u * 16384);
+    EXPECT_EQ(tier->get(keyOf(9)).code(), ErrorCode::kNotFound);
+    EXPECT_EQ(tier->stats().records, 1u);
+  }
+  auto tier = ColdTier::open({.path = dir.path()}).value();
+  EXPECT_EQ(tier->stats().records, 1u);
+  EXPECT_EQ(tier->stats().bytes, 16384u);
+  expectSizesMatchRecords(*tier);
 }
 
 // Whatever writes or deletes block records — spill batches, the capacity bound, an erase, a
