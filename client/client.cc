@@ -534,6 +534,7 @@ Result<Stats> Client::stats() {
           out.promoted = s.getPromoted();
           out.coldRecords = s.getColdRecords();
           out.coldBytes = s.getColdBytes();
+          out.coldDiskBytes = s.getColdDiskBytes();
           out.corruptDropped = s.getCorruptDropped();
           out.spillErrors = s.getSpillErrors();
           out.evictedUnspilled = s.getEvictedUnspilled();
@@ -566,10 +567,10 @@ std::string Stats::toJson() const {
     << "}, \"snapshots\": " << snapshots << ", \"entries\": " << entries
     << ", \"checkpoints\": " << checkpoints << ", \"cold\": {\"spilled\": " << spilled
     << ", \"promoted\": " << promoted << ", \"records\": " << coldRecords
-    << ", \"bytes\": " << coldBytes << ", \"corrupt_dropped\": " << corruptDropped
-    << ", \"spill_errors\": " << spillErrors << ", \"evicted_unspilled\": " << evictedUnspilled
-    << ", \"capacity_evicted\": " << coldEvicted << ", \"snapshots\": " << coldSnapshots
-    << ", \"snapshots_dropped\": " << coldSnapshotsDropped
+    << ", \"bytes\": " << coldBytes << ", \"disk_bytes\": " << coldDiskBytes
+    << ", \"corrupt_dropped\": " << corruptDropped << ", \"spill_errors\": " << spillErrors
+    << ", \"evicted_unspilled\": " << evictedUnspilled << ", \"capacity_evicted\": " << coldEvicted
+    << ", \"snapshots\": " << coldSnapshots << ", \"snapshots_dropped\": " << coldSnapshotsDropped
     << "}, \"gpu\": {\"blocks_total\": " << gpuBlocksTotal << ", \"blocks_used\": " << gpuBlocksUsed
     << ", \"demoted\": " << gpuDemoted << ", \"promoted\": " << gpuPromoted << "}, \"spaces\": [";
   for (size_t i = 0; i < spaces.size(); ++i) {

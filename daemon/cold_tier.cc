@@ -322,6 +322,7 @@ Status ColdTier::openDb(bool reopening) {
   rocksdb::Status s = rocksdb::DB::Open(dbOptions, options_.path, families, &handles, &db);
   if (!s.ok()) return unavailable(s, "cannot open the cold tier");
   db_.reset(db);
+  fileManager_ = dbOptions.sst_file_manager;
   default_ = handles[0];
   blocks_ = handles[1];
   snapshots_ = handles[2];
@@ -900,8 +901,14 @@ Status ColdTier::storeSnapshotIdLimit(uint64_t limit) {
 }
 
 ColdStats ColdTier::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  ColdStats out;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    out = stats_;
+  }
+  std::shared_lock<std::shared_mutex> dbLock(dbMu_);
+  if (fileManager_) out.diskBytes = static_cast<uint64_t>(fileManager_->GetTotalSize());
+  return out;
 }
 
 }  // namespace kvtier

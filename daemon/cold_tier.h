@@ -15,6 +15,7 @@
 
 #include <rocksdb/db.h>
 #include <rocksdb/env.h>
+#include <rocksdb/sst_file_manager.h>
 #include <rocksdb/write_batch.h>
 
 #include <atomic>
@@ -82,7 +83,10 @@ struct SnapshotPut {
 
 struct ColdStats {
   uint64_t records = 0;
-  uint64_t bytes = 0;            // payload bytes held
+  uint64_t bytes = 0;  // payload bytes held (what --disk-bytes bounds)
+  // Bytes of the tier's table and blob files on disk, obsolete ones not yet deleted included:
+  // above `bytes` by records dropped but not yet compacted away (docs/performance.md).
+  uint64_t diskBytes = 0;
   uint64_t written = 0;          // records written
   uint64_t reads = 0;            // records read back (hits)
   uint64_t corruptDropped = 0;   // records that failed their checks, deleted
@@ -189,6 +193,8 @@ class ColdTier {
   // Held shared by every database call, exclusively to close or reopen the database.
   mutable std::shared_mutex dbMu_;
   std::unique_ptr<rocksdb::DB> db_;  // null only if a reopen failed
+  // The open database's: it tracks the table and blob files' sizes (and deletes obsolete ones).
+  std::shared_ptr<rocksdb::SstFileManager> fileManager_;
   // A write failed: reopen before the next one. Set by writers holding dbMu_ shared, cleared
   // under it exclusively.
   std::atomic<bool> needsReopen_ = false;

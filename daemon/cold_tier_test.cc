@@ -198,6 +198,30 @@ TEST(ColdTierDeathTest, ABatchIsOnDiskWhenPutBatchReturnsEvenIfTheProcessDiesAtO
   for (uint8_t n = 1; n <= 4; ++n) EXPECT_EQ(tier->get(keyOf(n)).value(), payload(n, 300000));
 }
 
+// The stats count the tier's table and blob files beside the bytes held: exactly what is on disk,
+// at least the records' bytes, and also after a reopen.
+TEST(ColdTier, StatsCountTheFilesOnDisk) {
+  TempDir dir;
+  auto onDisk = [&] {
+    uint64_t n = 0;
+    for (const auto& f : std::filesystem::directory_iterator(dir.path())) {
+      const auto ext = f.path().extension();
+      if (ext == ".sst" || ext == ".blob") n += std::filesystem::file_size(f.path());
+    }
+    return n;
+  };
+  {
+    auto tier = ColdTier::open({.path = dir.path()}).value();
+    for (uint8_t n = 1; n <= 4; ++n) ASSERT_TRUE(put(*tier, n, 256 << 10).ok());
+    EXPECT_EQ(tier->stats().bytes, 4u << 18);
+    EXPECT_GE(tier->stats().diskBytes, tier->stats().bytes);
+    EXPECT_EQ(tier->stats().diskBytes, onDisk());
+  }
+  auto tier = ColdTier::open({.path = dir.path()}).value();
+  EXPECT_GE(tier->stats().diskBytes, tier->stats().bytes);
+  EXPECT_EQ(tier->stats().diskBytes, onDisk());
+}
+
 // A reopen learns the records and their sizes from their size entries without reading a record (a
 // 64 GiB tier would otherwise read 64 GiB to start); the records read back after it.
 TEST(ColdTier, ReopeningReadsNoRecord) {

@@ -662,6 +662,7 @@ class SessionImpl final : public rpc::Session::Server {
       const ColdServiceStats c = cold->stats();
       out.setColdRecords(c.tier.records);
       out.setColdBytes(c.tier.bytes);
+      out.setColdDiskBytes(c.tier.diskBytes);
       out.setCorruptDropped(c.tier.corruptDropped);
       out.setSpillErrors(c.spillErrors);
       out.setColdEvicted(c.tier.capacityEvicted);
@@ -822,7 +823,11 @@ std::string Server::metricsText() {
   if (cold_) {
     const ColdServiceStats c = cold_->stats();
     gauge("kvtier_cold_records", "Blocks held on disk.", c.tier.records);
-    gauge("kvtier_cold_bytes", "Bytes held on disk.", c.tier.bytes);
+    gauge("kvtier_cold_bytes", "Bytes of the records held on disk (what --disk-bytes bounds).",
+          c.tier.bytes);
+    gauge("kvtier_cold_disk_bytes",
+          "Bytes of the cold tier's files, with what compaction has not yet reclaimed.",
+          c.tier.diskBytes);
     counter("kvtier_cold_corrupt_dropped_total", "Records that failed their checks.",
             c.tier.corruptDropped);
     counter("kvtier_cold_spill_errors_total", "Spill batches that failed.", c.spillErrors);

@@ -184,6 +184,14 @@ TEST(ColdIntegration, KvtierStatsPrintsTheCountersAsJson) {
     EXPECT_NE(out.find(key), std::string::npos) << key << " missing from: " << out;
   }
   EXPECT_EQ(out.find("\"spilled\": 0,"), std::string::npos) << out;
+  // What the spilled records take on disk: there, and at least their bytes.
+  const auto number = [&](const std::string& key) {
+    const size_t at = out.find("\"" + key + "\": ", out.find("\"cold\""));
+    EXPECT_NE(at, std::string::npos) << key << " missing from: " << out;
+    return at == std::string::npos ? 0 : std::stoull(out.substr(at + key.size() + 4));
+  };
+  EXPECT_GT(number("bytes"), 0u);
+  EXPECT_GE(number("disk_bytes"), number("bytes"));
   // A daemon that is not there: a clear error and a non-zero exit.
   EXPECT_NE(test::runTool({"--socket", "/tmp/kvtier-nothing-here.sock", "stats"}, &out), 0);
 }
@@ -241,7 +249,8 @@ TEST(ColdIntegration, MetricsEndpointServesPrometheusText) {
   for (const char* line :
        {"# TYPE kvtier_blocks_total gauge", "kvtier_blocks_total 16",
         "# TYPE kvtier_spilled_blocks_total counter", "kvtier_cold_records ",
-        "kvtier_cold_corrupt_dropped_total 0", "kvtier_promoted_blocks_total "}) {
+        "# TYPE kvtier_cold_disk_bytes gauge", "kvtier_cold_corrupt_dropped_total 0",
+        "kvtier_promoted_blocks_total "}) {
     EXPECT_NE(page.find(line), std::string::npos) << line << " missing from:\n" << page;
   }
   EXPECT_NE(httpGet(daemon.metricsAddr(), "/other").find("404"), std::string::npos);

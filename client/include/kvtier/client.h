@@ -91,6 +91,9 @@ struct Stats {
   // Cold tier (RocksDB).
   uint64_t spilled = 0, promoted = 0, coldRecords = 0, coldBytes = 0, corruptDropped = 0;
   uint64_t spillErrors = 0, evictedUnspilled = 0, coldEvicted = 0;
+  // The cold tier's files on disk: coldBytes (what --disk-bytes bounds) plus records dropped but
+  // not yet compacted away and obsolete files not yet deleted.
+  uint64_t coldDiskBytes = 0;
   // Snapshots on disk (they survive a restart), and those dropped because their manifest or a
   // record they need failed its checks or was gone.
   uint64_t coldSnapshots = 0, coldSnapshotsDropped = 0;
@@ -287,9 +290,8 @@ class Space {
                               const PutOptions& options = {});
   // The steps of putPaged, for engines that batch: scatters positions [from, to) of a write
   // handle's grant from the engine's paged cache (commit the handle afterwards).
-  Status scatterTo(const WriteHandle& handle, uint64_t from, uint64_t to,
-                   const PagedKvCache& cache, std::span<const int32_t> blockTable,
-                   void* stream = nullptr);
+  Status scatterTo(const WriteHandle& handle, uint64_t from, uint64_t to, const PagedKvCache& cache,
+                   std::span<const int32_t> blockTable, void* stream = nullptr);
   // Gathers positions [from, to) of a read handle (get or lookup) into the engine's paged cache.
   Status gatherTo(const ReadHandle& handle, uint64_t from, uint64_t to, const PagedKvCache& cache,
                   std::span<const int32_t> blockTable, void* stream = nullptr);
