@@ -44,9 +44,9 @@ constexpr char kManifestTag = 'M';
 constexpr char kRecordTag = 'R';
 constexpr size_t kSnapshotPrefixBytes = 1 + 8 + 16 + 8;
 // Obsolete files (old blob and table files) are deleted in the background, truncated this much at
-// a time (see openDb), at up to this rate. The manager compares the trash with the table files
-// alone (blob files are not counted), which with values in blob files are tiny; the rate keeps
-// the trash to about a second of deletions instead (on disk beyond --disk-bytes meanwhile).
+// a time (see openDb), at up to this rate. The manager would delete at once, unpaced, whenever
+// the trash passed a ratio of the files it tracks; the ratio is set out of reach, so that the rate
+// alone paces deletions (the trash, on disk beyond --disk-bytes meanwhile: docs/performance.md).
 constexpr uint64_t kDeleteChunkBytes = 4 << 20;
 constexpr int64_t kDeleteBytesPerSecond = int64_t{1} << 30;
 constexpr double kMaxTrashRatio = 1e6;
@@ -322,7 +322,10 @@ Status ColdTier::openDb(bool reopening) {
   rocksdb::Status s = rocksdb::DB::Open(dbOptions, options_.path, families, &handles, &db);
   if (!s.ok()) return unavailable(s, "cannot open the cold tier");
   db_.reset(db);
-  fileManager_ = dbOptions.sst_file_manager;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fileManager_ = dbOptions.sst_file_manager;
+  }
   default_ = handles[0];
   blocks_ = handles[1];
   snapshots_ = handles[2];
@@ -494,6 +497,8 @@ void ColdTier::closeDb() {
   blocks_ = snapshots_ = meta_ = default_ = nullptr;
   (void)db_->Close();
   db_.reset();
+  std::lock_guard<std::mutex> lock(mu_);
+  fileManager_.reset();  // the last reference: it goes with its database, as before
 }
 
 ColdTier::~ColdTier() { closeDb(); }
@@ -902,12 +907,15 @@ Status ColdTier::storeSnapshotIdLimit(uint64_t limit) {
 
 ColdStats ColdTier::stats() const {
   ColdStats out;
+  std::shared_ptr<rocksdb::SstFileManager> manager;
   {
     std::lock_guard<std::mutex> lock(mu_);
     out = stats_;
+    manager = fileManager_;
   }
-  std::shared_lock<std::shared_mutex> dbLock(dbMu_);
-  if (fileManager_) out.diskBytes = static_cast<uint64_t>(fileManager_->GetTotalSize());
+  // Outside the tier's locks: stats are read on the event loop, and dbMu_ can be held for a whole
+  // reopen. The manager has its own lock.
+  if (manager) out.diskBytes = static_cast<uint64_t>(manager->GetTotalSize());
   return out;
 }
 

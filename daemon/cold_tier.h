@@ -85,7 +85,9 @@ struct ColdStats {
   uint64_t records = 0;
   uint64_t bytes = 0;  // payload bytes held (what --disk-bytes bounds)
   // Bytes of the tier's table and blob files on disk, obsolete ones not yet deleted included:
-  // above `bytes` by records dropped but not yet compacted away (docs/performance.md).
+  // above `bytes` by records dropped but not yet compacted away, and by snapshots' own records and
+  // manifests (not counted in `bytes`); write-ahead logs and RocksDB's small metadata files are
+  // not counted (docs/performance.md).
   uint64_t diskBytes = 0;
   uint64_t written = 0;          // records written
   uint64_t reads = 0;            // records read back (hits)
@@ -194,6 +196,7 @@ class ColdTier {
   mutable std::shared_mutex dbMu_;
   std::unique_ptr<rocksdb::DB> db_;  // null only if a reopen failed
   // The open database's: it tracks the table and blob files' sizes (and deletes obsolete ones).
+  // GUARDED_BY(mu_): stats() copies it under mu_ alone and asks it outside every tier lock.
   std::shared_ptr<rocksdb::SstFileManager> fileManager_;
   // A write failed: reopen before the next one. Set by writers holding dbMu_ shared, cleared
   // under it exclusively.

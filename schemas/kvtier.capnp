@@ -142,7 +142,7 @@ struct Stats {
   gpuBlocksUsed @30 :UInt64;
   gpuDemoted @31 :UInt64;       # blocks moved from a GPU pool to the host pool
   gpuPromoted @32 :UInt64;      # blocks moved from the host pool to a GPU pool
-  coldDiskBytes @33 :UInt64;    # the cold tier's files on disk (coldBytes plus what compaction has not yet reclaimed)
+  coldDiskBytes @33 :UInt64;    # the cold tier's table and blob files: coldBytes, what compaction has not yet reclaimed, snapshots' own records
 }
 
 interface Daemon {

@@ -91,8 +91,9 @@ struct Stats {
   // Cold tier (RocksDB).
   uint64_t spilled = 0, promoted = 0, coldRecords = 0, coldBytes = 0, corruptDropped = 0;
   uint64_t spillErrors = 0, evictedUnspilled = 0, coldEvicted = 0;
-  // The cold tier's files on disk: coldBytes (what --disk-bytes bounds) plus records dropped but
-  // not yet compacted away and obsolete files not yet deleted.
+  // The cold tier's table and blob files on disk: coldBytes (what --disk-bytes bounds) plus
+  // records dropped but not yet compacted away, obsolete files not yet deleted, and snapshots'
+  // own records and manifests.
   uint64_t coldDiskBytes = 0;
   // Snapshots on disk (they survive a restart), and those dropped because their manifest or a
   // record they need failed its checks or was gone.
