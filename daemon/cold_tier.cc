@@ -122,6 +122,10 @@ constexpr size_t kSizeKeyBytes = 9 + kKeyBytes;
 
 std::string sizeKey(const std::string& recordKey) { return kSizePrefix + recordKey; }
 
+bool isSizeKey(const rocksdb::Slice& key) {
+  return key.size() == kSizeKeyBytes && key.starts_with(kSizePrefix);
+}
+
 std::string encodeSize(uint32_t bytes) {
   std::string out(4, '\0');
   for (int i = 0; i < 4; ++i) out[i] = static_cast<char>(bytes >> (8 * i));
@@ -428,7 +432,7 @@ Status ColdTier::readSizes(std::vector<std::pair<std::string, uint32_t>>& record
   // sizes or keys.
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions(), blocks_));
   for (it->Seek(kSizePrefix); it->Valid() && it->key().starts_with(kSizePrefix); it->Next()) {
-    if (it->key().size() != kSizeKeyBytes) continue;  // a record key that sorts here
+    if (!isSizeKey(it->key())) continue;  // a record key that sorts here
     ColdKey key;
     uint32_t bytes = 0;
     const std::string_view recordKey(it->key().data() + kSizePrefix.size(), kKeyBytes);
@@ -453,7 +457,7 @@ Status ColdTier::rebuildSizes(std::vector<std::pair<std::string, uint32_t>>& rec
   std::vector<std::string> sizeKeys;  // the size entries there are now, valid or not
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
     ColdKey key;
-    if (it->key().size() == kSizeKeyBytes && it->key().starts_with(kSizePrefix)) {
+    if (isSizeKey(it->key())) {
       sizeKeys.push_back(it->key().ToString());
       continue;
     }
