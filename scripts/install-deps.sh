@@ -14,4 +14,6 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   libxxhash-dev \
   libgtest-dev \
   libhiredis-dev redis-server \
-  librocksdb-dev rocksdb-tools
+  librocksdb-dev rocksdb-tools \
+  libucx-dev ucx-utils \
+  etcd-server etcd-client

@@ -1,0 +1,90 @@
+# kvtier daemon <-> daemon protocol (TCP, Cap'n Proto RPC): the cluster's control plane.
+#
+# Separate from the client protocol (kvtier.capnp): peers never get a Session, and clients never
+# get a Peer. The KV bytes do not travel in these messages: a fetcher pins blocks on their holder
+# and reads them with UCX (ucp_get_nbx) straight from the holder's registered pool extents.
+#
+# Every list and size below is bounded by the receiving daemon (daemon/cluster/peer_limits.h); a
+# call that exceeds a bound fails with invalidArgument and changes nothing.
+
+@0xd1c5b6e3a0f2c4e7;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("kvtier::rpc::peer");
+
+using Kv = import "kvtier.capnp";
+
+const peerProtocolVersion :UInt32 = 1;
+
+struct Namespace {
+  # Blocks are shared only inside one namespace: (layout fingerprint, tenant salt).
+  fingerprint @0 :UInt64;
+  salt @1 :Data;            # 16 bytes
+}
+
+struct KeyGroup {
+  # Block keys of one namespace, packed: 16 bytes each.
+  space @0 :Namespace;
+  keys @1 :Data;
+}
+
+struct PinnedBlock {
+  extent @0 :UInt32;        # the holder's extent id (see transportInfo)
+  offset @1 :UInt64;        # byte offset inside the extent
+  bytes @2 :UInt32;
+  checksum @3 :UInt64;      # xxh3-64 of the block's bytes, checked by the fetcher before sealing
+  key @4 :Data;             # the block key it holds: the fetcher checks it against the one it asked for
+}
+
+struct RemoteExtent {
+  id @0 :UInt32;
+  address @1 :UInt64;       # the extent's base address in the holder's process (for ucp_get_nbx)
+  bytes @2 :UInt64;
+  rkey @3 :Data;            # ucp_rkey_pack of the extent's ucp_mem_map
+}
+
+struct Member {
+  nodeId @0 :Text;
+  address @1 :Text;         # HOST:PORT of its peer listener
+  up @2 :Bool;
+}
+
+interface PeerGate {
+  # The bootstrap capability of a peer connection. Nothing but authenticate is offered; a
+  # connection that does not authenticate within the peer timeout is dropped.
+  authenticate @0 (token :Data, protocolVersion :UInt32, nodeId :Text, address :Text)
+      -> (peer :Peer, nodeId :Text, protocolVersion :UInt32);
+  # `token`: the cluster token (compared in constant time); a wrong one is permissionDenied and
+  # the connection is dropped. `nodeId`, `address`: the caller's identity and listener.
+}
+
+interface Peer {
+  ping @0 () -> (nodeId :Text);
+
+  publish @1 (add :List(KeyGroup), withdraw :List(KeyGroup)) -> ();
+  # The caller holds the keys of `add` (in any tier) and no longer holds those of `withdraw`.
+  # Sent to the keys' home (rendezvous hashing over the live members), in batches.
+
+  whoHolds @2 (space :Namespace, keys :Data) -> (nodes :List(Text), holders :List(UInt64));
+  # For each key (packed, 16 bytes each) a bit mask of the `nodes` that hold it, as far as this
+  # home knows; the list stops after the last key anyone holds.
+
+  pin @3 (layout :Kv.Layout, salt :Data, keys :Data, leaseMs :UInt32)
+      -> (lease :PinLease, blocks :List(PinnedBlock));
+  # Pins the longest prefix of `keys` that this node holds, in memory (blocks only on disk are
+  # read back first), for at most leaseMs (or until the lease is released or dropped), and
+  # describes where each block lies in the extents of transportInfo.
+
+  transportInfo @4 () -> (workerAddress :Data, extents :List(RemoteExtent), transports :Text);
+  # This node's UCX worker address and its pool extents with their packed rkeys.
+
+  snapshotManifest @5 (space :Namespace, id :UInt64) -> (manifest :Data);
+  # The encoded manifest of snapshot `id` (daemon/snapshot_codec.h), from memory or disk.
+
+  members @6 () -> (members :List(Member));
+  # The members this node sees (for `kvtier cluster`).
+}
+
+interface PinLease {
+  release @0 () -> ();
+}

@@ -1,0 +1,165 @@
+// UCX (ucp) for moving blocks between daemons: one context and worker per daemon, progressed from
+// the daemon's KJ event loop through the worker's event fd (it never spins while idle), pool
+// extents registered once with ucp_mem_map, and one-sided gets (ucp_get_nbx) from a peer's
+// registered extents straight into local pool blocks.
+//
+// UCX picks the transports (UCX_TLS is honoured): on one host shared memory and cma, between
+// hosts tcp, and RDMA where the hardware has it. Debian's UCX is built without CUDA, so GPU pool
+// blocks are never registered: they travel through host blocks.
+//
+// Thread-safety: none. Everything here belongs to the event loop that created the worker
+// (UCS_THREAD_MODE_SINGLE).
+#pragma once
+
+#include <kj/async-unix.h>
+#include <kj/timer.h>
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvtier/error.h"
+
+// UCX's handles, kept out of this header.
+struct ucp_context;
+struct ucp_worker;
+struct ucp_ep;
+struct ucp_mem;
+struct ucp_rkey;
+
+namespace kvtier {
+
+class UcxWorker;
+
+// A local memory region registered with ucp_mem_map. Unmapped by the destructor.
+class UcxRegion {
+ public:
+  ~UcxRegion();
+  UcxRegion(const UcxRegion&) = delete;
+  UcxRegion& operator=(const UcxRegion&) = delete;
+
+  uint8_t* base() const { return base_; }
+  uint64_t bytes() const { return bytes_; }
+  // The packed remote key a peer unpacks to read this region.
+  const std::vector<uint8_t>& packedRkey() const { return rkey_; }
+  ucp_mem* handle() const { return memh_; }
+
+ private:
+  friend class UcxWorker;
+  UcxRegion(ucp_context* context, ucp_mem* memh, uint8_t* base, uint64_t bytes,
+            std::vector<uint8_t> rkey)
+      : context_(context), memh_(memh), base_(base), bytes_(bytes), rkey_(std::move(rkey)) {}
+  ucp_context* context_;
+  ucp_mem* memh_;
+  uint8_t* base_;
+  uint64_t bytes_;
+  std::vector<uint8_t> rkey_;
+};
+
+// One get: `bytes` from `remoteAddress` inside remote region `region` (an index returned by
+// UcxEndpoint::addRemoteRegion) into `local` (inside `localRegion` when given, for zero-copy).
+struct UcxGet {
+  uint8_t* local = nullptr;
+  const UcxRegion* localRegion = nullptr;
+  uint32_t region = 0;
+  uint64_t remoteAddress = 0;
+  uint64_t bytes = 0;
+};
+
+// An endpoint to a peer's worker, with the peer's regions' unpacked rkeys. A peer that fails
+// (its process died, its connection broke) fails every get in flight and every later one.
+// Destroying the endpoint force-closes it; the gets in flight complete (failed) first, so their
+// local memory is never written afterwards.
+class UcxEndpoint {
+ public:
+  ~UcxEndpoint();
+  UcxEndpoint(const UcxEndpoint&) = delete;
+  UcxEndpoint& operator=(const UcxEndpoint&) = delete;
+
+  // Unpacks a peer region's rkey; returns its index for UcxGet::region.
+  Result<uint32_t> addRemoteRegion(uint64_t address, uint64_t bytes, std::span<const uint8_t> rkey);
+  size_t remoteRegions() const { return regions_.size(); }
+
+  // Starts every get at once. Resolves when all have completed (never rejects), with one flag per
+  // get: whether it read its bytes. At `deadline` the endpoint is force-closed: the gets still
+  // in flight fail, and the promise resolves once UCX has released their buffers. A get outside
+  // its remote region fails without being started.
+  kj::Promise<std::vector<bool>> get(std::vector<UcxGet> gets, kj::TimePoint deadline);
+
+  // Whether the peer failed (or the deadline force-closed the endpoint): get() fails at once.
+  bool failed() const { return failed_; }
+
+ private:
+  friend class UcxWorker;
+  friend struct UcxCallbacks;
+  struct Batch;
+  explicit UcxEndpoint(UcxWorker& worker);
+  // Force-closes the endpoint (idempotent); in-flight gets complete as failed.
+  void close();
+  // Frees the batches that have completed.
+  void sweep();
+
+  struct RemoteRegion {
+    uint64_t address = 0, bytes = 0;
+    ucp_rkey* rkey = nullptr;
+  };
+  UcxWorker& worker_;
+  ucp_ep* ep_ = nullptr;
+  bool failed_ = false;
+  std::vector<RemoteRegion> regions_;
+  std::list<std::unique_ptr<Batch>> batches_;  // in flight
+};
+
+class UcxWorker {
+ public:
+  // Creates the context (features: RMA and wakeup) and worker, and starts progressing them on
+  // `port`'s loop. `port` and `timer` are borrowed and must outlive the worker.
+  static Result<std::unique_ptr<UcxWorker>> create(kj::UnixEventPort& port, kj::Timer& timer);
+  ~UcxWorker();
+  UcxWorker(const UcxWorker&) = delete;
+  UcxWorker& operator=(const UcxWorker&) = delete;
+
+  // This worker's address, for peers to connect to.
+  const std::vector<uint8_t>& address() const { return address_; }
+  // The transports UCX chose for this worker (for logs and stats).
+  const std::string& transports() const { return transports_; }
+
+  // Registers [base, base + bytes) for remote access.
+  Result<std::unique_ptr<UcxRegion>> map(uint8_t* base, uint64_t bytes);
+  // An endpoint to the worker at `address` (with peer failure detection).
+  Result<std::unique_ptr<UcxEndpoint>> connect(std::span<const uint8_t> address);
+
+  // Progresses the worker now and until it has nothing left to do (after posting operations).
+  void kick();
+
+  ucp_worker* handle() const { return worker_; }
+  kj::Timer& timer() { return timer_; }
+
+ private:
+  UcxWorker(kj::UnixEventPort& port, kj::Timer& timer) : port_(port), timer_(timer) {}
+  kj::Promise<void> progressLoop();
+  // Closes the endpoints whose peer failed (UCX reports it inside progress, where closing is not
+  // allowed).
+  void closeFailed();
+  friend class UcxEndpoint;
+  friend struct UcxCallbacks;
+
+  kj::UnixEventPort& port_;
+  kj::Timer& timer_;
+  ucp_context* context_ = nullptr;
+  ucp_worker* worker_ = nullptr;
+  std::vector<uint8_t> address_;
+  std::string transports_;
+  int efd_ = -1;
+  size_t inFlight_ = 0;  // gets posted and not completed: progress also on a short tick
+  kj::Own<kj::UnixEventPort::FdObserver> observer_;
+  kj::Own<kj::PromiseFulfiller<void>> wake_;
+  std::vector<UcxEndpoint*> endpoints_;  // open ones, for closeFailed
+  bool anyFailed_ = false;
+  kj::Promise<void> loop_ = nullptr;
+};
+
+}  // namespace kvtier
