@@ -545,10 +545,40 @@ Result<Stats> Client::stats() {
           out.gpuBlocksUsed = s.getGpuBlocksUsed();
           out.gpuDemoted = s.getGpuDemoted();
           out.gpuPromoted = s.getGpuPromoted();
+          out.clusterMembers = s.getClusterMembers();
+          out.clusterMembersUp = s.getClusterMembersUp();
+          out.directoryEntries = s.getDirectoryEntries();
+          out.heldKeys = s.getHeldKeys();
+          out.publishBacklog = s.getPublishBacklog();
+          out.remoteLookups = s.getRemoteLookups();
+          out.remoteHitBlocks = s.getRemoteHitBlocks();
+          out.remoteHitBytes = s.getRemoteHitBytes();
+          out.servedBlocks = s.getServedBlocks();
+          out.fetchTimeouts = s.getFetchTimeouts();
+          out.fetchUnavailable = s.getFetchUnavailable();
+          out.fetchTransfer = s.getFetchTransfer();
+          out.fetchChecksum = s.getFetchChecksum();
+          out.fetchFull = s.getFetchFull();
+          out.peerAuthFailures = s.getPeerAuthFailures();
           for (auto sp : s.getSpaces()) {
             out.spaces.push_back(SpaceStats{sp.getFingerprint(), sp.getBlockBytes(),
                                             sp.getBlocksTotal(), sp.getBlocksUsed(),
                                             sp.getSequences()});
+          }
+          return out;
+        });
+  });
+}
+
+Result<std::pair<std::string, std::vector<ClusterMember>>> Client::cluster() {
+  return impl_->run([&] {
+    return impl_->sessionCap().clusterRequest().send().then(
+        [](capnp::Response<rpc::Session::ClusterResults>&& r) {
+          std::pair<std::string, std::vector<ClusterMember>> out;
+          out.first = r.getNodeId();
+          for (auto m : r.getMembers()) {
+            out.second.push_back(
+                ClusterMember{m.getNodeId(), m.getAddress(), m.getUp(), m.getSelf()});
           }
           return out;
         });
@@ -572,7 +602,15 @@ std::string Stats::toJson() const {
     << ", \"evicted_unspilled\": " << evictedUnspilled << ", \"capacity_evicted\": " << coldEvicted
     << ", \"snapshots\": " << coldSnapshots << ", \"snapshots_dropped\": " << coldSnapshotsDropped
     << "}, \"gpu\": {\"blocks_total\": " << gpuBlocksTotal << ", \"blocks_used\": " << gpuBlocksUsed
-    << ", \"demoted\": " << gpuDemoted << ", \"promoted\": " << gpuPromoted << "}, \"spaces\": [";
+    << ", \"demoted\": " << gpuDemoted << ", \"promoted\": " << gpuPromoted
+    << "}, \"cluster\": {\"members\": " << clusterMembers << ", \"members_up\": " << clusterMembersUp
+    << ", \"directory_entries\": " << directoryEntries << ", \"held_keys\": " << heldKeys
+    << ", \"publish_backlog\": " << publishBacklog << ", \"remote_lookups\": " << remoteLookups
+    << ", \"remote_hit_blocks\": " << remoteHitBlocks << ", \"remote_hit_bytes\": " << remoteHitBytes
+    << ", \"served_blocks\": " << servedBlocks << ", \"fetch_errors\": {\"timeout\": " << fetchTimeouts
+    << ", \"unavailable\": " << fetchUnavailable << ", \"transfer\": " << fetchTransfer
+    << ", \"checksum\": " << fetchChecksum << ", \"full\": " << fetchFull
+    << "}, \"auth_failures\": " << peerAuthFailures << "}, \"spaces\": [";
   for (size_t i = 0; i < spaces.size(); ++i) {
     const auto& s = spaces[i];
     o << (i ? ", " : "") << "{\"fingerprint\": \"" << std::hex << s.fingerprint << std::dec
@@ -867,6 +905,9 @@ Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span
     req.setBindSeq(options.bindSeq);
     setSeqOptions(req.initOptions(), options);
     req.setInline(!client->mapped);
+    req.setRemote(options.remote == RemoteMode::kLocal      ? rpc::RemoteMode::LOCAL_ONLY
+                  : options.remote == RemoteMode::kPrefetch ? rpc::RemoteMode::PREFETCH
+                                                            : rpc::RemoteMode::FETCH);
     return req.send().then([&](capnp::Response<rpc::Space::LookupResults>&& r) {
       lease->cap = r.getLease();
       handle.begin_ = 0;

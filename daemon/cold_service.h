@@ -103,6 +103,8 @@ class ColdService final : private kj::TaskSet::ErrorHandler {
   kj::Maybe<kj::Promise<void>> whenRetryable(ErrorCode code);
 
   ColdServiceStats stats() const;
+  // Which blocks the cold tier holds (thread-safe, cheap).
+  const ColdDirectory& directory() const { return directory_; }
 
  private:
   void taskFailed(kj::Exception&& exception) override;

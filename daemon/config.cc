@@ -123,9 +123,63 @@ Result<DaemonConfig> parseDaemonArgs(const std::vector<std::string>& args) {
         return makeError(ErrorCode::kInvalidArgument, flag, ": ", bytes.error().message());
       if (*bytes == 0) return makeError(ErrorCode::kInvalidArgument, flag, " must be positive");
       (flag == "--host-pool-bytes" ? config.hostPoolBytes : config.extentBytes) = *bytes;
+    } else if (flag == "--listen" || flag == "--advertise") {
+      if (value.empty() || value.rfind(':') == std::string::npos || value.back() == ':') {
+        return makeError(ErrorCode::kInvalidArgument, flag, " wants HOST:PORT, not '", value, "'");
+      }
+      (flag == "--listen" ? config.listen : config.advertise) = value;
+    } else if (flag == "--cluster-token-file") {
+      config.clusterTokenFile = value;
+    } else if (flag == "--peers") {
+      config.peers.clear();
+      size_t start = 0;
+      while (start < value.size()) {
+        const size_t comma = std::min(value.find(',', start), value.size());
+        const std::string item = value.substr(start, comma - start);
+        if (item.rfind(':') == std::string::npos || item.back() == ':') {
+          return makeError(ErrorCode::kInvalidArgument, "--peers wants HOST:PORT,...; not '",
+                           item, "'");
+        }
+        config.peers.push_back(item);
+        start = comma + 1;
+      }
+    } else if (flag == "--etcd") {
+      if (!value.starts_with("http://")) {
+        return makeError(ErrorCode::kInvalidArgument, "--etcd wants http://HOST:PORT, not '",
+                         value, "'");
+      }
+      config.etcd = value;
+    } else if (flag == "--cluster" || flag == "--node-id") {
+      const bool ok = !value.empty() && value.size() <= 64 &&
+                      std::all_of(value.begin(), value.end(), [](unsigned char c) {
+                        return std::isalnum(c) || c == '-' || c == '_' || c == '.';
+                      });
+      if (!ok) {
+        return makeError(ErrorCode::kInvalidArgument, flag,
+                         " wants 1 to 64 of [A-Za-z0-9._-], not '", value, "'");
+      }
+      (flag == "--cluster" ? config.cluster : config.nodeId) = value;
+    } else if (flag == "--peer-timeout-ms" || flag == "--pin-lease-ms" ||
+               flag == "--etcd-lease-ttl") {
+      char* end = nullptr;
+      const unsigned long v = std::strtoul(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || value[0] == '-' || v == 0 || v > 600000) {
+        return makeError(ErrorCode::kInvalidArgument, flag, " wants 1 to 600000, not '", value,
+                         "'");
+      }
+      if (flag == "--peer-timeout-ms") config.peerTimeoutMs = static_cast<uint32_t>(v);
+      if (flag == "--pin-lease-ms") config.pinLeaseMs = static_cast<uint32_t>(v);
+      if (flag == "--etcd-lease-ttl") config.etcdLeaseTtlSeconds = static_cast<uint32_t>(v);
     } else {
       return makeError(ErrorCode::kInvalidArgument, "unknown flag '", flag, "' (see --help)");
     }
+  }
+  if (config.listen.empty() && (!config.peers.empty() || !config.etcd.empty())) {
+    return makeError(ErrorCode::kInvalidArgument,
+                     "--peers and --etcd need --listen HOST:PORT (the peer listener)");
+  }
+  if (!config.peers.empty() && !config.etcd.empty()) {
+    return makeError(ErrorCode::kInvalidArgument, "--peers and --etcd exclude each other");
   }
   return config;
 }
@@ -145,6 +199,17 @@ const char* daemonUsage() {
          "  --gpu-pool-bytes N      GPU pool size per device, 2 MiB-aligned (1G; 0: none)\n"
          "  --busy-poll-us N        poll this long before the event loop sleeps (50; 0: "
          "never)\n"
+         "cluster (off unless --listen is given; docs/cluster.md):\n"
+         "  --listen H:P            serve the peer protocol on H:P (port 0: any)\n"
+         "  --advertise H:P         the address peers dial (default: the listener's)\n"
+         "  --cluster-token-file F  the cluster token (>= 32 bytes; required off loopback)\n"
+         "  --peers H:P,...         static membership: the other daemons' listeners\n"
+         "  --etcd http://H:P       membership through etcd v3 instead (--cluster NAME)\n"
+         "  --cluster NAME          cluster name under /kvtier/ in etcd (kvtier)\n"
+         "  --node-id ID            this node's id (default: the cold tier's, or random)\n"
+         "  --peer-timeout-ms N     deadline of every call to a peer (2000)\n"
+         "  --pin-lease-ms N        longest a holder pins blocks for a fetch (5000)\n"
+         "  --etcd-lease-ttl S      etcd lease TTL in seconds (5)\n"
          "Runs with no flags on these defaults. SIGTERM or SIGINT stop it cleanly.\n";
 }
 

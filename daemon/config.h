@@ -29,6 +29,17 @@ struct DaemonConfig {
   // After the event loop runs out of work it polls for this long before it sleeps: the next
   // message of a conversation then finds it awake (see transport/busy_poll.h). 0: sleep at once.
   uint32_t busyPollMicros = 50;
+  // Cluster (docs/cluster.md). Off unless `listen` is set: the peer RPC listener, HOST:PORT.
+  std::string listen;
+  std::string advertise;         // HOST:PORT peers dial; empty: `listen` (with its bound port)
+  std::string clusterTokenFile;  // the shared cluster token; required off loopback (>= 32 bytes)
+  std::vector<std::string> peers;  // static membership: the other daemons' HOST:PORT
+  std::string etcd;                // http://HOST:PORT: membership through etcd v3 instead
+  std::string cluster = "kvtier";  // the cluster's name under /kvtier/ in etcd
+  std::string nodeId;              // empty: the cold tier's node id, or a random one
+  uint32_t peerTimeoutMs = 2000;   // deadline of every call to a peer
+  uint32_t pinLeaseMs = 5000;      // how long a holder keeps blocks pinned for a fetch, at most
+  uint32_t etcdLeaseTtlSeconds = 5;
   bool showHelp = false;
 
   std::string effectiveSocketPath() const {

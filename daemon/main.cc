@@ -12,9 +12,13 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "daemon/cluster/cluster.h"
 #include "daemon/cold_service.h"
 #include "daemon/config.h"
 #include "daemon/log.h"
@@ -187,7 +191,41 @@ class GpuPools {
 #endif
 };
 
+// The cluster token from --cluster-token-file (trailing newlines dropped); empty without one.
+Result<std::string> readClusterToken(const std::string& path) {
+  if (path.empty()) return std::string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return makeError(ErrorCode::kInvalidArgument, "cannot read --cluster-token-file ", path);
+  std::ostringstream buf;
+  buf << in.rdbuf();
+  std::string token = buf.str();
+  while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
+  if (token.size() > 4096) {
+    return makeError(ErrorCode::kInvalidArgument, "--cluster-token-file holds over 4096 bytes");
+  }
+  return token;
+}
+
+std::string randomNodeId() {
+  std::random_device rd;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
+  return std::string("node-") + buf;
+}
+
 int run(const DaemonConfig& config) {
+  // A cluster listener off loopback without a strong token is refused before anything starts.
+  auto token = readClusterToken(config.clusterTokenFile);
+  if (!token) {
+    logWarn("startup_failed", "reason=\"" + token.error().message() + "\"");
+    return 1;
+  }
+  if (!config.listen.empty()) {
+    if (auto s = checkClusterToken(config.listen, *token); !s) {
+      logWarn("startup_failed", "reason=\"" + s.error().message() + "\"");
+      return 1;
+    }
+  }
   std::error_code ec;
   std::filesystem::create_directories(config.dataDir, ec);
   if (ec) {
@@ -255,9 +293,33 @@ int run(const DaemonConfig& config) {
                 " bytes=" + std::to_string(cs.bytes) + " node=" + (*tier)->nodeId());
     cold = std::make_unique<ColdService>(engine, std::move(tier).value(), io.provider->getTimer());
   }
+  // The cluster, when asked for: before the server, which borrows it.
+  std::unique_ptr<ClusterService> cluster;
+  if (!config.listen.empty()) {
+    ClusterOptions co;
+    co.nodeId = !config.nodeId.empty() ? config.nodeId : randomNodeId();
+    co.listen = config.listen;
+    co.advertise = config.advertise;
+    co.token = *token;
+    co.peers = config.peers;
+    co.etcd = config.etcd;
+    co.clusterName = config.cluster;
+    co.etcdLeaseTtlSeconds = config.etcdLeaseTtlSeconds;
+    co.peerTimeout = config.peerTimeoutMs * kj::MILLISECONDS;
+    co.pinLease = config.pinLeaseMs * kj::MILLISECONDS;
+    const char* corrupt = std::getenv("KVTIER_TEST_CORRUPT_SERVED");
+    co.corruptServedForTest = corrupt && std::string(corrupt) == "1";
+    cluster = std::make_unique<ClusterService>(engine, **pool, cold.get(), tiers.get(), io,
+                                               std::move(co));
+    if (auto s = cluster->start(); !s) {
+      logWarn("startup_failed", "reason=\"" + s.error().message() + "\"");
+      return 1;
+    }
+  }
   // Before the server, which borrows it: destroyed after it.
   BusyPoller poller(io.provider->getTimer(), std::chrono::microseconds(config.busyPollMicros));
-  Server server(engine, **pool, cold.get(), tiers.get(), gpus.exports(), &poller);
+  Server server(engine, **pool, cold.get(), tiers.get(), gpus.exports(), &poller,
+                cluster.get());
   // See daemon/scheduling.h. Measured on the 2-vCPU development VM: hot lookup p99 while spilling
   // 0.6 ms against 1.6-1.8 ms with the default slice.
   const bool shortSlice = requestSlice(kShortestSlice);
@@ -290,8 +352,11 @@ int run(const DaemonConfig& config) {
     metricsAt = host + ":" + std::to_string(metricsListener->getPort());
   }
   // Tests and scripts wait for this line on stdout.
-  std::printf("kvtierd ready socket=%s metrics=%s segments=%s\n", socketPath.c_str(),
-              metricsAt.c_str(), prefix.c_str());
+  const std::string peerAt = cluster ? cluster->address() : "off";
+  const std::string nodeAt = cluster ? cluster->nodeId() : "-";
+  std::printf("kvtierd ready socket=%s metrics=%s segments=%s peer=%s node=%s\n",
+              socketPath.c_str(), metricsAt.c_str(), prefix.c_str(), peerAt.c_str(),
+              nodeAt.c_str());
   std::fflush(stdout);
 
   auto stop = io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(io.unixEventPort.onSignal(SIGINT));
@@ -307,6 +372,7 @@ int run(const DaemonConfig& config) {
   metricsServer = nullptr;
   metricsListener = nullptr;
   ::unlink(socketPath.c_str());
+  if (cluster) cluster->leave().wait(io.waitScope);  // etcd: the others see us go now
   if (cold && config.flushOnExit) cold->flushAll(io.waitScope);
   return 0;
   // Server (connections and their leases), engine, then pool (segments removed) are destroyed here.

@@ -245,8 +245,14 @@ class WriteLeaseImpl final : public rpc::WriteLease::Server {
 class SpaceImpl final : public rpc::Space::Server {
  public:
   SpaceImpl(Engine& engine, OwnerId owner, SpaceId space, ColdService* cold, TierService* tiers,
-            uint8_t tier)
-      : engine_(engine), owner_(owner), space_(space), cold_(cold), tiers_(tiers), tier_(tier) {}
+            uint8_t tier, RemoteTier* remote)
+      : engine_(engine),
+        owner_(owner),
+        space_(space),
+        cold_(cold),
+        tiers_(tiers),
+        remote_(remote),
+        tier_(tier) {}
 
   kj::Promise<void> put(PutContext context) override {
     return whenRoom([this, context]() mutable {
@@ -302,25 +308,42 @@ class SpaceImpl final : public rpc::Space::Server {
     // With GPU pools, every lookup brings its prefix to the session's tier: a GPU session's to
     // its GPU, a host session's to the host pool (which it can read).
     const bool moveTiers = tiers_ != nullptr;
-    if (cold_ || moveTiers) {
-      // Blocks of the prefix held only on disk come back into the pool before the answer, and a
-      // GPU session's prefix comes to its GPU.
+    const rpc::RemoteMode mode = p.getRemote();
+    const bool askCluster =
+        remote_ != nullptr && remote_->active() && mode != rpc::RemoteMode::LOCAL_ONLY;
+    if (cold_ || moveTiers || askCluster) {
+      // Blocks of the prefix held only on disk come back into the pool before the answer, a GPU
+      // session's prefix comes to its GPU, and the blocks past the local prefix are asked of
+      // the cluster.
       const auto plan = orThrow(engine_.lookupPlan(space_, tokens, keys));
       std::vector<Key128> cold;
       for (const auto& step : plan) {
         chain.push_back(step.key);
         if (!step.hot) cold.push_back(step.key);
       }
+      kj::Vector<kj::Promise<void>> waits;
+      if (askCluster) {
+        const size_t bt = engine_.space(space_).layout.blockTokens;
+        const size_t candidates =
+            keys.empty() ? std::min(tokens.size() / bt, kMaxBlocksPerLease) : keys.size();
+        if (plan.size() < candidates) {
+          auto all = orThrow(engine_.chainKeys(space_, tokens, keys, chain));
+          std::vector<Key128> rest(all.begin() + plan.size(), all.end());
+          kj::Promise<void> fetched = remote_->fetch(space_, std::move(rest));
+          if (mode == rpc::RemoteMode::FETCH) waits.add(kj::mv(fetched));
+        }
+      }
+      if (!cold.empty()) waits.add(cold_->promote(space_, std::move(cold)));
       kj::Maybe<kj::Promise<void>> waitFor;
-      if (!cold.empty()) {
-        kj::Promise<void> promoted = cold_->promote(space_, std::move(cold));
+      if (!waits.empty()) {
+        kj::Promise<void> ready = kj::joinPromises(waits.releaseAsArray());
         if (moveTiers) {
-          promoted = promoted.then([this, chain]() -> kj::Promise<void> {
+          ready = ready.then([this, chain]() -> kj::Promise<void> {
             KJ_IF_MAYBE (moving, tiers_->bringTo(space_, chain, tier_)) return kj::mv(*moving);
             return kj::READY_NOW;
           });
         }
-        waitFor = kj::mv(promoted);
+        waitFor = kj::mv(ready);
       } else if (moveTiers && !chain.empty()) {
         waitFor = tiers_->bringTo(space_, chain, tier_);  // nothing when all is in place
       }
@@ -578,6 +601,7 @@ class SpaceImpl final : public rpc::Space::Server {
   SpaceId space_;
   ColdService* cold_;
   TierService* tiers_;
+  RemoteTier* remote_;
   uint8_t tier_;  // where puts allocate and lookups bring blocks: 0 host, 1 + d GPU d
 };
 
@@ -626,7 +650,24 @@ class SessionImpl final : public rpc::Session::Server {
           capnp::Data::Reader(gpu->extents[i].ipcHandle.data(), gpu->extents[i].ipcHandle.size()));
     }
     out.setSpace(kj::heap<SpaceImpl>(server_.engine(), owner_, space, server_.cold(),
-                                     server_.tiers(), gpu ? gpu->tier : uint8_t{0}));
+                                     server_.tiers(), gpu ? gpu->tier : uint8_t{0},
+                                     server_.remote()));
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> cluster(ClusterContext context) override {
+    auto out = context.getResults();
+    auto* remote = server_.remote();
+    if (!remote) return kj::READY_NOW;
+    const auto members = remote->members();
+    out.setNodeId(remote->stats().nodeId);
+    auto list = out.initMembers(members.size());
+    for (uint32_t i = 0; i < members.size(); ++i) {
+      list[i].setNodeId(members[i].nodeId);
+      list[i].setAddress(members[i].address);
+      list[i].setUp(members[i].up);
+      list[i].setSelf(members[i].self);
+    }
     return kj::READY_NOW;
   }
 
@@ -668,6 +709,24 @@ class SessionImpl final : public rpc::Session::Server {
       out.setColdEvicted(c.tier.capacityEvicted);
       out.setColdSnapshots(c.tier.snapshots);
       out.setColdSnapshotsDropped(c.tier.snapshotsDropped);
+    }
+    if (auto* remote = server_.remote()) {
+      const RemoteStats r = remote->stats();
+      out.setClusterMembers(r.members);
+      out.setClusterMembersUp(r.membersUp);
+      out.setDirectoryEntries(r.directoryEntries);
+      out.setHeldKeys(r.heldKeys);
+      out.setPublishBacklog(r.publishBacklog);
+      out.setRemoteLookups(r.remoteLookups);
+      out.setRemoteHitBlocks(r.remoteHitBlocks);
+      out.setRemoteHitBytes(r.remoteHitBytes);
+      out.setServedBlocks(r.servedBlocks);
+      out.setFetchTimeouts(r.fetchTimeouts);
+      out.setFetchUnavailable(r.fetchUnavailable);
+      out.setFetchTransfer(r.fetchTransfer);
+      out.setFetchChecksum(r.fetchChecksum);
+      out.setFetchFull(r.fetchFull);
+      out.setPeerAuthFailures(r.authFailures);
     }
     auto spaces = out.initSpaces(s.spaces.size());
     for (uint32_t i = 0; i < s.spaces.size(); ++i) {
@@ -745,12 +804,13 @@ bool peerAllowed(const PeerCredentials& peer, int64_t daemonUid, int64_t daemonG
 }
 
 Server::Server(Engine& engine, HostPool& pool, ColdService* cold, TierService* tiers,
-               std::vector<GpuPoolExport> gpus, BusyPoller* poller)
+               std::vector<GpuPoolExport> gpus, BusyPoller* poller, RemoteTier* remote)
     : engine_(engine),
       pool_(pool),
       poller_(poller),
       cold_(cold),
       tiers_(tiers),
+      remote_(remote),
       gpus_(std::move(gpus)),
       tasks_(*this) {}
 
@@ -838,6 +898,38 @@ std::string Server::metricsText() {
     counter("kvtier_cold_snapshots_dropped_total",
             "Snapshots dropped from disk: their manifest or a record they need failed or was gone.",
             c.tier.snapshotsDropped);
+  }
+  if (remote_) {
+    const RemoteStats r = remote_->stats();
+    gauge("kvtier_cluster_members", "Cluster members known, self included.", r.members);
+    gauge("kvtier_cluster_members_up", "Live cluster members, self included.", r.membersUp);
+    gauge("kvtier_directory_entries", "Block keys this node is home for.", r.directoryEntries);
+    gauge("kvtier_directory_held_keys", "Block keys this node holds, as published.", r.heldKeys);
+    gauge("kvtier_publish_backlog", "Directory messages not yet sent to their homes.",
+          r.publishBacklog);
+    counter("kvtier_directory_rehomed_total", "Keys re-sent because their home changed.",
+            r.rehomed);
+    counter("kvtier_remote_lookups_total", "Lookups that asked the cluster.", r.remoteLookups);
+    counter("kvtier_remote_hit_blocks_total", "Blocks fetched from other nodes.",
+            r.remoteHitBlocks);
+    counter("kvtier_remote_hit_bytes_total", "Bytes fetched from other nodes.", r.remoteHitBytes);
+    counter("kvtier_served_blocks_total", "Blocks pinned for other nodes' fetches.",
+            r.servedBlocks);
+    counter("kvtier_pins_expired_total", "Pins whose lease ran out before release.",
+            r.pinsExpired);
+    counter("kvtier_peer_auth_failures_total", "Peers refused for a wrong token.",
+            r.authFailures);
+    const std::pair<const char*, uint64_t> kinds[] = {{"timeout", r.fetchTimeouts},
+                                                      {"unavailable", r.fetchUnavailable},
+                                                      {"transfer", r.fetchTransfer},
+                                                      {"checksum", r.fetchChecksum},
+                                                      {"full", r.fetchFull}};
+    out += "# HELP kvtier_fetch_errors_total Remote fetch errors by kind.\n";
+    out += "# TYPE kvtier_fetch_errors_total counter\n";
+    for (const auto& [kind, v] : kinds) {
+      out += std::string("kvtier_fetch_errors_total{kind=\"") + kind + "\"} " +
+             std::to_string(v) + "\n";
+    }
   }
   return out;
 }

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "daemon/cold_service.h"
+#include "daemon/remote_tier.h"
 #include "daemon/tier_service.h"
 #include "store/engine.h"
 #include "transport/busy_poll.h"
@@ -46,8 +47,11 @@ class Server final : private kj::TaskSet::ErrorHandler {
   // `poller` (optional: no busy polling) are borrowed and must outlive the server. Client
   // connections tell `poller` of every message they read, so the loop polls for the next message
   // of a hot conversation.
+  // `remote` (optional: not in a cluster) is borrowed too: lookups ask it for what this node
+  // lacks.
   Server(Engine& engine, HostPool& pool, ColdService* cold = nullptr, TierService* tiers = nullptr,
-         std::vector<GpuPoolExport> gpus = {}, BusyPoller* poller = nullptr);
+         std::vector<GpuPoolExport> gpus = {}, BusyPoller* poller = nullptr,
+         RemoteTier* remote = nullptr);
   ~Server();
 
   // Accepts connections until the returned promise is cancelled. Each is read through a
@@ -63,6 +67,7 @@ class Server final : private kj::TaskSet::ErrorHandler {
   HostPool& hostPool() { return pool_; }
   ColdService* cold() { return cold_; }
   TierService* tiers() { return tiers_; }
+  RemoteTier* remote() { return remote_; }
   const std::vector<GpuPoolExport>& gpus() const { return gpus_; }
   OwnerId newOwner() { return nextOwner_++; }
   void sessionOpened() { ++sessions_; }
@@ -77,6 +82,7 @@ class Server final : private kj::TaskSet::ErrorHandler {
   BusyPoller* poller_;
   ColdService* cold_;
   TierService* tiers_;
+  RemoteTier* remote_;
   std::vector<GpuPoolExport> gpus_;
   uint64_t sessions_ = 0;
   OwnerId nextOwner_ = 1;

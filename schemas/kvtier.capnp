@@ -62,6 +62,20 @@ struct SeqOptions {
   chunk @2 :UInt64;      # chunked attention: keep the current chunk (0: none)
 }
 
+enum RemoteMode {
+  # What a lookup does about blocks past its local prefix when the daemon is in a cluster.
+  fetch @0;      # ask the cluster, fetch the longest continuation, then answer
+  localOnly @1;  # this node only
+  prefetch @2;   # answer with the local hit now, fetch the rest in the background
+}
+
+struct ClusterMember {
+  nodeId @0 :Text;
+  address @1 :Text;      # HOST:PORT of its peer listener
+  up @2 :Bool;           # connected and answering (always true for self)
+  self @3 :Bool;
+}
+
 struct SnapshotInfo {
   id @0 :UInt64;         # pass it to another process: it names the snapshot within the namespace
   from @1 :UInt64;
@@ -143,6 +157,22 @@ struct Stats {
   gpuDemoted @31 :UInt64;       # blocks moved from a GPU pool to the host pool
   gpuPromoted @32 :UInt64;      # blocks moved from the host pool to a GPU pool
   coldDiskBytes @33 :UInt64;    # the cold tier's table and blob files: coldBytes, what compaction has not yet reclaimed, snapshots' own records
+  # Cluster (zero when the daemon is not in one).
+  clusterMembers @34 :UInt64;       # members known, self included
+  clusterMembersUp @35 :UInt64;     # live members (the rendezvous set), self included
+  directoryEntries @36 :UInt64;     # keys this node is home for
+  publishBacklog @37 :UInt64;       # directory messages not yet sent to their homes
+  remoteLookups @38 :UInt64;        # lookups that asked the cluster
+  remoteHitBlocks @39 :UInt64;      # blocks fetched from other nodes
+  remoteHitBytes @40 :UInt64;
+  servedBlocks @41 :UInt64;         # blocks pinned for other nodes' fetches
+  fetchTimeouts @42 :UInt64;        # fetch errors by kind: a peer past its deadline,
+  fetchUnavailable @43 :UInt64;     #   a peer unreachable or gone,
+  fetchTransfer @44 :UInt64;        #   a UCX transfer that failed,
+  fetchChecksum @45 :UInt64;        #   a block that failed its checksum or key check,
+  fetchFull @46 :UInt64;            #   no room locally
+  peerAuthFailures @47 :UInt64;     # peers refused for a wrong token
+  heldKeys @48 :UInt64;             # keys this node holds, as published
 }
 
 interface Daemon {
@@ -160,6 +190,8 @@ interface Session {
   # and its lookups bring host-pool blocks of the prefix there first; the extents then include
   # that GPU's (and only that GPU's) with their IPC handles. -1: the host pool only.
   stats @1 () -> (stats :Stats);
+  cluster @2 () -> (nodeId :Text, members :List(ClusterMember));
+  # The cluster as this daemon sees it (empty when it is not in one).
 }
 
 interface Space {
@@ -175,7 +207,8 @@ interface Space {
   get @1 (seq :Text, begin :UInt64, end :UInt64 = 0xffffffffffffffff, inline :Bool)
       -> (lease :ReadLease, blocks :List(BlockRef), firstPosition :UInt64, end :UInt64, data :List(Data));
 
-  lookup @2 (tokens :List(UInt32), keys :List(Data), bindSeq :Text, options :SeqOptions, inline :Bool)
+  lookup @2 (tokens :List(UInt32), keys :List(Data), bindSeq :Text, options :SeqOptions, inline :Bool,
+             remote :RemoteMode)
       -> (matchedTokens :UInt64, lease :ReadLease, blocks :List(BlockRef), data :List(Data));
   # Longest prefix made of sealed full blocks. With bindSeq, that prefix also becomes the sequence.
 

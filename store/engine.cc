@@ -134,6 +134,7 @@ void Engine::evict(BlockId victim) {
     entries_.erase(IndexKey{v.space, v.key});
   } else {
     index_.erase(IndexKey{v.space, v.key});
+    if (observer_) observer_->blockUnindexed(v.space, v.key);
   }
   pool_.release(victim);
   ++evictions_;
@@ -178,6 +179,7 @@ BlockId Engine::seal(SpaceId space, Sequence& seq, size_t index, const Key128& k
     m.state = BlockState::kSealed;
     m.space = space;
     m.key = key;
+    if (observer_) observer_->blockIndexed(space, key);
     return id;
   }
   // The same prefix was sealed before (by this or another sequence): share it, drop ours.
@@ -523,6 +525,18 @@ Status Engine::checkLookupInput(SpaceId space, std::span<const uint32_t> tokens,
   return {};
 }
 
+Result<std::vector<Key128>> Engine::chainKeys(SpaceId space, std::span<const uint32_t> tokens,
+                                              std::span<const Key128> keys,
+                                              std::span<const Key128> known) const {
+  if (auto s = checkLookupInput(space, tokens, keys); !s) return s.error();
+  std::vector<Key128> out;
+  walkKeys(space, tokens, keys, known, [&](size_t, const Key128& key) {
+    out.push_back(key);
+    return true;
+  });
+  return out;
+}
+
 size_t Engine::walkKeys(SpaceId space, std::span<const uint32_t> tokens,
                         std::span<const Key128> keys, std::span<const Key128> known,
                         const std::function<bool(size_t, const Key128&)>& visit) const {
@@ -772,6 +786,7 @@ EngineStats Engine::stats() const {
   s.snapshots = snapshots_.size();
   s.spilled = spilled_;
   s.promoted = promoted_;
+  s.remoteFetched = remoteFetched_;
   s.coldHits = coldHits_;
   s.evictedUnspilled = evictedUnspilled_;
   s.entries = entries_.size();

@@ -170,6 +170,7 @@ struct EngineStats {
   uint64_t sequences = 0, readLeases = 0, writeLeases = 0;
   uint64_t snapshots = 0, entries = 0, checkpoints = 0;
   uint64_t spilled = 0, promoted = 0, coldHits = 0, evictedUnspilled = 0;
+  uint64_t remoteFetched = 0;  // blocks fetched from other nodes and indexed
   uint64_t bytesPut = 0, bytesGot = 0;
   // GPU pools (blocksTotal/Used above count the host pool).
   uint64_t gpuBlocksTotal = 0, gpuBlocksUsed = 0, gpuDemoted = 0, gpuPromoted = 0;
@@ -179,6 +180,16 @@ struct EngineStats {
     uint64_t blocksTotal = 0, blocksUsed = 0, sequences = 0;
   };
   std::vector<Space> spaces;
+};
+
+// Told when a sealed block enters or leaves the prefix index (the cluster's directory publishes
+// what the node holds). Called on the engine's thread, inside the engine's calls: it must not
+// call back into the engine.
+class IndexObserver {
+ public:
+  virtual ~IndexObserver() = default;
+  virtual void blockIndexed(SpaceId space, const Key128& key) = 0;
+  virtual void blockUnindexed(SpaceId space, const Key128& key) = 0;
 };
 
 class Engine {
@@ -300,7 +311,20 @@ class Engine {
   // A fresh pinned block to read cold `key` into; FULL if none can be had.
   Result<PromoteTicket> beginPromote(SpaceId space, const Key128& key);
   // Seals and indexes the promoted block (ok) or frees it (the record was missing or corrupt).
-  void finishPromote(const PromoteTicket& ticket, bool ok);
+  // `remote`: the bytes came from another node (counted apart; not on this node's disk).
+  void finishPromote(const PromoteTicket& ticket, bool ok, bool remote = false);
+  // Every candidate key of a lookup's tokens (or its client keys), whether held or not: the
+  // chain a remote lookup asks the cluster about. The first `known.size()` keys are taken from
+  // `known` (computed before for the same tokens).
+  Result<std::vector<Key128>> chainKeys(SpaceId space, std::span<const uint32_t> tokens,
+                                        std::span<const Key128> keys,
+                                        std::span<const Key128> known = {}) const;
+  // Whether the prefix index holds `key` in `space` (in memory).
+  bool indexed(SpaceId space, const Key128& key) const {
+    return index_.count(IndexKey{space, key}) != 0;
+  }
+  // The observer told of index changes (borrowed; nullptr: none).
+  void setIndexObserver(IndexObserver* observer) { observer_ = observer; }
 
   // --- GPU tiers (the daemon moves the bytes; the engine keeps the rules). Tier 0 is the host
   // pool, 1 + d the pool of GPU d. Blocks move only while nothing but the prefix index holds them.
@@ -469,7 +493,7 @@ class Engine {
   const Snapshot* findSnapshot(SpaceId space, SnapshotId id) const;
   // Indexes a block read back from the cold tier as the sealed block `key` of `space`; false
   // when a twin is indexed already (the caller's block is then freed when unpinned).
-  bool indexPromoted(SpaceId space, const Key128& key, BlockId block);
+  bool indexPromoted(SpaceId space, const Key128& key, BlockId block, bool remote = false);
   SnapshotInfo infoOf(SnapshotId id, const Snapshot& snap) const;
   Status middleRemove(SpaceId space, Sequence& seq, uint64_t begin, uint64_t end);
   void evict(BlockId victim);
@@ -509,6 +533,8 @@ class Engine {
   std::deque<SnapshotId> unwrittenSnapshots_;  // waiting for takeSnapshotWrites (hints)
   const KeyRotator* rotator_ = nullptr;
   const ColdDirectory* cold_ = nullptr;
+  IndexObserver* observer_ = nullptr;
+  uint64_t remoteFetched_ = 0;
   bool spillPaused_ = false;
   bool demoteGpuBlocks_ = false;
   uint64_t gpuDemoted_ = 0, gpuPromoted_ = 0;

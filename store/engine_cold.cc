@@ -82,21 +82,27 @@ Result<PromoteTicket> Engine::beginPromote(SpaceId space, const Key128& key) {
   return PromoteTicket{b, pool_.location(b), space, key};
 }
 
-bool Engine::indexPromoted(SpaceId space, const Key128& key, BlockId block) {
+bool Engine::indexPromoted(SpaceId space, const Key128& key, BlockId block, bool remote) {
   if (!index_.emplace(IndexKey{space, key}, block).second) return false;
   BlockMeta& m = pool_[block];
   m.state = BlockState::kSealed;
   m.space = space;
   m.key = key;
-  m.onDisk = true;  // its record is still there: dropping it again costs nothing
-  ++promoted_;
-  ++coldHits_;
+  if (remote) {
+    // Not on this node's disk: it is spilled like any block sealed here.
+    ++remoteFetched_;
+  } else {
+    m.onDisk = true;  // its record is still there: dropping it again costs nothing
+    ++promoted_;
+    ++coldHits_;
+  }
+  if (observer_) observer_->blockIndexed(space, key);
   return true;
 }
 
-void Engine::finishPromote(const PromoteTicket& ticket, bool ok) {
+void Engine::finishPromote(const PromoteTicket& ticket, bool ok, bool remote) {
   if (ticket.block == kNoBlock) return;
-  if (ok) (void)indexPromoted(ticket.space, ticket.key, ticket.block);
+  if (ok) (void)indexPromoted(ticket.space, ticket.key, ticket.block, remote);
   unpin(ticket.block);  // a sealed block becomes evictable; a failed one is freed
 }
 

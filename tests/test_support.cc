@@ -102,6 +102,7 @@ DaemonProcess::DaemonProcess(uint64_t hostPoolBytes, std::string dataDir,
     throw std::runtime_error("kvtierd did not become ready");
   }
   segmentPrefix_ = line.substr(line.find("segments=") + 9);
+  segmentPrefix_ = segmentPrefix_.substr(0, segmentPrefix_.find(' '));
   const size_t m = line.find("metrics=");
   metricsAddr_ = line.substr(m + 8, line.find(' ', m) - m - 8);
 }

@@ -100,6 +100,14 @@ struct Stats {
   uint64_t coldSnapshots = 0, coldSnapshotsDropped = 0;
   // GPU pools (blocksTotal and blocksUsed above count the host pool).
   uint64_t gpuBlocksTotal = 0, gpuBlocksUsed = 0, gpuDemoted = 0, gpuPromoted = 0;
+  // Cluster (zero outside one): members known and live (self included), keys this node is home
+  // for, held and not yet published; lookups that asked the cluster, blocks and bytes fetched
+  // from other nodes, blocks served to them; fetch errors by kind; peers refused.
+  uint64_t clusterMembers = 0, clusterMembersUp = 0, directoryEntries = 0, heldKeys = 0,
+           publishBacklog = 0;
+  uint64_t remoteLookups = 0, remoteHitBlocks = 0, remoteHitBytes = 0, servedBlocks = 0;
+  uint64_t fetchTimeouts = 0, fetchUnavailable = 0, fetchTransfer = 0, fetchChecksum = 0,
+           fetchFull = 0, peerAuthFailures = 0;
   std::vector<SpaceStats> spaces;
   std::string toJson() const;
 };
@@ -200,11 +208,24 @@ struct PutOptions {
   std::vector<Key128> keys = {};
 };
 
+// What a lookup does about blocks past the local prefix when the daemon is in a cluster.
+enum class RemoteMode : uint8_t {
+  kFetch,     // ask the cluster and fetch the longest continuation before answering (default)
+  kLocal,     // this node only
+  kPrefetch,  // answer with the local hit now; the rest is fetched in the background
+};
+
 struct LookupOptions {
   // Also make the matched prefix the whole of this sequence, in the same round trip.
   std::string bindSeq = {};
   bool detached = false;
   uint64_t window = 0, chunk = 0;  // as PutOptions, for a bound sequence it creates
+  RemoteMode remote = RemoteMode::kFetch;
+};
+
+struct ClusterMember {
+  std::string nodeId, address;  // address: HOST:PORT of its peer listener
+  bool up = false, self = false;
 };
 
 struct SnapshotInfo {
@@ -363,6 +384,8 @@ class Client {
   // CUDA devices with a GPU pool on the daemon (empty without).
   const std::vector<int>& devices() const;
   Result<Stats> stats();
+  // The cluster as the daemon sees it: its node id and the members (empty outside a cluster).
+  Result<std::pair<std::string, std::vector<ClusterMember>>> cluster();
   const std::string& daemonVersion() const;
   // True when bytes move through the mapped pool, false when they travel inline.
   bool mapped() const;

@@ -1,0 +1,1162 @@
+#include "daemon/cluster/cluster.h"
+
+#include <openssl/crypto.h>
+#include <xxhash.h>
+
+#include <capnp/rpc-twoparty.h>
+#include <kj/debug.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+#include "daemon/cluster/directory.h"
+#include "daemon/cluster/etcd_membership.h"
+#include "daemon/log.h"
+#include "daemon/worker_thread.h"
+#include "schemas/peer.capnp.h"
+#include "transport/rpc_codec.h"
+#include "transport/ucx.h"
+
+namespace kvtier {
+namespace {
+
+namespace peer = rpc::peer;
+using cluster::EtcdMembership;
+using cluster::EtcdMembershipOptions;
+using cluster::MemberRecord;
+
+// Bounds on what a peer may send (schemas/peer.capnp).
+// Keys in one who-holds or pin call: a 64k-token prompt in 16-token blocks.
+constexpr size_t kMaxChainKeys = 4096;
+// Blocks pinned by one call: 1024 blocks of 2 MiB are 2 GiB, more than one fetch needs at once.
+constexpr size_t kMaxPinBlocks = 1024;
+// Keys in one publish call (both lists): batches are cut at kPublishBatch.
+constexpr size_t kMaxPublishKeys = 65536;
+constexpr size_t kPublishBatch = 4096;
+// Extents a peer may describe in transportInfo.
+constexpr size_t kMaxRemoteExtents = 4096;
+// Open peer connections served at once; more are closed at accept.
+constexpr size_t kMaxPeerConnections = 256;
+// Nodes named in one who-holds answer (a bit mask per key).
+constexpr size_t kMaxAnswerNodes = 64;
+// Messages on the peer port: the largest is a publish of kMaxPublishKeys (~1.3 MiB); allow 16 MiB.
+constexpr uint64_t kPeerTraversalWords = (uint64_t{16} << 20) / sizeof(capnp::word);
+// Checksums remembered for blocks served (cleared whole when full).
+constexpr size_t kMaxChecksumCache = size_t{1} << 20;
+// Reconnect backoff of a link.
+constexpr kj::Duration kMinBackoff = 100 * kj::MILLISECONDS;
+constexpr kj::Duration kMaxBackoff = 5 * kj::SECONDS;
+
+capnp::ReaderOptions peerReaderOptions() {
+  capnp::ReaderOptions o;
+  o.traversalLimitInWords = kPeerTraversalWords;
+  o.nestingLimit = 16;
+  return o;
+}
+
+template <typename T>
+T orThrow(Result<T>&& r) {
+  if (!r) throwRpcError(r.error());
+  return std::move(r).value();
+}
+
+Error invalid(std::string what) { return makeError(ErrorCode::kInvalidArgument, what); }
+
+Salt saltFrom(capnp::Data::Reader in) {
+  Salt s{};
+  if (in.size() != s.size()) throwRpcError(invalid("a salt has 16 bytes"));
+  std::memcpy(s.data(), in.begin(), s.size());
+  return s;
+}
+
+std::vector<Key128> unpackKeys(capnp::Data::Reader in, size_t max) {
+  if (in.size() % 16 != 0) throwRpcError(invalid("packed keys are 16 bytes each"));
+  const size_t n = in.size() / 16;
+  if (n > max) {
+    throwRpcError(makeError(ErrorCode::kInvalidArgument, n, " keys exceed ", max));
+  }
+  std::vector<Key128> out(n);
+  for (size_t i = 0; i < n; ++i) std::memcpy(out[i].bytes.data(), in.begin() + 16 * i, 16);
+  return out;
+}
+
+bool validNodeId(std::string_view id) {
+  return !id.empty() && id.size() <= 64 && std::all_of(id.begin(), id.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '-' || c == '_' || c == '.';
+  });
+}
+
+std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
+
+// A promise that fails with UNAVAILABLE ("peer timeout") unless `p` settles by `timeout`.
+template <typename T>
+kj::Promise<T> withDeadline(kj::Timer& timer, kj::Duration timeout, kj::Promise<T> p) {
+  return timer.timeoutAfter(timeout, kj::mv(p));
+}
+
+}  // namespace
+
+bool isLoopbackHost(const std::string& hostPort) {
+  std::string host = hostPort.substr(0, hostPort.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  return host == "localhost" || host == "::1" || host.starts_with("127.");
+}
+
+Status checkClusterToken(const std::string& listen, const std::string& token) {
+  if (!isLoopbackHost(listen) && token.size() < kMinClusterTokenBytes) {
+    return makeError(ErrorCode::kInvalidArgument, "--listen ", listen,
+                     " is reachable off this host: it needs --cluster-token-file with a token of "
+                     "at least ",
+                     kMinClusterTokenBytes, " bytes (", token.size(), " given)");
+  }
+  return {};
+}
+
+// --- the implementation
+
+class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::ErrorHandler {
+ public:
+  struct Link {
+    std::string address;
+    std::string nodeId;  // learned at authenticate (or known from etcd)
+    bool up = false;
+    bool removed = false;
+    // The client side of a peer connection, with the peer port's bounds.
+    struct Rpc {
+      explicit Rpc(kj::AsyncIoStream& stream)
+          : network(stream, capnp::rpc::twoparty::Side::CLIENT, peerReaderOptions()),
+            system(capnp::makeRpcClient(network)) {}
+      capnp::Capability::Client bootstrap() {
+        capnp::word scratch[4];
+        memset(&scratch, 0, sizeof(scratch));
+        capnp::MallocMessageBuilder message(scratch);
+        auto vat = message.getRoot<capnp::rpc::twoparty::VatId>();
+        vat.setSide(capnp::rpc::twoparty::Side::SERVER);
+        return system.bootstrap(vat);
+      }
+      capnp::TwoPartyVatNetwork network;
+      capnp::RpcSystem<capnp::rpc::twoparty::VatId> system;
+    };
+    kj::Own<kj::AsyncIoStream> stream;
+    kj::Own<Rpc> rpc;
+    kj::Maybe<peer::Peer::Client> peer;
+    std::unique_ptr<UcxEndpoint> ucx;
+    struct Region {
+      uint32_t index;
+      uint64_t address, bytes;
+    };
+    std::unordered_map<uint32_t, Region> regions;  // the holder's extent id -> its region
+    kj::Maybe<kj::ForkedPromise<void>> ucxSetup;
+    kj::Promise<void> task = nullptr;
+    kj::Duration backoff = kMinBackoff;
+    bool publishing = false;
+  };
+
+  Impl(Engine& engine, HostPool& pool, ColdService* cold, TierService* tiers,
+       kj::AsyncIoContext& io, ClusterOptions options)
+      : engine_(engine),
+        pool_(pool),
+        cold_(cold),
+        tiers_(tiers),
+        io_(io),
+        timer_(io.provider->getTimer()),
+        options_(std::move(options)),
+        hasher_("kvtier:xxh3"),
+        tasks_(*this) {
+    members_ = {options_.nodeId};
+    engine_.setIndexObserver(this);
+  }
+
+  ~Impl() noexcept override {
+    engine_.setIndexObserver(nullptr);
+    for (auto& [address, link] : links_) link->task = nullptr;
+  }
+
+  Status start();
+  kj::Promise<void> leave();
+  kj::Promise<void> fetch(SpaceId space, std::vector<Key128> keys);
+  RemoteStats stats() const;
+  std::vector<RemoteMember> memberList() const;
+  bool active() const { return members_.size() > 1; }
+
+  void blockIndexed(SpaceId space, const Key128& key) override {
+    held_.hold(dirKey(space, key), members_);
+    schedulePublish();
+  }
+  void blockUnindexed(SpaceId space, const Key128& key) override {
+    const DirKey k = dirKey(space, key);
+    if (cold_ && cold_->directory().contains(k.fingerprint, k.salt, k.key)) return;  // on disk
+    held_.drop(k, members_);
+    schedulePublish();
+  }
+
+  // Served to peers (the RPC objects below).
+  class PeerImpl;
+  class PeerGateImpl;
+  class PinLeaseImpl;
+  struct Connection;
+
+  Engine& engine_;
+  HostPool& pool_;
+  ColdService* cold_;
+  TierService* tiers_;
+  kj::AsyncIoContext& io_;
+  kj::Timer& timer_;
+  ClusterOptions options_;
+  std::string advertise_;
+  OwnerId owner_ = ~OwnerId{0} - 1;  // the engine owner of peers' pins (they bind no sequence)
+
+  std::unique_ptr<UcxWorker> ucx_;
+  std::vector<std::unique_ptr<UcxRegion>> regions_;  // the host pool's extents, by extent id
+  kj::Own<kj::ConnectionReceiver> listener_;
+  size_t connections_ = 0;
+
+  std::vector<std::string> members_;                    // live node ids, self included, sorted
+  std::map<std::string, std::shared_ptr<Link>> links_;  // by address
+  kj::Own<EtcdMembership> etcd_;
+  std::vector<MemberRecord> etcdMembers_;
+
+  HomeDirectory home_;
+  HeldKeys held_;
+  bool publishScheduled_ = false;
+
+  // Checksums of served blocks: (extent, offset) -> (generation, xxh3).
+  std::unordered_map<uint64_t, std::pair<uint64_t, uint64_t>> checksums_;
+  WorkerThread hasher_;
+
+  RemoteStats stats_;
+  kj::TaskSet tasks_;
+
+  DirKey dirKey(SpaceId space, const Key128& key) const {
+    const SpaceInfo& info = engine_.space(space);
+    return DirKey{info.fingerprint, info.salt, key};
+  }
+  std::shared_ptr<Link> linkTo(const std::string& node) const {
+    for (const auto& [address, link] : links_) {
+      if (link->up && link->nodeId == node) return link;
+    }
+    return nullptr;
+  }
+
+  // Membership.
+  void addLink(const std::string& address, const std::string& nodeId);
+  kj::Promise<void> runLink(Link& link);
+  kj::Promise<void> connectLink(Link& link);
+  kj::Promise<void> heartbeat(Link& link);
+  void linkDown(Link& link, const kj::Exception& why);
+  void updateMembers();
+  void setEtcdMembers(const std::vector<MemberRecord>& records);
+
+  // Directory.
+  void schedulePublish();
+  void flushPublish();
+
+  // Fetch.
+  kj::Promise<void> fetchChain(SpaceId space, std::vector<Key128> keys);
+  kj::Promise<void> fetchRun(SpaceId space, std::shared_ptr<Link> link, std::vector<Key128> keys);
+  kj::Promise<void> ensureTransport(std::shared_ptr<Link> link);
+  void countFailure(const kj::Exception& e);
+
+  // Serving.
+  kj::Promise<void> acceptLoop();
+  kj::Promise<std::vector<uint64_t>> checksumsOf(std::vector<BlockLocation> blocks);
+
+  void taskFailed(kj::Exception&& e) override {
+    logWarn("cluster_task_failed", e.getDescription().cStr());
+  }
+};
+
+// A pin on blocks served to a peer: released when the peer releases or drops it, when its
+// connection ends, or when its lease runs out — whichever comes first.
+class ClusterService::Impl::PinLeaseImpl final : public peer::PinLease::Server {
+ public:
+  PinLeaseImpl(Impl& impl, LeaseId id, kj::Duration lease) : impl_(impl), id_(id) {
+    expiry_ = impl.timer_.afterDelay(lease)
+                  .then([this] {
+                    if (id_ != 0) ++impl_.stats_.pinsExpired;
+                    releaseNow();
+                  })
+                  .eagerlyEvaluate(nullptr);
+  }
+  ~PinLeaseImpl() noexcept(false) { releaseNow(); }
+  kj::Promise<void> release(ReleaseContext) override {
+    releaseNow();
+    return kj::READY_NOW;
+  }
+  void releaseNow() {
+    if (id_ == 0) return;
+    (void)impl_.engine_.releaseRead(std::exchange(id_, 0));
+    if (impl_.cold_) impl_.cold_->kick();
+  }
+
+ private:
+  Impl& impl_;
+  LeaseId id_;
+  kj::Promise<void> expiry_ = nullptr;
+};
+
+class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
+ public:
+  PeerImpl(Impl& impl, std::string node) : impl_(impl), node_(std::move(node)) {}
+
+  kj::Promise<void> ping(PingContext context) override {
+    context.getResults().setNodeId(impl_.options_.nodeId);
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> publish(PublishContext context) override {
+    auto p = context.getParams();
+    size_t total = 0;
+    auto apply = [&](capnp::List<peer::KeyGroup>::Reader groups, bool add) {
+      for (auto g : groups) {
+        const Salt salt = saltFrom(g.getSpace().getSalt());
+        const auto keys = unpackKeys(g.getKeys(), kMaxPublishKeys);
+        total += keys.size();
+        if (total > kMaxPublishKeys) {
+          throwRpcError(makeError(ErrorCode::kInvalidArgument, "a publish of more than ",
+                                  kMaxPublishKeys, " keys"));
+        }
+        for (const Key128& k : keys) {
+          const DirKey dk{g.getSpace().getFingerprint(), salt, k};
+          if (add) {
+            impl_.home_.add(node_, dk);
+          } else {
+            impl_.home_.withdraw(node_, dk);
+          }
+        }
+      }
+    };
+    // Validate both lists before changing anything.
+    for (auto list : {p.getAdd(), p.getWithdraw()}) {
+      for (auto g : list) {
+        (void)saltFrom(g.getSpace().getSalt());
+        (void)unpackKeys(g.getKeys(), kMaxPublishKeys);
+      }
+    }
+    apply(p.getWithdraw(), false);
+    apply(p.getAdd(), true);
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> whoHolds(WhoHoldsContext context) override {
+    auto p = context.getParams();
+    const Salt salt = saltFrom(p.getSpace().getSalt());
+    const auto keys = unpackKeys(p.getKeys(), kMaxChainKeys);
+    std::vector<std::string> nodes;
+    std::vector<uint64_t> masks;
+    for (const Key128& k : keys) {
+      uint64_t mask = 0;
+      for (const auto& n : impl_.home_.holders(DirKey{p.getSpace().getFingerprint(), salt, k})) {
+        auto it = std::find(nodes.begin(), nodes.end(), n);
+        if (it == nodes.end()) {
+          if (nodes.size() >= kMaxAnswerNodes) continue;
+          it = nodes.insert(nodes.end(), n);
+        }
+        mask |= uint64_t{1} << (it - nodes.begin());
+      }
+      masks.push_back(mask);
+    }
+    while (!masks.empty() && masks.back() == 0) masks.pop_back();
+    auto out = context.getResults();
+    auto n = out.initNodes(nodes.size());
+    for (size_t i = 0; i < nodes.size(); ++i) n.set(i, nodes[i]);
+    auto h = out.initHolders(masks.size());
+    for (size_t i = 0; i < masks.size(); ++i) h.set(i, masks[i]);
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> pin(PinContext context) override;
+
+  kj::Promise<void> transportInfo(TransportInfoContext context) override {
+    auto out = context.getResults();
+    const auto& address = impl_.ucx_->address();
+    out.setWorkerAddress(capnp::Data::Reader(address.data(), address.size()));
+    out.setTransports(impl_.ucx_->transports());
+    auto extents = out.initExtents(impl_.regions_.size());
+    for (uint32_t i = 0; i < impl_.regions_.size(); ++i) {
+      const UcxRegion& r = *impl_.regions_[i];
+      extents[i].setId(i);
+      extents[i].setAddress(reinterpret_cast<uint64_t>(r.base()));
+      extents[i].setBytes(r.bytes());
+      extents[i].setRkey(capnp::Data::Reader(r.packedRkey().data(), r.packedRkey().size()));
+    }
+    return kj::READY_NOW;
+  }
+
+  kj::Promise<void> snapshotManifest(SnapshotManifestContext) override {
+    // Snapshots addressed across nodes come with the snapshot-move work (docs/cluster.md).
+    throwRpcError(
+        makeError(ErrorCode::kNotSupported, "snapshot manifests are not served across nodes yet"));
+  }
+
+  kj::Promise<void> members(MembersContext context) override {
+    const auto list = impl_.memberList();
+    auto out = context.getResults().initMembers(list.size());
+    for (size_t i = 0; i < list.size(); ++i) {
+      out[i].setNodeId(list[i].nodeId);
+      out[i].setAddress(list[i].address);
+      out[i].setUp(list[i].up);
+    }
+    return kj::READY_NOW;
+  }
+
+ private:
+  Impl& impl_;
+  std::string node_;
+};
+
+kj::Promise<void> ClusterService::Impl::PeerImpl::pin(PinContext context) {
+  auto p = context.getParams();
+  const Layout layout = layoutFromRpc(p.getLayout());
+  const Salt salt = saltFrom(p.getSalt());
+  auto keys = unpackKeys(p.getKeys(), kMaxPinBlocks);
+  kj::Duration lease = impl_.options_.pinLease;
+  if (p.getLeaseMs() != 0) lease = std::min(lease, p.getLeaseMs() * kj::MILLISECONDS);
+  const SpaceId space = orThrow(impl_.engine_.openSpace(layout, salt));
+  // Blocks held only on disk come back into memory first, and GPU blocks to the host pool
+  // (UCX reads host memory only).
+  kj::Promise<void> ready = kj::READY_NOW;
+  {
+    const auto plan = orThrow(impl_.engine_.lookupPlan(space, {}, keys));
+    std::vector<Key128> cold, chain;
+    for (const auto& step : plan) {
+      chain.push_back(step.key);
+      if (!step.hot) cold.push_back(step.key);
+    }
+    if (!cold.empty() && impl_.cold_) ready = impl_.cold_->promote(space, std::move(cold));
+    if (impl_.tiers_) {
+      ready = ready.then([this, space, chain = std::move(chain)]() -> kj::Promise<void> {
+        KJ_IF_MAYBE (moving, impl_.tiers_->bringTo(space, chain, 0)) return kj::mv(*moving);
+        return kj::READY_NOW;
+      });
+    }
+  }
+  return ready.then([this, context, space, keys = std::move(keys), lease]() mutable {
+    LookupResult result =
+        orThrow(impl_.engine_.lookup(impl_.owner_, space, {}, keys, "", {}, {}, 0));
+    // Owned from here: a call cancelled before it answers releases the pin.
+    auto pinned = kj::heap<PinLeaseImpl>(impl_, result.lease, lease);
+    if (result.blocks.size() < keys.size()) {
+      // The home named us for a key we no longer hold (the cold tier dropped it): withdraw it.
+      const DirKey missing = impl_.dirKey(space, keys[result.blocks.size()]);
+      const bool onDisk = impl_.cold_ && impl_.cold_->directory().contains(
+                                             missing.fingerprint, missing.salt, missing.key);
+      if (!onDisk && impl_.held_.drop(missing, impl_.members_)) impl_.schedulePublish();
+    }
+    auto blocks = result.blocks;
+    return impl_.checksumsOf(std::move(blocks))
+        .then([this, context, result = std::move(result), keys = std::move(keys),
+               pinned = kj::mv(pinned)](std::vector<uint64_t> sums) mutable {
+          auto out = context.getResults();
+          auto list = out.initBlocks(result.blocks.size());
+          for (size_t i = 0; i < result.blocks.size(); ++i) {
+            const BlockLocation& b = result.blocks[i];
+            list[i].setExtent(b.extent);
+            list[i].setOffset(b.offset);
+            list[i].setBytes(b.bytes);
+            list[i].setChecksum(impl_.options_.corruptServedForTest ? sums[i] ^ 1 : sums[i]);
+            list[i].setKey(capnp::Data::Reader(keys[i].bytes.data(), 16));
+            ++impl_.stats_.servedBlocks;
+            impl_.stats_.servedBytes += b.bytes;
+          }
+          out.setLease(kj::mv(pinned));
+        });
+  });
+}
+
+// One accepted peer connection.
+struct ClusterService::Impl::Connection {
+  Connection(Impl& impl, kj::Own<kj::AsyncIoStream> s)
+      : impl(impl),
+        stream(kj::mv(s)),
+        network(*stream, capnp::rpc::twoparty::Side::SERVER, peerReaderOptions()) {
+    ++impl.connections_;
+  }
+  ~Connection() { --impl.connections_; }
+  Impl& impl;
+  kj::Own<kj::AsyncIoStream> stream;
+  capnp::TwoPartyVatNetwork network;
+  kj::Maybe<capnp::RpcSystem<capnp::rpc::twoparty::VatId>> rpc;
+  bool authenticated = false;
+  kj::Own<kj::PromiseFulfiller<void>> drop;
+};
+
+class ClusterService::Impl::PeerGateImpl final : public peer::PeerGate::Server {
+ public:
+  PeerGateImpl(Impl& impl, Connection& connection) : impl_(impl), connection_(connection) {}
+
+  kj::Promise<void> authenticate(AuthenticateContext context) override {
+    auto p = context.getParams();
+    auto token = p.getToken();
+    const std::string& mine = impl_.options_.token;
+    const bool tokenOk =
+        token.size() == mine.size() && CRYPTO_memcmp(token.begin(), mine.data(), mine.size()) == 0;
+    if (!tokenOk) {
+      ++impl_.stats_.authFailures;
+      logWarn("peer_refused",
+              "reason=bad_token node=\"" + text(p.getNodeId()).substr(0, 64) + "\"");
+      connection_.drop->fulfill();  // the connection ends once this call returns
+      throwRpcError(makeError(ErrorCode::kPermissionDenied, "wrong cluster token"));
+    }
+    if (p.getProtocolVersion() != peer::PEER_PROTOCOL_VERSION) {
+      throwRpcError(makeError(ErrorCode::kProtocolMismatch, "peer speaks protocol ",
+                              p.getProtocolVersion(), ", this daemon ",
+                              peer::PEER_PROTOCOL_VERSION));
+    }
+    const std::string node = text(p.getNodeId());
+    if (!validNodeId(node)) throwRpcError(invalid("a node id is 1 to 64 of [A-Za-z0-9._-]"));
+    connection_.authenticated = true;
+    auto out = context.getResults();
+    out.setNodeId(impl_.options_.nodeId);
+    out.setProtocolVersion(peer::PEER_PROTOCOL_VERSION);
+    out.setPeer(kj::heap<PeerImpl>(impl_, node));
+    return kj::READY_NOW;
+  }
+
+ private:
+  Impl& impl_;
+  Connection& connection_;
+};
+
+// --- start, membership
+
+Status ClusterService::Impl::start() {
+  auto ucx = UcxWorker::create(io_.unixEventPort, timer_);
+  if (!ucx) return ucx.error();
+  ucx_ = std::move(ucx).value();
+  for (uint32_t i = 0; i < pool_.extentCount(); ++i) {
+    auto region = ucx_->map(pool_.extentBase(i), pool_.segment(i).size());
+    if (!region) return region.error();
+    regions_.push_back(std::move(region).value());
+  }
+  KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] {
+                 auto address = io_.provider->getNetwork()
+                                    .parseAddress(options_.listen.c_str())
+                                    .wait(io_.waitScope);
+                 listener_ = address->listen();
+               })) {
+    return makeError(ErrorCode::kUnavailable, "cannot listen on ", options_.listen, ": ",
+                     e->getDescription().cStr());
+  }
+  const std::string base = options_.advertise.empty() ? options_.listen : options_.advertise;
+  const std::string host = base.substr(0, base.rfind(':'));
+  const std::string port = options_.advertise.empty() ? std::to_string(listener_->getPort())
+                                                      : base.substr(base.rfind(':') + 1);
+  advertise_ = host + ":" + port;
+  tasks_.add(acceptLoop());
+  if (!options_.etcd.empty()) {
+    EtcdMembershipOptions eo;
+    eo.endpoint = options_.etcd;
+    eo.cluster = options_.clusterName;
+    eo.self = MemberRecord{options_.nodeId, advertise_, "ucx"};
+    eo.leaseTtlSeconds = options_.etcdLeaseTtlSeconds;
+    eo.requestTimeout = options_.peerTimeout;
+    etcd_ =
+        kj::heap<EtcdMembership>(io_.provider->getNetwork(), timer_, eo,
+                                 [this](const std::vector<MemberRecord>& m) { setEtcdMembers(m); });
+    tasks_.add(etcd_->run());
+  } else {
+    for (const auto& p : options_.peers) {
+      if (p != advertise_) addLink(p, "");
+    }
+  }
+  logInfo("cluster_started", "node=" + options_.nodeId + " peer_addr=" + advertise_ +
+                                 " membership=" + (options_.etcd.empty() ? "static" : "etcd") +
+                                 " ucx_tls=" + ucx_->transports());
+  return {};
+}
+
+kj::Promise<void> ClusterService::Impl::leave() {
+  if (etcd_)
+    return timer_.timeoutAfter(options_.peerTimeout, etcd_->leave()).catch_([](kj::Exception&&) {});
+  return kj::READY_NOW;
+}
+
+void ClusterService::Impl::addLink(const std::string& address, const std::string& nodeId) {
+  auto link = std::make_shared<Link>();
+  link->address = address;
+  link->nodeId = nodeId;
+  Link& l = *link;
+  links_[address] = link;
+  l.task = runLink(l).eagerlyEvaluate(nullptr);
+}
+
+kj::Promise<void> ClusterService::Impl::runLink(Link& link) {
+  return connectLink(link)
+      .then([this, &link] {
+        link.up = true;
+        link.backoff = kMinBackoff;
+        logInfo("peer_up", "node=" + link.nodeId + " addr=" + link.address);
+        updateMembers();
+        schedulePublish();
+        return heartbeat(link).exclusiveJoin(link.rpc->network.onDisconnect().then([]() {
+          kj::throwFatalException(KJ_EXCEPTION(DISCONNECTED, "peer connection closed"));
+        }));
+      })
+      .catch_([this, &link](kj::Exception&& e) { linkDown(link, e); })
+      .then([this, &link] {
+        const kj::Duration wait = link.backoff;
+        link.backoff = std::min(link.backoff * 2, kMaxBackoff);
+        return timer_.afterDelay(wait).then([this, &link] { return runLink(link); });
+      });
+}
+
+kj::Promise<void> ClusterService::Impl::connectLink(Link& link) {
+  auto connecting =
+      io_.provider->getNetwork()
+          .parseAddress(link.address.c_str())
+          .then([](kj::Own<kj::NetworkAddress> a) { return a->connect(); })
+          .then([this, &link](kj::Own<kj::AsyncIoStream> stream) {
+            link.stream = kj::mv(stream);
+            link.rpc = kj::heap<Link::Rpc>(*link.stream);
+            auto gate = link.rpc->bootstrap().castAs<peer::PeerGate>();
+            auto req = gate.authenticateRequest();
+            req.setToken(capnp::Data::Reader(
+                reinterpret_cast<const uint8_t*>(options_.token.data()), options_.token.size()));
+            req.setProtocolVersion(peer::PEER_PROTOCOL_VERSION);
+            req.setNodeId(options_.nodeId);
+            req.setAddress(advertise_);
+            return req.send().then([this, &link](auto response) {
+              const std::string node = text(response.getNodeId());
+              if (!validNodeId(node) || node == options_.nodeId ||
+                  (!link.nodeId.empty() && link.nodeId != node)) {
+                kj::throwFatalException(
+                    KJ_EXCEPTION(FAILED, "peer answered with an unexpected node id", node));
+              }
+              link.nodeId = node;
+              link.peer = response.getPeer();
+            });
+          });
+  return withDeadline(timer_, options_.peerTimeout, kj::mv(connecting));
+}
+
+kj::Promise<void> ClusterService::Impl::heartbeat(Link& link) {
+  return timer_.afterDelay(options_.heartbeat).then([this, &link] {
+    KJ_IF_MAYBE (p, link.peer) {
+      return withDeadline(timer_, options_.peerTimeout, p->pingRequest().send().ignoreResult())
+          .then([this, &link] { return heartbeat(link); });
+    }
+    return kj::Promise<void>(KJ_EXCEPTION(DISCONNECTED, "no peer"));
+  });
+}
+
+void ClusterService::Impl::linkDown(Link& link, const kj::Exception& why) {
+  const bool wasUp = link.up;
+  link.up = false;
+  link.peer = nullptr;
+  link.ucxSetup = nullptr;
+  link.ucx = nullptr;  // force-closes: gets in flight fail, their blocks are freed
+  link.regions.clear();
+  link.rpc = nullptr;
+  link.stream = nullptr;
+  link.publishing = false;
+  if (wasUp) {
+    logWarn("peer_down", "node=" + link.nodeId + " addr=" + link.address + " reason=\"" +
+                             std::string(why.getDescription().cStr()).substr(0, 200) + "\"");
+    updateMembers();
+  }
+}
+
+void ClusterService::Impl::updateMembers() {
+  std::vector<std::string> next{options_.nodeId};
+  if (etcd_) {
+    for (const auto& m : etcdMembers_) {
+      if (m.nodeId != options_.nodeId) next.push_back(m.nodeId);
+    }
+  } else {
+    for (const auto& [address, link] : links_) {
+      if (link->up && !link->removed) next.push_back(link->nodeId);
+    }
+  }
+  std::sort(next.begin(), next.end());
+  next.erase(std::unique(next.begin(), next.end()), next.end());
+  if (next == members_) return;
+  const std::vector<std::string> before = std::move(members_);
+  members_ = std::move(next);
+  for (const auto& n : before) {
+    if (!std::binary_search(members_.begin(), members_.end(), n)) {
+      home_.forgetNode(n);
+      held_.dropQueue(n);
+    }
+  }
+  const size_t moved = held_.rehome(before, members_);
+  stats_.rehomed += moved;
+  const size_t dropped = home_.dropNotHome(options_.nodeId, members_);
+  logInfo("membership", "members=" + std::to_string(members_.size()) + " keys_rehomed=" +
+                            std::to_string(moved) + " entries_dropped=" + std::to_string(dropped));
+  schedulePublish();
+}
+
+void ClusterService::Impl::setEtcdMembers(const std::vector<MemberRecord>& records) {
+  etcdMembers_.clear();
+  std::map<std::string, std::string> want;  // address -> node
+  for (const auto& r : records) {
+    if (!validNodeId(r.nodeId)) continue;
+    etcdMembers_.push_back(r);
+    if (r.nodeId != options_.nodeId) want[r.address] = r.nodeId;
+  }
+  for (auto it = links_.begin(); it != links_.end();) {
+    auto w = want.find(it->first);
+    if (w == want.end() || w->second != it->second->nodeId) {
+      it->second->removed = true;
+      it->second->task = nullptr;
+      linkDown(*it->second, KJ_EXCEPTION(DISCONNECTED, "left the cluster"));
+      it = links_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (const auto& [address, node] : want) {
+    if (!links_.count(address)) addLink(address, node);
+  }
+  updateMembers();
+}
+
+// --- directory
+
+void ClusterService::Impl::schedulePublish() {
+  if (publishScheduled_ || held_.pending() == 0) return;
+  publishScheduled_ = true;
+  const kj::Duration delay =
+      held_.pending() >= kPublishBatch ? 0 * kj::MILLISECONDS : options_.publishDelay;
+  tasks_.add(timer_.afterDelay(delay).then([this] {
+    publishScheduled_ = false;
+    flushPublish();
+  }));
+}
+
+void ClusterService::Impl::flushPublish() {
+  for (const std::string& home : held_.pendingHomes()) {
+    if (home == options_.nodeId) {
+      const auto batch = held_.take(home, SIZE_MAX);
+      for (const auto& k : batch.withdraw) home_.withdraw(home, k);
+      for (const auto& k : batch.add) home_.add(home, k);
+      stats_.published += batch.add.size();
+      stats_.withdrawn += batch.withdraw.size();
+      continue;
+    }
+    auto link = linkTo(home);
+    if (!link || link->publishing) continue;  // sent once the link is up, or re-homed
+    KJ_IF_MAYBE (p, link->peer) {
+      auto batch = std::make_shared<HeldKeys::Batch>(held_.take(home, kPublishBatch));
+      auto req = p->publishRequest();
+      auto fill = [](auto groups, const std::vector<DirKey>& keys) {
+        // One group per key run of the same namespace (a batch rarely spans more than a few).
+        size_t i = 0, g = 0;
+        while (i < keys.size()) {
+          size_t j = i;
+          while (j < keys.size() && keys[j].fingerprint == keys[i].fingerprint &&
+                 keys[j].salt == keys[i].salt) {
+            ++j;
+          }
+          auto group = groups[g++];
+          group.getSpace().setFingerprint(keys[i].fingerprint);
+          group.getSpace().setSalt(capnp::Data::Reader(keys[i].salt.data(), 16));
+          auto packed = group.initKeys((j - i) * 16);
+          for (size_t k = i; k < j; ++k)
+            std::memcpy(packed.begin() + 16 * (k - i), keys[k].key.bytes.data(), 16);
+          i = j;
+        }
+      };
+      auto groupsOf = [](const std::vector<DirKey>& keys) {
+        size_t n = 0;
+        for (size_t i = 0; i < keys.size(); ++i) {
+          if (i == 0 || keys[i].fingerprint != keys[i - 1].fingerprint ||
+              keys[i].salt != keys[i - 1].salt) {
+            ++n;
+          }
+        }
+        return n;
+      };
+      std::sort(batch->add.begin(), batch->add.end(), [](const DirKey& a, const DirKey& b) {
+        return std::tie(a.fingerprint, a.salt) < std::tie(b.fingerprint, b.salt);
+      });
+      std::sort(batch->withdraw.begin(), batch->withdraw.end(),
+                [](const DirKey& a, const DirKey& b) {
+                  return std::tie(a.fingerprint, a.salt) < std::tie(b.fingerprint, b.salt);
+                });
+      fill(req.initAdd(groupsOf(batch->add)), batch->add);
+      fill(req.initWithdraw(groupsOf(batch->withdraw)), batch->withdraw);
+      link->publishing = true;
+      tasks_.add(withDeadline(timer_, options_.peerTimeout, req.send().ignoreResult())
+                     .then(
+                         [this, link, batch] {
+                           link->publishing = false;
+                           stats_.published += batch->add.size();
+                           stats_.withdrawn += batch->withdraw.size();
+                           schedulePublish();
+                         },
+                         [this, link, batch, home](kj::Exception&& e) {
+                           link->publishing = false;
+                           logWarn("publish_failed", "home=" + home +
+                                                         " keys=" + std::to_string(batch->size()) +
+                                                         " " + e.getDescription().cStr());
+                           held_.requeue(home, *batch);
+                         }));
+    }
+  }
+}
+
+// --- fetch
+
+void ClusterService::Impl::countFailure(const kj::Exception& e) {
+  if (e.getType() == kj::Exception::Type::OVERLOADED &&
+      std::string(e.getDescription().cStr()).find("timed out") != std::string::npos) {
+    ++stats_.fetchTimeouts;
+  } else if (fromKjException(e).code() == ErrorCode::kFull) {
+    ++stats_.fetchFull;
+  } else {
+    ++stats_.fetchUnavailable;
+  }
+  logWarn("fetch_failed", std::string(e.getDescription().cStr()).substr(0, 300));
+}
+
+kj::Promise<void> ClusterService::Impl::fetch(SpaceId space, std::vector<Key128> keys) {
+  if (!active() || keys.empty()) return kj::READY_NOW;
+  if (keys.size() > kMaxChainKeys) keys.resize(kMaxChainKeys);
+  ++stats_.remoteLookups;
+  auto job = fetchChain(space, std::move(keys))
+                 .catch_([this](kj::Exception&& e) { countFailure(e); })
+                 .fork();
+  tasks_.add(job.addBranch());  // goes on if the lookup that asked is dropped
+  return job.addBranch();
+}
+
+kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Key128> keys) {
+  const SpaceInfo& info = engine_.space(space);
+  std::map<std::string, std::vector<size_t>> byHome;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    byHome[homeOf(DirKey{info.fingerprint, info.salt, keys[i]}, members_)].push_back(i);
+  }
+  auto holders = std::make_shared<std::vector<std::vector<std::string>>>(keys.size());
+  kj::Vector<kj::Promise<void>> asks;
+  for (auto& [home, idx] : byHome) {
+    if (home == options_.nodeId) {
+      for (size_t i : idx)
+        (*holders)[i] = home_.holders(DirKey{info.fingerprint, info.salt, keys[i]});
+      continue;
+    }
+    auto link = linkTo(home);
+    if (!link) continue;
+    KJ_IF_MAYBE (p, link->peer) {
+      auto req = p->whoHoldsRequest();
+      req.getSpace().setFingerprint(info.fingerprint);
+      req.getSpace().setSalt(capnp::Data::Reader(info.salt.data(), 16));
+      auto packed = req.initKeys(idx.size() * 16);
+      for (size_t j = 0; j < idx.size(); ++j)
+        std::memcpy(packed.begin() + 16 * j, keys[idx[j]].bytes.data(), 16);
+      asks.add(withDeadline(timer_, options_.peerTimeout, req.send())
+                   .then([holders, idx = idx](auto response) {
+                     auto nodes = response.getNodes();
+                     auto masks = response.getHolders();
+                     const size_t n = std::min<size_t>(masks.size(), idx.size());
+                     for (size_t j = 0; j < n; ++j) {
+                       for (size_t b = 0; b < nodes.size() && b < 64; ++b) {
+                         if (masks[j] & (uint64_t{1} << b))
+                           (*holders)[idx[j]].push_back(text(nodes[b]));
+                       }
+                     }
+                   })
+                   .catch_([this](kj::Exception&& e) { countFailure(e); }));
+    }
+  }
+  return kj::joinPromises(asks.releaseAsArray())
+      .then([this, space, keys = std::move(keys), holders]() mutable {
+        // Runs: from the first key on, the holder that covers the longest stretch.
+        kj::Vector<kj::Promise<void>> runs;
+        size_t i = 0;
+        while (i < keys.size()) {
+          std::shared_ptr<Link> best;
+          size_t bestEnd = i;
+          for (const auto& h : (*holders)[i]) {
+            if (h == options_.nodeId) continue;
+            auto link = linkTo(h);
+            if (!link) continue;
+            size_t j = i;
+            while (j < keys.size() && j - i < kMaxPinBlocks &&
+                   std::find((*holders)[j].begin(), (*holders)[j].end(), h) !=
+                       (*holders)[j].end()) {
+              ++j;
+            }
+            if (j > bestEnd) {
+              best = link;
+              bestEnd = j;
+            }
+          }
+          if (!best) break;
+          std::vector<Key128> run(keys.begin() + i, keys.begin() + bestEnd);
+          runs.add(fetchRun(space, best, std::move(run)));
+          i = bestEnd;
+        }
+        return kj::joinPromises(runs.releaseAsArray());
+      });
+}
+
+kj::Promise<void> ClusterService::Impl::ensureTransport(std::shared_ptr<Link> link) {
+  if (link->ucx && !link->ucx->failed()) return kj::READY_NOW;
+  KJ_IF_MAYBE (setup, link->ucxSetup) return setup->addBranch();
+  link->ucx = nullptr;
+  link->regions.clear();
+  KJ_IF_MAYBE (p, link->peer) {
+    auto setup =
+        withDeadline(timer_, options_.peerTimeout, p->transportInfoRequest().send())
+            .then([this, link](auto response) {
+              auto extents = response.getExtents();
+              if (extents.size() > kMaxRemoteExtents) {
+                throwRpcError(invalid("a peer described too many extents"));
+              }
+              auto address = response.getWorkerAddress();
+              auto ep = orThrow(ucx_->connect({address.begin(), address.size()}));
+              for (auto x : extents) {
+                auto rkey = x.getRkey();
+                const uint32_t index = orThrow(
+                    ep->addRemoteRegion(x.getAddress(), x.getBytes(), {rkey.begin(), rkey.size()}));
+                link->regions[x.getId()] = Link::Region{index, x.getAddress(), x.getBytes()};
+              }
+              link->ucx = std::move(ep);
+            })
+            .then([link] { link->ucxSetup = nullptr; },
+                  [link](kj::Exception&& e) {
+                    link->ucxSetup = nullptr;
+                    link->regions.clear();
+                    kj::throwFatalException(kj::mv(e));
+                  })
+            .fork();
+    auto branch = setup.addBranch();
+    link->ucxSetup = kj::mv(setup);
+    return branch;
+  }
+  return KJ_EXCEPTION(DISCONNECTED, "peer is not connected");
+}
+
+kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<Link> link,
+                                                 std::vector<Key128> keys) {
+  // Fresh pinned local blocks first: the run is cut where the pool has no room.
+  struct Run {
+    std::vector<PromoteTicket> tickets;
+    std::vector<bool> finished;
+    kj::Maybe<peer::PinLease::Client> lease;
+  };
+  auto run = std::make_shared<Run>();
+  for (const Key128& k : keys) {
+    auto t = engine_.beginPromote(space, k);
+    if (!t) {
+      ++stats_.fetchFull;
+      break;
+    }
+    run->tickets.push_back(*t);
+  }
+  run->finished.assign(run->tickets.size(), false);
+  keys.resize(run->tickets.size());
+  if (keys.empty()) return kj::READY_NOW;
+  auto finishAll = [this, run](const std::vector<bool>& good) {
+    for (size_t i = 0; i < run->tickets.size(); ++i) {
+      if (run->finished[i]) continue;
+      run->finished[i] = true;
+      const bool ok = i < good.size() && good[i];
+      engine_.finishPromote(run->tickets[i], ok, /*remote=*/true);
+      if (ok && run->tickets[i].block != kNoBlock) {
+        ++stats_.remoteHitBlocks;
+        stats_.remoteHitBytes += run->tickets[i].location.bytes;
+      }
+    }
+    KJ_IF_MAYBE (lease, run->lease) {
+      tasks_.add(
+          withDeadline(timer_, options_.peerTimeout, lease->releaseRequest().send().ignoreResult())
+              .catch_([](kj::Exception&&) {}));  // the lease runs out by itself anyway
+      run->lease = nullptr;
+    }
+    if (cold_) cold_->kick();
+  };
+  const SpaceInfo info = engine_.space(space);
+  return ensureTransport(link)
+      .then([this, link, info, keys]() {
+        KJ_IF_MAYBE (p, link->peer) {
+          auto req = p->pinRequest();
+          layoutToRpc(info.layout, req.initLayout());
+          req.setSalt(capnp::Data::Reader(info.salt.data(), 16));
+          auto packed = req.initKeys(keys.size() * 16);
+          for (size_t i = 0; i < keys.size(); ++i)
+            std::memcpy(packed.begin() + 16 * i, keys[i].bytes.data(), 16);
+          req.setLeaseMs(static_cast<uint32_t>(options_.pinLease / kj::MILLISECONDS));
+          return withDeadline(timer_, options_.peerTimeout, req.send());
+        }
+        return kj::Promise<capnp::Response<peer::Peer::PinResults>>(
+            KJ_EXCEPTION(DISCONNECTED, "peer is not connected"));
+      })
+      .then([this, link, run, keys](capnp::Response<peer::Peer::PinResults> response) {
+        run->lease = response.getLease();
+        auto blocks = response.getBlocks();
+        std::vector<UcxGet> gets;
+        std::vector<size_t> which;
+        std::vector<uint64_t> expected;
+        const size_t n = std::min<size_t>(blocks.size(), run->tickets.size());
+        for (size_t i = 0; i < n; ++i) {
+          const PromoteTicket& t = run->tickets[i];
+          if (t.block == kNoBlock) continue;  // indexed meanwhile: nothing to read
+          auto b = blocks[i];
+          auto key = b.getKey();
+          auto region = link->regions.find(b.getExtent());
+          if (key.size() != 16 || std::memcmp(key.begin(), keys[i].bytes.data(), 16) != 0 ||
+              b.getBytes() != t.location.bytes || region == link->regions.end() ||
+              b.getOffset() > region->second.bytes) {
+            ++stats_.fetchChecksum;  // an answer that does not describe the block asked for
+            break;
+          }
+          gets.push_back(UcxGet{pool_.extentBase(t.location.extent) + t.location.offset,
+                                regions_[t.location.extent].get(), region->second.index,
+                                region->second.address + b.getOffset(), t.location.bytes});
+          which.push_back(i);
+          expected.push_back(b.getChecksum());
+        }
+        if (gets.empty() || !link->ucx) return kj::Promise<std::vector<bool>>(std::vector<bool>());
+        const kj::TimePoint deadline = timer_.now() + options_.peerTimeout;
+        return link->ucx->get(gets, deadline)
+            .then([this, run, gets, which, expected](std::vector<bool> ok) {
+              std::vector<BlockLocation> verify;
+              for (size_t j = 0; j < gets.size(); ++j) {
+                if (!ok[j]) continue;
+                verify.push_back(run->tickets[which[j]].location);
+              }
+              return checksumsOf(std::move(verify))
+                  .then([this, run, which, expected, ok](std::vector<uint64_t> sums) {
+                    std::vector<bool> good(run->tickets.size(), false);
+                    size_t s = 0;
+                    for (size_t j = 0; j < which.size(); ++j) {
+                      bool fine = false;
+                      if (ok[j]) {
+                        fine = sums[s++] == expected[j];
+                        if (!fine) {
+                          ++stats_.fetchChecksum;
+                          logWarn("fetch_checksum_mismatch", "block=" + std::to_string(which[j]));
+                        }
+                      } else {
+                        ++stats_.fetchTransfer;
+                      }
+                      // A block after a gap is still a valid block: keep it (a later lookup
+                      // may reach it once the gap is filled).
+                      good[which[j]] = fine;
+                    }
+                    return good;
+                  });
+            });
+      })
+      .then([finishAll](std::vector<bool> good) { finishAll(good); },
+            [this, finishAll](kj::Exception&& e) {
+              countFailure(e);
+              finishAll({});
+            });
+}
+
+kj::Promise<std::vector<uint64_t>> ClusterService::Impl::checksumsOf(
+    std::vector<BlockLocation> blocks) {
+  // Blocks served before keep their checksum while their generation stands.
+  std::vector<uint64_t> sums(blocks.size(), 0);
+  std::vector<size_t> todo;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const uint64_t slot = (uint64_t{blocks[i].extent} << 48) ^ blocks[i].offset;
+    auto it = checksums_.find(slot);
+    if (it != checksums_.end() && it->second.first == blocks[i].generation) {
+      sums[i] = it->second.second;
+    } else {
+      todo.push_back(i);
+    }
+  }
+  if (todo.empty()) return sums;
+  struct Job {
+    std::vector<const uint8_t*> data;
+    std::vector<uint32_t> bytes;
+    std::vector<uint64_t> out;
+  };
+  auto job = std::make_shared<Job>();
+  for (size_t i : todo) {
+    job->data.push_back(pool_.extentBase(blocks[i].extent) + blocks[i].offset);
+    job->bytes.push_back(blocks[i].bytes);
+  }
+  return hasher_.executor()
+      .executeAsync([job] {
+        job->out.resize(job->data.size());
+        for (size_t i = 0; i < job->data.size(); ++i)
+          job->out[i] = XXH3_64bits(job->data[i], job->bytes[i]);
+      })
+      .then([this, job, todo = std::move(todo), blocks = std::move(blocks),
+             sums = std::move(sums)]() mutable {
+        if (checksums_.size() > kMaxChecksumCache) checksums_.clear();
+        for (size_t j = 0; j < todo.size(); ++j) {
+          const BlockLocation& b = blocks[todo[j]];
+          sums[todo[j]] = job->out[j];
+          checksums_[(uint64_t{b.extent} << 48) ^ b.offset] = {b.generation, job->out[j]};
+        }
+        return kj::mv(sums);
+      });
+}
+
+// --- serving
+
+kj::Promise<void> ClusterService::Impl::acceptLoop() {
+  return listener_->accept().then([this](kj::Own<kj::AsyncIoStream> stream) {
+    if (connections_ >= kMaxPeerConnections) {
+      logWarn("peer_refused", "reason=too_many_connections");
+      return acceptLoop();
+    }
+    auto conn = kj::heap<Connection>(*this, kj::mv(stream));
+    auto paf = kj::newPromiseAndFulfiller<void>();
+    conn->drop = kj::mv(paf.fulfiller);
+    conn->rpc = capnp::makeRpcServer(conn->network, kj::heap<PeerGateImpl>(*this, *conn));
+    Connection& c = *conn;
+    // Unauthenticated connections are dropped after the peer timeout.
+    auto unauthenticated =
+        timer_.afterDelay(options_.peerTimeout).then([&c]() -> kj::Promise<void> {
+          if (c.authenticated) return kj::NEVER_DONE;
+          logWarn("peer_refused", "reason=no_authentication");
+          return kj::READY_NOW;
+        });
+    // A dropped connection ends on a later turn, after the call that dropped it has returned.
+    auto dropped = paf.promise.then([] { return kj::evalLater([] {}); });
+    tasks_.add(c.network.onDisconnect()
+                   .exclusiveJoin(kj::mv(dropped))
+                   .exclusiveJoin(kj::mv(unauthenticated))
+                   .attach(kj::mv(conn)));
+    return acceptLoop();
+  });
+}
+
+RemoteStats ClusterService::Impl::stats() const {
+  RemoteStats s = stats_;
+  s.nodeId = options_.nodeId;
+  s.members = etcd_ ? std::max<size_t>(etcdMembers_.size(), 1) : links_.size() + 1;
+  s.membersUp = members_.size();
+  s.directoryEntries = home_.size();
+  s.heldKeys = held_.size();
+  s.publishBacklog = held_.pending();
+  return s;
+}
+
+std::vector<RemoteMember> ClusterService::Impl::memberList() const {
+  std::vector<RemoteMember> out;
+  out.push_back(RemoteMember{options_.nodeId, advertise_, true, true});
+  for (const auto& [address, link] : links_) {
+    out.push_back(RemoteMember{link->nodeId, address, link->up, false});
+  }
+  return out;
+}
+
+// --- ClusterService
+
+ClusterService::ClusterService(Engine& engine, HostPool& pool, ColdService* cold,
+                               TierService* tiers, kj::AsyncIoContext& io, ClusterOptions options)
+    : impl_(std::make_unique<Impl>(engine, pool, cold, tiers, io, std::move(options))) {}
+ClusterService::~ClusterService() = default;
+Status ClusterService::start() { return impl_->start(); }
+const std::string& ClusterService::address() const { return impl_->advertise_; }
+const std::string& ClusterService::nodeId() const { return impl_->options_.nodeId; }
+kj::Promise<void> ClusterService::leave() { return impl_->leave(); }
+bool ClusterService::active() const { return impl_->active(); }
+kj::Promise<void> ClusterService::fetch(SpaceId space, std::vector<Key128> keys) {
+  return impl_->fetch(space, std::move(keys));
+}
+RemoteStats ClusterService::stats() const { return impl_->stats(); }
+std::vector<RemoteMember> ClusterService::members() const { return impl_->memberList(); }
+
+}  // namespace kvtier

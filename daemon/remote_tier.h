@@ -1,0 +1,61 @@
+// RemoteTier: other nodes, as the client server sees them (daemon/cluster/ implements it).
+//
+// Thread-safety: none; the daemon's event loop owns it.
+#pragma once
+
+#include <kj/async.h>
+
+#include <string>
+#include <vector>
+
+#include "kvtier/block_key.h"
+#include "store/engine.h"
+
+namespace kvtier {
+
+// What a lookup does about blocks past its local prefix (the client's choice, LookupOptions).
+enum class RemoteMode : uint8_t {
+  kFetch,     // ask the cluster and fetch the longest continuation before answering
+  kLocal,     // this node only
+  kPrefetch,  // answer with the local hit now; fetch the rest in the background
+};
+
+struct RemoteMember {
+  std::string nodeId, address;
+  bool up = false, self = false;
+};
+
+struct RemoteStats {
+  std::string nodeId;
+  uint64_t members = 0, membersUp = 0;      // self included
+  uint64_t directoryEntries = 0;            // keys this node is home for
+  uint64_t heldKeys = 0;                    // keys this node holds and has published
+  uint64_t publishBacklog = 0;              // publish messages not yet sent
+  uint64_t published = 0, withdrawn = 0;    // keys sent to homes
+  uint64_t rehomed = 0;                     // keys re-sent because their home changed
+  uint64_t remoteLookups = 0;               // lookups that asked the cluster
+  uint64_t remoteHitBlocks = 0, remoteHitBytes = 0;
+  uint64_t servedBlocks = 0, servedBytes = 0;  // blocks this node pinned for other nodes
+  uint64_t pinsExpired = 0;                 // pins whose lease ran out before release
+  uint64_t authFailures = 0;
+  // Fetch errors by kind: a peer that did not answer in time, a peer unreachable or gone, a
+  // transfer that failed, a block that failed its checksum or key check, no room locally.
+  uint64_t fetchTimeouts = 0, fetchUnavailable = 0, fetchTransfer = 0, fetchChecksum = 0,
+           fetchFull = 0;
+};
+
+class RemoteTier {
+ public:
+  virtual ~RemoteTier() = default;
+  // Whether any other node could hold blocks (a cluster with live members).
+  virtual bool active() const = 0;
+  // Fetches the longest run of `keys` (the chain right after the local prefix of `space`) that
+  // other nodes hold, sealing each block into the local index once verified. Resolves when done,
+  // within the peer deadlines; never rejects (what could not be fetched is simply not there).
+  // The fetch goes on if the returned promise is dropped.
+  virtual kj::Promise<void> fetch(SpaceId space, std::vector<Key128> keys) = 0;
+  virtual RemoteStats stats() const = 0;
+  virtual std::vector<RemoteMember> members() const = 0;
+};
+
+}  // namespace kvtier
