@@ -105,6 +105,8 @@ class ColdService final : private kj::TaskSet::ErrorHandler {
   ColdServiceStats stats() const;
   // Which blocks the cold tier holds (thread-safe, cheap).
   const ColdDirectory& directory() const { return directory_; }
+  // Every block the cold tier holds (a copy; for the cluster's directory at start).
+  std::vector<ColdKey> blockKeys() const { return tier_->blockKeys(); }
 
  private:
   void taskFailed(kj::Exception&& exception) override;

@@ -706,6 +706,17 @@ Status ColdTier::getInto(const ColdKey& key, uint8_t* dest, uint32_t bytes) {
   });
 }
 
+std::vector<ColdKey> ColdTier::blockKeys() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ColdKey> out;
+  out.reserve(held_.size());
+  for (const auto& [name, held] : held_) {
+    ColdKey key;
+    if (ColdKey::decode(name, &key)) out.push_back(key);
+  }
+  return out;
+}
+
 bool ColdTier::contains(const ColdKey& key) const {
   std::lock_guard<std::mutex> lock(mu_);
   return held_.count(key.encode()) > 0;

@@ -130,6 +130,8 @@ class ColdTier {
   // (`bytes` long; INVALID_ARGUMENT if the record's size differs).
   Status getInto(const ColdKey& key, uint8_t* dest, uint32_t bytes);
   bool contains(const ColdKey& key) const;  // an in-memory set: cheap
+  // Every block record's key (a copy of the in-memory set: for publishing at start).
+  std::vector<ColdKey> blockKeys() const;
   Status erase(const ColdKey& key);
 
   // --- Snapshots. Records of the snapshots' own are not counted in the capacity bound (they live

@@ -54,5 +54,110 @@ TEST(DaemonConfig, BadGpuFlagsAreRefusedByName) {
   EXPECT_NE(size.error().message().find("--gpu-pool-bytes"), std::string::npos);
 }
 
+// Expects `args` refused with INVALID_ARGUMENT and a message that names `flag`.
+void expectRefused(const std::vector<std::string>& args, const std::string& flag) {
+  std::string line;
+  for (const auto& a : args) line += "'" + a + "' ";
+  auto c = parseDaemonArgs(args);
+  ASSERT_FALSE(c.ok()) << line;
+  EXPECT_EQ(c.error().code(), ErrorCode::kInvalidArgument) << line;
+  EXPECT_NE(c.error().message().find(flag), std::string::npos)
+      << line << "-> " << c.error().message();
+}
+
+TEST(DaemonConfig, ClusterIsOffByDefault) {
+  auto c = parseDaemonArgs({});
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->listen.empty());
+  EXPECT_TRUE(c->advertise.empty());
+  EXPECT_TRUE(c->peers.empty());
+  EXPECT_TRUE(c->etcd.empty());
+  EXPECT_EQ(c->cluster, "kvtier");
+  EXPECT_TRUE(c->nodeId.empty());
+  EXPECT_EQ(c->peerTimeoutMs, 2000u);
+  EXPECT_EQ(c->pinLeaseMs, 5000u);
+  EXPECT_EQ(c->etcdLeaseTtlSeconds, 5u);
+}
+
+TEST(DaemonConfig, StaticClusterFlagsAreParsed) {
+  auto c = parseDaemonArgs({"--listen", "0.0.0.0:7000", "--advertise=10.0.0.1:7000", "--peers",
+                            "10.0.0.2:7000,[::1]:7001", "--cluster-token-file", "/etc/kvtier/token",
+                            "--node-id", "node-1.a_b", "--peer-timeout-ms", "1",
+                            "--pin-lease-ms=600000"});
+  ASSERT_TRUE(c.ok()) << c.error().message();
+  EXPECT_EQ(c->listen, "0.0.0.0:7000");
+  EXPECT_EQ(c->advertise, "10.0.0.1:7000");
+  EXPECT_EQ(c->peers, (std::vector<std::string>{"10.0.0.2:7000", "[::1]:7001"}));
+  EXPECT_EQ(c->clusterTokenFile, "/etc/kvtier/token");
+  EXPECT_EQ(c->nodeId, "node-1.a_b");
+  EXPECT_EQ(c->peerTimeoutMs, 1u);
+  EXPECT_EQ(c->pinLeaseMs, 600000u);
+}
+
+TEST(DaemonConfig, EtcdClusterFlagsAreParsed) {
+  auto c = parseDaemonArgs({"--listen", "127.0.0.1:0", "--etcd", "http://127.0.0.1:2379",
+                            "--cluster", std::string(64, 'c'), "--etcd-lease-ttl", "30"});
+  ASSERT_TRUE(c.ok()) << c.error().message();
+  EXPECT_EQ(c->listen, "127.0.0.1:0");
+  EXPECT_EQ(c->etcd, "http://127.0.0.1:2379");
+  EXPECT_EQ(c->cluster, std::string(64, 'c'));
+  EXPECT_TRUE(c->peers.empty());
+  EXPECT_EQ(c->etcdLeaseTtlSeconds, 30u);
+}
+
+TEST(DaemonConfig, ListenAndAdvertiseWantHostAndPort) {
+  for (const char* flag : {"--listen", "--advertise"}) {
+    for (const char* bad : {"", "localhost", "localhost:"}) {
+      expectRefused({flag, bad}, flag);
+    }
+  }
+}
+
+TEST(DaemonConfig, BadPeersAreRefusedByName) {
+  for (const char* bad : {"a", "a:1,b", "a:1,b:", "a:1,,b:2", ",a:1"}) {
+    expectRefused({"--listen", "127.0.0.1:0", "--peers", bad}, "--peers");
+  }
+}
+
+TEST(DaemonConfig, EtcdWantsAnHttpUrl) {
+  for (const char* bad : {"", "127.0.0.1:2379", "https://127.0.0.1:2379", "HTTP://h:1"}) {
+    expectRefused({"--listen", "127.0.0.1:0", "--etcd", bad}, "--etcd");
+  }
+}
+
+TEST(DaemonConfig, ClusterNameAndNodeIdAreShortAndPlain) {
+  for (const char* flag : {"--cluster", "--node-id"}) {
+    for (const std::string& bad :
+         {std::string(), std::string(65, 'n'), std::string("a b"), std::string("a/b"),
+          std::string("a:b"), std::string("\xc3\xa9")}) {
+      expectRefused({flag, bad}, flag);
+    }
+  }
+}
+
+TEST(DaemonConfig, ClusterDurationsWant1To600000) {
+  for (const char* flag : {"--peer-timeout-ms", "--pin-lease-ms", "--etcd-lease-ttl"}) {
+    for (const char* bad : {"", "0", "600001", "-1", "abc", "10ms", "4294967297"}) {
+      expectRefused({flag, bad}, flag);
+    }
+    EXPECT_TRUE(parseDaemonArgs({flag, "1"}).ok()) << flag;
+    EXPECT_TRUE(parseDaemonArgs({flag, "600000"}).ok()) << flag;
+  }
+}
+
+TEST(DaemonConfig, MembershipNeedsListenAndOnlyOneKind) {
+  expectRefused({"--peers", "10.0.0.2:7000"}, "--listen");
+  expectRefused({"--peers", "10.0.0.2:7000"}, "--peers");
+  expectRefused({"--etcd", "http://127.0.0.1:2379"}, "--listen");
+  expectRefused({"--etcd", "http://127.0.0.1:2379"}, "--etcd");
+  for (const char* flag : {"--peers", "--etcd"}) {
+    expectRefused(
+        {"--listen", "127.0.0.1:0", "--peers", "10.0.0.2:7000", "--etcd", "http://127.0.0.1:2379"},
+        flag);
+  }
+  // A listener alone is a cluster of one.
+  EXPECT_TRUE(parseDaemonArgs({"--listen", "127.0.0.1:0"}).ok());
+}
+
 }  // namespace
 }  // namespace kvtier

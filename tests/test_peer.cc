@@ -9,6 +9,8 @@
 //                                            uncommitted put of tokens(SEED + 1000, 64) to seq
 //                                            "uncommitted"; print "READY <pinned>"; sleep until
 //                                            killed
+//   verify-as UID SOCKET SEED N              as uid UID (group 0: still let in, another
+//                                            tenant), lookup tokens(SEED, N); print "MATCHED <n>"
 //   connect-as UID SOCKET                    setuid(UID), connect, print "CONNECT <error code
 //   name>"
 #include <unistd.h>
@@ -133,6 +135,19 @@ int main(int argc, char** argv) {
     auto r = space->put(a[2], n, std::span(tokens).subspan(n), kv.data(), kv.size());
     if (!r) fail("put", r.error());
     std::printf("CONTINUED %lu\n", static_cast<unsigned long>(r->length));
+    return 0;
+  }
+  if (a[0] == "verify-as" && a.size() == 5) {
+    const auto id = static_cast<uid_t>(std::stoul(a[1]));
+    if (setgid(0) != 0 || setuid(id) != 0) {
+      std::printf("MATCHED setuid-failed\n");
+      return 5;
+    }
+    auto client = connectTo(a[2]);
+    auto space = client->open(layout).value();
+    auto hit = space->lookup(synthetic::tokens(std::stoull(a[3]), std::stoull(a[4])));
+    if (!hit) fail("lookup", hit.error());
+    std::printf("MATCHED %lu\n", static_cast<unsigned long>(hit->matchedTokens()));
     return 0;
   }
   if (a[0] == "connect-as" && a.size() == 3) {

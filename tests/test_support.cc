@@ -103,8 +103,15 @@ DaemonProcess::DaemonProcess(uint64_t hostPoolBytes, std::string dataDir,
   }
   segmentPrefix_ = line.substr(line.find("segments=") + 9);
   segmentPrefix_ = segmentPrefix_.substr(0, segmentPrefix_.find(' '));
-  const size_t m = line.find("metrics=");
-  metricsAddr_ = line.substr(m + 8, line.find(' ', m) - m - 8);
+  const auto field = [&line](const std::string& name) {
+    const size_t at = line.find(" " + name + "=");
+    if (at == std::string::npos) return std::string();
+    const size_t from = at + name.size() + 2;
+    return line.substr(from, line.find(' ', from) - from);
+  };
+  metricsAddr_ = field("metrics");
+  peerAddr_ = field("peer");
+  nodeId_ = field("node");
 }
 
 DaemonProcess::~DaemonProcess() {

@@ -31,6 +31,8 @@ class DaemonProcess {
   const std::string& dataDir() const { return dataDir_; }
   const std::string& segmentPrefix() const { return segmentPrefix_; }
   const std::string& metricsAddr() const { return metricsAddr_; }  // "off" unless asked for
+  const std::string& peerAddr() const { return peerAddr_; }  // HOST:PORT, "off" outside a cluster
+  const std::string& nodeId() const { return nodeId_; }      // "-" outside a cluster
   pid_t pid() const { return pid_; }
   // Sends `signal` and waits; returns the wait status. The daemon is gone afterwards.
   int stop(int signal);
@@ -38,7 +40,7 @@ class DaemonProcess {
   std::unique_ptr<Client> connect(bool mapPool = true) const;
 
  private:
-  std::string dataDir_, socket_, segmentPrefix_, metricsAddr_;
+  std::string dataDir_, socket_, segmentPrefix_, metricsAddr_, peerAddr_, nodeId_;
   pid_t pid_ = -1;
 };
 

@@ -220,6 +220,7 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   HomeDirectory home_;
   HeldKeys held_;
   bool publishScheduled_ = false;
+  size_t publishInFlight_ = 0;  // keys sent to homes and not yet acknowledged
 
   // Checksums of served blocks: (extent, offset) -> (generation, xxh3).
   std::unordered_map<uint64_t, std::pair<uint64_t, uint64_t>> checksums_;
@@ -545,6 +546,12 @@ Status ClusterService::Impl::start() {
                                                       : base.substr(base.rfind(':') + 1);
   advertise_ = host + ":" + port;
   tasks_.add(acceptLoop());
+  // What the cold tier holds (after a restart: every block this node can serve) is published
+  // like the blocks indexed from here on.
+  if (cold_) {
+    for (const ColdKey& k : cold_->blockKeys()) held_.hold(DirKey{k.fingerprint, k.salt, k.key}, members_);
+    schedulePublish();
+  }
   if (!options_.etcd.empty()) {
     EtcdMembershipOptions eo;
     eo.endpoint = options_.etcd;
@@ -779,20 +786,28 @@ void ClusterService::Impl::flushPublish() {
       fill(req.initAdd(groupsOf(batch->add)), batch->add);
       fill(req.initWithdraw(groupsOf(batch->withdraw)), batch->withdraw);
       link->publishing = true;
+      publishInFlight_ += batch->size();
       tasks_.add(withDeadline(timer_, options_.peerTimeout, req.send().ignoreResult())
                      .then(
                          [this, link, batch] {
                            link->publishing = false;
+                           publishInFlight_ -= batch->size();
                            stats_.published += batch->add.size();
                            stats_.withdrawn += batch->withdraw.size();
                            schedulePublish();
                          },
                          [this, link, batch, home](kj::Exception&& e) {
                            link->publishing = false;
+                           publishInFlight_ -= batch->size();
                            logWarn("publish_failed", "home=" + home +
                                                          " keys=" + std::to_string(batch->size()) +
                                                          " " + e.getDescription().cStr());
                            held_.requeue(home, *batch);
+                           // Try again later (the link may come back; if not, a membership
+                           // change re-homes the keys).
+                           tasks_.add(timer_.afterDelay(options_.peerTimeout).then([this] {
+                             schedulePublish();
+                           }));
                          }));
     }
   }
@@ -1129,7 +1144,7 @@ RemoteStats ClusterService::Impl::stats() const {
   s.membersUp = members_.size();
   s.directoryEntries = home_.size();
   s.heldKeys = held_.size();
-  s.publishBacklog = held_.pending();
+  s.publishBacklog = held_.pending() + publishInFlight_;
   return s;
 }
 

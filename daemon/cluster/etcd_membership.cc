@@ -145,7 +145,13 @@ EtcdMembership::EtcdMembership(kj::Network& network, kj::Timer& timer,
 
 kj::Promise<void> EtcdMembership::run() {
   if (!valid_) return kj::Promise<void>(toKjException(valid_.error()));
-  return loop(options_.retryDelay);
+  // Two loops would register twice and race on lease_: a caller bug, answered as one.
+  KJ_REQUIRE(!running_, "EtcdMembership::run() is already running");
+  running_ = true;
+  return loop(options_.retryDelay).attach(kj::defer([this]() {
+    running_ = false;
+    stats_.connected = false;
+  }));
 }
 
 kj::Promise<void> EtcdMembership::loop(kj::Duration delay) {

@@ -76,7 +76,7 @@ class EtcdMembership {
   // Registers, reads, watches and keeps the lease alive, reconnecting with backoff whenever etcd
   // fails. Never resolves by itself; fails at once (INVALID_ARGUMENT) only if validate() fails.
   // Drop the promise to stop (the lease then expires after its TTL unless leave() revokes it).
-  // At most one run() at a time.
+  // At most one run() at a time (a second one while the first lives throws).
   kj::Promise<void> run();
 
   // Revokes our lease, so peers see us leave now rather than after the TTL, and stops a running
@@ -124,6 +124,7 @@ class EtcdMembership {
   bool havePublished_ = false;
   int64_t lease_ = 0;
   bool left_ = false;
+  bool running_ = false;       // a run() promise exists
   bool reportedDown_ = false;  // logged the current outage already
   Stats stats_{false, 0, 0, 0, 0};
 };

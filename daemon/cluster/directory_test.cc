@@ -1,0 +1,368 @@
+#include "daemon/cluster/directory.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "daemon/cluster/cluster.h"
+
+namespace kvtier {
+namespace {
+
+using Members = std::vector<std::string>;
+using KeySet = std::unordered_set<DirKey, DirKeyHash>;
+
+// Deterministic: every run draws the same keys.
+std::vector<DirKey> randomKeys(size_t n, uint64_t seed = 42) {
+  std::mt19937_64 rng(seed);
+  std::vector<DirKey> keys(n);
+  for (auto& k : keys) {
+    k.fingerprint = rng();
+    for (auto& b : k.salt) b = static_cast<uint8_t>(rng());
+    for (auto& b : k.key.bytes) b = static_cast<uint8_t>(rng());
+  }
+  return keys;
+}
+
+KeySet setOf(const std::vector<DirKey>& keys) { return KeySet(keys.begin(), keys.end()); }
+
+// --- rendezvous hashing
+
+TEST(Rendezvous, HomeIsTheHighestScoringMember) {
+  const Members members{"a", "b", "c", "d"};
+  for (const DirKey& k : randomKeys(1000)) {
+    const std::string& home = homeOf(k, members);
+    for (const auto& m : members) EXPECT_LE(rendezvousScore(m, k), rendezvousScore(home, k));
+  }
+}
+
+TEST(Rendezvous, EveryNodeComputesTheSameHomeWhateverTheMemberOrder) {
+  Members members{"a", "b", "c", "d"};
+  const auto keys = randomKeys(2000);
+  std::vector<std::string> homes;
+  for (const DirKey& k : keys) homes.push_back(homeOf(k, members));
+  while (std::next_permutation(members.begin(), members.end())) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      ASSERT_EQ(homeOf(keys[i], members), homes[i])
+          << "order " << members[0] << members[1] << members[2] << members[3];
+    }
+  }
+}
+
+TEST(Rendezvous, AMemberJoiningTakesOnlyItsOwnShareOfKeys) {
+  const Members before{"a", "b", "c"}, after{"a", "b", "c", "d"};
+  const auto keys = randomKeys(20000);
+  size_t moved = 0;
+  for (const DirKey& k : keys) {
+    const std::string& to = homeOf(k, after);
+    if (homeOf(k, before) != to) {
+      EXPECT_EQ(to, "d");
+      ++moved;
+    }
+  }
+  // The new member's fair share is a quarter.
+  EXPECT_GE(moved, keys.size() * 15 / 100);
+  EXPECT_LE(moved, keys.size() * 35 / 100);
+}
+
+TEST(Rendezvous, AMemberLeavingMovesOnlyTheKeysItWasHomeFor) {
+  const Members before{"a", "b", "c"}, after{"a", "b"};
+  size_t moved = 0;
+  for (const DirKey& k : randomKeys(20000)) {
+    const std::string& from = homeOf(k, before);
+    if (from != homeOf(k, after)) {
+      EXPECT_EQ(from, "c");
+      ++moved;
+    }
+  }
+  EXPECT_GT(moved, 0u);
+}
+
+// --- HomeDirectory
+
+TEST(HomeDirectory, AddAndWithdrawHolders) {
+  const DirKey k = randomKeys(1)[0];
+  HomeDirectory dir;
+  EXPECT_TRUE(dir.holders(k).empty());
+  dir.add("a", k);
+  dir.add("b", k);
+  dir.add("a", k);  // already known: still one entry for a
+  EXPECT_EQ(dir.holders(k), (Members{"a", "b"}));
+  EXPECT_EQ(dir.size(), 1u);
+  dir.withdraw("a", k);
+  EXPECT_EQ(dir.holders(k), (Members{"b"}));
+  dir.withdraw("x", k);  // never held it: nothing changes
+  EXPECT_EQ(dir.holders(k), (Members{"b"}));
+  dir.withdraw("b", k);
+  EXPECT_TRUE(dir.holders(k).empty());
+  EXPECT_EQ(dir.size(), 0u);
+}
+
+TEST(HomeDirectory, KeepsAtMostMaxHoldersPerKeyAndTheNewest) {
+  const DirKey k = randomKeys(1)[0];
+  HomeDirectory dir;
+  const size_t n = HomeDirectory::kMaxHoldersPerKey + 3;
+  for (size_t i = 0; i < n; ++i) dir.add("node-" + std::to_string(i), k);
+  const auto& holders = dir.holders(k);
+  EXPECT_EQ(holders.size(), HomeDirectory::kMaxHoldersPerKey);
+  EXPECT_NE(std::find(holders.begin(), holders.end(), "node-" + std::to_string(n - 1)),
+            holders.end());
+  EXPECT_EQ(std::find(holders.begin(), holders.end(), "node-0"), holders.end());
+}
+
+TEST(HomeDirectory, ForgetNodeRemovesItEverywhereAndCountsTheEntries) {
+  const auto keys = randomKeys(3);
+  HomeDirectory dir;
+  dir.add("a", keys[0]);
+  dir.add("b", keys[0]);
+  dir.add("a", keys[1]);
+  dir.add("b", keys[2]);
+  EXPECT_EQ(dir.forgetNode("a"), 2u);
+  EXPECT_EQ(dir.holders(keys[0]), (Members{"b"}));
+  EXPECT_TRUE(dir.holders(keys[1]).empty());
+  EXPECT_EQ(dir.holders(keys[2]), (Members{"b"}));
+  EXPECT_EQ(dir.size(), 2u);
+  EXPECT_EQ(dir.forgetNode("a"), 0u);
+  EXPECT_EQ(dir.forgetNode("b"), 2u);
+  EXPECT_EQ(dir.size(), 0u);
+}
+
+TEST(HomeDirectory, DropNotHomeDropsExactlyTheEntriesAnotherMemberIsHomeFor) {
+  const Members members{"a", "b", "c"};
+  const auto keys = randomKeys(3000);
+  HomeDirectory dir;
+  size_t notMine = 0;
+  for (const DirKey& k : keys) {
+    dir.add("x", k);
+    notMine += homeOf(k, members) != "a";
+  }
+  EXPECT_EQ(dir.dropNotHome("a", {}), 0u);  // no members: nothing to judge by
+  EXPECT_EQ(dir.size(), keys.size());
+  EXPECT_EQ(dir.dropNotHome("a", members), notMine);
+  EXPECT_EQ(dir.size(), keys.size() - notMine);
+  for (const DirKey& k : keys) {
+    EXPECT_EQ(dir.holders(k).empty(), homeOf(k, members) != "a");
+  }
+}
+
+// --- HeldKeys
+
+TEST(HeldKeys, HoldAndDropQueueAMessageForTheKeysHome) {
+  const Members members{"a", "b", "c"};
+  const DirKey k = randomKeys(1)[0];
+  const std::string home = homeOf(k, members);
+  HeldKeys held;
+  EXPECT_TRUE(held.hold(k, members));
+  EXPECT_FALSE(held.hold(k, members));
+  EXPECT_TRUE(held.holds(k));
+  EXPECT_EQ(held.pending(), 1u);
+  EXPECT_EQ(held.pendingFor(home), 1u);
+  EXPECT_EQ(held.pendingHomes(), (Members{home}));
+  auto batch = held.take(home, 10);
+  EXPECT_EQ(batch.add, (std::vector<DirKey>{k}));
+  EXPECT_TRUE(batch.withdraw.empty());
+  EXPECT_EQ(held.pending(), 0u);
+  EXPECT_TRUE(held.pendingHomes().empty());
+
+  EXPECT_TRUE(held.drop(k, members));
+  EXPECT_FALSE(held.drop(k, members));
+  EXPECT_FALSE(held.holds(k));
+  batch = held.take(home, 10);
+  EXPECT_TRUE(batch.add.empty());
+  EXPECT_EQ(batch.withdraw, (std::vector<DirKey>{k}));
+  EXPECT_EQ(held.pending(), 0u);
+}
+
+TEST(HeldKeys, OnlyTheLastMessageForAKeyLeaves) {
+  const Members members{"a"};
+  const DirKey k = randomKeys(1)[0];
+  HeldKeys held;
+  ASSERT_TRUE(held.hold(k, members));
+  ASSERT_TRUE(held.drop(k, members));
+  EXPECT_EQ(held.pending(), 1u);
+  auto batch = held.take("a", 10);
+  EXPECT_TRUE(batch.add.empty());
+  EXPECT_EQ(batch.withdraw, (std::vector<DirKey>{k}));
+
+  ASSERT_TRUE(held.hold(k, members));
+  ASSERT_TRUE(held.drop(k, members));
+  ASSERT_TRUE(held.hold(k, members));
+  EXPECT_EQ(held.pending(), 1u);
+  batch = held.take("a", 10);
+  EXPECT_EQ(batch.add, (std::vector<DirKey>{k}));
+  EXPECT_TRUE(batch.withdraw.empty());
+}
+
+TEST(HeldKeys, TakeRespectsMaxAndPendingCounts) {
+  const Members members{"a"};
+  const auto keys = randomKeys(10);
+  HeldKeys held;
+  for (const DirKey& k : keys) held.hold(k, members);
+  EXPECT_EQ(held.pending(), 10u);
+  EXPECT_TRUE(held.take("b", 10).empty());  // nothing queued for b
+  EXPECT_EQ(held.take("a", 0).size(), 0u);
+  auto first = held.take("a", 3);
+  EXPECT_EQ(first.size(), 3u);
+  EXPECT_EQ(held.pending(), 7u);
+  EXPECT_EQ(held.pendingFor("a"), 7u);
+  auto rest = held.take("a", 100);
+  EXPECT_EQ(rest.size(), 7u);
+  EXPECT_EQ(held.pending(), 0u);
+  EXPECT_TRUE(held.pendingHomes().empty());
+  KeySet taken = setOf(first.add);
+  taken.insert(rest.add.begin(), rest.add.end());
+  EXPECT_EQ(taken, setOf(keys));
+}
+
+TEST(HeldKeys, RehomeQueuesAnAddToTheNewHomeOfExactlyTheKeysThatMoved) {
+  const Members before{"a", "b", "c"}, after{"a", "b", "c", "d"};
+  const auto keys = randomKeys(4000);
+  HeldKeys held;
+  for (const DirKey& k : keys) held.hold(k, before);
+  for (const auto& home : held.pendingHomes()) (void)held.take(home, SIZE_MAX);
+  ASSERT_EQ(held.pending(), 0u);
+
+  KeySet moved;
+  for (const DirKey& k : keys) {
+    if (homeOf(k, before) != homeOf(k, after)) moved.insert(k);
+  }
+  ASSERT_FALSE(moved.empty());
+  EXPECT_EQ(held.rehome(before, after), moved.size());
+  EXPECT_EQ(held.pending(), moved.size());
+  EXPECT_EQ(held.pendingHomes(), (Members{"d"}));
+  auto batch = held.take("d", SIZE_MAX);
+  EXPECT_TRUE(batch.withdraw.empty());
+  EXPECT_EQ(setOf(batch.add), moved);
+
+  // c leaves: its keys go to their new homes among a, b and d.
+  const Members afterLeave{"a", "b", "d"};
+  size_t fromC = 0;
+  for (const DirKey& k : keys) fromC += homeOf(k, after) == "c";
+  EXPECT_EQ(held.rehome(after, afterLeave), fromC);
+  size_t queued = 0;
+  for (const auto& home : held.pendingHomes()) {
+    for (const DirKey& k : held.take(home, SIZE_MAX).add) {
+      EXPECT_EQ(homeOf(k, after), "c");
+      EXPECT_EQ(homeOf(k, afterLeave), home);
+      ++queued;
+    }
+  }
+  EXPECT_EQ(queued, fromC);
+}
+
+TEST(HeldKeys, RehomeFromNoMembersQueuesEveryKey) {
+  const Members members{"a", "b"};
+  const auto keys = randomKeys(500);
+  HeldKeys held;
+  for (const DirKey& k : keys) held.hold(k, {});
+  EXPECT_EQ(held.pending(), 0u);  // no home to tell yet
+  EXPECT_EQ(held.rehome({}, {}), 0u);
+  EXPECT_EQ(held.rehome({}, members), keys.size());
+  EXPECT_EQ(held.pending(), keys.size());
+  for (const auto& home : members) {
+    for (const DirKey& k : held.take(home, SIZE_MAX).add) EXPECT_EQ(homeOf(k, members), home);
+  }
+  EXPECT_EQ(held.pending(), 0u);
+}
+
+TEST(HeldKeys, RequeuePutsBackOnlyWhatStillHolds) {
+  const Members members{"a"};
+  const auto k = randomKeys(6);
+  HeldKeys held;
+  for (int i = 0; i < 3; ++i) held.hold(k[i], members);
+  for (int i = 3; i < 6; ++i) {
+    held.hold(k[i], members);
+    held.drop(k[i], members);
+  }
+  const auto batch = held.take("a", SIZE_MAX);  // add k0-k2, withdraw k3-k5
+  ASSERT_EQ(batch.add.size(), 3u);
+  ASSERT_EQ(batch.withdraw.size(), 3u);
+
+  // Meanwhile, with no home to tell (members empty): k1 is dropped, k4 held again.
+  held.drop(k[1], {});
+  held.hold(k[4], {});
+  held.requeue("a", batch);
+  EXPECT_EQ(held.pending(), 4u);
+  const auto again = held.take("a", SIZE_MAX);
+  EXPECT_EQ(setOf(again.add), (KeySet{k[0], k[2]}));
+  EXPECT_EQ(setOf(again.withdraw), (KeySet{k[3], k[5]}));
+
+  // Nothing of the batch still holds: nothing is queued for the home.
+  HeldKeys none;
+  HeldKeys::Batch adds;
+  adds.add = batch.add;
+  none.requeue("a", adds);
+  EXPECT_EQ(none.pending(), 0u);
+  EXPECT_TRUE(none.pendingHomes().empty());
+}
+
+TEST(HeldKeys, RequeueNeverOverridesANewerMessage) {
+  const Members members{"a"};
+  const auto k = randomKeys(2);
+  HeldKeys held;
+  held.hold(k[0], members);
+  held.hold(k[1], members);
+  held.drop(k[1], members);
+  const auto batch = held.take("a", SIZE_MAX);  // add k0, withdraw k1
+  // Newer messages: a withdraw of k0, an add of k1. Each key is then changed back without a home
+  // to tell, so that the batch's message alone would pass requeue's still-holds check.
+  held.drop(k[0], members);
+  held.hold(k[0], {});
+  held.hold(k[1], members);
+  held.drop(k[1], {});
+  ASSERT_EQ(held.pending(), 2u);
+  held.requeue("a", batch);
+  EXPECT_EQ(held.pending(), 2u);
+  const auto sent = held.take("a", SIZE_MAX);
+  EXPECT_EQ(sent.withdraw, (std::vector<DirKey>{k[0]}));
+  EXPECT_EQ(sent.add, (std::vector<DirKey>{k[1]}));
+}
+
+TEST(HeldKeys, DropQueueForgetsOnlyThatHomesMessages) {
+  const Members members{"a", "b"};
+  const auto keys = randomKeys(200);
+  HeldKeys held;
+  for (const DirKey& k : keys) held.hold(k, members);
+  const size_t forA = held.pendingFor("a"), forB = held.pendingFor("b");
+  ASSERT_GT(forA, 0u);
+  ASSERT_GT(forB, 0u);
+  ASSERT_EQ(forA + forB, keys.size());
+  held.dropQueue("a");
+  held.dropQueue("x");  // nothing queued: no-op
+  EXPECT_EQ(held.pendingFor("a"), 0u);
+  EXPECT_EQ(held.pending(), forB);
+  EXPECT_EQ(held.pendingHomes(), (Members{"b"}));
+  EXPECT_EQ(held.size(), keys.size());  // still held: rehome() tells their new home
+  for (const DirKey& k : keys) EXPECT_TRUE(held.holds(k));
+}
+
+// --- the cluster token
+
+TEST(ClusterToken, LoopbackListenersNeedNoToken) {
+  for (const char* listen : {"127.0.0.1:1", "localhost:1", "[::1]:1"}) {
+    EXPECT_TRUE(isLoopbackHost(listen)) << listen;
+    EXPECT_TRUE(checkClusterToken(listen, "").ok()) << listen;
+  }
+}
+
+TEST(ClusterToken, ListenersOffLoopbackNeedAtLeast32Bytes) {
+  ASSERT_EQ(kMinClusterTokenBytes, 32u);
+  for (const char* listen : {"0.0.0.0:7000", "10.1.2.3:7000"}) {
+    EXPECT_FALSE(isLoopbackHost(listen)) << listen;
+    for (size_t bytes : {size_t{0}, size_t{31}}) {
+      const Status s = checkClusterToken(listen, std::string(bytes, 't'));
+      ASSERT_FALSE(s.ok()) << listen << " " << bytes;
+      EXPECT_EQ(s.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(s.error().message().find("--cluster-token-file"), std::string::npos)
+          << s.error().message();
+    }
+    EXPECT_TRUE(checkClusterToken(listen, std::string(32, 't')).ok()) << listen;
+  }
+}
+
+}  // namespace
+}  // namespace kvtier

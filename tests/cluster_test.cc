@@ -1,0 +1,537 @@
+// The cluster with real processes: kvtierd daemons on loopback joined by static peers or by a
+// real etcd (Debian's etcd-server, started by the test), clients in this process and in peer
+// processes. What a user relies on: a prefix cached on any node is a hit on every other, with
+// identical bytes; a dead, slow, lying or hostile peer costs misses, never wrong bytes, leaked
+// blocks or a dead daemon.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <thread>
+
+#include "tests/etcd_process.h"
+#include "tests/temp_dir.h"
+#include "tests/test_support.h"
+#include "tools/synthetic_kv.h"
+
+namespace kvtier::test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const std::string kToken = "kvtier-cluster-test-token-0123456789abcdef";
+
+uint16_t freePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    throw std::runtime_error("no free port");
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Waits for `pred` with a deadline (the event itself, polled); returns whether it came.
+bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds limit) {
+  const auto deadline = Clock::now() + limit;
+  while (!pred()) {
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+// Sets an environment variable for the daemons started in its scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (value) ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() { ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+struct NodeSpec {
+  std::vector<std::string> extraArgs = {};
+  std::string token = kToken;
+  bool coldTier = false;
+  uint64_t poolBytes = 64 << 20;
+};
+
+// N daemons on loopback, each listing the others (static membership) or registered in etcd.
+class Cluster {
+ public:
+  explicit Cluster(std::vector<NodeSpec> specs, const std::string& etcd = "") : specs_(specs) {
+    for (size_t i = 0; i < specs.size(); ++i) {
+      ports_.push_back(freePort());
+      dirs_.push_back(std::make_unique<TempDir>());
+      tokenFiles_.push_back(dirs_.back()->file("token"));
+      std::ofstream(tokenFiles_.back()) << specs[i].token;
+    }
+    etcd_ = etcd;
+    for (size_t i = 0; i < specs.size(); ++i) start(i);
+  }
+
+  void start(size_t i) {
+    std::vector<std::string> args = {"--listen", "127.0.0.1:" + std::to_string(ports_[i]),
+                                     "--node-id", "n" + std::to_string(i),
+                                     "--cluster-token-file", tokenFiles_[i],
+                                     "--peer-timeout-ms", "1000",
+                                     "--cold-tier", specs_[i].coldTier ? "on" : "off"};
+    if (etcd_.empty()) {
+      std::string peers;
+      for (size_t j = 0; j < ports_.size(); ++j) {
+        if (j == i) continue;
+        peers += (peers.empty() ? "" : ",") + std::string("127.0.0.1:") + std::to_string(ports_[j]);
+      }
+      if (!peers.empty()) args.insert(args.end(), {"--peers", peers});
+    } else {
+      args.insert(args.end(), {"--etcd", etcd_, "--cluster", "test", "--etcd-lease-ttl", "2"});
+    }
+    args.insert(args.end(), specs_[i].extraArgs.begin(), specs_[i].extraArgs.end());
+    if (daemons_.size() <= i) daemons_.resize(i + 1);
+    daemons_[i] = std::make_unique<DaemonProcess>(specs_[i].poolBytes, dirs_[i]->path() + "/data",
+                                                  args);
+  }
+
+  // Every daemon stopped; segments of those that were killed removed.
+  ~Cluster() {
+    for (auto& d : daemons_) {
+      if (!d) continue;
+      const std::string prefix = d->segmentPrefix();
+      d.reset();
+      for (const auto& name : shmSegments(prefix)) ::shm_unlink(("/" + name).c_str());
+    }
+  }
+
+  DaemonProcess& operator[](size_t i) { return *daemons_[i]; }
+  size_t size() const { return daemons_.size(); }
+
+  // Every node sees `n` live members.
+  bool formed(size_t n, std::chrono::milliseconds limit = std::chrono::seconds(15)) {
+    return eventually(
+        [&] {
+          for (auto& d : daemons_) {
+            if (!d || d->pid() <= 0) continue;
+            if (d->connect()->stats().value().clusterMembersUp != n) return false;
+          }
+          return true;
+        },
+        limit);
+  }
+
+  // Node i has sent every key it holds to its home.
+  bool published(size_t i) {
+    auto client = daemons_[i]->connect();
+    return eventually([&] { return client->stats().value().publishBacklog == 0; },
+                      std::chrono::seconds(10));
+  }
+
+ private:
+  std::vector<NodeSpec> specs_;
+  std::vector<uint16_t> ports_;
+  std::vector<std::unique_ptr<TempDir>> dirs_;
+  std::vector<std::string> tokenFiles_;
+  std::vector<std::unique_ptr<DaemonProcess>> daemons_;
+  std::string etcd_;
+};
+
+std::vector<NodeSpec> nodes(size_t n) { return std::vector<NodeSpec>(n); }
+
+void putPrompt(DaemonProcess& d, const std::string& seq, uint64_t seed, size_t tokens) {
+  const Layout layout = testLayout();
+  auto client = d.connect();
+  auto space = client->open(layout).value();
+  const auto t = synthetic::tokens(seed, tokens);
+  const auto kv = synthetic::packedKv(layout, t, 0, t.size());
+  ASSERT_TRUE(space->put(seq, 0, t, kv.data(), kv.size()).ok());
+}
+
+struct Hit {
+  uint64_t matched = 0;
+  bool identical = false;
+};
+
+// Looks up tokens(seed, n) and compares the matched prefix with the KV that made them.
+Hit lookupPrompt(Client& client, uint64_t seed, size_t tokens,
+                 RemoteMode mode = RemoteMode::kFetch) {
+  const Layout layout = testLayout();
+  auto space = client.open(layout).value();
+  const auto t = synthetic::tokens(seed, tokens);
+  auto hit = space->lookup(t, LookupOptions{.remote = mode});
+  EXPECT_TRUE(hit.ok()) << hit.error().toString();
+  if (!hit) return {};
+  Hit out{hit->matchedTokens(), false};
+  std::vector<uint8_t> got(out.matched * layout.tokenKvBytes());
+  EXPECT_TRUE(hit->copyTo(0, out.matched, got.data(), got.size()).ok());
+  out.identical = got == synthetic::packedKv(layout, t, 0, out.matched);
+  return out;
+}
+
+// Nothing pinned or held unsealed once every handle is released: every used block is a sealed,
+// cached one.
+void expectNoLeakedBlocks(DaemonProcess& d) {
+  auto client = d.connect();
+  const Stats s = waitForStats(*client, [](const Stats& s) {
+    return s.blocksPinned == 0 && s.blocksUsed == s.blocksCached;
+  });
+  EXPECT_EQ(s.blocksPinned, 0u);
+  EXPECT_EQ(s.blocksUsed, s.blocksCached);
+  EXPECT_EQ(s.writeLeases, 0u);
+}
+
+class ClusterTransports : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ClusterTransports, APutOnOneNodeHitsOnEveryOtherWithIdenticalBytes) {
+  ScopedEnv tls("UCX_TLS", GetParam());
+  Cluster c(nodes(3));
+  ASSERT_TRUE(c.formed(3));
+  putPrompt(c[0], "chat", 1, 200);  // 12 full blocks and a partial one
+  ASSERT_TRUE(c.published(0));
+  for (size_t i : {1, 2}) {
+    auto client = c[i].connect();
+    const Hit hit = lookupPrompt(*client, 1, 200);
+    EXPECT_EQ(hit.matched, 192u) << "node " << i;
+    EXPECT_TRUE(hit.identical) << "node " << i;
+    const Stats s = client->stats().value();
+    EXPECT_EQ(s.remoteHitBlocks, 12u);
+    EXPECT_EQ(s.remoteHitBytes, 12u * testLayout().blockBytes());
+    // A second lookup is local: nothing more is fetched.
+    EXPECT_EQ(lookupPrompt(*client, 1, 200).matched, 192u);
+    EXPECT_EQ(client->stats().value().remoteHitBlocks, 12u);
+  }
+  EXPECT_GE(c[0].connect()->stats().value().servedBlocks, 12u);
+  // Local-only lookups never ask the cluster.
+  auto other = c[2].connect();
+  EXPECT_EQ(lookupPrompt(*other, 99, 64, RemoteMode::kLocal).matched, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ucx, ClusterTransports, ::testing::Values("tcp", nullptr),
+                         [](const auto& info) {
+                           return std::string(info.param ? info.param : "default");
+                         });
+
+TEST(Cluster, APrefixSplitAcrossHoldersIsFetchedWhole) {
+  // Client keys (as an engine that hashes its own blocks would bring): node 0 holds blocks 0-3 of
+  // the chain, node 1 blocks 4-7 (after four blocks of its own); node 2 gets all eight.
+  Cluster c(nodes(3));
+  ASSERT_TRUE(c.formed(3));
+  const Layout layout = testLayout();
+  const auto tokens = synthetic::tokens(5, 128);
+  const auto kv = synthetic::packedKv(layout, tokens, 0, tokens.size());
+  std::vector<Key128> chain(8), other(4);
+  for (size_t i = 0; i < 8; ++i) chain[i].bytes[0] = static_cast<uint8_t>(i + 1), chain[i].bytes[15] = 0xc4;
+  for (size_t i = 0; i < 4; ++i) other[i].bytes[0] = static_cast<uint8_t>(i + 1), other[i].bytes[15] = 0x07;
+  const std::span<const uint32_t> head(tokens.data(), 64), tail(tokens.data() + 64, 64);
+  {
+    auto client = c[0].connect();
+    auto space = client->open(layout).value();
+    const auto bytes = synthetic::packedKv(layout, tokens, 0, 64);
+    PutOptions o{.keys = {chain.begin(), chain.begin() + 4}};
+    ASSERT_TRUE(space->put("head", 0, head, bytes.data(), bytes.size(), o).ok());
+  }
+  {
+    // Blocks 0-3 of this sequence hold other bytes (tokens of seed 6) under other keys, blocks
+    // 4-7 the chain's.
+    auto client = c[1].connect();
+    auto space = client->open(layout).value();
+    const auto own = synthetic::tokens(6, 64);
+    const auto ownBytes = synthetic::packedKv(layout, own, 0, 64);
+    ASSERT_TRUE(space->put("tail", 0, own, ownBytes.data(), ownBytes.size(),
+                           PutOptions{.keys = other})
+                    .ok());
+    const auto bytes = synthetic::packedKv(layout, tokens, 64, 128);
+    ASSERT_TRUE(space->put("tail", 64, tail, bytes.data(), bytes.size(),
+                           PutOptions{.keys = {chain.begin() + 4, chain.end()}})
+                    .ok());
+  }
+  ASSERT_TRUE(c.published(0));
+  ASSERT_TRUE(c.published(1));
+  auto client = c[2].connect();
+  auto space = client->open(layout).value();
+  auto hit = space->lookupKeys(chain);
+  ASSERT_TRUE(hit.ok()) << hit.error().toString();
+  ASSERT_EQ(hit->matchedTokens(), 128u);
+  std::vector<uint8_t> got(kv.size());
+  ASSERT_TRUE(hit->copyTo(0, 128, got.data(), got.size()).ok());
+  EXPECT_TRUE(got == kv);
+  EXPECT_EQ(client->stats().value().remoteHitBlocks, 8u);
+  EXPECT_GE(c[0].connect()->stats().value().servedBlocks, 4u);
+  EXPECT_GE(c[1].connect()->stats().value().servedBlocks, 4u);
+}
+
+TEST(Cluster, ABlockOnlyInAColdTierIsServed) {
+  std::vector<NodeSpec> specs = nodes(2);
+  specs[0].coldTier = true;
+  Cluster c(specs);
+  ASSERT_TRUE(c.formed(2));
+  putPrompt(c[0], "doc", 3, 160);  // 10 blocks
+  // A graceful restart writes them to disk; the new process holds them only there.
+  c[0].stop(SIGTERM);
+  c.start(0);
+  ASSERT_TRUE(c.formed(2));
+  ASSERT_TRUE(c.published(0));
+  EXPECT_EQ(c[0].connect()->stats().value().blocksUsed, 0u);
+  auto client = c[1].connect();
+  const Hit hit = lookupPrompt(*client, 3, 160);
+  EXPECT_EQ(hit.matched, 160u);
+  EXPECT_TRUE(hit.identical);
+  EXPECT_EQ(client->stats().value().remoteHitBlocks, 10u);
+  EXPECT_GE(c[0].connect()->stats().value().promoted, 10u);  // read back from disk to serve
+}
+
+TEST(Cluster, KillingTheHolderMidFetchCostsAShorterHitNeverWrongBytes) {
+  std::vector<NodeSpec> specs = nodes(2);
+  specs[0].poolBytes = specs[1].poolBytes = 96 << 20;
+  Cluster c(specs);
+  ASSERT_TRUE(c.formed(2));
+  constexpr size_t kTokens = 4096 * 16;  // 4096 blocks, 64 MiB
+  putPrompt(c[0], "big", 8, kTokens);
+  ASSERT_TRUE(c.published(0));
+  auto client = c[1].connect();
+  std::atomic<bool> done = false;
+  Hit hit;
+  const auto t0 = Clock::now();
+  std::thread fetcher([&] {
+    hit = lookupPrompt(*client, 8, kTokens);
+    done = true;
+  });
+  // Kill the holder as soon as the fetch has started.
+  auto watcher = c[1].connect();
+  eventually([&] { return done || watcher->stats().value().remoteLookups > 0; },
+             std::chrono::seconds(10));
+  c[0].stop(SIGKILL);
+  fetcher.join();
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_LE(hit.matched, kTokens);
+  EXPECT_TRUE(hit.identical);  // whatever arrived is right
+  EXPECT_LT(seconds, 10.0) << "the lookup must end within the peer deadlines";
+  // The dead node leaves: static peers detect it by its connection and heartbeat.
+  EXPECT_TRUE(eventually([&] { return watcher->stats().value().clusterMembersUp == 1; },
+                         std::chrono::seconds(5)));
+  expectNoLeakedBlocks(c[1]);
+  // And the survivor still serves.
+  putPrompt(c[1], "after", 9, 64);
+  EXPECT_EQ(lookupPrompt(*client, 9, 64).matched, 64u);
+}
+
+TEST(Cluster, NoBlockCrossesTokensTenantsOrLayouts) {
+  std::vector<NodeSpec> specs = nodes(3);
+  specs[2].token = "a-different-token-that-is-long-enough-0000";
+  Cluster c(specs);
+  ASSERT_TRUE(eventually(
+      [&] {
+        return c[0].connect()->stats().value().clusterMembersUp == 2 &&
+               c[1].connect()->stats().value().clusterMembersUp == 2;
+      },
+      std::chrono::seconds(15)));
+  putPrompt(c[0], "secret", 11, 96);
+  ASSERT_TRUE(c.published(0));
+  // The node with the wrong token never joins and never gets a block.
+  auto outsider = c[2].connect();
+  EXPECT_EQ(outsider->stats().value().clusterMembersUp, 1u);
+  EXPECT_EQ(lookupPrompt(*outsider, 11, 96).matched, 0u);
+  EXPECT_GT(c[0].connect()->stats().value().peerAuthFailures, 0u);
+  // Another tenant (another uid) on a member: its salt names other keys. (The uid must reach
+  // the socket through the test's private directory.)
+  ::chmod(c[1].dataDir().substr(0, c[1].dataDir().rfind('/')).c_str(), 0755);
+  std::string out;
+  ASSERT_EQ(runPeer({"verify-as", "4321", c[1].socket(), "11", "96"}, &out), 0) << out;
+  EXPECT_NE(out.find("MATCHED 0"), std::string::npos) << out;
+  // Another layout: another fingerprint, other keys.
+  {
+    auto client = c[1].connect();
+    Layout other = testLayout();
+    other.modelId = "test/other";
+    auto space = client->open(other).value();
+    auto hit = space->lookup(synthetic::tokens(11, 96));
+    ASSERT_TRUE(hit.ok());
+    EXPECT_EQ(hit->matchedTokens(), 0u);
+    EXPECT_EQ(client->stats().value().remoteHitBlocks, 0u);
+  }
+  // The right tenant and layout do hit.
+  auto member = c[1].connect();
+  EXPECT_EQ(lookupPrompt(*member, 11, 96).matched, 96u);
+}
+
+// Connects to HOST:PORT, writes `bytes`, and waits for the daemon to close the connection.
+bool daemonCloses(const std::string& hostPort, const std::string& bytes, bool halfClose) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(hostPort.substr(hostPort.rfind(':') + 1))));
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return false;
+  }
+  (void)!::write(fd, bytes.data(), bytes.size());
+  if (halfClose) ::shutdown(fd, SHUT_WR);
+  bool closed = false;
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (Clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) > 0) {
+      char buf[256];
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n <= 0) {
+        closed = true;
+        break;
+      }
+    }
+  }
+  ::close(fd);
+  return closed;
+}
+
+TEST(Cluster, GarbageOnThePeerPortDropsTheConnectionAndHarmsNothing) {
+  Cluster c(nodes(2));
+  ASSERT_TRUE(c.formed(2));
+  putPrompt(c[0], "p", 12, 64);
+  std::mt19937 rng(1234);
+  std::string noise(4096, '\0');
+  for (auto& ch : noise) ch = static_cast<char>(rng());
+  EXPECT_TRUE(daemonCloses(c[0].peerAddr(), noise, false));
+  // A frame header that promises more than it sends, then silence.
+  const std::string truncated("\x00\x00\x00\x00\x00\x10\x00\x00partial", 15);
+  EXPECT_TRUE(daemonCloses(c[0].peerAddr(), truncated, true));
+  // A connection that never authenticates is dropped after the peer timeout.
+  EXPECT_TRUE(daemonCloses(c[0].peerAddr(), "", false));
+  ASSERT_TRUE(c.published(0));
+  auto client = c[1].connect();
+  const Hit hit = lookupPrompt(*client, 12, 64);
+  EXPECT_EQ(hit.matched, 64u);
+  EXPECT_TRUE(hit.identical);
+  EXPECT_EQ(c[0].connect()->stats().value().clusterMembersUp, 2u);
+}
+
+TEST(Cluster, ABlockCorruptedInFlightIsAMissNeverServed) {
+  // The test hook makes each daemon describe the blocks it serves with checksums that do not
+  // match their bytes, as if they had been corrupted on the way.
+  std::unique_ptr<Cluster> c;
+  {
+    ScopedEnv corrupt("KVTIER_TEST_CORRUPT_SERVED", "1");
+    c = std::make_unique<Cluster>(nodes(2));
+  }
+  Cluster& pair = *c;
+  ASSERT_TRUE(pair.formed(2));
+  putPrompt(pair[0], "lie", 13, 80);
+  ASSERT_TRUE(pair.published(0));
+  auto client = pair[1].connect();
+  const Hit hit = lookupPrompt(*client, 13, 80);
+  EXPECT_EQ(hit.matched, 0u);
+  const Stats s = client->stats().value();
+  EXPECT_GT(s.fetchChecksum, 0u);
+  EXPECT_EQ(s.remoteHitBlocks, 0u);
+  expectNoLeakedBlocks(pair[1]);
+  EXPECT_EQ(s.blocksUsed, 0u);  // nothing that failed was kept
+}
+
+TEST(ClusterEtcd, MembersJoinThroughEtcdAndADeadNodeLeavesWithinTheLeaseTtl) {
+  if (!EtcdProcess::available()) GTEST_SKIP() << "no etcd binary (package etcd-server)";
+  EtcdProcess etcd;
+  Cluster c(nodes(3), etcd.endpoint());
+  ASSERT_TRUE(c.formed(3));
+  putPrompt(c[0], "e", 21, 64);
+  ASSERT_TRUE(c.published(0));
+  auto client = c[1].connect();
+  EXPECT_EQ(lookupPrompt(*client, 21, 64).matched, 64u);
+  // kill -9: no goodbye; the lease (TTL 2 s) expires and the others see the node leave.
+  const auto t0 = Clock::now();
+  c[2].stop(SIGKILL);
+  ASSERT_TRUE(eventually([&] { return client->stats().value().clusterMembersUp == 2; },
+                         std::chrono::seconds(10)));
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_LE(seconds, 2.0 + 2.0) << "lease TTL 2 s plus a second, with a second of slack";
+  // A graceful stop revokes the lease at once.
+  c[0].stop(SIGTERM);
+  EXPECT_TRUE(eventually([&] { return client->stats().value().clusterMembersUp == 1; },
+                         std::chrono::seconds(2)));
+}
+
+TEST(ClusterEtcd, EtcdDownAndBackUnderALookupLoadCostsAtMostMisses) {
+  if (!EtcdProcess::available()) GTEST_SKIP() << "no etcd binary (package etcd-server)";
+  EtcdProcess etcd;
+  Cluster c(nodes(2), etcd.endpoint());
+  ASSERT_TRUE(c.formed(2));
+  for (uint64_t seed = 30; seed < 40; ++seed) putPrompt(c[0], "s" + std::to_string(seed), seed, 64);
+  ASSERT_TRUE(c.published(0));
+  std::atomic<bool> stop = false;
+  std::atomic<int> lookups = 0, wrong = 0, errors = 0, hits = 0;
+  std::thread load([&] {
+    auto client = c[1].connect();
+    auto space = client->open(testLayout()).value();
+    for (uint64_t i = 0; !stop; ++i) {
+      const uint64_t seed = 30 + i % 10;
+      const auto t = synthetic::tokens(seed, 64);
+      auto hit = space->lookup(t);
+      ++lookups;
+      if (!hit) {
+        ++errors;
+        continue;
+      }
+      std::vector<uint8_t> got(hit->matchedTokens() * testLayout().tokenKvBytes());
+      if (!hit->copyTo(0, hit->matchedTokens(), got.data(), got.size()).ok() ||
+          got != synthetic::packedKv(testLayout(), t, 0, hit->matchedTokens())) {
+        ++wrong;
+      }
+      hits += hit->matchedTokens() == 64;
+      // Evict nothing on purpose; new blocks are fetched only once, then hit locally.
+    }
+  });
+  eventually([&] { return lookups > 20; }, std::chrono::seconds(10));
+  etcd.stop();
+  // With etcd down the members keep the last membership they saw.
+  const int before = lookups;
+  eventually([&] { return lookups > before + 50; }, std::chrono::seconds(10));
+  EXPECT_EQ(c[1].connect()->stats().value().clusterMembersUp, 2u);
+  etcd.restart();
+  ASSERT_TRUE(c.formed(2));
+  const int after = lookups;
+  eventually([&] { return lookups > after + 50; }, std::chrono::seconds(10));
+  stop = true;
+  load.join();
+  EXPECT_EQ(errors, 0);
+  EXPECT_EQ(wrong, 0);
+  EXPECT_GT(hits, 0);
+  // A node that joins after etcd came back finds the others.
+  putPrompt(c[0], "late", 41, 64);
+  ASSERT_TRUE(c.published(0));
+  auto client = c[1].connect();
+  EXPECT_EQ(lookupPrompt(*client, 41, 64).matched, 64u);
+}
+
+TEST(ClusterStart, AListenerOffLoopbackWithoutAStrongTokenRefusesToStart) {
+  TempDir dir;
+  std::ofstream(dir.file("short")) << "too-short";
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"--listen", "0.0.0.0:0"},
+        std::vector<std::string>{"--listen", "0.0.0.0:0", "--cluster-token-file", dir.file("short")}}) {
+    EXPECT_THROW(DaemonProcess(16 << 20, dir.path() + "/data", extra), std::runtime_error);
+  }
+  // On loopback no token is needed.
+  DaemonProcess ok(16 << 20, dir.path() + "/data", {"--listen", "127.0.0.1:0"});
+  EXPECT_NE(ok.peerAddr(), "off");
+}
+
+}  // namespace
+}  // namespace kvtier::test
