@@ -550,6 +550,7 @@ Result<Stats> Client::stats() {
           out.directoryEntries = s.getDirectoryEntries();
           out.heldKeys = s.getHeldKeys();
           out.publishBacklog = s.getPublishBacklog();
+          out.directoryRehomed = s.getDirectoryRehomed();
           out.remoteLookups = s.getRemoteLookups();
           out.remoteHitBlocks = s.getRemoteHitBlocks();
           out.remoteHitBytes = s.getRemoteHitBytes();
@@ -605,7 +606,7 @@ std::string Stats::toJson() const {
     << ", \"demoted\": " << gpuDemoted << ", \"promoted\": " << gpuPromoted
     << "}, \"cluster\": {\"members\": " << clusterMembers << ", \"members_up\": " << clusterMembersUp
     << ", \"directory_entries\": " << directoryEntries << ", \"held_keys\": " << heldKeys
-    << ", \"publish_backlog\": " << publishBacklog << ", \"remote_lookups\": " << remoteLookups
+    << ", \"publish_backlog\": " << publishBacklog << ", \"rehomed\": " << directoryRehomed << ", \"remote_lookups\": " << remoteLookups
     << ", \"remote_hit_blocks\": " << remoteHitBlocks << ", \"remote_hit_bytes\": " << remoteHitBytes
     << ", \"served_blocks\": " << servedBlocks << ", \"fetch_errors\": {\"timeout\": " << fetchTimeouts
     << ", \"unavailable\": " << fetchUnavailable << ", \"transfer\": " << fetchTransfer

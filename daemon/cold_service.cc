@@ -3,6 +3,7 @@
 #include <kj/debug.h>
 
 #include "daemon/log.h"
+#include "daemon/snapshot_codec.h"
 #include "transport/rpc_codec.h"
 
 namespace kvtier {
@@ -528,6 +529,16 @@ void ColdService::erasePending() {
       ++it;
     }
   }
+}
+
+kj::Promise<std::string> ColdService::encodedManifest(uint64_t fingerprint, const Salt& salt,
+                                                      SnapshotId id) {
+  const SnapshotKey key{fingerprint, salt, id};
+  return reader_->executor().executeAsync([this, key]() {
+    auto manifest = tier_->getSnapshot(key);
+    if (!manifest) throwRpcError(manifest.error());
+    return encodeManifest(*manifest);
+  });
 }
 
 ColdServiceStats ColdService::stats() const {

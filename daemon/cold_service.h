@@ -105,6 +105,11 @@ class ColdService final : private kj::TaskSet::ErrorHandler {
   ColdServiceStats stats() const;
   // Which blocks the cold tier holds (thread-safe, cheap).
   const ColdDirectory& directory() const { return directory_; }
+  // The encoded manifest (daemon/snapshot_codec.h) of snapshot `id` of the namespace
+  // (fingerprint, salt) as written on disk, read on the worker: for a peer that restores it.
+  // Rejects with NOT_FOUND when the disk has none (not written yet, or dropped) and with
+  // CHECKSUM_MISMATCH when it fails its checks.
+  kj::Promise<std::string> encodedManifest(uint64_t fingerprint, const Salt& salt, SnapshotId id);
   // Every block the cold tier holds (a copy; for the cluster's directory at start).
   std::vector<ColdKey> blockKeys() const { return tier_->blockKeys(); }
 

@@ -124,7 +124,8 @@ Result<DaemonConfig> parseDaemonArgs(const std::vector<std::string>& args) {
       if (*bytes == 0) return makeError(ErrorCode::kInvalidArgument, flag, " must be positive");
       (flag == "--host-pool-bytes" ? config.hostPoolBytes : config.extentBytes) = *bytes;
     } else if (flag == "--listen" || flag == "--advertise") {
-      if (value.empty() || value.rfind(':') == std::string::npos || value.back() == ':') {
+      if (value.empty() || value.rfind(':') == std::string::npos || value.rfind(':') == 0 ||
+          value.back() == ':') {
         return makeError(ErrorCode::kInvalidArgument, flag, " wants HOST:PORT, not '", value, "'");
       }
       (flag == "--listen" ? config.listen : config.advertise) = value;
@@ -136,7 +137,7 @@ Result<DaemonConfig> parseDaemonArgs(const std::vector<std::string>& args) {
       while (start < value.size()) {
         const size_t comma = std::min(value.find(',', start), value.size());
         const std::string item = value.substr(start, comma - start);
-        if (item.rfind(':') == std::string::npos || item.back() == ':') {
+        if (item.rfind(':') == std::string::npos || item.rfind(':') == 0 || item.back() == ':') {
           return makeError(ErrorCode::kInvalidArgument, "--peers wants HOST:PORT,...; not '",
                            item, "'");
         }
@@ -144,7 +145,7 @@ Result<DaemonConfig> parseDaemonArgs(const std::vector<std::string>& args) {
         start = comma + 1;
       }
     } else if (flag == "--etcd") {
-      if (!value.starts_with("http://")) {
+      if (!value.starts_with("http://") || value.size() == 7) {
         return makeError(ErrorCode::kInvalidArgument, "--etcd wants http://HOST:PORT, not '",
                          value, "'");
       }

@@ -717,6 +717,7 @@ class SessionImpl final : public rpc::Session::Server {
       out.setDirectoryEntries(r.directoryEntries);
       out.setHeldKeys(r.heldKeys);
       out.setPublishBacklog(r.publishBacklog);
+      out.setDirectoryRehomed(r.rehomed);
       out.setRemoteLookups(r.remoteLookups);
       out.setRemoteHitBlocks(r.remoteHitBlocks);
       out.setRemoteHitBytes(r.remoteHitBytes);

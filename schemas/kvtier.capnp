@@ -173,6 +173,7 @@ struct Stats {
   fetchFull @46 :UInt64;            #   no room locally
   peerAuthFailures @47 :UInt64;     # peers refused for a wrong token
   heldKeys @48 :UInt64;             # keys this node holds, as published
+  directoryRehomed @49 :UInt64;     # keys re-sent to a new home after membership changes
 }
 
 interface Daemon {

@@ -22,6 +22,10 @@
 #include <random>
 #include <thread>
 
+#include <capnp/ez-rpc.h>
+
+#include "daemon/snapshot_codec.h"
+#include "schemas/peer.capnp.h"
 #include "tests/etcd_process.h"
 #include "tests/temp_dir.h"
 #include "tests/test_support.h"
@@ -80,7 +84,10 @@ struct NodeSpec {
 // N daemons on loopback, each listing the others (static membership) or registered in etcd.
 class Cluster {
  public:
-  explicit Cluster(std::vector<NodeSpec> specs, const std::string& etcd = "") : specs_(specs) {
+  // Starts the first `started` nodes (all by default); start(i) starts the others later.
+  explicit Cluster(std::vector<NodeSpec> specs, const std::string& etcd = "",
+                   size_t started = SIZE_MAX)
+      : specs_(specs) {
     for (size_t i = 0; i < specs.size(); ++i) {
       ports_.push_back(freePort());
       dirs_.push_back(std::make_unique<TempDir>());
@@ -88,7 +95,7 @@ class Cluster {
       std::ofstream(tokenFiles_.back()) << specs[i].token;
     }
     etcd_ = etcd;
-    for (size_t i = 0; i < specs.size(); ++i) start(i);
+    for (size_t i = 0; i < specs.size() && i < started; ++i) start(i);
   }
 
   void start(size_t i) {
@@ -131,7 +138,7 @@ class Cluster {
     return eventually(
         [&] {
           for (auto& d : daemons_) {
-            if (!d || d->pid() <= 0) continue;
+            if (!d || d->pid() <= 0) continue;  // not started, or stopped
             if (d->connect()->stats().value().clusterMembersUp != n) return false;
           }
           return true;
@@ -156,6 +163,8 @@ class Cluster {
 };
 
 std::vector<NodeSpec> nodes(size_t n) { return std::vector<NodeSpec>(n); }
+
+std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
 
 void putPrompt(DaemonProcess& d, const std::string& seq, uint64_t seed, size_t tokens) {
   const Layout layout = testLayout();
@@ -531,6 +540,127 @@ TEST(ClusterStart, AListenerOffLoopbackWithoutAStrongTokenRefusesToStart) {
   // On loopback no token is needed.
   DaemonProcess ok(16 << 20, dir.path() + "/data", {"--listen", "127.0.0.1:0"});
   EXPECT_NE(ok.peerAddr(), "off");
+}
+
+TEST(Cluster, PrefetchAnswersWithTheLocalHitAndFetchesTheRestBehind) {
+  Cluster c(nodes(2));
+  ASSERT_TRUE(c.formed(2));
+  putPrompt(c[0], "pf", 14, 128);
+  ASSERT_TRUE(c.published(0));
+  auto client = c[1].connect();
+  EXPECT_EQ(lookupPrompt(*client, 14, 128, RemoteMode::kPrefetch).matched, 0u);  // nothing local
+  ASSERT_TRUE(eventually([&] { return client->stats().value().remoteHitBlocks == 8; },
+                         std::chrono::seconds(10)));
+  const Hit hit = lookupPrompt(*client, 14, 128, RemoteMode::kLocal);
+  EXPECT_EQ(hit.matched, 128u);
+  EXPECT_TRUE(hit.identical);
+}
+
+TEST(Cluster, AMemberJoiningMovesOnlyTheKeysItBecomesHomeFor) {
+  Cluster c(nodes(3), "", 2);
+  ASSERT_TRUE(c.formed(2));
+  constexpr uint64_t kBlocks = 600;
+  putPrompt(c[0], "many", 15, kBlocks * 16);
+  ASSERT_TRUE(c.published(0));
+  auto client = c[0].connect();
+  const Stats before = client->stats().value();
+  EXPECT_EQ(before.heldKeys, kBlocks);
+  c.start(2);
+  ASSERT_TRUE(c.formed(3));
+  ASSERT_TRUE(c.published(0));
+  const Stats after = client->stats().value();
+  // Rendezvous hashing: the newcomer becomes home for about a third of the keys, and only those
+  // are sent again (one add each, in batches).
+  const uint64_t moved = after.directoryRehomed - before.directoryRehomed;
+  EXPECT_GT(moved, kBlocks / 6);
+  EXPECT_LT(moved, kBlocks / 2);
+  EXPECT_EQ(after.heldKeys, kBlocks);
+  std::printf("membership 2 -> 3: %lu of %lu keys re-sent\n", static_cast<unsigned long>(moved),
+              static_cast<unsigned long>(kBlocks));
+  // Every node's directory together holds each key once.
+  uint64_t entries = 0;
+  for (size_t i = 0; i < 3; ++i) entries += c[i].connect()->stats().value().directoryEntries;
+  EXPECT_EQ(entries, kBlocks);
+  EXPECT_GT(c[2].connect()->stats().value().directoryEntries, kBlocks / 6);
+  EXPECT_LT(c[2].connect()->stats().value().directoryEntries, kBlocks / 2);
+  // The newcomer finds the blocks through its own directory and the others'.
+  auto newcomer = c[2].connect();
+  const Hit hit = lookupPrompt(*newcomer, 15, kBlocks * 16);
+  EXPECT_EQ(hit.matched, kBlocks * 16);
+  EXPECT_TRUE(hit.identical);
+}
+
+TEST(Cluster, TheCliListsTheMembers) {
+  Cluster c(nodes(3));
+  ASSERT_TRUE(c.formed(3));
+  std::string out;
+  ASSERT_EQ(runTool({"--socket", c[1].socket(), "cluster"}, &out), 0) << out;
+  EXPECT_NE(out.find("n1 "), std::string::npos) << out;
+  EXPECT_NE(out.find("(this node)"), std::string::npos) << out;
+  size_t up = 0;
+  for (size_t at = out.find(" up"); at != std::string::npos; at = out.find(" up", at + 1)) ++up;
+  EXPECT_EQ(up, 3u) << out;
+  c[2].stop(SIGTERM);
+  ASSERT_TRUE(eventually([&] { return c[1].connect()->stats().value().clusterMembersUp == 2; },
+                         std::chrono::seconds(10)));
+  ASSERT_EQ(runTool({"--socket", c[1].socket(), "cluster"}, &out), 0) << out;
+  EXPECT_NE(out.find("down"), std::string::npos) << out;
+}
+
+// A peer as another daemon sees it: authenticate, then call.
+TEST(Cluster, ThePeerProtocolServesSnapshotManifestsOnlyAfterTheToken) {
+  std::vector<NodeSpec> specs = nodes(1);
+  specs[0].coldTier = true;
+  Cluster c(specs);
+  auto client = c[0].connect();
+  auto space = client->open(testLayout()).value();
+  const auto t = synthetic::tokens(16, 80);
+  const auto kv = synthetic::packedKv(testLayout(), t, 0, t.size());
+  ASSERT_TRUE(space->put("s", 0, t, kv.data(), kv.size()).ok());
+  const auto snap = space->snapshot("s", 16).value();
+  ASSERT_TRUE(eventually([&] { return client->stats().value().coldSnapshots == 1; },
+                         std::chrono::seconds(10)));
+  capnp::EzRpcClient rpc(c[0].peerAddr());
+  auto& ws = rpc.getWaitScope();
+  auto gate = rpc.getMain<rpc::peer::PeerGate>();
+  const Salt salt = saltFor("uid:" + std::to_string(::getuid()));
+  {
+    auto bad = gate.authenticateRequest();
+    bad.setToken(capnp::Data::Reader(reinterpret_cast<const uint8_t*>("nope"), 4));
+    bad.setProtocolVersion(rpc::peer::PEER_PROTOCOL_VERSION);
+    bad.setNodeId("intruder");
+    EXPECT_ANY_THROW(bad.send().wait(ws));
+  }
+  capnp::EzRpcClient rpc2(c[0].peerAddr());
+  auto& ws2 = rpc2.getWaitScope();
+  auto req = rpc2.getMain<rpc::peer::PeerGate>().authenticateRequest();
+  req.setToken(capnp::Data::Reader(reinterpret_cast<const uint8_t*>(kToken.data()), kToken.size()));
+  req.setProtocolVersion(rpc::peer::PEER_PROTOCOL_VERSION);
+  req.setNodeId("tester");
+  auto peer = req.send().wait(ws2).getPeer();
+  auto ask = peer.snapshotManifestRequest();
+  ask.getSpace().setFingerprint(space->fingerprint());
+  ask.getSpace().setSalt(capnp::Data::Reader(salt.data(), salt.size()));
+  ask.setId(snap.id);
+  auto answer = ask.send().wait(ws2);
+  auto bytes = answer.getManifest();
+  auto manifest = decodeManifest(std::string_view(reinterpret_cast<const char*>(bytes.begin()), bytes.size()),
+                                 space->fingerprint(), salt, snap.id);
+  ASSERT_TRUE(manifest.ok()) << manifest.error().toString();
+  EXPECT_EQ(manifest->from, 16u);
+  EXPECT_EQ(manifest->to, 80u);
+  // Another tenant's salt names no snapshot.
+  auto other = peer.snapshotManifestRequest();
+  other.getSpace().setFingerprint(space->fingerprint());
+  const Salt otherSalt = saltFor("uid:4321");
+  other.getSpace().setSalt(capnp::Data::Reader(otherSalt.data(), otherSalt.size()));
+  other.setId(snap.id);
+  EXPECT_ANY_THROW(other.send().wait(ws2));
+  // Bad input is refused, typed, and the peer keeps serving.
+  auto bad = peer.whoHoldsRequest();
+  bad.getSpace().setSalt(capnp::Data::Reader(salt.data(), 3));
+  EXPECT_ANY_THROW(bad.send().wait(ws2));
+  EXPECT_EQ(text(peer.pingRequest().send().wait(ws2).getNodeId()), "n0");
 }
 
 }  // namespace

@@ -21,6 +21,7 @@ namespace {
 const char* kUsage =
     "usage: kvtier [--socket PATH] [--layout SPEC] COMMAND [ARGS]\n"
     "  stats                         the daemon's counters as JSON\n"
+    "  cluster                       the cluster members the daemon sees, and their state\n"
     "  demo                          two processes share a prompt's KV (A puts, B looks up)\n"
     "Sequences and snapshots of a namespace (SPEC names the layout, default the demo's):\n"
     "  length SEQ                    truncate SEQ N           remove SEQ BEGIN [END]\n"
@@ -334,6 +335,26 @@ int spaceCommand(const std::string& socket, const Layout& layout,
   return 2;
 }
 
+// `kvtier cluster`: the members the daemon sees, one a line.
+int cluster(const std::string& socket) {
+  auto client = connectOrDie(socket, "kvtier-cluster");
+  auto c = client->cluster();
+  if (!c) {
+    std::fprintf(stderr, "kvtier: %s\n", c.error().toString().c_str());
+    return 1;
+  }
+  if (c->second.empty()) {
+    std::printf("not in a cluster (start kvtierd with --listen and --peers or --etcd)\n");
+    return 0;
+  }
+  std::printf("%-24s %-24s %s\n", "NODE", "ADDRESS", "STATE");
+  for (const auto& m : c->second) {
+    std::printf("%-24s %-24s %s%s\n", m.nodeId.empty() ? "?" : m.nodeId.c_str(),
+                m.address.c_str(), m.up ? "up" : "down", m.self ? " (this node)" : "");
+  }
+  return 0;
+}
+
 int stats(const std::string& socket) {
   auto client = connectOrDie(socket, "kvtier-stats");
   auto s = client->stats();
@@ -374,6 +395,7 @@ int main(int argc, char** argv) {
   }
   const std::string command = argv[i];
   if (command == "stats") return kvtier::stats(socket);
+  if (command == "cluster") return kvtier::cluster(socket);
   if (command == "demo") return kvtier::demo(socket);
   if (command == "demo-writer") return kvtier::demoWriter(socket);
   if (command == "demo-reader") return kvtier::demoReader(socket);

@@ -385,10 +385,18 @@ class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
     return kj::READY_NOW;
   }
 
-  kj::Promise<void> snapshotManifest(SnapshotManifestContext) override {
-    // Snapshots addressed across nodes come with the snapshot-move work (docs/cluster.md).
-    throwRpcError(
-        makeError(ErrorCode::kNotSupported, "snapshot manifests are not served across nodes yet"));
+  kj::Promise<void> snapshotManifest(SnapshotManifestContext context) override {
+    auto p = context.getParams();
+    const Salt salt = saltFrom(p.getSpace().getSalt());
+    if (!impl_.cold_) {
+      throwRpcError(makeError(ErrorCode::kNotFound, "this node keeps no snapshots on disk"));
+    }
+    // Snapshots are written behind the call that made them: one not yet on disk is NOT_FOUND.
+    return impl_.cold_->encodedManifest(p.getSpace().getFingerprint(), salt, p.getId())
+        .then([context](std::string manifest) mutable {
+          context.getResults().setManifest(capnp::Data::Reader(
+              reinterpret_cast<const uint8_t*>(manifest.data()), manifest.size()));
+        });
   }
 
   kj::Promise<void> members(MembersContext context) override {
