@@ -63,6 +63,22 @@ std::string readLine(int fd, std::string& buffer, const std::string& prefix) {
   }
 }
 
+// The data directories DaemonProcess made itself: a later daemon of the same test may reuse one
+// (a restart), so they are removed when the test binary exits, not with their first daemon.
+struct MadeDirs {
+  std::vector<std::string> paths;
+  ~MadeDirs() {
+    for (const auto& p : paths) {
+      std::error_code ec;
+      std::filesystem::remove_all(p, ec);
+    }
+  }
+};
+MadeDirs& madeDirs() {
+  static MadeDirs dirs;
+  return dirs;
+}
+
 int exitCode(int status) {
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
@@ -79,6 +95,7 @@ DaemonProcess::DaemonProcess(uint64_t hostPoolBytes, std::string dataDir,
     char tmpl[] = "/tmp/kvtier-test-XXXXXX";
     if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
     dataDir = tmpl;
+    madeDirs().paths.push_back(dataDir);
   }
   dataDir_ = dataDir;
   socket_ = dataDir_ + "/kvtierd.sock";
