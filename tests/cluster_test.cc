@@ -590,9 +590,20 @@ TEST(Cluster, AMemberJoiningMovesOnlyTheKeysItBecomesHomeFor) {
   EXPECT_TRUE(hit.identical);
 }
 
-TEST(Cluster, TheCliListsTheMembers) {
-  Cluster c(nodes(3));
+TEST(Cluster, TheCliListsTheMembersAndTheMetricsCountTheCluster) {
+  std::vector<NodeSpec> specs = nodes(3);
+  specs[1].extraArgs = {"--metrics-addr", "127.0.0.1:0"};
+  Cluster c(specs);
   ASSERT_TRUE(c.formed(3));
+  putPrompt(c[0], "m", 17, 64);
+  ASSERT_TRUE(c.published(0));
+  auto reader = c[1].connect();
+  ASSERT_EQ(lookupPrompt(*reader, 17, 64).matched, 64u);
+  const std::string page = httpGet(c[1].metricsAddr(), "/metrics");
+  EXPECT_NE(page.find("\nkvtier_cluster_members_up 3\n"), std::string::npos) << page;
+  EXPECT_NE(page.find("\nkvtier_remote_hit_blocks_total 4\n"), std::string::npos) << page;
+  EXPECT_NE(page.find("\nkvtier_fetch_errors_total{kind=\"checksum\"} 0\n"), std::string::npos);
+  EXPECT_NE(page.find("kvtier_directory_entries"), std::string::npos);
   std::string out;
   ASSERT_EQ(runTool({"--socket", c[1].socket(), "cluster"}, &out), 0) << out;
   EXPECT_NE(out.find("n1 "), std::string::npos) << out;

@@ -1,6 +1,9 @@
 #include "tests/test_support.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -86,6 +89,38 @@ int exitCode(int status) {
 }
 
 }  // namespace
+
+// A plain HTTP/1.1 GET over a TCP socket to the daemon's metrics address; the whole response.
+std::string httpGet(const std::string& addr, const std::string& path) {
+  const size_t colon = addr.rfind(':');
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(std::stoi(addr.substr(colon + 1))));
+  inet_pton(AF_INET, addr.substr(0, colon).c_str(), &sa.sin_addr);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) return "";
+  // Read the headers, then exactly Content-Length bytes (the server may keep the connection open).
+  std::string out;
+  char buf[4096];
+  size_t want = std::string::npos;
+  while (want == std::string::npos || out.size() < want) {
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+    const size_t end = out.find("\r\n\r\n");
+    const size_t cl = out.find("Content-Length: ");
+    if (want == std::string::npos && end != std::string::npos && cl != std::string::npos) {
+      want = end + 4 + std::stoul(out.substr(cl + 16));
+    }
+  }
+  close(fd);
+  return out;
+}
 
 std::string peerPath() { return KVTIER_PEER_PATH; }
 

@@ -79,6 +79,10 @@ Stats waitForStats(Client& client, Pred pred);
 
 std::string peerPath();
 
+// A plain HTTP/1.1 GET to HOST:PORT (a daemon's metrics address); the whole response, "" when
+// nothing answers.
+std::string httpGet(const std::string& addr, const std::string& path);
+
 }  // namespace kvtier::test
 
 #include "tests/test_support_inl.h"
