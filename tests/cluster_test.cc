@@ -25,6 +25,7 @@
 #include <capnp/ez-rpc.h>
 
 #include "daemon/snapshot_codec.h"
+#include "transport/rpc_codec.h"
 #include "schemas/peer.capnp.h"
 #include "tests/etcd_process.h"
 #include "tests/temp_dir.h"
@@ -672,6 +673,60 @@ TEST(Cluster, ThePeerProtocolServesSnapshotManifestsOnlyAfterTheToken) {
   bad.getSpace().setSalt(capnp::Data::Reader(salt.data(), 3));
   EXPECT_ANY_THROW(bad.send().wait(ws2));
   EXPECT_EQ(text(peer.pingRequest().send().wait(ws2).getNodeId()), "n0");
+}
+
+// A fetcher that pins and then never releases, or vanishes: the holder's pins end with their
+// lease, or with the connection.
+TEST(Cluster, NoPinOutlivesItsLeaseOrItsConnection) {
+  Cluster c(nodes(1));
+  putPrompt(c[0], "held", 18, 96);  // 6 blocks
+  auto client = c[0].connect();
+  auto space = client->open(testLayout()).value();
+  const Salt salt = saltFor("uid:" + std::to_string(::getuid()));
+  BlockKeyHasher hasher(space->fingerprint(), salt);
+  const auto tokens = synthetic::tokens(18, 96);
+  std::vector<Key128> keys;
+  for (size_t i = 0; i < 6; ++i) {
+    keys.push_back(hasher.next(i == 0 ? nullptr : &keys.back(),
+                               std::span<const uint32_t>(tokens).subspan(i * 16, 16)));
+  }
+  auto pin = [&](capnp::EzRpcClient& rpc, uint32_t leaseMs) {
+    auto auth = rpc.getMain<rpc::peer::PeerGate>().authenticateRequest();
+    auth.setToken(capnp::Data::Reader(reinterpret_cast<const uint8_t*>(kToken.data()), kToken.size()));
+    auth.setProtocolVersion(rpc::peer::PEER_PROTOCOL_VERSION);
+    auth.setNodeId("fetcher");
+    auto peer = auth.send().wait(rpc.getWaitScope()).getPeer();
+    auto req = peer.pinRequest();
+    layoutToRpc(testLayout(), req.initLayout());
+    req.setSalt(capnp::Data::Reader(salt.data(), salt.size()));
+    auto packed = req.initKeys(keys.size() * 16);
+    for (size_t i = 0; i < keys.size(); ++i) std::memcpy(packed.begin() + 16 * i, keys[i].bytes.data(), 16);
+    req.setLeaseMs(leaseMs);
+    return req.send().wait(rpc.getWaitScope());
+  };
+  {
+    capnp::EzRpcClient rpc(c[0].peerAddr());
+    auto answer = pin(rpc, 300);  // the lease capability is held, never released
+    ASSERT_EQ(answer.getBlocks().size(), 6u);
+    for (auto b : answer.getBlocks()) EXPECT_EQ(b.getBytes(), testLayout().blockBytes());
+    EXPECT_EQ(client->stats().value().blocksPinned, 6u);
+    const Stats s = waitForStats(*client, [](const Stats& s) { return s.blocksPinned == 0; });
+    EXPECT_EQ(s.blocksPinned, 0u);  // the lease ran out
+  }
+  {
+    // A fetcher process that pins and is killed: its connection ends, and so do its pins.
+    PeerProcess fetcher({"pin-and-hang", c[0].peerAddr(), kToken, "18", "96"});
+    ASSERT_EQ(fetcher.waitForLine("PINNED"), "PINNED 6");
+    EXPECT_EQ(client->stats().value().blocksPinned, 6u);
+    fetcher.kill(SIGKILL);
+    fetcher.wait();
+    const Stats s = waitForStats(*client, [](const Stats& s) { return s.blocksPinned == 0; });
+    EXPECT_EQ(s.blocksPinned, 0u);
+  }
+  // A pin of keys nobody holds pins nothing.
+  keys[0].bytes[0] ^= 1;
+  capnp::EzRpcClient rpc(c[0].peerAddr());
+  EXPECT_EQ(pin(rpc, 1000).getBlocks().size(), 0u);
 }
 
 }  // namespace

@@ -11,6 +11,9 @@
 //                                            killed
 //   verify-as UID SOCKET SEED N              as uid UID (group 0: still let in, another
 //                                            tenant), lookup tokens(SEED, N); print "MATCHED <n>"
+//   pin-and-hang PEERADDR TOKEN SEED N       as a peer daemon would: authenticate on PEERADDR,
+//                                            pin the blocks of tokens(SEED, N) for a minute,
+//                                            print "PINNED <blocks>"; sleep until killed
 //   connect-as UID SOCKET                    setuid(UID), connect, print "CONNECT <error code
 //   name>"
 #include <unistd.h>
@@ -19,7 +22,13 @@
 #include <cstdlib>
 #include <string>
 
+#include <capnp/ez-rpc.h>
+
+#include <cstring>
+
 #include "kvtier/client.h"
+#include "schemas/peer.capnp.h"
+#include "transport/rpc_codec.h"
 #include "tests/test_support.h"
 #include "tools/synthetic_kv.h"
 
@@ -149,6 +158,37 @@ int main(int argc, char** argv) {
     if (!hit) fail("lookup", hit.error());
     std::printf("MATCHED %lu\n", static_cast<unsigned long>(hit->matchedTokens()));
     return 0;
+  }
+  if (a[0] == "pin-and-hang" && a.size() == 5) {
+    const uint64_t fingerprint = layout.fingerprint();
+    const Salt salt = saltFor("uid:" + std::to_string(::getuid()));
+    BlockKeyHasher hasher(fingerprint, salt);
+    const auto tokens = synthetic::tokens(std::stoull(a[3]), std::stoull(a[4]));
+    std::vector<Key128> keys;
+    for (size_t i = 0; (i + 1) * layout.blockTokens <= tokens.size(); ++i) {
+      keys.push_back(hasher.next(keys.empty() ? nullptr : &keys.back(),
+                                 std::span<const uint32_t>(tokens).subspan(
+                                     i * layout.blockTokens, layout.blockTokens)));
+    }
+    capnp::EzRpcClient rpc(a[1]);
+    auto& ws = rpc.getWaitScope();
+    auto auth = rpc.getMain<rpc::peer::PeerGate>().authenticateRequest();
+    auth.setToken(capnp::Data::Reader(reinterpret_cast<const uint8_t*>(a[2].data()), a[2].size()));
+    auth.setProtocolVersion(rpc::peer::PEER_PROTOCOL_VERSION);
+    auth.setNodeId("test-fetcher");
+    auto peer = auth.send().wait(ws).getPeer();
+    auto req = peer.pinRequest();
+    layoutToRpc(layout, req.initLayout());
+    req.setSalt(capnp::Data::Reader(salt.data(), salt.size()));
+    auto packed = req.initKeys(keys.size() * 16);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      std::memcpy(packed.begin() + 16 * i, keys[i].bytes.data(), 16);
+    }
+    req.setLeaseMs(60000);
+    auto answer = req.send().wait(ws);
+    std::printf("PINNED %u\n", answer.getBlocks().size());
+    std::fflush(stdout);
+    kj::NEVER_DONE.wait(ws);
   }
   if (a[0] == "connect-as" && a.size() == 3) {
     const auto id = static_cast<uid_t>(std::stoul(a[1]));
