@@ -7,19 +7,22 @@
 #          and readrandom, hot lookup p99 while spilling against idle -> bench/results/cold.json
 #   gpu    paged KV gather/scatter kernels against cudaMemcpy D2D, host->GPU promotion against
 #          pinned H2D (needs a GPU and a CUDA build; null ratios otherwise) -> bench/results/gpu.json
+#   cluster remote hits between two daemons on loopback against ucx_perftest ucp_get (UCX_TLS=tcp
+#          and UCX's defaults), a lookup missing everywhere against a local miss, puts on a
+#          cluster member against a lone daemon                       -> bench/results/cluster.json
 #
-#   scripts/bench.sh [--suite local|cold|gpu|all] [kvtier-bench arguments, e.g. --reps 9]
+#   scripts/bench.sh [--suite local|cold|gpu|cluster|all] [kvtier-bench arguments, e.g. --reps 9]
 #
-# The default is all: local, cold, then gpu. Other arguments go to every kvtier-bench run.
+# The default is all: local, cold, gpu, then cluster. Other arguments go to every kvtier-bench run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-suites=(local cold gpu)
+suites=(local cold gpu cluster)
 if [[ "${1:-}" == "--suite" ]]; then
   case "${2:-}" in
-    local | cold | gpu) suites=("$2") ;;
+    local | cold | gpu | cluster) suites=("$2") ;;
     all) ;;
     *)
-      echo "usage: scripts/bench.sh [--suite local|cold|gpu|all] [kvtier-bench arguments]" >&2
+      echo "usage: scripts/bench.sh [--suite local|cold|gpu|cluster|all] [kvtier-bench arguments]" >&2
       exit 2
       ;;
   esac
