@@ -54,7 +54,10 @@
 #include <utility>
 #include <vector>
 
+#include <capnp/ez-rpc.h>
+
 #include "kvtier/client.h"
+#include "schemas/peer.capnp.h"
 #include "tools/synthetic_kv.h"
 #include "transport/busy_poll.h"
 #ifdef KVTIER_HAVE_CUDA
@@ -2060,7 +2063,7 @@ bool tcpListening(uint16_t port) {
 // overall bandwidth, whose MB are 2^20 bytes.
 Result<double> runUcxPerftest(const std::string& exe, const TempDir& dir,
                               const std::optional<std::string>& tls, uint64_t bytes,
-                              int outstanding = 0) {
+                              int outstanding = 0, bool errorHandling = false) {
   auto ports = freeLoopbackPorts(1);
   if (!ports) return ports.error();
   const uint16_t port = ports->front();
@@ -2085,6 +2088,7 @@ Result<double> runUcxPerftest(const std::string& exe, const TempDir& dir,
     argv.push_back("-O");
     argv.push_back(std::to_string(outstanding));
   }
+  if (errorHandling) argv.push_back("-e");
   auto client = ChildProcess::spawn(argv, log, true, env);
   if (!client) return client.error();
   auto line = client->waitForLine("Final:", kPerftestTimeout);
@@ -2114,6 +2118,7 @@ Result<double> runUcxPerftest(const std::string& exe, const TempDir& dir,
 // next to the 128 MiB each of their timed calls moves.
 struct ClusterNode {
   std::string name;
+  std::string peerAddr;  // HOST:PORT of its peer listener (members only)
   ClientThreading threading = ClientThreading::kOwnThread;
   std::optional<TempDir> dir;
   BenchDaemon daemon;
@@ -2174,6 +2179,8 @@ Status startPair(ClusterPair& pair, const Options& options, const ClusterWorkloa
   const std::string addrB = "127.0.0.1:" + std::to_string((*ports)[1]);
   pair.a.name = tag + "-a";
   pair.b.name = tag + "-b";
+  pair.a.peerAddr = addrA;
+  pair.b.peerAddr = addrB;
   if (auto s =
           startNode(pair.a, options, w,
                     {"--listen", addrA, "--peers", addrB, "--node-id", pair.a.name}, pair.ucxTls);
@@ -2262,13 +2269,45 @@ struct ClusterRep {
   double fetch[2] = {0, 0};                      // bytes/s of remote hits
   std::vector<double> fetchSeconds[2];           // each remote hit
   std::optional<double> perftest[2];             // ucx_perftest, bytes/s
-  std::optional<double> perftestOutstanding[2];  // the same with kPerftestOutstanding in flight
+  std::optional<double> perftestOutstanding[2];  // one get in flight, no failure handling
   double hitBlocksPerFetch[2] = {0, 0};          // b's remoteHitBlocks delta / fetches
   double missRemote = 0, missLocal = 0;          // median seconds
   double remoteLookupsPerMiss = 0;               // b's remoteLookups delta / kFetch misses
   double tcpRtt = 0;                             // median seconds
+  double peerRtt = 0;       // median Peer.ping round trip to the asker's peer (seconds)
+  double heartbeatRtt = 0;  // the asker's own median heartbeat round trip (kvtier stats)
   double putCluster = 0, putLone = 0;            // bytes/s
 };
+
+// Median round trip of `n` Peer.ping calls to the daemon listening at `addr`, made as another
+// daemon makes them (authenticated over the peer protocol; the suite's daemons listen on loopback
+// without a token), one at a time, from a thread of its own (its own event loop).
+Result<double> samplePeerPings(const std::string& addr, int n) {
+  std::vector<double> out;
+  std::string error;
+  std::thread t([&] {
+    KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] {
+                   capnp::EzRpcClient rpc(addr);
+                   auto& ws = rpc.getWaitScope();
+                   auto auth = rpc.getMain<rpc::peer::PeerGate>().authenticateRequest();
+                   auth.setProtocolVersion(rpc::peer::PEER_PROTOCOL_VERSION);
+                   auth.setNodeId("kvtier-bench");
+                   auto peer = auth.send().wait(ws).getPeer();
+                   for (int i = 0; i < n; ++i) {
+                     const auto t0 = Clock::now();
+                     peer.pingRequest().send().wait(ws);
+                     out.push_back(secondsSince(t0));
+                     // As far apart as the misses: the daemon's loop sleeps in between.
+                     std::this_thread::sleep_for(std::chrono::microseconds(200));
+                   }
+                 })) {
+      error = e->getDescription().cStr();
+    }
+  });
+  t.join();
+  if (!error.empty()) return unavailable("peer pings to ", addr, ": ", error);
+  return medianOf(out);
+}
 
 Result<ClusterRep> measureClusterRepetition(ClusterPair (&pairs)[2], ClusterNode& lone,
                                             ClusterWorkload& w, EchoPeer& tcpEcho,
@@ -2284,11 +2323,15 @@ Result<ClusterRep> measureClusterRepetition(ClusterPair (&pairs)[2], ClusterNode
     for (int i = 0; i < kFetchesPerRep; ++i) {
       if (gInterrupted) return unavailable("interrupted");
       if (i == kFetchesPerRep / 2 && perftest) {
-        auto bw = runUcxPerftest(*perftest, scratch, pair.ucxTls, w.layout.blockBytes());
+        // The anchor: gets as the daemon issues them (all of a prompt's blocks in flight at
+        // once) on endpoints with peer failure handling, as the daemon's are.
+        auto bw = runUcxPerftest(*perftest, scratch, pair.ucxTls, w.layout.blockBytes(),
+                                 kPerftestOutstanding, /*errorHandling=*/true);
         if (!bw) return bw.error();
         r.perftest[p] = *bw;
-        bw = runUcxPerftest(*perftest, scratch, pair.ucxTls, w.layout.blockBytes(),
-                            kPerftestOutstanding);
+        // For the record: one get at a time, without failure handling (with UCX's defaults on
+        // one host that is shared memory, which no failure-handling endpoint gets in UCX 1.13).
+        bw = runUcxPerftest(*perftest, scratch, pair.ucxTls, w.layout.blockBytes());
         if (!bw) return bw.error();
         r.perftestOutstanding[p] = *bw;
       }
@@ -2327,6 +2370,11 @@ Result<ClusterRep> measureClusterRepetition(ClusterPair (&pairs)[2], ClusterNode
   r.missLocal = medianOf(local);
   r.remoteLookupsPerMiss = double(after->remoteLookups - before->remoteLookups) / kMissesPerRep;
   r.tcpRtt = medianOf(pings);
+  r.heartbeatRtt = after->peerRttMicros * 1e-6;
+  // The asker's peer (the home of about half of each miss's keys), pinged as the asker would.
+  auto rtt = samplePeerPings(pairs[1].a.peerAddr, kMissesPerRep);
+  if (!rtt) return rtt.error();
+  r.peerRtt = *rtt;
 
   // Puts on the first member of the second pair and on the lone daemon. The member's publishing
   // of its last round is waited for before the lone daemon's puts are timed, so it does not land
@@ -2434,13 +2482,14 @@ Status runClusterSuite(const Options& options) {
 
   const auto report = newReport;
   RatioReport fetchTcp = report("fetch_vs_ucx_tcp", "remote hit, UCX_TLS=tcp",
-                                "ucx_perftest ucp_get 2 MiB, tcp", "bytes/s", true, 0.8);
+                                "ucx_perftest get 2 MiB -O64 -e, tcp", "bytes/s", true, 0.8);
   RatioReport fetchDefault = report("fetch_vs_ucx_default", "remote hit, UCX defaults",
-                                    "ucx_perftest ucp_get 2 MiB, defaults", "bytes/s", true, 0.8);
+                                    "ucx_perftest get 2 MiB -O64 -e, defaults", "bytes/s", true,
+                                    0.8);
   RatioReport miss = report("remote_miss_overhead", "miss, remote=fetch", "miss, remote=local", "s",
                             false, std::nullopt);
-  RatioReport missRtt = report("remote_miss_extra_vs_tcp_rtt", "extra of remote=fetch",
-                               "TCP loopback ping-pong", "s", false, 2.0);
+  RatioReport missRtt = report("remote_miss_extra_vs_peer_rtt", "extra of remote=fetch",
+                               "peer round trip (Peer.ping)", "s", false, 2.0);
   RatioReport put = report("put_cluster_vs_local", "put on a member", "put on a lone daemon",
                            "bytes/s", true, 0.95);
   fetchTcp.skipped = fetchDefault.skipped = perftestSkipped;
@@ -2451,14 +2500,16 @@ Status runClusterSuite(const Options& options) {
       {"remote_hit_ms_default", {}},
       {"ucx_perftest_MBps_tcp", {}},
       {"ucx_perftest_MBps_default", {}},
-      {"ucx_perftest_O64_MBps_tcp", {}},
-      {"ucx_perftest_O64_MBps_default", {}},
-      {"fetch_vs_ucx_O64_tcp", {}},
-      {"fetch_vs_ucx_O64_default", {}},
+      {"ucx_perftest_O1_no_errhandling_MBps_tcp", {}},
+      {"ucx_perftest_O1_no_errhandling_MBps_default", {}},
+      {"fetch_vs_ucx_O1_no_errhandling_tcp", {}},
+      {"fetch_vs_ucx_O1_no_errhandling_default", {}},
       {"miss_remote_fetch_us", {}},
       {"miss_remote_local_us", {}},
       {"miss_extra_us", {}},
       {"tcp_rtt_us", {}},
+      {"miss_extra_vs_tcp_rtt", {}},
+      {"heartbeat_rtt_us", {}},
       {"remote_lookups_per_fetch_miss", {}}};
   std::vector<double> allFetchSeconds[2];
 
@@ -2471,13 +2522,14 @@ Status runClusterSuite(const Options& options) {
     const double nan = std::nan("");
     std::fprintf(stderr,
                  "%s %d: remote hit %s (tcp) vs perftest %s, %s (defaults) vs %s; miss %s vs %s "
-                 "local, tcp rtt %s; put %s member vs %s lone (%.1f s)\n",
+                 "local, peer rtt %s, tcp rtt %s; put %s member vs %s lone (%.1f s)\n",
                  warmup ? "warm-up" : "rep", rep, human(f->fetch[0], "bytes/s").c_str(),
                  human(f->perftest[0].value_or(nan), "bytes/s").c_str(),
                  human(f->fetch[1], "bytes/s").c_str(),
                  human(f->perftest[1].value_or(nan), "bytes/s").c_str(),
                  human(f->missRemote, "s").c_str(), human(f->missLocal, "s").c_str(),
-                 human(f->tcpRtt, "s").c_str(), human(f->putCluster, "bytes/s").c_str(),
+                 human(f->peerRtt, "s").c_str(), human(f->tcpRtt, "s").c_str(),
+                 human(f->putCluster, "bytes/s").c_str(),
                  human(f->putLone, "bytes/s").c_str(), secondsSince(t0));
     if (warmup) continue;
     RatioReport* fetches[2] = {&fetchTcp, &fetchDefault};
@@ -2492,7 +2544,7 @@ Status runClusterSuite(const Options& options) {
     miss.kvtier.perRep.push_back(f->missRemote);
     miss.anchor.perRep.push_back(f->missLocal);
     missRtt.kvtier.perRep.push_back(f->missRemote - f->missLocal);
-    missRtt.anchor.perRep.push_back(f->tcpRtt);
+    missRtt.anchor.perRep.push_back(f->peerRtt);
     put.kvtier.perRep.push_back(f->putCluster);
     put.anchor.perRep.push_back(f->putLone);
     const double values[] = {f->hitBlocksPerFetch[0],
@@ -2509,6 +2561,8 @@ Status runClusterSuite(const Options& options) {
                              f->missLocal * 1e6,
                              (f->missRemote - f->missLocal) * 1e6,
                              f->tcpRtt * 1e6,
+                             (f->missRemote - f->missLocal) / f->tcpRtt,
+                             f->heartbeatRtt * 1e6,
                              f->remoteLookupsPerMiss};
     for (size_t i = 0; i < checks.size(); ++i) checks[i].second.push_back(values[i]);
   }
@@ -2561,9 +2615,10 @@ Status runClusterSuite(const Options& options) {
                  "-s " +
                  std::to_string(w.layout.blockBytes()) + " -n " +
                  std::to_string(kPerftestIterations) +
-                 " -p PORT; the Final line's overall bandwidth (MB = 2^20 bytes); the "
-                 "O64 checks add -O " +
-                 std::to_string(kPerftestOutstanding))
+                 " -p PORT -O " + std::to_string(kPerftestOutstanding) +
+                 " -e (as many gets in flight as a fetch has, endpoints with peer failure "
+                 "handling like the daemon's); the Final line's overall bandwidth (MB = 2^20 "
+                 "bytes); the O1_no_errhandling checks drop -O and -e")
           << ",\n    \"remote_hit\": "
           << jsonString(
                  "bytes of a fresh 64-block prompt / seconds of one lookup on B (remote = "

@@ -561,6 +561,7 @@ Result<Stats> Client::stats() {
           out.fetchChecksum = s.getFetchChecksum();
           out.fetchFull = s.getFetchFull();
           out.peerAuthFailures = s.getPeerAuthFailures();
+          out.peerRttMicros = s.getPeerRttMicros();
           for (auto sp : s.getSpaces()) {
             out.spaces.push_back(SpaceStats{sp.getFingerprint(), sp.getBlockBytes(),
                                             sp.getBlocksTotal(), sp.getBlocksUsed(),
@@ -611,7 +612,7 @@ std::string Stats::toJson() const {
     << ", \"served_blocks\": " << servedBlocks << ", \"fetch_errors\": {\"timeout\": " << fetchTimeouts
     << ", \"unavailable\": " << fetchUnavailable << ", \"transfer\": " << fetchTransfer
     << ", \"checksum\": " << fetchChecksum << ", \"full\": " << fetchFull
-    << "}, \"auth_failures\": " << peerAuthFailures << "}, \"spaces\": [";
+    << "}, \"auth_failures\": " << peerAuthFailures << ", \"peer_rtt_us\": " << peerRttMicros << "}, \"spaces\": [";
   for (size_t i = 0; i < spaces.size(); ++i) {
     const auto& s = spaces[i];
     o << (i ? ", " : "") << "{\"fingerprint\": \"" << std::hex << s.fingerprint << std::dec

@@ -38,6 +38,7 @@ struct RemoteStats {
   uint64_t servedBlocks = 0, servedBytes = 0;  // blocks this node pinned for other nodes
   uint64_t pinsExpired = 0;                 // pins whose lease ran out before release
   uint64_t authFailures = 0;
+  uint64_t peerRttMicros = 0;               // median heartbeat round trip to live peers
   // Fetch errors by kind: a peer that did not answer in time, a peer unreachable or gone, a
   // transfer that failed, a block that failed its checksum or key check, no room locally.
   uint64_t fetchTimeouts = 0, fetchUnavailable = 0, fetchTransfer = 0, fetchChecksum = 0,

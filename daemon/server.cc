@@ -728,6 +728,7 @@ class SessionImpl final : public rpc::Session::Server {
       out.setFetchChecksum(r.fetchChecksum);
       out.setFetchFull(r.fetchFull);
       out.setPeerAuthFailures(r.authFailures);
+      out.setPeerRttMicros(r.peerRttMicros);
     }
     auto spaces = out.initSpaces(s.spaces.size());
     for (uint32_t i = 0; i < s.spaces.size(); ++i) {
@@ -920,6 +921,8 @@ std::string Server::metricsText() {
             r.pinsExpired);
     counter("kvtier_peer_auth_failures_total", "Peers refused for a wrong token.",
             r.authFailures);
+    gauge("kvtier_peer_rtt_microseconds", "Median heartbeat round trip to live peers.",
+          r.peerRttMicros);
     const std::pair<const char*, uint64_t> kinds[] = {{"timeout", r.fetchTimeouts},
                                                       {"unavailable", r.fetchUnavailable},
                                                       {"transfer", r.fetchTransfer},

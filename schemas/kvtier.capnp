@@ -174,6 +174,7 @@ struct Stats {
   peerAuthFailures @47 :UInt64;     # peers refused for a wrong token
   heldKeys @48 :UInt64;             # keys this node holds, as published
   directoryRehomed @49 :UInt64;     # keys re-sent to a new home after membership changes
+  peerRttMicros @50 :UInt64;        # median round trip of the last heartbeats to live peers
 }
 
 interface Daemon {

@@ -108,6 +108,7 @@ struct Stats {
   uint64_t remoteLookups = 0, remoteHitBlocks = 0, remoteHitBytes = 0, servedBlocks = 0;
   uint64_t fetchTimeouts = 0, fetchUnavailable = 0, fetchTransfer = 0, fetchChecksum = 0,
            fetchFull = 0, peerAuthFailures = 0;
+  uint64_t peerRttMicros = 0;  // median heartbeat round trip to the live peers
   std::vector<SpaceStats> spaces;
   std::string toJson() const;
 };
