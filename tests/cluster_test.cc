@@ -344,6 +344,28 @@ TEST(Cluster, KillingTheHolderMidFetchCostsAShorterHitNeverWrongBytes) {
   EXPECT_EQ(lookupPrompt(*client, 9, 64).matched, 64u);
 }
 
+TEST(Cluster, AHolderThatStopsAnsweringCostsAMissWithinTheDeadline) {
+  Cluster c(nodes(2));  // --peer-timeout-ms 1000
+  ASSERT_TRUE(c.formed(2));
+  putPrompt(c[0], "frozen", 19, 128);
+  ASSERT_TRUE(c.published(0));
+  ::kill(c[0].pid(), SIGSTOP);  // alive, connected, silent
+  auto client = c[1].connect();
+  const auto t0 = Clock::now();
+  const Hit hit = lookupPrompt(*client, 19, 128);
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  ::kill(c[0].pid(), SIGCONT);
+  EXPECT_EQ(hit.matched, 0u);
+  EXPECT_LT(seconds, 5.0) << "a silent peer costs a deadline, never a hang";
+  const Stats s = client->stats().value();
+  EXPECT_GT(s.fetchTimeouts + s.fetchUnavailable, 0u);
+  expectNoLeakedBlocks(c[1]);
+  // Awake again, it serves (the link may have been re-established meanwhile).
+  ASSERT_TRUE(c.formed(2));
+  EXPECT_TRUE(eventually([&] { return lookupPrompt(*client, 19, 128).matched == 128; },
+                         std::chrono::seconds(10)));
+}
+
 TEST(Cluster, NoBlockCrossesTokensTenantsOrLayouts) {
   std::vector<NodeSpec> specs = nodes(3);
   specs[2].token = "a-different-token-that-is-long-enough-0000";

@@ -542,6 +542,11 @@ class ClusterService::Impl::PeerGateImpl final : public peer::PeerGate::Server {
     const std::string node = text(p.getNodeId());
     if (!validNodeId(node)) throwRpcError(invalid("a node id is 1 to 64 of [A-Za-z0-9._-]"));
     connection_.authenticated = true;
+    // A peer that (re)connects may be a home that forgot what we hold (it restarted, or it saw
+    // us leave while we still saw it): send it again what it is home for.
+    const size_t resent = impl_.held_.resendTo(node, impl_.members_);
+    impl_.stats_.rehomed += resent;
+    impl_.schedulePublish();
     auto out = context.getResults();
     out.setNodeId(impl_.options_.nodeId);
     out.setProtocolVersion(peer::PEER_PROTOCOL_VERSION);

@@ -116,6 +116,17 @@ size_t HeldKeys::rehome(const std::vector<std::string>& before,
   return moved;
 }
 
+size_t HeldKeys::resendTo(const std::string& home, const std::vector<std::string>& members) {
+  if (members.empty()) return 0;
+  size_t sent = 0;
+  for (const DirKey& key : held_) {
+    if (homeOf(key, members) != home) continue;
+    queue(home, key, true);
+    ++sent;
+  }
+  return sent;
+}
+
 HeldKeys::Batch HeldKeys::take(const std::string& home, size_t max) {
   Batch out;
   auto it = queues_.find(home);

@@ -82,6 +82,10 @@ class HeldKeys {
   // held key whose home changed. Returns how many keys moved (the messages the change costs).
   size_t rehome(const std::vector<std::string>& before, const std::vector<std::string>& after);
 
+  // Queues an add to `home` of every held key whose home among `members` is `home` (a home
+  // that (re)connected may have forgotten them). Returns how many.
+  size_t resendTo(const std::string& home, const std::vector<std::string>& members);
+
   // Takes up to `max` queued messages for `home` (all homes: see pendingHomes).
   Batch take(const std::string& home, size_t max);
   std::vector<std::string> pendingHomes() const;

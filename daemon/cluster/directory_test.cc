@@ -269,6 +269,21 @@ TEST(HeldKeys, RehomeFromNoMembersQueuesEveryKey) {
   EXPECT_EQ(held.pending(), 0u);
 }
 
+TEST(HeldKeys, ResendToQueuesExactlyTheKeysAReconnectingHomeIsHomeFor) {
+  const Members members{"a", "b", "c"};
+  const auto keys = randomKeys(900);
+  HeldKeys held;
+  for (const DirKey& k : keys) held.hold(k, {});
+  size_t homedAtB = 0;
+  for (const DirKey& k : keys) homedAtB += homeOf(k, members) == "b";
+  EXPECT_EQ(held.resendTo("b", members), homedAtB);
+  EXPECT_EQ(held.pending(), homedAtB);
+  EXPECT_TRUE(held.pendingHomes() == std::vector<std::string>{"b"});
+  for (const DirKey& k : held.take("b", SIZE_MAX).add) EXPECT_EQ(homeOf(k, members), "b");
+  EXPECT_EQ(held.resendTo("d", members), 0u);  // not a member: home of nothing
+  EXPECT_EQ(held.resendTo("b", {}), 0u);
+}
+
 TEST(HeldKeys, RequeuePutsBackOnlyWhatStillHolds) {
   const Members members{"a"};
   const auto k = randomKeys(6);
