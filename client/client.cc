@@ -1027,7 +1027,7 @@ void BlobHandle::release() {
 namespace {
 
 SnapshotInfo snapshotFrom(rpc::SnapshotInfo::Reader r) {
-  SnapshotInfo info{r.getId(), r.getFrom(), r.getTo(), {}};
+  SnapshotInfo info{r.getId(), r.getFrom(), r.getTo(), {}, r.getNode()};
   for (uint64_t pos : r.getCheckpoints()) info.checkpoints.push_back(pos);
   return info;
 }
@@ -1046,7 +1046,7 @@ Result<SnapshotInfo> Space::snapshot(std::string_view seq, uint64_t from) {
 }
 
 Status Space::restore(std::string_view seq, uint64_t snapshotId, uint64_t target,
-                      const PutOptions& options) {
+                      const PutOptions& options, std::string_view node) {
   if (snapshotId == 0) return invalid("snapshot id 0 names no snapshot (use rewind)");
   return client_.impl_->run([&] {
     auto req = impl_->space().restoreRequest();
@@ -1054,7 +1054,22 @@ Status Space::restore(std::string_view seq, uint64_t snapshotId, uint64_t target
     req.setSnapshot(snapshotId);
     req.setTarget(target);
     setSeqOptions(req.initOptions(), options);
+    req.setNode(std::string(node));
     return req.send().ignoreResult();
+  });
+}
+
+Result<SnapshotInfo> Space::copySnapshot(std::string_view node, uint64_t snapshotId, bool move) {
+  if (snapshotId == 0) return invalid("snapshot id 0 names no snapshot");
+  if (node.empty()) return invalid("copySnapshot needs the node that holds the snapshot");
+  return client_.impl_->run([&] {
+    auto req = impl_->space().copySnapshotRequest();
+    req.setNode(std::string(node));
+    req.setSnapshot(snapshotId);
+    req.setMove(move);
+    return req.send().then([](capnp::Response<rpc::Space::CopySnapshotResults>&& r) {
+      return snapshotFrom(r.getSnapshot());
+    });
   });
 }
 

@@ -81,6 +81,8 @@ struct SnapshotInfo {
   from @1 :UInt64;
   to @2 :UInt64;
   checkpoints @3 :List(UInt64);  # recurrent state positions inside [from, to]
+  node @4 :Text;         # the cluster node that holds it (empty outside a cluster): restore
+                         # it on another node with restore(..., node)
 }
 
 struct Layout {
@@ -224,12 +226,17 @@ interface Space {
 
   # Snapshots: immutable, block-sharing copies of [from, length) that outlive their sequence.
   snapshot @9 (seq :Text, from :UInt64) -> (snapshot :SnapshotInfo);
-  restore @10 (seq :Text, snapshot :UInt64, target :UInt64, options :SeqOptions) -> ();
-  # snapshot = 0: rewind seq to target without a snapshot.
+  restore @10 (seq :Text, snapshot :UInt64, target :UInt64, options :SeqOptions, node :Text) -> ();
+  # snapshot = 0: rewind seq to target without a snapshot. `node`, when not empty and not this
+  # daemon's node id, names the cluster node that holds the snapshot: its manifest and blocks are
+  # brought here (UCX, checked like every remote block) before the restore.
   mergeSnapshots @11 (a :UInt64, b :UInt64) -> (snapshot :SnapshotInfo);
   splitSnapshot @12 (snapshot :UInt64, at :UInt64) -> (left :SnapshotInfo, right :SnapshotInfo);
   snapshotInfo @13 (snapshot :UInt64) -> (snapshot :SnapshotInfo);
   dropSnapshot @14 (snapshot :UInt64) -> ();
+  copySnapshot @20 (node :Text, snapshot :UInt64, move :Bool) -> (snapshot :SnapshotInfo);
+  # Copies snapshot `snapshot` of cluster node `node` to this daemon, as a new snapshot of its
+  # own (the answer). With move, the source drops its copy once this daemon holds the new one.
 
   # Recurrent state checkpoints: a blob at a position of a sequence.
   putCheckpoint @15 (seq :Text, pos :UInt64, bytes :UInt64) -> (lease :WriteLease, block :BlockRef);

@@ -233,6 +233,9 @@ struct SnapshotInfo {
   uint64_t id = 0;  // names the snapshot within its namespace; another process may use it
   uint64_t from = 0, to = 0;
   std::vector<uint64_t> checkpoints;  // recurrent state positions: restore only there
+  // The cluster node that holds it (empty outside a cluster): another node's process restores
+  // it with restore(seq, id, target, options, node) — "node:id" names it cluster-wide.
+  std::string node;
 };
 
 // A blob (recurrent state checkpoint, position-independent entry) under a read lease.
@@ -326,9 +329,16 @@ class Space {
   // --- Snapshots (docs/cache-shapes.md). Immutable, share blocks, outlive their sequence.
   // Empty when from >= length.
   Result<SnapshotInfo> snapshot(std::string_view seq, uint64_t from = 0);
-  // seq becomes its own [0, snap.from) plus the snapshot's [from, target).
+  // seq becomes its own [0, snap.from) plus the snapshot's [from, target). `node`, when not
+  // empty and not this daemon's, is the cluster node holding the snapshot (SnapshotInfo::node):
+  // its manifest and blocks are pulled here first (each block checked), and nothing changes if
+  // that fails (UNAVAILABLE: the node is gone or did not answer in time; NOT_FOUND: it has no
+  // such snapshot).
   Status restore(std::string_view seq, uint64_t snapshotId, uint64_t target,
-                 const PutOptions& options = {});
+                 const PutOptions& options = {}, std::string_view node = {});
+  // Copies snapshot `snapshotId` of cluster node `node` to this daemon as a snapshot of its own
+  // (a new id, this node's). With `move`, the source drops its copy once this daemon holds it.
+  Result<SnapshotInfo> copySnapshot(std::string_view node, uint64_t snapshotId, bool move = false);
   // Back to `target` <= length without a snapshot (window and checkpoint rules apply).
   Status rewind(std::string_view seq, uint64_t target);
   Result<SnapshotInfo> mergeSnapshots(uint64_t a, uint64_t b);
