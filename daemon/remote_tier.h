@@ -56,6 +56,17 @@ class RemoteTier {
   // The fetch goes on if the returned promise is dropped.
   virtual kj::Promise<void> fetch(SpaceId space, std::vector<Key128> keys) = 0;
   virtual RemoteStats stats() const = 0;
+  // This node's id in the cluster.
+  virtual const std::string& nodeId() const = 0;
+  // Brings snapshot `id` held by cluster node `node` here: its manifest and blocks are pulled
+  // (each block checked by xxh3) into a new snapshot of `space` with a fresh local id, kept in
+  // memory only (queueSnapshotWrite persists it). Resolves to the local id; rejects, with
+  // nothing changed, with UNAVAILABLE (the node is not a live member, or did not answer in
+  // time), NOT_FOUND (it has no such snapshot), FULL, or CHECKSUM_MISMATCH.
+  virtual kj::Promise<SnapshotId> pullSnapshot(SpaceId space, std::string node, SnapshotId id) = 0;
+  // Asks `node` to drop its snapshot `id` of `space` (a move's last step).
+  virtual kj::Promise<void> dropRemoteSnapshot(SpaceId space, std::string node,
+                                               SnapshotId id) = 0;
   virtual std::vector<RemoteMember> members() const = 0;
 };
 

@@ -87,7 +87,9 @@ Key128 keyFrom(capnp::Data::Reader in) {
   return key;
 }
 
-void setSnapshot(rpc::SnapshotInfo::Builder out, const SnapshotInfo& info) {
+void setSnapshot(rpc::SnapshotInfo::Builder out, const SnapshotInfo& info,
+                 const RemoteTier* remote) {
+  if (remote) out.setNode(remote->nodeId());
   out.setId(info.id);
   out.setFrom(info.from);
   out.setTo(info.to);
@@ -434,13 +436,31 @@ class SpaceImpl final : public rpc::Space::Server {
     return whenRoom([this, context]() mutable {
       auto p = context.getParams();
       setSnapshot(context.getResults().initSnapshot(),
-                  orThrow(engine_.snapshot(space_, text(p.getSeq()), p.getFrom())));
+                  orThrow(engine_.snapshot(space_, text(p.getSeq()), p.getFrom())), remote_);
       kickSpill(cold_);
     });
   }
 
   kj::Promise<void> restore(RestoreContext context) override {
     const SnapshotId id = context.getParams().getSnapshot();
+    const std::string node(text(context.getParams().getNode()));
+    if (!node.empty() && (!remote_ || node != remote_->nodeId())) {
+      if (!remote_) {
+        throwRpcError(makeError(ErrorCode::kInvalidArgument, "snapshot ", node, ":", id,
+                                " is on another node, and this kvtierd is not in a cluster"));
+      }
+      if (id == 0) throwRpcError(makeError(ErrorCode::kInvalidArgument, "a rewind is local"));
+      // Pulled here as a snapshot of this node's (its bytes checked), restored from, then
+      // dropped: the sequence shares its blocks.
+      return remote_->pullSnapshot(space_, node, id).then([this, context](SnapshotId local) mutable {
+        auto p = context.getParams();
+        Status s = engine_.restore(owner_, space_, text(p.getSeq()), local, p.getTarget(),
+                                   optionsFrom(p.getOptions()));
+        (void)engine_.dropSnapshot(space_, local);
+        kickSpill(cold_);
+        orThrow(std::move(s));
+      });
+    }
     return whenRoomWithSnapshots({id}, [this, context]() mutable {
       auto p = context.getParams();
       std::optional<SnapshotId> snap;
@@ -450,12 +470,37 @@ class SpaceImpl final : public rpc::Space::Server {
     });
   }
 
+  kj::Promise<void> copySnapshot(CopySnapshotContext context) override {
+    auto p = context.getParams();
+    const std::string node(text(p.getNode()));
+    const SnapshotId id = p.getSnapshot();
+    if (!remote_) {
+      throwRpcError(makeError(ErrorCode::kInvalidArgument, "this kvtierd is not in a cluster"));
+    }
+    if (node == remote_->nodeId()) {
+      throwRpcError(makeError(ErrorCode::kInvalidArgument, "snapshot ", node, ":", id,
+                              " is on this node already"));
+    }
+    const bool move = p.getMove();
+    return remote_->pullSnapshot(space_, node, id)
+        .then([this, context, node, id, move](SnapshotId local) mutable -> kj::Promise<void> {
+          // Kept: written to this node's cold tier behind the call, like any new snapshot.
+          engine_.queueSnapshotWrite(space_, local);
+          kickSpill(cold_);
+          setSnapshot(context.getResults().initSnapshot(),
+                      orThrow(engine_.snapshotInfo(space_, local)), remote_);
+          if (!move) return kj::READY_NOW;
+          // The source drops its copy only now that this node holds the snapshot, sealed.
+          return remote_->dropRemoteSnapshot(space_, node, id);
+        });
+  }
+
   kj::Promise<void> mergeSnapshots(MergeSnapshotsContext context) override {
     const auto p = context.getParams();
     return whenRoomWithSnapshots({p.getA(), p.getB()}, [this, context]() mutable {
       auto p = context.getParams();
       setSnapshot(context.getResults().initSnapshot(),
-                  orThrow(engine_.mergeSnapshots(space_, p.getA(), p.getB())));
+                  orThrow(engine_.mergeSnapshots(space_, p.getA(), p.getB())), remote_);
       kickSpill(cold_);
     });
   }
@@ -464,8 +509,8 @@ class SpaceImpl final : public rpc::Space::Server {
     return whenRoomWithSnapshots({context.getParams().getSnapshot()}, [this, context]() mutable {
       auto p = context.getParams();
       auto [left, right] = orThrow(engine_.splitSnapshot(space_, p.getSnapshot(), p.getAt()));
-      setSnapshot(context.getResults().initLeft(), left);
-      setSnapshot(context.getResults().initRight(), right);
+      setSnapshot(context.getResults().initLeft(), left, remote_);
+      setSnapshot(context.getResults().initRight(), right, remote_);
       kickSpill(cold_);
     });
   }
@@ -473,7 +518,7 @@ class SpaceImpl final : public rpc::Space::Server {
   kj::Promise<void> snapshotInfo(SnapshotInfoContext context) override {
     return withSnapshots({context.getParams().getSnapshot()}, [this, context]() mutable {
       setSnapshot(context.getResults().initSnapshot(),
-                  orThrow(engine_.snapshotInfo(space_, context.getParams().getSnapshot())));
+                  orThrow(engine_.snapshotInfo(space_, context.getParams().getSnapshot())), remote_);
       return kj::Promise<void>(kj::READY_NOW);
     });
   }

@@ -83,6 +83,15 @@ interface Peer {
 
   members @6 () -> (members :List(Member));
   # The members this node sees (for `kvtier cluster`).
+
+  pinSnapshot @7 (layout :Kv.Layout, salt :Data, id :UInt64, leaseMs :UInt32)
+      -> (manifest :Data, lease :PinLease, parts :List(PinnedBlock));
+  # Snapshot `id` of the namespace (read back from disk first if memory does not hold it): its
+  # encoded manifest, and where the bytes of each manifest block (a released one: bytes 0) and
+  # then of each checkpoint lie, with their xxh3 (keys are empty), pinned as for pin().
+
+  dropSnapshot @8 (layout :Kv.Layout, salt :Data, id :UInt64) -> ();
+  # Drops snapshot `id` from memory and disk (the last step of a move). notFound if absent.
 }
 
 interface PinLease {

@@ -141,6 +141,14 @@ struct SnapshotRead {
   bool checkpoint = false;   // the engine's
 };
 
+// A snapshot held for another node that pulls it: its manifest, and where the bytes of each
+// manifest block (a released one: bytes 0) and then of each checkpoint lie, pinned under `lease`.
+struct SnapshotPin {
+  LeaseId lease = 0;
+  SnapshotManifest manifest;
+  std::vector<SnapshotBytes> parts;
+};
+
 struct SnapshotLoad {
   SpaceId space = 0;
   SnapshotManifest manifest;
@@ -373,7 +381,17 @@ class Engine {
   // readOk[i]: whether reads[i] was read. When all were, the snapshot exists again under its id;
   // otherwise NOT_FOUND, and nothing changed but the sealed blocks that were read, which join
   // the prefix index as promoted blocks. Releases every pin of the load.
-  Result<SnapshotInfo> finishSnapshotLoad(SnapshotLoad& load, std::span<const uint8_t> readOk);
+  // `remote`: the bytes came from another node (counted apart); the snapshot is then not on this
+  // node's disk, and stays in memory only unless queueSnapshotWrite is called for it.
+  Result<SnapshotInfo> finishSnapshotLoad(SnapshotLoad& load, std::span<const uint8_t> readOk,
+                                          bool remote = false);
+  // For another node: snapshot `id`'s manifest and its blocks, pinned under a read lease
+  // (releaseRead). NOT_FOUND if memory does not hold it.
+  Result<SnapshotPin> pinSnapshot(SpaceId space, SnapshotId id);
+  // A fresh snapshot id (for a snapshot pulled from another node). UNAVAILABLE as for snapshot().
+  Result<SnapshotId> reserveSnapshotId();
+  // With a cold directory set, a snapshot that is not on disk waits to be written (write-behind).
+  void queueSnapshotWrite(SpaceId space, SnapshotId id);
 
   // Bytes of a sealed block of `space` named by a client reference. STALE_REFERENCE when the
   // generation no longer matches (the block was reused) or the block is no longer sealed;
@@ -496,6 +514,8 @@ class Engine {
   bool indexPromoted(SpaceId space, const Key128& key, BlockId block, bool remote = false);
   SnapshotInfo infoOf(SnapshotId id, const Snapshot& snap) const;
   Status middleRemove(SpaceId space, Sequence& seq, uint64_t begin, uint64_t end);
+  // The manifest of a snapshot and the bytes it names, its blocks pinned (w.pinned).
+  SnapshotWrite describeSnapshot(SnapshotId id, const Snapshot& snap);
   void evict(BlockId victim);
   // Marks a sealed block as being written to the cold tier and describes it for the writer.
   SpillItem markSpilling(BlockId b);

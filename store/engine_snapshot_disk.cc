@@ -39,6 +39,91 @@ bool Engine::snapshotOnDisk(SpaceId space, SnapshotId id) const {
   return snap && (snap->disk == Snapshot::Disk::kWriting || snap->disk == Snapshot::Disk::kWritten);
 }
 
+SnapshotWrite Engine::describeSnapshot(SnapshotId id, const Snapshot& snap) {
+  const SpaceInfo& sp = spaces_[snap.space].info;
+  SnapshotWrite w;
+  SnapshotManifest& m = w.manifest;
+  m.id = id;
+  m.fingerprint = sp.fingerprint;
+  m.salt = sp.salt;
+  m.blockTokens = sp.layout.blockTokens;
+  m.blockBytes = sp.blockBytes;
+  m.from = snap.from;
+  m.to = snap.to;
+  m.tokens = snap.tokens;
+  m.keys = snap.keys;
+  m.detached = snap.options.detached;
+  m.window = snap.options.window;
+  m.chunk = snap.options.chunk;
+  m.clientKeyed = snap.clientKeyed;
+  m.unindexed = snap.unindexed;
+  for (size_t i = 0; i < snap.blocks.size(); ++i) {
+    const BlockId b = snap.blocks[i];
+    if (b == kNoBlock) {
+      m.blocks.push_back(ManifestBlock{});
+      continue;
+    }
+    const BlockMeta& meta = pool_[b];
+    SnapshotBytes bytes{pool_.location(b), sp.blockBytes, {}, 0};
+    if (meta.state == BlockState::kSealed && !meta.entry) {
+      // Named by its content key: its bytes are (or will be) an ordinary block record.
+      m.blocks.push_back(ManifestBlock{ManifestBlock::Kind::kSealed, meta.key});
+      bytes.key = meta.key;
+      w.sealed.push_back(bytes);
+    } else {
+      m.blocks.push_back(ManifestBlock{ManifestBlock::Kind::kOwn, {}});
+      bytes.slot = static_cast<uint32_t>(i);
+      w.own.push_back(bytes);
+    }
+    pin(b);
+    w.pinned.push_back(b);
+  }
+  size_t j = 0;
+  for (const auto& [pos, b] : snap.checkpoints) {
+    m.checkpoints.push_back(ManifestCheckpoint{pos, pool_[b].blobBytes});
+    w.own.push_back(
+        SnapshotBytes{pool_.location(b), pool_[b].blobBytes, {}, checkpointSlot(j++)});
+    pin(b);
+    w.pinned.push_back(b);
+  }
+  return w;
+}
+
+Result<SnapshotPin> Engine::pinSnapshot(SpaceId space, SnapshotId id) {
+  if (auto s = checkSpace(space); !s) return s.error();
+  const Snapshot* snap = findSnapshot(space, id);
+  if (!snap) return makeError(ErrorCode::kNotFound, "no snapshot ", id);
+  SnapshotWrite w = describeSnapshot(id, *snap);
+  SnapshotPin out;
+  out.manifest = std::move(w.manifest);
+  const uint32_t blockBytes = spaces_[space].info.blockBytes;
+  for (BlockId b : snap->blocks) {
+    out.parts.push_back(b == kNoBlock ? SnapshotBytes{}
+                                      : SnapshotBytes{pool_.location(b), blockBytes, {}, 0});
+  }
+  for (const auto& [pos, b] : snap->checkpoints) {
+    out.parts.push_back(SnapshotBytes{pool_.location(b), pool_[b].blobBytes, {}, 0});
+  }
+  out.lease = newReadLease(w.pinned);  // pins them once more: the lease holds them from here
+  for (BlockId b : w.pinned) unpin(b);
+  return out;
+}
+
+Result<SnapshotId> Engine::reserveSnapshotId() {
+  if (auto s = checkSnapshotIds(1); !s) return s.error();
+  return nextSnapshot_++;
+}
+
+void Engine::queueSnapshotWrite(SpaceId space, SnapshotId id) {
+  auto it = snapshots_.find(id);
+  if (!cold_ || it == snapshots_.end() || it->second.space != space ||
+      it->second.disk != Snapshot::Disk::kNone) {
+    return;
+  }
+  it->second.disk = Snapshot::Disk::kWaiting;
+  unwrittenSnapshots_.push_back(id);
+}
+
 std::vector<SnapshotWrite> Engine::takeSnapshotWrites(size_t maxBlocks) {
   std::vector<SnapshotWrite> out;
   size_t blocks = 0;
@@ -49,52 +134,7 @@ std::vector<SnapshotWrite> Engine::takeSnapshotWrites(size_t maxBlocks) {
     // The queue holds hints: skip snapshots dropped since.
     if (it == snapshots_.end() || it->second.disk != Snapshot::Disk::kWaiting) continue;
     Snapshot& snap = it->second;
-    const SpaceInfo& sp = spaces_[snap.space].info;
-    SnapshotWrite w;
-    SnapshotManifest& m = w.manifest;
-    m.id = id;
-    m.fingerprint = sp.fingerprint;
-    m.salt = sp.salt;
-    m.blockTokens = sp.layout.blockTokens;
-    m.blockBytes = sp.blockBytes;
-    m.from = snap.from;
-    m.to = snap.to;
-    m.tokens = snap.tokens;
-    m.keys = snap.keys;
-    m.detached = snap.options.detached;
-    m.window = snap.options.window;
-    m.chunk = snap.options.chunk;
-    m.clientKeyed = snap.clientKeyed;
-    m.unindexed = snap.unindexed;
-    for (size_t i = 0; i < snap.blocks.size(); ++i) {
-      const BlockId b = snap.blocks[i];
-      if (b == kNoBlock) {
-        m.blocks.push_back(ManifestBlock{});
-        continue;
-      }
-      const BlockMeta& meta = pool_[b];
-      SnapshotBytes bytes{pool_.location(b), sp.blockBytes, {}, 0};
-      if (meta.state == BlockState::kSealed && !meta.entry) {
-        // Named by its content key: its bytes are (or will be) an ordinary block record.
-        m.blocks.push_back(ManifestBlock{ManifestBlock::Kind::kSealed, meta.key});
-        bytes.key = meta.key;
-        w.sealed.push_back(bytes);
-      } else {
-        m.blocks.push_back(ManifestBlock{ManifestBlock::Kind::kOwn, {}});
-        bytes.slot = static_cast<uint32_t>(i);
-        w.own.push_back(bytes);
-      }
-      pin(b);
-      w.pinned.push_back(b);
-    }
-    size_t j = 0;
-    for (const auto& [pos, b] : snap.checkpoints) {
-      m.checkpoints.push_back(ManifestCheckpoint{pos, pool_[b].blobBytes});
-      w.own.push_back(
-          SnapshotBytes{pool_.location(b), pool_[b].blobBytes, {}, checkpointSlot(j++)});
-      pin(b);
-      w.pinned.push_back(b);
-    }
+    SnapshotWrite w = describeSnapshot(id, snap);
     blocks += w.pinned.size();
     snap.disk = Snapshot::Disk::kWriting;
     out.push_back(std::move(w));
@@ -222,7 +262,7 @@ Result<SnapshotLoad> Engine::beginSnapshotLoad(SpaceId space, SnapshotManifest m
 }
 
 Result<SnapshotInfo> Engine::finishSnapshotLoad(SnapshotLoad& load,
-                                                std::span<const uint8_t> readOk) {
+                                                std::span<const uint8_t> readOk, bool remote) {
   assert(readOk.size() == load.reads.size());
   bool all = true;
   for (size_t r = 0; r < load.reads.size(); ++r) {
@@ -231,7 +271,7 @@ Result<SnapshotInfo> Engine::finishSnapshotLoad(SnapshotLoad& load,
     all = all && ok;
     if (!ok || !read.sealed) continue;
     // A block read back is a cold hit like any promote, whether the snapshot comes back or not.
-    if (!indexPromoted(load.space, read.key, read.block)) {
+    if (!indexPromoted(load.space, read.key, read.block, remote)) {
       // A twin came back meanwhile (a lookup's promote): share it; ours is freed when unpinned.
       const BlockId twin = index_.at(IndexKey{load.space, read.key});
       pin(twin);
@@ -241,7 +281,8 @@ Result<SnapshotInfo> Engine::finishSnapshotLoad(SnapshotLoad& load,
   }
   const SnapshotManifest& m = load.manifest;
   Result<SnapshotInfo> result =
-      makeError(ErrorCode::kNotFound, "snapshot ", m.id, " could not be read from the cold tier");
+      makeError(ErrorCode::kNotFound, "snapshot ", m.id, " could not be read from ",
+                remote ? "its node" : "the cold tier");
   if (const Snapshot* existing = findSnapshot(load.space, m.id)) {
     result = infoOf(m.id, *existing);
   } else if (all && !snapshots_.count(m.id)) {
@@ -254,7 +295,9 @@ Result<SnapshotInfo> Engine::finishSnapshotLoad(SnapshotLoad& load,
     snap.options = SeqOptions{m.detached, m.window, m.chunk};
     snap.clientKeyed = m.clientKeyed;
     snap.unindexed = m.unindexed;
-    snap.disk = Snapshot::Disk::kWritten;
+    // From this node's disk it is written already; from another node it is not (and is
+    // written behind only if the caller keeps it: queueSnapshotWrite).
+    snap.disk = remote ? Snapshot::Disk::kNone : Snapshot::Disk::kWritten;
     for (const auto& read : load.reads) {
       if (!read.sealed) pool_[read.block].state = BlockState::kPartial;
     }

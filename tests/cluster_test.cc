@@ -751,5 +751,149 @@ TEST(Cluster, NoPinOutlivesItsLeaseOrItsConnection) {
   EXPECT_EQ(pin(rpc, 1000).getBlocks().size(), 0u);
 }
 
+// --- snapshots across nodes: a prefill worker on one node snapshots a request, a decode worker on
+// another restores it.
+
+struct SnapshotCase {
+  const Layout layout = testLayout();
+  std::vector<uint32_t> tokens;
+  std::vector<uint8_t> kv;
+  explicit SnapshotCase(uint64_t seed, size_t n)
+      : tokens(synthetic::tokens(seed, n)), kv(synthetic::packedKv(layout, tokens, 0, n)) {}
+  // Puts the tokens as `seq` on `d` and snapshots [from, end).
+  SnapshotInfo prefill(DaemonProcess& d, const std::string& seq, uint64_t from) {
+    auto client = d.connect();
+    auto space = client->open(layout).value();
+    EXPECT_TRUE(space->put(seq, 0, tokens, kv.data(), kv.size(), PutOptions{.detached = true}).ok());
+    auto snap = space->snapshot(seq, from);
+    EXPECT_TRUE(snap.ok()) << snap.error().toString();
+    return snap.ok() ? *snap : SnapshotInfo{};
+  }
+  // `seq` on `client`'s daemon holds exactly tokens [0, n) with their KV.
+  bool holds(Client& client, const std::string& seq, uint64_t n) {
+    auto space = client.open(layout).value();
+    auto held = space->get(seq);
+    if (!held || held->end() != n) return false;
+    std::vector<uint8_t> got(n * layout.tokenKvBytes());
+    return held->copyTo(0, n, got.data(), got.size()).ok() &&
+           got == synthetic::packedKv(layout, tokens, 0, n);
+  }
+};
+
+TEST(ClusterSnapshots, ASnapshotRestoresOnAnotherNodeWithIdenticalBytes) {
+  Cluster c(nodes(2));
+  ASSERT_TRUE(c.formed(2));
+  SnapshotCase sc(40, 150);  // 9 full blocks and a partial one
+  const SnapshotInfo snap = sc.prefill(c[0], "prefill", 0);
+  EXPECT_EQ(snap.node, "n0");
+  auto decode = c[1].connect();
+  auto space = decode->open(sc.layout).value();
+  // A wrong node or id fails typed and changes nothing.
+  EXPECT_EQ(space->restore("decode", snap.id + 100, 150, {}, "n0").code(), ErrorCode::kNotFound);
+  EXPECT_FALSE(space->restore("decode", snap.id, 150, {}, "nobody").ok());
+  EXPECT_FALSE(space->length("decode").value().has_value());
+  // Restored whole, and to a shorter target.
+  ASSERT_TRUE(space->restore("decode", snap.id, 150, {}, snap.node).ok());
+  EXPECT_TRUE(sc.holds(*decode, "decode", 150));
+  ASSERT_TRUE(space->restore("short", snap.id, 100, {}, snap.node).ok());
+  EXPECT_EQ(space->length("short").value().value_or(0), 100u);
+  EXPECT_GT(decode->stats().value().remoteHitBlocks, 0u);
+  // The decode node goes on from there: its own put after the restored prefix.
+  const auto more = synthetic::tokens(41, 10);
+  std::vector<uint32_t> all = sc.tokens;
+  all.insert(all.end(), more.begin(), more.end());
+  const auto tail = synthetic::packedKv(sc.layout, all, 150, 160);
+  EXPECT_TRUE(space->put("decode", 150, more, tail.data(), tail.size()).ok());
+  EXPECT_EQ(space->length("decode").value().value_or(0), 160u);
+}
+
+TEST(ClusterSnapshots, ASnapshotOnlyOnTheHoldersDiskRestoresElsewhere) {
+  std::vector<NodeSpec> specs = nodes(2);
+  specs[0].coldTier = true;
+  Cluster c(specs);
+  ASSERT_TRUE(c.formed(2));
+  SnapshotCase sc(42, 120);
+  const SnapshotInfo snap = sc.prefill(c[0], "p", 16);
+  ASSERT_TRUE(eventually([&] { return c[0].connect()->stats().value().coldSnapshots == 1; },
+                         std::chrono::seconds(10)));
+  c[0].stop(SIGTERM);  // the snapshot now lives on n0's disk only
+  c.start(0);
+  ASSERT_TRUE(c.formed(2));
+  auto decode = c[1].connect();
+  auto space = decode->open(sc.layout).value();
+  // The restore needs [0, 16) of its own: put the head first, as a decode worker holding the
+  // system prompt would.
+  const std::span<const uint32_t> head(sc.tokens.data(), 16);
+  const auto headKv = synthetic::packedKv(sc.layout, sc.tokens, 0, 16);
+  ASSERT_TRUE(space->put("d", 0, head, headKv.data(), headKv.size()).ok());
+  ASSERT_TRUE(space->restore("d", snap.id, 120, {}, "n0").ok());
+  EXPECT_TRUE(sc.holds(*decode, "d", 120));
+}
+
+TEST(ClusterSnapshots, AHolderKilledDuringARestoreLeavesNothingHalfRestored) {
+  std::vector<NodeSpec> specs = nodes(2);
+  specs[0].poolBytes = specs[1].poolBytes = 96 << 20;
+  Cluster c(specs);
+  ASSERT_TRUE(c.formed(2));
+  SnapshotCase sc(43, 4000 * 16);  // 4000 blocks: long enough to be killed in the middle
+  const SnapshotInfo snap = sc.prefill(c[0], "big", 0);
+  auto decode = c[1].connect();
+  const Stats before = decode->stats().value();
+  std::atomic<bool> done = false;
+  Status restored;
+  std::thread t([&] {
+    auto client = c[1].connect();
+    auto space = client->open(sc.layout).value();
+    restored = space->restore("big", snap.id, sc.tokens.size(), {}, "n0");
+    done = true;
+  });
+  eventually([&] { return done || decode->stats().value().blocksUsed > before.blocksUsed; },
+             std::chrono::seconds(10));
+  c[0].stop(SIGKILL);
+  t.join();
+  auto space = decode->open(sc.layout).value();
+  if (restored.ok()) {
+    EXPECT_TRUE(sc.holds(*decode, "big", sc.tokens.size()));  // it finished first: whole
+  } else {
+    EXPECT_FALSE(space->length("big").value().has_value()) << "nothing half-restored";
+    const Stats s = waitForStats(*decode, [](const Stats& s) { return s.blocksPinned == 0; });
+    EXPECT_EQ(s.snapshots, 0u);
+    EXPECT_EQ(s.sequences, 0u);
+  }
+  expectNoLeakedBlocks(c[1]);
+}
+
+TEST(ClusterSnapshots, AMoveDropsTheSourceOnlyOnceTheDestinationHoldsIt) {
+  std::vector<NodeSpec> specs = nodes(2);
+  specs[1].poolBytes = 1 << 20;  // 64 blocks: too small for the first snapshot
+  Cluster c(specs);
+  ASSERT_TRUE(c.formed(2));
+  SnapshotCase big(44, 100 * 16), small(45, 20 * 16), other(46, 10 * 16);
+  const SnapshotInfo tooBig = big.prefill(c[0], "big", 0);
+  const SnapshotInfo fits = small.prefill(c[0], "small", 0);
+  const SnapshotInfo kept = other.prefill(c[0], "other", 0);
+  auto dest = c[1].connect();
+  auto destSpace = dest->open(big.layout).value();
+  auto source = c[0].connect();
+  auto sourceSpace = source->open(big.layout).value();
+  // The destination cannot hold it: the move fails and the source keeps its snapshot.
+  EXPECT_FALSE(destSpace->copySnapshot("n0", tooBig.id, /*move=*/true).ok());
+  EXPECT_TRUE(sourceSpace->snapshotInfo(tooBig.id).ok());
+  EXPECT_EQ(dest->stats().value().snapshots, 0u);
+  // One that fits moves: the destination holds it under an id of its own, the source no more.
+  auto moved = destSpace->copySnapshot("n0", fits.id, /*move=*/true);
+  ASSERT_TRUE(moved.ok()) << moved.error().toString();
+  EXPECT_EQ(moved->node, "n1");
+  EXPECT_EQ(moved->to, 20u * 16);
+  EXPECT_EQ(sourceSpace->snapshotInfo(fits.id).code(), ErrorCode::kNotFound);
+  ASSERT_TRUE(destSpace->restore("r", moved->id, moved->to).ok());
+  EXPECT_TRUE(small.holds(*dest, "r", 20 * 16));
+  // A copy leaves the source's.
+  auto copied = destSpace->copySnapshot("n0", kept.id, /*move=*/false);
+  ASSERT_TRUE(copied.ok()) << copied.error().toString();
+  EXPECT_TRUE(sourceSpace->snapshotInfo(kept.id).ok());
+  EXPECT_NE(copied->id, moved->id);
+}
+
 }  // namespace
 }  // namespace kvtier::test

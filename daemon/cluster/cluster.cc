@@ -17,6 +17,7 @@
 #include "daemon/cluster/directory.h"
 #include "daemon/cluster/etcd_membership.h"
 #include "daemon/log.h"
+#include "daemon/snapshot_codec.h"
 #include "daemon/worker_thread.h"
 #include "schemas/peer.capnp.h"
 #include "transport/buffered_stream.h"
@@ -287,7 +288,13 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
     }
     return kj::heap<BufferedIoStream>(readWatchedSocket(io_.unixEventPort, kj::mv(stream)));
   }
-  kj::Promise<std::vector<uint64_t>> checksumsOf(std::vector<BlockLocation> blocks);
+  // xxh3 of each block's first `bytes` bytes, on the hasher thread. With `cache`, sealed blocks
+  // served before keep their checksum while their generation stands.
+  kj::Promise<std::vector<uint64_t>> checksumsOf(std::vector<BlockLocation> blocks,
+                                                 bool cache = true);
+  // Snapshots across nodes.
+  kj::Promise<SnapshotId> pullSnapshot(SpaceId space, std::string node, SnapshotId id);
+  kj::Promise<void> dropRemoteSnapshot(SpaceId space, std::string node, SnapshotId id);
 
   void taskFailed(kj::Exception&& e) override {
     logWarn("cluster_task_failed", e.getDescription().cStr());
@@ -423,6 +430,61 @@ class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
           context.getResults().setManifest(capnp::Data::Reader(
               reinterpret_cast<const uint8_t*>(manifest.data()), manifest.size()));
         });
+  }
+
+  kj::Promise<void> pinSnapshot(PinSnapshotContext context) override {
+    auto p = context.getParams();
+    const Layout layout = layoutFromRpc(p.getLayout());
+    const Salt salt = saltFrom(p.getSalt());
+    const SnapshotId id = p.getId();
+    kj::Duration lease = impl_.options_.pinLease;
+    if (p.getLeaseMs() != 0) lease = std::min(lease, p.getLeaseMs() * kj::MILLISECONDS);
+    const SpaceId space = orThrow(impl_.engine_.openSpace(layout, salt));
+    kj::Promise<void> ready = kj::READY_NOW;
+    if (!impl_.engine_.hasSnapshot(space, id) && impl_.cold_) {
+      ready = impl_.cold_->loadSnapshot(space, id);  // after a restart: from disk
+    }
+    return ready.then([this, context, space, id, lease]() mutable {
+      SnapshotPin pin = orThrow(impl_.engine_.pinSnapshot(space, id));
+      auto pinned = kj::heap<PinLeaseImpl>(impl_, pin.lease, lease);  // released if cancelled
+      std::vector<BlockLocation> parts;
+      for (const SnapshotBytes& part : pin.parts) {
+        if (part.bytes != 0 && !impl_.engine_.memory().hostAddressable(part.location.extent)) {
+          throwRpcError(makeError(ErrorCode::kNotSupported,
+                                  "snapshot blocks in GPU memory are not served across nodes"));
+        }
+        BlockLocation at = part.location;
+        at.bytes = part.bytes;
+        parts.push_back(at);
+      }
+      std::string manifest = encodeManifest(pin.manifest);
+      return impl_.checksumsOf(parts, /*cache=*/false)
+          .then([this, context, parts, manifest = std::move(manifest),
+                 pinned = kj::mv(pinned)](std::vector<uint64_t> sums) mutable {
+            auto out = context.getResults();
+            out.setManifest(capnp::Data::Reader(reinterpret_cast<const uint8_t*>(manifest.data()),
+                                                manifest.size()));
+            auto list = out.initParts(parts.size());
+            for (size_t i = 0; i < parts.size(); ++i) {
+              list[i].setExtent(parts[i].extent);
+              list[i].setOffset(parts[i].offset);
+              list[i].setBytes(parts[i].bytes);
+              list[i].setChecksum(impl_.options_.corruptServedForTest ? sums[i] ^ 1 : sums[i]);
+              ++impl_.stats_.servedBlocks;
+              impl_.stats_.servedBytes += parts[i].bytes;
+            }
+            out.setLease(kj::mv(pinned));
+          });
+    });
+  }
+
+  kj::Promise<void> dropSnapshot(DropSnapshotContext context) override {
+    auto p = context.getParams();
+    const Layout layout = layoutFromRpc(p.getLayout());
+    const SpaceId space = orThrow(impl_.engine_.openSpace(layout, saltFrom(p.getSalt())));
+    if (impl_.cold_) return impl_.cold_->dropSnapshot(space, p.getId());  // memory and disk
+    orThrow(impl_.engine_.dropSnapshot(space, p.getId()));
+    return kj::READY_NOW;
   }
 
   kj::Promise<void> members(MembersContext context) override {
@@ -1116,13 +1178,13 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
 }
 
 kj::Promise<std::vector<uint64_t>> ClusterService::Impl::checksumsOf(
-    std::vector<BlockLocation> blocks) {
+    std::vector<BlockLocation> blocks, bool cache) {
   // Blocks served before keep their checksum while their generation stands.
   std::vector<uint64_t> sums(blocks.size(), 0);
   std::vector<size_t> todo;
   for (size_t i = 0; i < blocks.size(); ++i) {
     const uint64_t slot = (uint64_t{blocks[i].extent} << 48) ^ blocks[i].offset;
-    auto it = checksums_.find(slot);
+    auto it = cache ? checksums_.find(slot) : checksums_.end();
     if (it != checksums_.end() && it->second.first == blocks[i].generation) {
       sums[i] = it->second.second;
     } else {
@@ -1146,16 +1208,168 @@ kj::Promise<std::vector<uint64_t>> ClusterService::Impl::checksumsOf(
         for (size_t i = 0; i < job->data.size(); ++i)
           job->out[i] = XXH3_64bits(job->data[i], job->bytes[i]);
       })
-      .then([this, job, todo = std::move(todo), blocks = std::move(blocks),
-             sums = std::move(sums)]() mutable {
+      .then([this, job, todo = std::move(todo), blocks = std::move(blocks), sums = std::move(sums),
+             cache]() mutable {
         if (checksums_.size() > kMaxChecksumCache) checksums_.clear();
         for (size_t j = 0; j < todo.size(); ++j) {
           const BlockLocation& b = blocks[todo[j]];
           sums[todo[j]] = job->out[j];
-          checksums_[(uint64_t{b.extent} << 48) ^ b.offset] = {b.generation, job->out[j]};
+          if (cache) checksums_[(uint64_t{b.extent} << 48) ^ b.offset] = {b.generation, job->out[j]};
         }
         return kj::mv(sums);
       });
+}
+
+// --- snapshots across nodes
+
+kj::Promise<SnapshotId> ClusterService::Impl::pullSnapshot(SpaceId space, std::string node,
+                                                           SnapshotId id) {
+  auto link = linkTo(node);
+  if (!link) {
+    return toKjException(
+        makeError(ErrorCode::kUnavailable, "node ", node, " is not a live member of the cluster"));
+  }
+  const SpaceInfo info = engine_.space(space);
+  struct Pull {
+    kj::Maybe<peer::PinLease::Client> lease;
+    std::unique_ptr<SnapshotLoad> load;
+    std::vector<uint64_t> expected;  // per read
+    std::vector<size_t> getOf;       // per read: its get, or SIZE_MAX when it cannot be read
+  };
+  auto pull = std::make_shared<Pull>();
+  auto release = [this, pull] {
+    KJ_IF_MAYBE (lease, pull->lease) {
+      tasks_.add(withDeadline(timer_, options_.peerTimeout,
+                              lease->releaseRequest().send().ignoreResult())
+                     .catch_([](kj::Exception&&) {}));
+      pull->lease = nullptr;
+    }
+  };
+  return ensureTransport(link)
+      .then([this, link, info, id]() {
+        KJ_IF_MAYBE (p, link->peer) {
+          auto req = p->pinSnapshotRequest();
+          layoutToRpc(info.layout, req.initLayout());
+          req.setSalt(capnp::Data::Reader(info.salt.data(), 16));
+          req.setId(id);
+          req.setLeaseMs(static_cast<uint32_t>(options_.pinLease / kj::MILLISECONDS));
+          return withDeadline(timer_, options_.peerTimeout, req.send());
+        }
+        return kj::Promise<capnp::Response<peer::Peer::PinSnapshotResults>>(
+            KJ_EXCEPTION(DISCONNECTED, "peer is not connected"));
+      })
+      .then([this, link, info, space, id, pull](
+                capnp::Response<peer::Peer::PinSnapshotResults> response) {
+        pull->lease = response.getLease();
+        auto bytes = response.getManifest();
+        auto manifest = orThrow(decodeManifest(
+            std::string_view(reinterpret_cast<const char*>(bytes.begin()), bytes.size()),
+            info.fingerprint, info.salt, id));
+        auto parts = response.getParts();
+        const size_t blocks = manifest.blocks.size();
+        if (parts.size() != blocks + manifest.checkpoints.size()) {
+          throwRpcError(invalid("a snapshot's parts do not match its manifest"));
+        }
+        manifest.id = orThrow(engine_.reserveSnapshotId());  // ids are per node: a fresh one
+        pull->load = std::make_unique<SnapshotLoad>(
+            orThrow(engine_.beginSnapshotLoad(space, std::move(manifest))));
+        // From here the load holds pins: it is finished on every path below.
+        std::vector<UcxGet> gets;
+        const auto& reads = pull->load->reads;
+        pull->expected.assign(reads.size(), 0);
+        pull->getOf.assign(reads.size(), SIZE_MAX);
+        for (size_t r = 0; r < reads.size(); ++r) {
+          const SnapshotRead& read = reads[r];
+          auto part = parts[read.checkpoint ? blocks + read.index : read.index];
+          auto region = link->regions.find(part.getExtent());
+          if (part.getBytes() != read.bytes || region == link->regions.end() || !link->ucx) {
+            continue;  // not readable: the load fails whole
+          }
+          pull->expected[r] = part.getChecksum();
+          pull->getOf[r] = gets.size();
+          gets.push_back(UcxGet{pool_.extentBase(read.dest.extent) + read.dest.offset,
+                                regions_[read.dest.extent].get(), region->second.index,
+                                region->second.address + part.getOffset(), read.bytes});
+        }
+        kj::Promise<std::vector<bool>> got = std::vector<bool>(gets.size(), false);
+        if (link->ucx && !gets.empty()) {
+          got = link->ucx->get(gets, timer_.now() + options_.peerTimeout);
+        }
+        return got.then([this, pull](std::vector<bool> ok) {
+          std::vector<BlockLocation> verify;
+          const auto& reads = pull->load->reads;
+          for (size_t r = 0; r < reads.size(); ++r) {
+            if (pull->getOf[r] != SIZE_MAX && ok[pull->getOf[r]]) {
+              BlockLocation at = reads[r].dest;
+              at.bytes = reads[r].bytes;
+              verify.push_back(at);
+            }
+          }
+          return checksumsOf(std::move(verify), /*cache=*/false)
+              .then([this, pull, ok](std::vector<uint64_t> sums) {
+                const auto& reads = pull->load->reads;
+                std::vector<uint8_t> readOk(reads.size(), 0);
+                size_t s = 0;
+                for (size_t r = 0; r < reads.size(); ++r) {
+                  if (pull->getOf[r] == SIZE_MAX || !ok[pull->getOf[r]]) {
+                    ++stats_.fetchTransfer;
+                    continue;
+                  }
+                  if (sums[s++] != pull->expected[r]) {
+                    ++stats_.fetchChecksum;
+                    logWarn("snapshot_checksum_mismatch", "read=" + std::to_string(r));
+                    continue;
+                  }
+                  readOk[r] = 1;
+                  ++stats_.remoteHitBlocks;
+                  stats_.remoteHitBytes += reads[r].bytes;
+                }
+                auto info = engine_.finishSnapshotLoad(*pull->load, readOk, /*remote=*/true);
+                pull->load = nullptr;
+                if (cold_) cold_->kick();
+                if (!info) {
+                  throwRpcError(makeError(ErrorCode::kUnavailable,
+                                          "the snapshot could not be brought from its node: ",
+                                          info.error().message()));
+                }
+                return info->id;
+              });
+        });
+      })
+      .then(
+          [release](SnapshotId local) {
+            release();
+            return local;
+          },
+          [this, release, pull](kj::Exception&& e) -> SnapshotId {
+            if (pull->load) {
+              // Failed between begin and finish: nothing read, nothing kept.
+              std::vector<uint8_t> none(pull->load->reads.size(), 0);
+              (void)engine_.finishSnapshotLoad(*pull->load, none, /*remote=*/true);
+              pull->load = nullptr;
+            }
+            release();
+            countFailure(e);
+            kj::throwFatalException(kj::mv(e));
+          });
+}
+
+kj::Promise<void> ClusterService::Impl::dropRemoteSnapshot(SpaceId space, std::string node,
+                                                           SnapshotId id) {
+  auto link = linkTo(node);
+  if (!link) {
+    return toKjException(
+        makeError(ErrorCode::kUnavailable, "node ", node, " is not a live member of the cluster"));
+  }
+  KJ_IF_MAYBE (p, link->peer) {
+    const SpaceInfo info = engine_.space(space);
+    auto req = p->dropSnapshotRequest();
+    layoutToRpc(info.layout, req.initLayout());
+    req.setSalt(capnp::Data::Reader(info.salt.data(), 16));
+    req.setId(id);
+    return withDeadline(timer_, options_.peerTimeout, req.send().ignoreResult());
+  }
+  return toKjException(makeError(ErrorCode::kUnavailable, "node ", node, " is not connected"));
 }
 
 // --- serving
@@ -1234,6 +1448,14 @@ kj::Promise<void> ClusterService::fetch(SpaceId space, std::vector<Key128> keys)
   return impl_->fetch(space, std::move(keys));
 }
 RemoteStats ClusterService::stats() const { return impl_->stats(); }
+kj::Promise<SnapshotId> ClusterService::pullSnapshot(SpaceId space, std::string node,
+                                                     SnapshotId id) {
+  return impl_->pullSnapshot(space, std::move(node), id);
+}
+kj::Promise<void> ClusterService::dropRemoteSnapshot(SpaceId space, std::string node,
+                                                     SnapshotId id) {
+  return impl_->dropRemoteSnapshot(space, std::move(node), id);
+}
 std::vector<RemoteMember> ClusterService::members() const { return impl_->memberList(); }
 
 }  // namespace kvtier

@@ -71,7 +71,7 @@ class ClusterService final : public RemoteTier {
   Status start();
   // The address peers dial (the advertised host with the bound port); after start().
   const std::string& address() const;
-  const std::string& nodeId() const;
+  const std::string& nodeId() const override;
   // Leaves the cluster: revokes the etcd lease (bounded by the peer timeout).
   kj::Promise<void> leave();
 
@@ -80,6 +80,8 @@ class ClusterService final : public RemoteTier {
   kj::Promise<void> fetch(SpaceId space, std::vector<Key128> keys) override;
   RemoteStats stats() const override;
   std::vector<RemoteMember> members() const override;
+  kj::Promise<SnapshotId> pullSnapshot(SpaceId space, std::string node, SnapshotId id) override;
+  kj::Promise<void> dropRemoteSnapshot(SpaceId space, std::string node, SnapshotId id) override;
 
   class Impl;
 
