@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kvtier/client.h"
+#include "tools/cluster_demo.h"
 #include "tools/synthetic_kv.h"
 
 extern char** environ;
@@ -23,11 +24,16 @@ const char* kUsage =
     "  stats                         the daemon's counters as JSON\n"
     "  cluster                       the cluster members the daemon sees, and their state\n"
     "  demo                          two processes share a prompt's KV (A puts, B looks up)\n"
+    "The cross-node demo (scripts/cluster-demo.sh), one process per step, each on its own node:\n"
+    "  cluster-demo-prefill [SEED]          put a prompt, snapshot it, print its NODE:ID\n"
+    "  cluster-demo-decode NODE:ID [SEED]   restore that snapshot from NODE, check it, decode\n"
+    "  cluster-demo-lookup [SEED]           a prompt sharing the prefix: a remote hit\n"
     "Sequences and snapshots of a namespace (SPEC names the layout, default the demo's):\n"
     "  length SEQ                    truncate SEQ N           remove SEQ BEGIN [END]\n"
     "  copy-prefix SRC DST LEN       can-resume SEQ POS       checkpoints SEQ\n"
     "  snapshot SEQ [FROM]           snapshot-info ID         drop-snapshot ID\n"
-    "  restore SEQ ID TARGET         rewind SEQ TARGET\n"
+    "  restore SEQ [NODE:]ID TARGET  rewind SEQ TARGET   (NODE: a snapshot another node holds)\n"
+    "  copy-snapshot NODE:ID         move-snapshot NODE:ID   (to this node; a move drops the source)\n"
     "  merge ID_A ID_B               split ID AT\n"
     "  put-entry FILE                get-entry KEY_HEX [OUT]  (content-keyed blobs)\n"
     "  put-checkpoint SEQ POS FILE   get-checkpoint SEQ POS [OUT]  (recurrent state)\n"
@@ -217,7 +223,16 @@ std::string snapshotJson(const SnapshotInfo& s) {
   for (size_t i = 0; i < s.checkpoints.size(); ++i) {
     out += (i ? ", " : "") + std::to_string(s.checkpoints[i]);
   }
-  return out + "]}";
+  out += "]";
+  if (!s.node.empty()) out += ", \"node\": \"" + s.node + "\", \"name\": \"" + s.node + ":" + std::to_string(s.id) + "\"";
+  return out + "}";
+}
+
+// "NODE:ID" (a snapshot of another cluster node) or "ID" (this node's).
+std::pair<std::string, uint64_t> snapshotName(const std::string& text) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos) return {"", std::stoull(text)};
+  return {text.substr(0, colon), std::stoull(text.substr(colon + 1))};
 }
 
 // The sequence and snapshot commands: one call each, answered with one JSON line.
@@ -278,10 +293,16 @@ int spaceCommand(const std::string& socket, const Layout& layout,
     }
     if (cmd == "drop-snapshot" && a.size() == 2) return report(space.dropSnapshot(num(1)), done);
     if (cmd == "restore" && a.size() == 4) {
-      return report(
-          space.restore(a[1], num(2), num(3),
-                        PutOptions{.detached = true, .window = 0, .chunk = 0, .keys = {}}),
-          done);
+      const auto [node, id] = snapshotName(a[2]);
+      return report(space.restore(a[1], id, num(3),
+                                  PutOptions{.detached = true, .window = 0, .chunk = 0, .keys = {}},
+                                  node),
+                    done);
+    }
+    if ((cmd == "copy-snapshot" || cmd == "move-snapshot") && a.size() == 2) {
+      const auto [node, id] = snapshotName(a[1]);
+      auto r = space.copySnapshot(node, id, cmd == "move-snapshot");
+      return report(r, [&] { std::printf("%s\n", snapshotJson(*r).c_str()); });
     }
     if (cmd == "rewind" && a.size() == 3) return report(space.rewind(a[1], num(2)), done);
     if (cmd == "merge" && a.size() == 3) {
@@ -399,6 +420,13 @@ int main(int argc, char** argv) {
   if (command == "demo") return kvtier::demo(socket);
   if (command == "demo-writer") return kvtier::demoWriter(socket);
   if (command == "demo-reader") return kvtier::demoReader(socket);
+  if (command == "cluster-demo-prefill" || command == "cluster-demo-decode" ||
+      command == "cluster-demo-lookup") {
+    const std::vector<std::string> args(argv + i + 1, argv + argc);
+    if (command == "cluster-demo-prefill") return kvtier::clusterDemoPrefill(socket, args);
+    if (command == "cluster-demo-decode") return kvtier::clusterDemoDecode(socket, args);
+    return kvtier::clusterDemoLookup(socket, args);
+  }
   kvtier::Layout layout = kvtier::demoLayout();
   if (!layoutSpec.empty()) {
     auto parsed = kvtier::parseLayout(layoutSpec);
@@ -412,7 +440,7 @@ int main(int argc, char** argv) {
       "length",         "truncate",      "remove",        "copy-prefix",   "can-resume",
       "checkpoints",    "snapshot",      "snapshot-info", "drop-snapshot", "restore",
       "rewind",         "merge",         "split",         "get-entry",     "put-entry",
-      "put-checkpoint", "get-checkpoint"};
+      "put-checkpoint", "get-checkpoint", "copy-snapshot", "move-snapshot"};
   for (const char* c : kSpaceCommands) {
     if (command == c) {
       return kvtier::spaceCommand(socket, layout, std::vector<std::string>(argv + i, argv + argc));
