@@ -587,6 +587,19 @@ Result<std::pair<std::string, std::vector<ClusterMember>>> Client::cluster() {
   });
 }
 
+Result<DrainStep> Client::drain(uint32_t maxSnapshots, uint32_t maxBlocks) {
+  return impl_->run([&] {
+    auto req = impl_->sessionCap().drainRequest();
+    req.setMaxSnapshots(maxSnapshots);
+    req.setMaxBlocks(maxBlocks);
+    return req.send().then([](capnp::Response<rpc::Session::DrainResults>&& r) {
+      auto p = r.getProgress();
+      return DrainStep{p.getSnapshotsMoved(), p.getBlocksCopied(), p.getSnapshotsLeft(),
+                       p.getBlocksLeft(), p.getFailures()};
+    });
+  });
+}
+
 std::string Stats::toJson() const {
   std::ostringstream o;
   o << "{\"blocks\": {\"total\": " << blocksTotal << ", \"used\": " << blocksUsed

@@ -45,6 +45,12 @@ struct RemoteStats {
            fetchFull = 0;
 };
 
+struct DrainProgress {
+  uint64_t snapshotsMoved = 0, blocksCopied = 0;  // by this step
+  uint64_t snapshotsLeft = 0, blocksLeft = 0;     // after it
+  uint64_t failures = 0;                          // items not handed over (the next step retries)
+};
+
 class RemoteTier {
  public:
   virtual ~RemoteTier() = default;
@@ -64,6 +70,10 @@ class RemoteTier {
   // nothing changed, with UNAVAILABLE (the node is not a live member, or did not answer in
   // time), NOT_FOUND (it has no such snapshot), FULL, or CHECKSUM_MISMATCH.
   virtual kj::Promise<SnapshotId> pullSnapshot(SpaceId space, std::string node, SnapshotId id) = 0;
+  // One bounded step of draining this node: up to `maxSnapshots` snapshots moved to the other
+  // live members and up to `maxBlocks` blocks in memory copied to them. UNAVAILABLE when no
+  // other member is live.
+  virtual kj::Promise<DrainProgress> drainStep(uint32_t maxSnapshots, uint32_t maxBlocks) = 0;
   // Asks `node` to drop its snapshot `id` of `space` (a move's last step).
   virtual kj::Promise<void> dropRemoteSnapshot(SpaceId space, std::string node,
                                                SnapshotId id) = 0;

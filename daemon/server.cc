@@ -716,6 +716,23 @@ class SessionImpl final : public rpc::Session::Server {
     return kj::READY_NOW;
   }
 
+  kj::Promise<void> drain(DrainContext context) override {
+    auto* remote = server_.remote();
+    if (!remote) {
+      throwRpcError(makeError(ErrorCode::kInvalidArgument, "this kvtierd is not in a cluster"));
+    }
+    auto p = context.getParams();
+    return remote->drainStep(p.getMaxSnapshots(), p.getMaxBlocks())
+        .then([context](DrainProgress d) mutable {
+          auto out = context.getResults().initProgress();
+          out.setSnapshotsMoved(d.snapshotsMoved);
+          out.setBlocksCopied(d.blocksCopied);
+          out.setSnapshotsLeft(d.snapshotsLeft);
+          out.setBlocksLeft(d.blocksLeft);
+          out.setFailures(d.failures);
+        });
+  }
+
   kj::Promise<void> stats(StatsContext context) override {
     const EngineStats s = server_.engine().stats();
     auto out = context.getResults().initStats();

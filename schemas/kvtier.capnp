@@ -76,6 +76,14 @@ struct ClusterMember {
   self @3 :Bool;
 }
 
+struct DrainProgress {
+  snapshotsMoved @0 :UInt64;   # by this step
+  blocksCopied @1 :UInt64;     # by this step
+  snapshotsLeft @2 :UInt64;    # after this step
+  blocksLeft @3 :UInt64;       # in memory and not yet copied to another node
+  failures @4 :UInt64;         # items this step could not hand over (retried by the next)
+}
+
 struct SnapshotInfo {
   id @0 :UInt64;         # pass it to another process: it names the snapshot within the namespace
   from @1 :UInt64;
@@ -196,6 +204,11 @@ interface Session {
   stats @1 () -> (stats :Stats);
   cluster @2 () -> (nodeId :Text, members :List(ClusterMember));
   # The cluster as this daemon sees it (empty when it is not in one).
+  drain @3 (maxSnapshots :UInt32, maxBlocks :UInt32) -> (progress :DrainProgress);
+  # One step of draining this node before maintenance: moves up to maxSnapshots of its snapshots
+  # to the other live members (each dropped here only once another node holds it) and copies up
+  # to maxBlocks of the blocks it holds in memory to them. Call again until nothing is left; safe
+  # to stop at any point and start again.
 }
 
 interface Space {

@@ -92,6 +92,12 @@ interface Peer {
 
   dropSnapshot @8 (layout :Kv.Layout, salt :Data, id :UInt64) -> ();
   # Drops snapshot `id` from memory and disk (the last step of a move). notFound if absent.
+
+  take @9 (layout :Kv.Layout, salt :Data, snapshot :UInt64, keys :Data, from :Text)
+      -> (snapshot :UInt64, blocks :UInt32);
+  # A drain hands over: this node pulls snapshot `snapshot` (when not 0) of node `from` and keeps
+  # it as a snapshot of its own (the answer's id), and fetches the blocks `keys` (packed) from
+  # `from`; `blocks` is how many it now holds.
 }
 
 interface PinLease {

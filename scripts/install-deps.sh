@@ -16,4 +16,5 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   libhiredis-dev redis-server \
   librocksdb-dev rocksdb-tools \
   libucx-dev ucx-utils \
-  etcd-server etcd-client
+  etcd-server etcd-client \
+  docker-compose

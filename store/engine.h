@@ -331,6 +331,10 @@ class Engine {
   bool indexed(SpaceId space, const Key128& key) const {
     return index_.count(IndexKey{space, key}) != 0;
   }
+  // Every snapshot in memory, by namespace (a drain moves them to other nodes).
+  std::vector<std::pair<SpaceId, SnapshotId>> snapshotList() const;
+  // Every sealed block of the prefix index in memory, by namespace (a drain copies them).
+  std::vector<std::pair<SpaceId, Key128>> indexedBlocks() const;
   // The observer told of index changes (borrowed; nullptr: none).
   void setIndexObserver(IndexObserver* observer) { observer_ = observer; }
 

@@ -30,6 +30,20 @@ const Engine::Snapshot* Engine::findSnapshot(SpaceId space, SnapshotId id) const
   return it == snapshots_.end() || it->second.space != space ? nullptr : &it->second;
 }
 
+std::vector<std::pair<SpaceId, SnapshotId>> Engine::snapshotList() const {
+  std::vector<std::pair<SpaceId, SnapshotId>> out;
+  for (const auto& [id, snap] : snapshots_) out.emplace_back(snap.space, id);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::vector<std::pair<SpaceId, Key128>> Engine::indexedBlocks() const {
+  std::vector<std::pair<SpaceId, Key128>> out;
+  out.reserve(index_.size());
+  for (const auto& [k, block] : index_) out.emplace_back(k.space, k.key);
+  return out;
+}
+
 bool Engine::hasSnapshot(SpaceId space, SnapshotId id) const {
   return findSnapshot(space, id) != nullptr;
 }

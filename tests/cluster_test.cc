@@ -895,5 +895,47 @@ TEST(ClusterSnapshots, AMoveDropsTheSourceOnlyOnceTheDestinationHoldsIt) {
   EXPECT_NE(copied->id, moved->id);
 }
 
+TEST(ClusterDrain, ADrainInterruptedAndRunAgainHandsEverythingOver) {
+  Cluster c(nodes(3));
+  ASSERT_TRUE(c.formed(3));
+  SnapshotCase a(50, 64), b(51, 80), d(52, 96);
+  const SnapshotInfo sa = a.prefill(c[0], "a", 0), sb = b.prefill(c[0], "b", 16),
+                     sd = d.prefill(c[0], "d", 0);
+  putPrompt(c[0], "doc", 53, 100 * 16);  // 100 blocks
+  auto node0 = c[0].connect();
+  // A first step, cut short (as if the tool was interrupted after it).
+  auto step = node0->drain(1, 20);
+  ASSERT_TRUE(step.ok()) << step.error().toString();
+  EXPECT_EQ(step->snapshotsMoved, 1u);
+  EXPECT_EQ(step->snapshotsLeft, 2u);
+  EXPECT_EQ(step->blocksCopied, 20u);
+  EXPECT_GT(step->blocksLeft, 0u);
+  // The tool, run again, finishes the job.
+  std::string out;
+  ASSERT_EQ(runTool({"--socket", c[0].socket(), "drain"}, &out), 0) << out;
+  EXPECT_NE(out.find("\"left\": 0"), std::string::npos) << out;
+  EXPECT_EQ(node0->stats().value().snapshots, 0u);
+  uint64_t elsewhere = 0;
+  for (size_t i : {1, 2}) elsewhere += c[i].connect()->stats().value().snapshots;
+  EXPECT_EQ(elsewhere, 3u);
+  // Run once more: nothing left, nothing done.
+  auto again = node0->drain(16, 1024);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->snapshotsLeft + again->blocksLeft, 0u);
+  EXPECT_EQ(again->snapshotsMoved + again->blocksCopied, 0u);
+  // Node 0 goes for maintenance; every block is still served by the others.
+  c[0].stop(SIGTERM);
+  ASSERT_TRUE(c.formed(2));
+  ASSERT_TRUE(c.published(1));  // the keys n0 was home for, re-homed
+  ASSERT_TRUE(c.published(2));
+  auto client = c[1].connect();
+  const Hit hit = lookupPrompt(*client, 53, 100 * 16);
+  EXPECT_EQ(hit.matched, 100u * 16);
+  EXPECT_TRUE(hit.identical);
+  (void)sa;
+  (void)sb;
+  (void)sd;
+}
+
 }  // namespace
 }  // namespace kvtier::test

@@ -12,6 +12,7 @@
 
 #include "kvtier/client.h"
 #include "tools/cluster_demo.h"
+#include "tools/replay.h"
 #include "tools/synthetic_kv.h"
 
 extern char** environ;
@@ -23,7 +24,9 @@ const char* kUsage =
     "usage: kvtier [--socket PATH] [--layout SPEC] COMMAND [ARGS]\n"
     "  stats                         the daemon's counters as JSON\n"
     "  cluster                       the cluster members the daemon sees, and their state\n"
+    "  drain                         move this node's snapshots and blocks to the other members\n"
     "  demo                          two processes share a prompt's KV (A puts, B looks up)\n"
+    "  replay TRACE [--help]         replay a Mooncake trace; hit rate against an ideal LRU\n"
     "The cross-node demo (scripts/cluster-demo.sh), one process per step, each on its own node:\n"
     "  cluster-demo-prefill [SEED]          put a prompt, snapshot it, print its NODE:ID\n"
     "  cluster-demo-decode NODE:ID [SEED]   restore that snapshot from NODE, check it, decode\n"
@@ -356,6 +359,42 @@ int spaceCommand(const std::string& socket, const Layout& layout,
   return 2;
 }
 
+// `kvtier drain`: hands the node's snapshots and blocks to the other members, step by step, with
+// a progress bar; safe to interrupt and run again.
+int drain(const std::string& socket) {
+  auto client = connectOrDie(socket, "kvtier-drain");
+  uint64_t moved = 0, copied = 0, total = 0;
+  const bool tty = ::isatty(STDERR_FILENO);
+  for (int round = 0;; ++round) {
+    auto step = client->drain(/*maxSnapshots=*/16, /*maxBlocks=*/1024);
+    if (!step) {
+      std::fprintf(stderr, "%skvtier: drain: %s\n", tty ? "\n" : "", step.error().toString().c_str());
+      return 1;
+    }
+    moved += step->snapshotsMoved;
+    copied += step->blocksCopied;
+    const uint64_t left = step->snapshotsLeft + step->blocksLeft;
+    total = std::max(total, moved + copied + left);
+    const int width = 40;
+    const int filled = total ? static_cast<int>(width * double(moved + copied) / double(total)) : width;
+    std::fprintf(stderr, "%sdrain [%.*s%*s] %lu snapshots moved, %lu blocks copied, %lu left%s",
+                 tty ? "\r" : "", filled, "########################################",
+                 width - filled, "", static_cast<unsigned long>(moved),
+                 static_cast<unsigned long>(copied), static_cast<unsigned long>(left),
+                 tty ? "" : "\n");
+    if (left == 0) break;
+    if (step->snapshotsMoved + step->blocksCopied == 0 && round > 0) {
+      std::fprintf(stderr, "\nkvtier: drain: %lu items could not be handed over; run it again\n",
+                   static_cast<unsigned long>(step->failures));
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "%s", tty ? "\n" : "");
+  std::printf("{\"snapshots_moved\": %lu, \"blocks_copied\": %lu, \"left\": 0}\n",
+              static_cast<unsigned long>(moved), static_cast<unsigned long>(copied));
+  return 0;
+}
+
 // `kvtier cluster`: the members the daemon sees, one a line.
 int cluster(const std::string& socket) {
   auto client = connectOrDie(socket, "kvtier-cluster");
@@ -417,7 +456,9 @@ int main(int argc, char** argv) {
   const std::string command = argv[i];
   if (command == "stats") return kvtier::stats(socket);
   if (command == "cluster") return kvtier::cluster(socket);
+  if (command == "drain") return kvtier::drain(socket);
   if (command == "demo") return kvtier::demo(socket);
+  if (command == "replay") return kvtier::replayMain(socket, argc - i - 1, argv + i + 1);
   if (command == "demo-writer") return kvtier::demoWriter(socket);
   if (command == "demo-reader") return kvtier::demoReader(socket);
   if (command == "cluster-demo-prefill" || command == "cluster-demo-decode" ||

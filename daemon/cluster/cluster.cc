@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <random>
+#include <unordered_set>
 
 #include "daemon/cluster/directory.h"
 #include "daemon/cluster/etcd_membership.h"
@@ -295,6 +296,21 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   // Snapshots across nodes.
   kj::Promise<SnapshotId> pullSnapshot(SpaceId space, std::string node, SnapshotId id);
   kj::Promise<void> dropRemoteSnapshot(SpaceId space, std::string node, SnapshotId id);
+  // Drains.
+  kj::Promise<DrainProgress> drainStep(uint32_t maxSnapshots, uint32_t maxBlocks);
+  // Fetches `keys` of `space` from `link`'s node straight (no directory): resolves with how many
+  // of them this node holds afterwards.
+  kj::Promise<size_t> fetchFrom(SpaceId space, std::shared_ptr<Link> link, std::vector<Key128> keys);
+  // Asks `target` to take snapshot `snapshot` (0: none) and blocks `keys` of `space` from us.
+  kj::Promise<capnp::Response<peer::Peer::TakeResults>> askToTake(
+      std::shared_ptr<Link> target, SpaceId space, SnapshotId snapshot, std::vector<Key128> keys);
+  kj::Promise<void> dropLocalSnapshot(SpaceId space, SnapshotId id) {
+    if (cold_) return cold_->dropSnapshot(space, id);
+    if (auto s = engine_.dropSnapshot(space, id); !s) return toKjException(s.error());
+    return kj::READY_NOW;
+  }
+  // Blocks this node handed to others in a drain (a drain run again skips them).
+  std::unordered_set<DirKey, DirKeyHash> drained_;
 
   void taskFailed(kj::Exception&& e) override {
     logWarn("cluster_task_failed", e.getDescription().cStr());
@@ -485,6 +501,33 @@ class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
     if (impl_.cold_) return impl_.cold_->dropSnapshot(space, p.getId());  // memory and disk
     orThrow(impl_.engine_.dropSnapshot(space, p.getId()));
     return kj::READY_NOW;
+  }
+
+  kj::Promise<void> take(TakeContext context) override {
+    auto p = context.getParams();
+    const Layout layout = layoutFromRpc(p.getLayout());
+    const SpaceId space = orThrow(impl_.engine_.openSpace(layout, saltFrom(p.getSalt())));
+    auto keys = unpackKeys(p.getKeys(), kMaxChainKeys);
+    const std::string from = text(p.getFrom());
+    auto link = impl_.linkTo(from);
+    if (!link) {
+      throwRpcError(makeError(ErrorCode::kUnavailable, "node ", from, " is not a live member"));
+    }
+    kj::Promise<SnapshotId> snap = SnapshotId{0};
+    if (p.getSnapshot() != 0) {
+      snap = impl_.pullSnapshot(space, from, p.getSnapshot()).then([this, space](SnapshotId local) {
+        impl_.engine_.queueSnapshotWrite(space, local);  // kept: written behind
+        if (impl_.cold_) impl_.cold_->kick();
+        return local;
+      });
+    }
+    return snap.then([this, context, space, link, keys = std::move(keys)](SnapshotId local) mutable {
+      return impl_.fetchFrom(space, link, std::move(keys))
+          .then([context, local](size_t held) mutable {
+            context.getResults().setSnapshot(local);
+            context.getResults().setBlocks(static_cast<uint32_t>(held));
+          });
+    });
   }
 
   kj::Promise<void> members(MembersContext context) override {
@@ -990,6 +1033,12 @@ kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Ke
         kj::Vector<kj::Promise<void>> runs;
         size_t i = 0;
         while (i < keys.size()) {
+          // A block this node holds already (the chain's holdings may interleave: a drain
+          // spreads a prefix over several nodes) is no gap: the walk goes on past it.
+          if (engine_.indexed(space, keys[i])) {
+            ++i;
+            continue;
+          }
           std::shared_ptr<Link> best;
           size_t bestEnd = i;
           for (const auto& h : (*holders)[i]) {
@@ -1372,6 +1421,123 @@ kj::Promise<void> ClusterService::Impl::dropRemoteSnapshot(SpaceId space, std::s
   return toKjException(makeError(ErrorCode::kUnavailable, "node ", node, " is not connected"));
 }
 
+// --- drain
+
+kj::Promise<size_t> ClusterService::Impl::fetchFrom(SpaceId space, std::shared_ptr<Link> link,
+                                                    std::vector<Key128> keys) {
+  kj::Vector<kj::Promise<void>> pieces;
+  for (size_t from = 0; from < keys.size(); from += kPinPieceBlocks) {
+    const size_t to = std::min(keys.size(), from + kPinPieceBlocks);
+    pieces.add(fetchRun(space, link, std::vector<Key128>(keys.begin() + from, keys.begin() + to)));
+  }
+  return kj::joinPromises(pieces.releaseAsArray()).then([this, space, keys = std::move(keys)]() {
+    size_t held = 0;
+    for (const Key128& k : keys) held += engine_.indexed(space, k);
+    return held;
+  });
+}
+
+kj::Promise<capnp::Response<peer::Peer::TakeResults>> ClusterService::Impl::askToTake(
+    std::shared_ptr<Link> target, SpaceId space, SnapshotId snapshot, std::vector<Key128> keys) {
+  KJ_IF_MAYBE (p, target->peer) {
+    const SpaceInfo& info = engine_.space(space);
+    auto req = p->takeRequest();
+    layoutToRpc(info.layout, req.initLayout());
+    req.setSalt(capnp::Data::Reader(info.salt.data(), 16));
+    req.setSnapshot(snapshot);
+    auto packed = req.initKeys(keys.size() * 16);
+    for (size_t i = 0; i < keys.size(); ++i)
+      std::memcpy(packed.begin() + 16 * i, keys[i].bytes.data(), 16);
+    req.setFrom(options_.nodeId);
+    // A take moves bytes: its deadline grows with them (a round trip plus 10 ms a block).
+    const kj::Duration deadline =
+        options_.peerTimeout * 2 + (keys.size() + 1) * 10 * kj::MILLISECONDS;
+    return withDeadline(timer_, deadline, req.send());
+  }
+  return toKjException(makeError(ErrorCode::kUnavailable, "node ", target->nodeId,
+                                 " is not connected"));
+}
+
+kj::Promise<DrainProgress> ClusterService::Impl::drainStep(uint32_t maxSnapshots,
+                                                           uint32_t maxBlocks) {
+  std::vector<std::shared_ptr<Link>> targets;
+  std::vector<std::string> targetIds;
+  for (const auto& [address, link] : links_) {
+    if (link->up) {
+      targets.push_back(link);
+      targetIds.push_back(link->nodeId);
+    }
+  }
+  if (targets.empty()) {
+    return toKjException(
+        makeError(ErrorCode::kUnavailable, "no other live member to drain ", options_.nodeId, " to"));
+  }
+  auto progress = std::make_shared<DrainProgress>();
+  // Snapshots, one after another: the target pulls one, then it is dropped here.
+  auto snapshots = engine_.snapshotList();
+  if (snapshots.size() > maxSnapshots) snapshots.resize(maxSnapshots);
+  kj::Promise<void> moving = kj::READY_NOW;
+  for (const auto& [space, id] : snapshots) {
+    auto target = targets[id % targets.size()];
+    moving = moving.then([this, target, space = space, id = id, progress]() {
+      return askToTake(target, space, id, {})
+          .then([this, space, id, progress](capnp::Response<peer::Peer::TakeResults> r) {
+            if (r.getSnapshot() == 0) kj::throwFatalException(KJ_EXCEPTION(FAILED, "not taken"));
+            return dropLocalSnapshot(space, id).then([progress] { ++progress->snapshotsMoved; });
+          })
+          .catch_([this, progress, id](kj::Exception&& e) {
+            ++progress->failures;
+            logWarn("drain_snapshot_failed", "snapshot=" + std::to_string(id) + " " +
+                                                 std::string(e.getDescription().cStr()).substr(0, 200));
+          });
+    });
+  }
+  // Blocks in memory not yet handed over, each to its home among the others (they spread).
+  return moving.then([this, maxBlocks, targets, targetIds, progress]() {
+    std::map<std::pair<SpaceId, size_t>, std::vector<Key128>> batches;  // (space, target)
+    size_t taken = 0;
+    for (const auto& [space, key] : engine_.indexedBlocks()) {
+      if (taken >= maxBlocks) break;
+      const DirKey dk = dirKey(space, key);
+      if (drained_.count(dk)) continue;
+      const std::string& home = homeOf(dk, targetIds);
+      const size_t t = std::find(targetIds.begin(), targetIds.end(), home) - targetIds.begin();
+      batches[{space, t}].push_back(key);
+      ++taken;
+    }
+    kj::Vector<kj::Promise<void>> sends;
+    for (auto& [where, keys] : batches) {
+      for (size_t from = 0; from < keys.size(); from += kMaxChainKeys) {
+        std::vector<Key128> part(keys.begin() + from,
+                                 keys.begin() + std::min(keys.size(), from + kMaxChainKeys));
+        const SpaceId space = where.first;
+        sends.add(askToTake(targets[where.second], space, 0, part)
+                      .then(
+                          [this, space, part, progress](capnp::Response<peer::Peer::TakeResults> r) {
+                            progress->blocksCopied += r.getBlocks();
+                            if (r.getBlocks() == part.size()) {
+                              for (const Key128& k : part) drained_.insert(dirKey(space, k));
+                            } else {
+                              progress->failures += part.size() - r.getBlocks();
+                            }
+                          },
+                          [progress, n = part.size()](kj::Exception&& e) {
+                            progress->failures += n;
+                            logWarn("drain_blocks_failed",
+                                    std::string(e.getDescription().cStr()).substr(0, 200));
+                          }));
+      }
+    }
+    return kj::joinPromises(sends.releaseAsArray()).then([this, progress]() {
+      progress->snapshotsLeft = engine_.snapshotList().size();
+      for (const auto& [space, key] : engine_.indexedBlocks()) {
+        progress->blocksLeft += !drained_.count(dirKey(space, key));
+      }
+      return *progress;
+    });
+  });
+}
+
 // --- serving
 
 kj::Promise<void> ClusterService::Impl::acceptLoop() {
@@ -1455,6 +1621,9 @@ kj::Promise<SnapshotId> ClusterService::pullSnapshot(SpaceId space, std::string 
 kj::Promise<void> ClusterService::dropRemoteSnapshot(SpaceId space, std::string node,
                                                      SnapshotId id) {
   return impl_->dropRemoteSnapshot(space, std::move(node), id);
+}
+kj::Promise<DrainProgress> ClusterService::drainStep(uint32_t maxSnapshots, uint32_t maxBlocks) {
+  return impl_->drainStep(maxSnapshots, maxBlocks);
 }
 std::vector<RemoteMember> ClusterService::members() const { return impl_->memberList(); }
 

@@ -82,6 +82,7 @@ class ClusterService final : public RemoteTier {
   std::vector<RemoteMember> members() const override;
   kj::Promise<SnapshotId> pullSnapshot(SpaceId space, std::string node, SnapshotId id) override;
   kj::Promise<void> dropRemoteSnapshot(SpaceId space, std::string node, SnapshotId id) override;
+  kj::Promise<DrainProgress> drainStep(uint32_t maxSnapshots, uint32_t maxBlocks) override;
 
   class Impl;
 

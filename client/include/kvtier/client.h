@@ -224,6 +224,13 @@ struct LookupOptions {
   RemoteMode remote = RemoteMode::kFetch;
 };
 
+// One step of `Client::drain`.
+struct DrainStep {
+  uint64_t snapshotsMoved = 0, blocksCopied = 0;  // by this step
+  uint64_t snapshotsLeft = 0, blocksLeft = 0;     // after it
+  uint64_t failures = 0;                          // not handed over this time (retried next)
+};
+
 struct ClusterMember {
   std::string nodeId, address;  // address: HOST:PORT of its peer listener
   bool up = false, self = false;
@@ -397,6 +404,11 @@ class Client {
   Result<Stats> stats();
   // The cluster as the daemon sees it: its node id and the members (empty outside a cluster).
   Result<std::pair<std::string, std::vector<ClusterMember>>> cluster();
+  // One step of draining the daemon's node before maintenance: moves up to `maxSnapshots` of its
+  // snapshots to the other live members (each dropped here only once another node
+  // holds it) and copies up to `maxBlocks` of its blocks in memory to them. Call until both
+  // lefts are 0; safe to stop at any point and call again. UNAVAILABLE with no other member.
+  Result<DrainStep> drain(uint32_t maxSnapshots, uint32_t maxBlocks);
   const std::string& daemonVersion() const;
   // True when bytes move through the mapped pool, false when they travel inline.
   bool mapped() const;

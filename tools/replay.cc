@@ -1,0 +1,689 @@
+#include "tools/replay.h"
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+#include <unordered_set>
+
+#include "kvtier/client.h"
+
+extern char** environ;
+
+namespace kvtier::replay {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double msSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// Skips spaces; true if `c` is next (and consumes it).
+bool expect(std::string_view s, size_t& at, char c) {
+  while (at < s.size() && (s[at] == ' ' || s[at] == '\t')) ++at;
+  if (at >= s.size() || s[at] != c) return false;
+  ++at;
+  return true;
+}
+
+// A non-negative integer; a fractional part (a timestamp in fractional ms) is read and dropped.
+std::optional<uint64_t> number(std::string_view s, size_t& at) {
+  while (at < s.size() && (s[at] == ' ' || s[at] == '\t')) ++at;
+  const size_t start = at;
+  uint64_t v = 0;
+  while (at < s.size() && s[at] >= '0' && s[at] <= '9') {
+    if (v > (UINT64_MAX - 9) / 10) return std::nullopt;
+    v = v * 10 + static_cast<uint64_t>(s[at++] - '0');
+  }
+  if (at == start) return std::nullopt;
+  if (at < s.size() && s[at] == '.') {
+    ++at;
+    while (at < s.size() && s[at] >= '0' && s[at] <= '9') ++at;
+  }
+  return v;
+}
+
+// Position right after `"name":`, or npos.
+size_t fieldValue(std::string_view line, std::string_view name) {
+  const std::string quoted = "\"" + std::string(name) + "\"";
+  size_t at = line.find(quoted);
+  if (at == std::string_view::npos) return at;
+  at += quoted.size();
+  if (!expect(line, at, ':')) return std::string_view::npos;
+  return at;
+}
+
+std::string jsonString(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string fixed(double v, int digits = 6) {
+  if (!std::isfinite(v)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+template <typename T>
+std::string list(const std::vector<T>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + "]";
+}
+
+Percentiles percentiles(std::vector<double> v) {
+  Percentiles p;
+  if (v.empty()) return p;
+  std::sort(v.begin(), v.end());
+  p.p50 = v[v.size() / 2];
+  p.p99 = v[std::min(v.size() - 1, v.size() * 99 / 100)];
+  p.max = v.back();
+  return p;
+}
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// Total capacities of the ideal curve the report carries for the plot (blocks).
+constexpr uint64_t kCurveCapacities[] = {500,   1000,  2000,  3000,  4000,  6000,  8000, 10000,
+                                         12000, 15000, 20000, 25000, 30000, 40000, 50000};
+
+// One node of the replay: its client, space, and counters at the start.
+struct Node {
+  std::string socket;
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Space> space;
+  Stats before;
+};
+
+Result<Stats> nodeStats(Node& node) { return node.client->stats(); }
+
+uint64_t fetchErrorsOf(const Stats& s) {
+  return s.fetchTimeouts + s.fetchUnavailable + s.fetchTransfer + s.fetchChecksum + s.fetchFull;
+}
+
+}  // namespace
+
+Result<TraceRequest> parseTraceLine(std::string_view line) {
+  TraceRequest r;
+  const std::pair<const char*, uint64_t*> scalars[] = {{"timestamp", &r.timestampMs},
+                                                      {"input_length", &r.inputLength},
+                                                      {"output_length", &r.outputLength}};
+  for (const auto& [name, out] : scalars) {
+    size_t at = fieldValue(line, name);
+    if (at == std::string_view::npos) {
+      return makeError(ErrorCode::kInvalidArgument, "no \"", name, "\" field");
+    }
+    auto v = number(line, at);
+    if (!v) return makeError(ErrorCode::kInvalidArgument, "\"", name, "\" is not a number >= 0");
+    *out = *v;
+  }
+  size_t at = fieldValue(line, "hash_ids");
+  if (at == std::string_view::npos || !expect(line, at, '[')) {
+    return makeError(ErrorCode::kInvalidArgument, "no \"hash_ids\" list");
+  }
+  if (!expect(line, at, ']')) {
+    do {
+      auto v = number(line, at);
+      if (!v) return makeError(ErrorCode::kInvalidArgument, "a hash id is not a number >= 0");
+      if (r.hashIds.size() == kMaxBlocksPerRequest) {
+        return makeError(ErrorCode::kInvalidArgument, "more than ", kMaxBlocksPerRequest,
+                         " hash ids");
+      }
+      r.hashIds.push_back(*v);
+    } while (expect(line, at, ','));
+    if (!expect(line, at, ']')) return makeError(ErrorCode::kInvalidArgument, "bad hash_ids list");
+  }
+  if (r.hashIds.empty()) return makeError(ErrorCode::kInvalidArgument, "empty hash_ids");
+  return r;
+}
+
+Result<std::vector<TraceRequest>> loadTrace(const std::string& path, size_t limit) {
+  std::ifstream in(path);
+  if (!in) return makeError(ErrorCode::kNotFound, "cannot read trace ", path);
+  std::vector<TraceRequest> out;
+  std::string line;
+  for (size_t number = 1; (limit == 0 || out.size() < limit) && std::getline(in, line); ++number) {
+    if (line.size() > kMaxTraceLineBytes) {
+      return makeError(ErrorCode::kInvalidArgument, path, ":", number, ": line longer than ",
+                       kMaxTraceLineBytes, " bytes");
+    }
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto r = parseTraceLine(line);
+    if (!r) return makeError(ErrorCode::kInvalidArgument, path, ":", number, ": ", r.error().message());
+    out.push_back(std::move(r).value());
+  }
+  if (out.empty()) return makeError(ErrorCode::kInvalidArgument, path, " holds no request");
+  return out;
+}
+
+Layout replayLayout() { return Layout{"replay/tiny", 1, 1, 16, DType::kFloat16, 16, {}}; }
+
+Key128 blockKey(uint64_t hashId) {
+  const std::string text = std::to_string(hashId);
+  return contentKey(text.data(), text.size());
+}
+
+const char* routeName(Route route) {
+  return route == Route::kSession ? "session" : "round-robin";
+}
+
+size_t routeRequest(Route route, size_t index, const TraceRequest& request, size_t nodes) {
+  if (nodes <= 1) return 0;
+  if (route == Route::kRoundRobin) return index % nodes;
+  return static_cast<size_t>(splitmix64(request.hashIds.front()) % nodes);
+}
+
+size_t LruCache::access(std::span<const uint64_t> ids) {
+  size_t hits = 0;
+  while (hits < ids.size() && where_.count(ids[hits])) ++hits;
+  for (uint64_t id : ids) {
+    auto it = where_.find(id);
+    if (it != where_.end()) {
+      order_.splice(order_.end(), order_, it->second);
+      continue;
+    }
+    if (capacity_ == 0) continue;
+    if (order_.size() == capacity_) {
+      where_.erase(order_.front());
+      order_.pop_front();
+    }
+    order_.push_back(id);
+    where_.emplace(id, std::prev(order_.end()));
+  }
+  return hits;
+}
+
+Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayOptions& options,
+                              const ProgressFn& progress) {
+  if (options.sockets.empty()) return makeError(ErrorCode::kInvalidArgument, "no node to replay on");
+  if (options.speedup < 0) return makeError(ErrorCode::kInvalidArgument, "negative speedup");
+  const Layout layout = replayLayout();
+  const uint32_t bt = layout.blockTokens;
+  const size_t n = options.sockets.size();
+
+  // One client per node. A caller-thread client saves a thread hop per call, but a thread runs
+  // one event loop: with several nodes each client runs its own thread.
+  std::vector<Node> nodes(n);
+  for (size_t i = 0; i < n; ++i) {
+    Node& node = nodes[i];
+    node.socket = options.sockets[i];
+    ClientOptions co;
+    co.socketPath = node.socket;
+    co.clientName = "kvtier-replay";
+    co.threading = n == 1 ? ClientThreading::kCallerThread : ClientThreading::kOwnThread;
+    auto client = Client::connect(co);
+    if (!client) {
+      return makeError(client.error().code(), node.socket, ": ", client.error().message());
+    }
+    node.client = std::move(client).value();
+    auto space = node.client->open(layout);
+    if (!space) return makeError(space.error().code(), node.socket, ": ", space.error().message());
+    node.space = std::move(space).value();
+    auto stats = nodeStats(node);
+    if (!stats) return makeError(stats.error().code(), node.socket, ": ", stats.error().message());
+    node.before = std::move(stats).value();
+  }
+
+  ReplayRun run;
+  run.tracePath = options.tracePath;
+  run.route = options.route;
+  run.speedup = options.speedup;
+  run.nodes = n;
+  run.requestsPerNode.assign(n, 0);
+  for (Node& node : nodes) {
+    uint64_t total = 0;
+    for (const auto& s : node.before.spaces) {
+      if (s.fingerprint == node.space->fingerprint()) total = s.blocksTotal;
+    }
+    run.daemonCapacityBlocks.push_back(total);
+  }
+  run.capacityBlocks = options.capacityBlocks ? options.capacityBlocks : run.daemonCapacityBlocks[0];
+  if (run.capacityBlocks == 0) {
+    return makeError(ErrorCode::kInvalidArgument, "no capacity: pass --capacity BLOCKS");
+  }
+
+  LruCache ideal(run.capacityBlocks * n);
+  std::vector<LruCache> isolated(n, LruCache(run.capacityBlocks));
+  std::vector<LruCache> curve;
+  for (uint64_t c : kCurveCapacities) curve.emplace_back(c);
+  std::vector<uint64_t> curveHits(curve.size(), 0);
+  std::unordered_set<uint64_t> seen;
+
+  // The private sequence each request's blocks pass through (one per replaying process).
+  const std::string seq = "replay-" + std::to_string(::getpid());
+  std::vector<Key128> keys;
+  std::vector<uint32_t> tokens;
+  std::vector<uint8_t> kv;
+  std::vector<double> lookupMs, requestMs;
+  lookupMs.reserve(trace.size());
+  requestMs.reserve(trace.size());
+  const uint64_t tokenBytes = layout.tokenBytes();
+
+  const Clock::time_point start = Clock::now();
+  for (size_t i = 0; i < trace.size(); ++i) {
+    const TraceRequest& req = trace[i];
+    const size_t at = routeRequest(options.route, i, req, n);
+    Node& node = nodes[at];
+    if (options.speedup > 0) {
+      const auto due = start + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double, std::milli>(
+                                       double(req.timestampMs) / options.speedup));
+      if (Clock::now() < due) std::this_thread::sleep_until(due);
+      run.maxLagMs = std::max(run.maxLagMs,
+                              std::chrono::duration<double, std::milli>(Clock::now() - due).count());
+    }
+    const size_t blocks = req.hashIds.size();
+    keys.resize(blocks);
+    for (size_t b = 0; b < blocks; ++b) keys[b] = blockKey(req.hashIds[b]);
+
+    const Clock::time_point t0 = Clock::now();
+    auto failed = [&](const Error& e) -> std::optional<Error> {
+      if (e.code() == ErrorCode::kUnavailable) {
+        return makeError(e.code(), node.socket, ": ", e.message());
+      }
+      if (run.errors++ == 0) run.firstError = e.toString();
+      return std::nullopt;
+    };
+    size_t hit = 0;
+    {
+      LookupOptions lo;
+      lo.bindSeq = seq;
+      auto found = node.space->lookupKeys(keys, lo);
+      lookupMs.push_back(msSince(t0));
+      if (lookupMs.back() >= 1000) ++run.slowLookups;
+      if (!found) {
+        if (auto fatal = failed(found.error())) return *fatal;
+      } else {
+        hit = found->blockCount();
+        // Every hit block carries its hash id in its first 8 bytes (see below): a remote hit or
+        // a reused block that came back with other bytes is counted, never silently taken.
+        for (size_t b = 0; b < hit && b < blocks; ++b) {
+          auto bytes = found->block(b);
+          if (bytes.size() < 8) continue;
+          uint64_t id;
+          std::memcpy(&id, bytes.data(), 8);
+          ++run.verifiedBlocks;
+          if (id != req.hashIds[b]) ++run.wrongBlocks;
+        }
+        // Unpinned before the sequence goes, so that its removal settles the blocks in request
+        // order (the sequence still holds the hit prefix meanwhile).
+        found->release();
+      }
+    }
+    if (hit < blocks) {
+      const size_t miss = blocks - hit;
+      tokens.assign(miss * bt, 0);
+      kv.assign(miss * layout.blockBytes(), 0);
+      for (size_t b = 0; b < miss; ++b) {
+        const uint64_t id = req.hashIds[hit + b];
+        for (uint32_t t = 0; t < bt; ++t) tokens[b * bt + t] = static_cast<uint32_t>(id);
+        // Packed [layer][K|V][token][head][dim]: layer 0's K of the block's first token is the
+        // block's first bytes once placed.
+        std::memcpy(kv.data() + b * bt * tokenBytes, &id, 8);
+      }
+      PutOptions po;
+      po.keys.assign(keys.begin() + static_cast<std::ptrdiff_t>(hit), keys.end());
+      auto put = node.space->put(seq, hit * bt, tokens, kv.data(), kv.size(), po);
+      if (!put) {
+        if (auto fatal = failed(put.error())) return *fatal;
+      }
+    }
+    if (auto s = node.space->remove(seq, 0); !s) {
+      if (auto fatal = failed(s.error())) return *fatal;
+    }
+    requestMs.push_back(msSince(t0));
+
+    ++run.requests;
+    ++run.requestsPerNode[at];
+    run.blocks += blocks;
+    run.hitBlocks += hit;
+    run.idealHitBlocks += ideal.access(req.hashIds);
+    run.isolatedHitBlocks += isolated[at].access(req.hashIds);
+    for (size_t c = 0; c < curve.size(); ++c) curveHits[c] += curve[c].access(req.hashIds);
+    size_t infinite = 0;
+    while (infinite < blocks && seen.count(req.hashIds[infinite])) ++infinite;
+    run.infiniteHitBlocks += infinite;
+    seen.insert(req.hashIds.begin(), req.hashIds.end());
+    if (progress) progress(i + 1, trace.size(), run);
+  }
+  run.wallSeconds = msSince(start) / 1000.0;
+  run.distinctBlocks = seen.size();
+  run.lookupMs = percentiles(std::move(lookupMs));
+  run.requestMs = percentiles(std::move(requestMs));
+  for (size_t c = 0; c < curve.size(); ++c) run.idealCurve.emplace_back(curve[c].capacity(), curveHits[c]);
+
+  // Counters over the run. In a cluster, wait (bounded) until every node has published what it
+  // holds, so that held copies and distinct keys are counted on a settled directory.
+  std::vector<Stats> after(n);
+  const Clock::time_point settleBy = Clock::now() + std::chrono::seconds(5);
+  for (;;) {
+    bool settled = true;
+    for (size_t i = 0; i < n; ++i) {
+      auto s = nodeStats(nodes[i]);
+      if (!s) return makeError(s.error().code(), nodes[i].socket, ": ", s.error().message());
+      after[i] = std::move(s).value();
+      settled = settled && after[i].publishBacklog == 0;
+    }
+    if (settled || Clock::now() > settleBy) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const Stats& a = after[i];
+    const Stats& b = nodes[i].before;
+    run.evictions += a.evictions - b.evictions;
+    run.remoteHitBlocks += a.remoteHitBlocks - b.remoteHitBlocks;
+    run.remoteLookups += a.remoteLookups - b.remoteLookups;
+    run.fetchErrors += fetchErrorsOf(a) - fetchErrorsOf(b);
+    run.heldKeys += a.heldKeys;
+    run.distinctKeys += a.directoryEntries;
+    run.blocksUsedPerNode.push_back(a.blocksUsed);
+  }
+  return run;
+}
+
+std::string runJson(const ReplayRun& run) {
+  const bool multi = run.nodes > 1;
+  const uint64_t total = run.capacityBlocks * run.nodes;
+  std::string o = "{";
+  auto field = [&o](const char* name, const std::string& value) {
+    if (o.size() > 1) o += ", ";
+    o += "\"" + std::string(name) + "\": " + value;
+  };
+  field("trace", jsonString(run.tracePath));
+  field("requests", std::to_string(run.requests));
+  field("blocks", std::to_string(run.blocks));
+  field("distinct_blocks", std::to_string(run.distinctBlocks));
+  field("nodes", std::to_string(run.nodes));
+  field("route", jsonString(multi ? routeName(run.route) : "single"));
+  field("speedup", run.speedup > 0 ? fixed(run.speedup, 3) : "null");
+  field("capacity_blocks", std::to_string(run.capacityBlocks));
+  field("total_capacity_blocks", std::to_string(total));
+  field("daemon_capacity_blocks", list(run.daemonCapacityBlocks));
+  field("hit_blocks", std::to_string(run.hitBlocks));
+  field("hit_rate", fixed(run.hitRate()));
+  field("ideal_lru_capacity_blocks", std::to_string(total));
+  field("ideal_lru_hit_blocks", std::to_string(run.idealHitBlocks));
+  field("ideal_lru_hit_rate", fixed(run.idealHitRate()));
+  field("diff_pp", fixed(100.0 * (run.hitRate() - run.idealHitRate()), 3));
+  if (multi) {
+    field("isolated_lru_hit_blocks", std::to_string(run.isolatedHitBlocks));
+    field("isolated_lru_hit_rate", fixed(run.rate(run.isolatedHitBlocks)));
+    field("ratio_to_isolated",
+          run.isolatedHitBlocks ? fixed(double(run.hitBlocks) / double(run.isolatedHitBlocks), 4)
+                                : "null");
+    field("held_keys", std::to_string(run.heldKeys));
+    field("distinct_keys", std::to_string(run.distinctKeys));
+    field("copies_per_key",
+          run.distinctKeys ? fixed(double(run.heldKeys) / double(run.distinctKeys), 4) : "null");
+  }
+  field("infinite_cache_hit_rate", fixed(run.rate(run.infiniteHitBlocks)));
+  std::string curve = "[";
+  for (size_t i = 0; i < run.idealCurve.size(); ++i) {
+    curve += (i ? ", [" : "[") + std::to_string(run.idealCurve[i].first) + ", " +
+             fixed(run.rate(run.idealCurve[i].second)) + "]";
+  }
+  field("ideal_lru_curve", curve + "]");
+  field("requests_per_node", list(run.requestsPerNode));
+  field("blocks_used_per_node", list(run.blocksUsedPerNode));
+  field("evictions", std::to_string(run.evictions));
+  field("remote_lookups", std::to_string(run.remoteLookups));
+  field("remote_hit_blocks", std::to_string(run.remoteHitBlocks));
+  field("fetch_errors", std::to_string(run.fetchErrors));
+  field("verified_blocks", std::to_string(run.verifiedBlocks));
+  field("wrong_blocks", std::to_string(run.wrongBlocks));
+  field("errors", std::to_string(run.errors));
+  if (!run.firstError.empty()) field("first_error", jsonString(run.firstError));
+  field("wall_s", fixed(run.wallSeconds, 3));
+  field("requests_per_s", fixed(run.wallSeconds > 0 ? run.requests / run.wallSeconds : 0, 1));
+  field("max_lag_ms", fixed(run.maxLagMs, 3));
+  field("lookups_over_1s", std::to_string(run.slowLookups));
+  field("lookup_ms", "{\"p50\": " + fixed(run.lookupMs.p50, 4) + ", \"p99\": " +
+                         fixed(run.lookupMs.p99, 4) + ", \"max\": " + fixed(run.lookupMs.max, 4) +
+                         "}");
+  field("request_ms", "{\"p50\": " + fixed(run.requestMs.p50, 4) + ", \"p99\": " +
+                          fixed(run.requestMs.p99, 4) + ", \"max\": " +
+                          fixed(run.requestMs.max, 4) + "}");
+  return o + "}";
+}
+
+std::string runsJson(std::span<const ReplayRun> runs) {
+  std::string out = "{\"tool\": \"kvtier replay\", \"block_tokens\": 16, \"runs\": [\n";
+  for (size_t i = 0; i < runs.size(); ++i) out += (i ? ",\n  " : "  ") + runJson(runs[i]);
+  return out + "\n]}\n";
+}
+
+namespace {
+
+const char* kReplayUsage =
+    "usage: kvtier [--socket PATH] replay TRACE [options]\n"
+    "Replays a Mooncake-format trace (JSON lines: timestamp, input_length, output_length,\n"
+    "hash_ids) against running kvtierd daemons; one trace block = one 1 KiB kvtier block.\n"
+    "  --capacity BLOCKS        blocks per node the anchors assume (default: the daemon's)\n"
+    "  --nodes S1,S2,...        the daemons' sockets (default: --socket)\n"
+    "  --route session|round-robin  session: by the request's first hash id (default)\n"
+    "  --speedup X              replay at X times the trace's timestamps (default: at once)\n"
+    "  --limit N                the first N requests\n"
+    "  --json FILE              write the run as JSON ({\"runs\": [...]})\n"
+    "  --plot FILE.png          plot it (scripts/plot-replay.py, matplotlib)\n"
+    "  --progress               a progress bar even when stderr is not a terminal\n";
+
+std::vector<std::string> splitList(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t start = 0;;) {
+    const size_t comma = s.find(',', start);
+    std::string part = s.substr(start, comma - start);
+    if (!part.empty()) out.push_back(part);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+void printTable(const ReplayRun& r) {
+  const uint64_t total = r.capacityBlocks * r.nodes;
+  std::printf("kvtier replay %s: %lu requests, %lu blocks (%lu distinct)\n", r.tracePath.c_str(),
+              (unsigned long)r.requests, (unsigned long)r.blocks, (unsigned long)r.distinctBlocks);
+  std::printf("  %zu node%s x %lu blocks", r.nodes, r.nodes > 1 ? "s" : "",
+              (unsigned long)r.capacityBlocks);
+  if (r.nodes > 1) std::printf(", route %s", routeName(r.route));
+  if (r.speedup > 0) std::printf(", speedup %.1fx (max lag %.1f ms)", r.speedup, r.maxLagMs);
+  std::printf("\n\n  %-38s %9s %12s\n", "", "hit rate", "hit blocks");
+  char label[96];
+  std::snprintf(label, sizeof label, "kvtier (%zu node%s)", r.nodes, r.nodes > 1 ? "s" : "");
+  std::printf("  %-38s %8.2f%% %12lu\n", label, 100 * r.hitRate(), (unsigned long)r.hitBlocks);
+  std::snprintf(label, sizeof label, "ideal LRU of %lu blocks", (unsigned long)total);
+  std::printf("  %-38s %8.2f%% %12lu   kvtier %+.2f pp\n", label, 100 * r.idealHitRate(),
+              (unsigned long)r.idealHitBlocks, 100 * (r.hitRate() - r.idealHitRate()));
+  if (r.nodes > 1) {
+    std::snprintf(label, sizeof label, "%zu isolated LRUs of %lu (%s)", r.nodes,
+                  (unsigned long)r.capacityBlocks, routeName(r.route));
+    std::printf("  %-38s %8.2f%% %12lu   kvtier x%.3f\n", label, 100 * r.rate(r.isolatedHitBlocks),
+                (unsigned long)r.isolatedHitBlocks,
+                r.isolatedHitBlocks ? double(r.hitBlocks) / double(r.isolatedHitBlocks) : 0.0);
+  }
+  std::printf("  %-38s %8.2f%% %12lu\n", "infinite cache", 100 * r.rate(r.infiniteHitBlocks),
+              (unsigned long)r.infiniteHitBlocks);
+  std::printf("\n  evictions %lu", (unsigned long)r.evictions);
+  if (r.nodes > 1) {
+    std::printf(", remote hit blocks %lu in %lu remote lookups, fetch errors %lu\n",
+                (unsigned long)r.remoteHitBlocks, (unsigned long)r.remoteLookups,
+                (unsigned long)r.fetchErrors);
+    std::printf("  held copies %lu of %lu distinct keys (%.3f copies per key)", (unsigned long)r.heldKeys,
+                (unsigned long)r.distinctKeys,
+                r.distinctKeys ? double(r.heldKeys) / double(r.distinctKeys) : 0.0);
+  }
+  std::printf("\n  hit blocks checked %lu, wrong %lu; errors %lu%s%s\n",
+              (unsigned long)r.verifiedBlocks, (unsigned long)r.wrongBlocks,
+              (unsigned long)r.errors, r.errors ? ", first: " : "", r.firstError.c_str());
+  std::printf("  %.2f s, %.0f requests/s; lookup p50 %.3f ms p99 %.3f ms max %.1f ms (%lu over 1 s); "
+              "request p50 %.3f ms p99 %.3f ms\n",
+              r.wallSeconds, r.wallSeconds > 0 ? r.requests / r.wallSeconds : 0.0, r.lookupMs.p50,
+              r.lookupMs.p99, r.lookupMs.max, (unsigned long)r.slowLookups, r.requestMs.p50,
+              r.requestMs.p99);
+  for (size_t i = 0; i < r.daemonCapacityBlocks.size(); ++i) {
+    if (r.daemonCapacityBlocks[i] != r.capacityBlocks) {
+      std::printf("  note: node %zu's pool holds %lu blocks of this layout, not %lu\n", i,
+                  (unsigned long)r.daemonCapacityBlocks[i], (unsigned long)r.capacityBlocks);
+    }
+  }
+}
+
+// Runs scripts/plot-replay.py on a JSON file; the exit status of the script (127: not started).
+int plot(const std::string& json, const std::string& png) {
+  const char* script = std::getenv("KVTIER_PLOT_SCRIPT");
+  std::string scriptPath = script ? script : KVTIER_PLOT_SCRIPT;
+  // Debian's python3 sees python3-matplotlib; another python3 first on the PATH may not.
+  const char* python = std::getenv("KVTIER_PYTHON");
+  std::string pythonPath = python ? python : (access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3");
+  std::vector<std::string> args = {pythonPath, scriptPath, "--out", png, json};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid;
+  if (posix_spawnp(&pid, pythonPath.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+    std::fprintf(stderr, "kvtier replay: cannot start %s\n", pythonPath.c_str());
+    return 127;
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+}  // namespace
+}  // namespace kvtier::replay
+
+namespace kvtier {
+
+int replayMain(const std::string& socket, int argc, char** argv) {
+  using namespace replay;
+  std::string tracePath, json, png, nodes;
+  ReplayOptions options;
+  size_t limit = 0;
+  bool progress = isatty(STDERR_FILENO) != 0;
+  try {
+    for (int i = 0; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto value = [&]() -> std::string {
+        if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+        return argv[++i];
+      };
+      if (a == "--capacity") {
+        options.capacityBlocks = std::stoull(value());
+      } else if (a == "--nodes") {
+        nodes = value();
+      } else if (a == "--route") {
+        const std::string r = value();
+        if (r == "session") {
+          options.route = Route::kSession;
+        } else if (r == "round-robin") {
+          options.route = Route::kRoundRobin;
+        } else {
+          throw std::invalid_argument("--route is session or round-robin, not " + r);
+        }
+      } else if (a == "--speedup") {
+        options.speedup = std::stod(value());
+        if (!(options.speedup > 0)) throw std::invalid_argument("--speedup must be > 0");
+      } else if (a == "--limit") {
+        limit = std::stoull(value());
+      } else if (a == "--json") {
+        json = value();
+      } else if (a == "--plot") {
+        png = value();
+      } else if (a == "--progress") {
+        progress = true;
+      } else if (a == "-h" || a == "--help") {
+        std::fputs(kReplayUsage, stdout);
+        return 0;
+      } else if (!a.empty() && a[0] != '-' && tracePath.empty()) {
+        tracePath = a;
+      } else {
+        throw std::invalid_argument("unknown argument " + a);
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvtier replay: %s\n%s", e.what(), kReplayUsage);
+    return 2;
+  }
+  if (tracePath.empty()) {
+    std::fprintf(stderr, "kvtier replay: no TRACE\n%s", kReplayUsage);
+    return 2;
+  }
+  options.sockets = nodes.empty() ? std::vector<std::string>{socket} : splitList(nodes);
+  options.tracePath = tracePath;
+  auto trace = loadTrace(tracePath, limit);
+  if (!trace) {
+    std::fprintf(stderr, "kvtier replay: %s\n", trace.error().toString().c_str());
+    return 2;
+  }
+
+  ProgressFn bar;
+  if (progress) {
+    bar = [last = std::chrono::steady_clock::time_point()](size_t done, size_t total,
+                                                           const ReplayRun& r) mutable {
+      const auto now = std::chrono::steady_clock::now();
+      if (done != total && now - last < std::chrono::milliseconds(100)) return;
+      last = now;
+      constexpr int kWidth = 30;
+      const int filled = static_cast<int>(kWidth * done / total);
+      std::fprintf(stderr, "\r[%.*s%*s] %5.1f%% %zu/%zu  hit %.2f%%  ideal LRU %.2f%% ", filled,
+                   "##############################", kWidth - filled, "", 100.0 * done / total,
+                   done, total, 100 * r.hitRate(), 100 * r.idealHitRate());
+      if (done == total) std::fputc('\n', stderr);
+    };
+  }
+  auto run = replayTrace(*trace, options, bar);
+  if (!run) {
+    if (progress) std::fputc('\n', stderr);
+    std::fprintf(stderr, "kvtier replay: %s\n", run.error().toString().c_str());
+    return 1;
+  }
+  printTable(*run);
+  std::fflush(stdout);
+
+  const std::string doc = runsJson(std::span<const ReplayRun>(&*run, 1));
+  std::string jsonPath = json;
+  if (jsonPath.empty() && !png.empty()) jsonPath = png + ".json";
+  if (!jsonPath.empty()) {
+    std::FILE* f = std::fopen(jsonPath.c_str(), "w");
+    if (!f || std::fwrite(doc.data(), 1, doc.size(), f) != doc.size() || std::fclose(f) != 0) {
+      std::fprintf(stderr, "kvtier replay: cannot write %s\n", jsonPath.c_str());
+      return 1;
+    }
+  }
+  if (!png.empty() && plot(jsonPath, png) != 0) {
+    std::fprintf(stderr, "kvtier replay: the plot failed (python3-matplotlib installed?)\n");
+    return 1;
+  }
+  return run->errors == 0 && run->wrongBlocks == 0 ? 0 : 1;
+}
+
+}  // namespace kvtier

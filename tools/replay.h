@@ -1,0 +1,147 @@
+// Trace replay: `kvtier replay TRACE` plays a Mooncake-format trace (one JSON object a line:
+// timestamp, input_length, output_length, hash_ids) against running kvtierd daemons through the
+// SDK, and in the same run computes the anchors its hit rate is judged against (BENCH.md): an
+// offline ideal LRU of the same total capacity over the same request order and, for several
+// nodes, as many isolated LRUs with the same routing. docs/replay.md describes the method.
+//
+// One trace block is one kvtier block of 16 tokens in a tiny layout (1 KiB blocks), so a daemon's
+// pool of C KiB holds C blocks and capacity is counted in blocks on both sides.
+//
+// Not thread-safe: a replay runs on the calling thread and owns its clients.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "kvtier/block_key.h"
+#include "kvtier/error.h"
+#include "kvtier/layout.h"
+
+namespace kvtier {
+
+// The `kvtier replay` command; `argv` holds the `argc` arguments after "replay". `socket` is the
+// tool's --socket (the node when --nodes is not given). Returns the process exit status: 0, 1 when
+// the replay failed or met errors, 2 on bad arguments.
+int replayMain(const std::string& socket, int argc, char** argv);
+
+namespace replay {
+
+struct TraceRequest {
+  uint64_t timestampMs = 0;
+  uint64_t inputLength = 0, outputLength = 0;
+  std::vector<uint64_t> hashIds;  // one per trace block; never empty
+};
+
+// Bounds on what a trace file may hold (a line is input: checked, never trusted).
+inline constexpr size_t kMaxTraceLineBytes = size_t{1} << 20;
+// A request's blocks: kvtier's per-lease bound is far above any real prompt's 512-token blocks.
+inline constexpr size_t kMaxBlocksPerRequest = 65536;
+
+// One trace line. INVALID_ARGUMENT when a field is missing or not a non-negative integer, or
+// hash_ids is empty or longer than kMaxBlocksPerRequest.
+Result<TraceRequest> parseTraceLine(std::string_view line);
+// The first `limit` requests of the file (0: all), blank lines skipped. INVALID_ARGUMENT naming
+// the file and line of the first bad one; NOT_FOUND when the file cannot be read.
+Result<std::vector<TraceRequest>> loadTrace(const std::string& path, size_t limit = 0);
+
+// The layout a replay opens: 1 layer, 1 KV head, head dim 16, fp16, 16 tokens per block.
+Layout replayLayout();
+// A trace block's kvtier key: the first 16 bytes of SHA-256 of the hash id's decimal text.
+Key128 blockKey(uint64_t hashId);
+
+enum class Route : uint8_t {
+  kRoundRobin,  // request i goes to node i mod N
+  kSession,     // by the request's first hash id: requests sharing a prefix meet on one node
+};
+const char* routeName(Route route);
+// The node (0..nodes-1) that serves request `index`.
+size_t routeRequest(Route route, size_t index, const TraceRequest& request, size_t nodes);
+
+// The offline ideal LRU, in blocks. access(): the hit is the longest prefix of `ids` present;
+// then every id is touched in order (moved to most recently used, or inserted, evicting the
+// least recently used beyond capacity). O(1) per id.
+class LruCache {
+ public:
+  explicit LruCache(uint64_t capacity) : capacity_(capacity) {}
+  // Returns the number of hit blocks.
+  size_t access(std::span<const uint64_t> ids);
+  uint64_t size() const { return order_.size(); }
+  uint64_t capacity() const { return capacity_; }
+
+ private:
+  uint64_t capacity_;
+  std::list<uint64_t> order_;  // front: least recently used
+  std::unordered_map<uint64_t, std::list<uint64_t>::iterator> where_;
+};
+
+struct ReplayOptions {
+  std::vector<std::string> sockets;  // one per node, at least one
+  // Blocks per node the anchors assume; 0: the first daemon's own (the space's blocks total).
+  uint64_t capacityBlocks = 0;
+  Route route = Route::kSession;
+  double speedup = 0;  // replay at this multiple of the trace's timestamps; 0: as fast as possible
+  std::string tracePath;  // for the report only
+};
+
+struct Percentiles {
+  double p50 = 0, p99 = 0, max = 0;
+};
+
+// What one replay measured. Rates are fractions of blocks, as the trace counts them: hit blocks
+// over all request blocks.
+struct ReplayRun {
+  std::string tracePath;
+  Route route = Route::kSession;
+  double speedup = 0;
+  size_t nodes = 0;
+  uint64_t requests = 0, blocks = 0, distinctBlocks = 0;
+  uint64_t capacityBlocks = 0;                // per node, as the anchors assume
+  std::vector<uint64_t> daemonCapacityBlocks;  // per node, as each daemon reports its space
+  std::vector<uint64_t> requestsPerNode;
+  uint64_t hitBlocks = 0;         // what the daemons' lookups matched (local and remote)
+  uint64_t idealHitBlocks = 0;    // one ideal LRU of nodes x capacity
+  uint64_t isolatedHitBlocks = 0;  // nodes isolated LRUs of capacity each, same routing
+  uint64_t infiniteHitBlocks = 0;  // a cache that never evicts
+  // The ideal LRU over the same requests at other total capacities (for the plot's curve).
+  std::vector<std::pair<uint64_t, uint64_t>> idealCurve;  // (capacity, hit blocks)
+  // Daemon counters over the run, summed over the nodes.
+  uint64_t evictions = 0, remoteHitBlocks = 0, remoteLookups = 0, fetchErrors = 0;
+  // After the run (cluster only): copies held (sum of each node's published keys) and distinct
+  // keys (sum of each home's directory entries), once nothing is left to publish.
+  uint64_t heldKeys = 0, distinctKeys = 0;
+  std::vector<uint64_t> blocksUsedPerNode;
+  uint64_t verifiedBlocks = 0, wrongBlocks = 0;  // hit blocks whose bytes were checked
+  uint64_t errors = 0;
+  std::string firstError;
+  uint64_t slowLookups = 0;  // lookups that took a second or more (a peer deadline is 2 s)
+  double wallSeconds = 0, maxLagMs = 0;
+  Percentiles lookupMs, requestMs;
+
+  double rate(uint64_t hits) const { return blocks ? double(hits) / double(blocks) : 0.0; }
+  double hitRate() const { return rate(hitBlocks); }
+  double idealHitRate() const { return rate(idealHitBlocks); }
+};
+
+// Called after each request: requests done, of total, and the running hit and ideal blocks.
+using ProgressFn = std::function<void(size_t done, size_t total, const ReplayRun& so_far)>;
+
+// Replays `trace` in order, one request at a time. Per request, on its node: lookupKeys of its
+// keys bound to a private sequence (the hit prefix becomes that sequence), a put of the missed
+// blocks from the hit's end with their keys, then the sequence's removal, which leaves every
+// block sealed, unpinned and evictable in the daemon's LRU in request order. Errors: UNAVAILABLE
+// when a daemon cannot be reached (then or midway); other failed calls are counted in the run.
+Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayOptions& options,
+                              const ProgressFn& progress = {});
+
+// The run as one JSON object, and a document holding a list of runs.
+std::string runJson(const ReplayRun& run);
+std::string runsJson(std::span<const ReplayRun> runs);
+
+}  // namespace replay
+}  // namespace kvtier

@@ -1,0 +1,183 @@
+// `kvtier replay` against real kvtierd processes: a slice of the shared Mooncake trace through a
+// small pool, its hit rate checked against an LRU computed here, independently of replay.cc (its
+// own trace reading, its own LRU, its own routing).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <list>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tests/test_support.h"
+#include "tools/replay.h"
+
+namespace kvtier {
+namespace {
+
+const char* const kTrace = KVTIER_TRACE_PATH;
+constexpr size_t kRequests = 1000;
+// Blocks of 1 KiB: the pool is a whole number of pages, so the daemon holds exactly this many.
+constexpr uint64_t kCapacity = 4096;
+constexpr uint64_t kBlockBytes = 1024;
+
+// The hash_ids of the first `n` lines, read with nothing but string search.
+std::vector<std::vector<uint64_t>> readHashIds(size_t n) {
+  std::ifstream in(kTrace);
+  std::vector<std::vector<uint64_t>> out;
+  std::string line;
+  while (out.size() < n && std::getline(in, line)) {
+    const size_t open = line.find('[', line.find("\"hash_ids\""));
+    const size_t close = line.find(']', open);
+    std::stringstream ids(line.substr(open + 1, close - open - 1));
+    std::vector<uint64_t> request;
+    for (std::string id; std::getline(ids, id, ',');) request.push_back(std::stoull(id));
+    out.push_back(std::move(request));
+  }
+  return out;
+}
+
+// A textbook LRU over block ids: a request hits the longest prefix it finds, then uses every
+// block in order (most recent last), evicting the least recent beyond `capacity`.
+class SimpleLru {
+ public:
+  explicit SimpleLru(uint64_t capacity) : capacity_(capacity) {}
+  uint64_t request(const std::vector<uint64_t>& ids) {
+    uint64_t hits = 0;
+    while (hits < ids.size() && pos_.count(ids[hits])) ++hits;
+    for (uint64_t id : ids) {
+      if (auto it = pos_.find(id); it != pos_.end()) order_.erase(it->second);
+      order_.push_back(id);
+      pos_[id] = std::prev(order_.end());
+      if (order_.size() > capacity_) {
+        pos_.erase(order_.front());
+        order_.pop_front();
+      }
+    }
+    return hits;
+  }
+
+ private:
+  uint64_t capacity_;
+  std::list<uint64_t> order_;
+  std::unordered_map<uint64_t, std::list<uint64_t>::iterator> pos_;
+};
+
+// The number after "name": in a JSON text (the first one, or the first element of a list); -1
+// when absent.
+double jsonNumber(const std::string& json, const std::string& name) {
+  size_t at = json.find("\"" + name + "\":");
+  if (at == std::string::npos) return -1;
+  at = json.find_first_of("0123456789-", at + name.size() + 3);
+  return std::strtod(json.c_str() + at, nullptr);
+}
+
+std::string readAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class ReplayTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(kTrace)) {
+      GTEST_SKIP() << "the shared trace is absent (" << kTrace << "): nothing to replay";
+    }
+    trace_ = readHashIds(kRequests);
+    ASSERT_EQ(trace_.size(), kRequests);
+    for (const auto& r : trace_) blocks_ += r.size();
+  }
+  std::vector<std::vector<uint64_t>> trace_;
+  uint64_t blocks_ = 0;
+};
+
+// One daemon, cold tier off: what it keeps is what an LRU of its pool keeps, request by request.
+TEST_F(ReplayTest, OneNodeHitsWhatAnLruOfItsPoolHits) {
+  test::DaemonProcess daemon(kCapacity * kBlockBytes);
+  const std::string json = daemon.dataDir() + "/replay.json";
+  std::string output;
+  ASSERT_EQ(test::runTool({"--socket", daemon.socket(), "replay", kTrace, "--capacity",
+                           std::to_string(kCapacity), "--limit", std::to_string(kRequests),
+                           "--json", json},
+                          &output),
+            0)
+      << output;
+  const std::string doc = readAll(json);
+  for (const char* field : {"runs", "capacity_blocks", "nodes", "requests", "hit_rate",
+                            "ideal_lru_hit_rate", "hit_blocks", "ideal_lru_hit_blocks"}) {
+    EXPECT_NE(doc.find("\"" + std::string(field) + "\":"), std::string::npos) << field;
+  }
+  EXPECT_EQ(jsonNumber(doc, "requests"), kRequests);
+  EXPECT_EQ(jsonNumber(doc, "blocks"), blocks_);
+  EXPECT_EQ(jsonNumber(doc, "nodes"), 1);
+  EXPECT_EQ(jsonNumber(doc, "capacity_blocks"), kCapacity);
+  EXPECT_EQ(jsonNumber(doc, "daemon_capacity_blocks"), kCapacity);  // the pool holds exactly that
+  EXPECT_EQ(jsonNumber(doc, "errors"), 0);
+  EXPECT_EQ(jsonNumber(doc, "wrong_blocks"), 0);
+
+  SimpleLru lru(kCapacity);
+  uint64_t hits = 0;
+  for (const auto& r : trace_) hits += lru.request(r);
+  ASSERT_GT(hits, 500u) << "the slice should reuse blocks under eviction";
+  // The tool's own anchor is the same LRU.
+  EXPECT_EQ(jsonNumber(doc, "ideal_lru_hit_blocks"), hits);
+  // The daemon: exactly the LRU's hits (a sequential replay on one node is deterministic).
+  EXPECT_EQ(jsonNumber(doc, "hit_blocks"), hits);
+  EXPECT_NEAR(jsonNumber(doc, "hit_rate"), double(hits) / double(blocks_), 1e-6);
+  EXPECT_GT(jsonNumber(doc, "evictions"), 0);
+}
+
+// Two daemons that are not a cluster, requests dealt round-robin: each keeps what an LRU of its
+// own requests keeps, and the report's isolated anchor says so.
+TEST_F(ReplayTest, TwoIsolatedNodesRoundRobinHitWhatTwoLrusHit) {
+  constexpr uint64_t kEach = kCapacity / 2;
+  test::DaemonProcess a(kEach * kBlockBytes), b(kEach * kBlockBytes);
+  const std::string json = a.dataDir() + "/replay.json";
+  std::string output;
+  ASSERT_EQ(test::runTool({"replay", kTrace, "--nodes", a.socket() + "," + b.socket(), "--route",
+                           "round-robin", "--capacity", std::to_string(kEach), "--limit",
+                           std::to_string(kRequests), "--json", json},
+                          &output),
+            0)
+      << output;
+  const std::string doc = readAll(json);
+  SimpleLru lrus[2] = {SimpleLru(kEach), SimpleLru(kEach)}, whole(2 * kEach);
+  uint64_t hits = 0, wholeHits = 0;
+  for (size_t i = 0; i < trace_.size(); ++i) {
+    hits += lrus[i % 2].request(trace_[i]);
+    wholeHits += whole.request(trace_[i]);
+  }
+  EXPECT_EQ(jsonNumber(doc, "nodes"), 2);
+  EXPECT_EQ(jsonNumber(doc, "requests_per_node"), kRequests / 2);
+  EXPECT_EQ(jsonNumber(doc, "isolated_lru_hit_blocks"), hits);
+  EXPECT_EQ(jsonNumber(doc, "ideal_lru_hit_blocks"), wholeHits);
+  EXPECT_EQ(jsonNumber(doc, "hit_blocks"), hits);
+  EXPECT_EQ(jsonNumber(doc, "errors"), 0);
+  EXPECT_EQ(jsonNumber(doc, "wrong_blocks"), 0);
+}
+
+TEST(ReplayTrace, ParsesALineAndRefusesBadOnes) {
+  auto r = replay::parseTraceLine(
+      R"({"timestamp": 40, "input_length": 23769, "output_length": 3, "hash_ids": [151, 152]})");
+  ASSERT_TRUE(r.ok()) << r.error().toString();
+  EXPECT_EQ(r->timestampMs, 40u);
+  EXPECT_EQ(r->inputLength, 23769u);
+  EXPECT_EQ(r->outputLength, 3u);
+  EXPECT_EQ(r->hashIds, (std::vector<uint64_t>{151, 152}));
+  for (const char* bad : {
+           R"({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": []})",
+           R"({"timestamp": 0, "input_length": 1, "output_length": 1})",
+           R"({"timestamp": -1, "input_length": 1, "output_length": 1, "hash_ids": [1]})",
+           R"({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1, x]})",
+           R"({"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1, 2)"}) {
+    EXPECT_EQ(replay::parseTraceLine(bad).code(), ErrorCode::kInvalidArgument) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace kvtier
