@@ -2250,6 +2250,26 @@ Result<double> timeRemoteHit(ClusterPair& pair, ClusterWorkload& w, uint64_t tok
   return elapsed;
 }
 
+// One restore across nodes: a fresh prompt put on pair.a and snapshotted there (untimed), then
+// restored on pair.b from a's snapshot (the manifest and every block pulled and checked). Returns
+// the seconds of the restore alone; both sides are cleaned up after.
+Result<double> timeRemoteRestore(ClusterPair& pair, ClusterWorkload& w, uint64_t tokens) {
+  if (auto put = timeFreshPuts(pair.a, w, 1, tokens, "bench-snap"); !put) return put.error();
+  auto snap = pair.a.space->snapshot("bench-snap", 0);
+  if (!snap) return snap.error();
+  const auto t0 = Clock::now();
+  Status restored = pair.b.space->restore("bench-restored", snap->id, tokens, {}, snap->node);
+  const double elapsed = secondsSince(t0);
+  if (!restored) return restored.error();
+  auto length = pair.b.space->length("bench-restored");
+  if (!length || length->value_or(0) != tokens) {
+    return makeError(ErrorCode::kInternal, pair.b.name, ": the restored sequence is not whole");
+  }
+  if (auto s = pair.b.space->remove("bench-restored", 0); !s) return s.error();
+  if (auto s = pair.a.space->dropSnapshot(snap->id); !s) return s.error();
+  return elapsed;
+}
+
 // Seconds of one lookup on `node` of a fresh prompt nobody holds, asking the cluster or not.
 Result<double> timeMiss(ClusterNode& node, ClusterWorkload& w, RemoteMode mode) {
   const auto prompt = w.tokens(w.nextSeed++, kClusterPromptTokens);
@@ -2267,6 +2287,7 @@ Result<double> timeMiss(ClusterNode& node, ClusterWorkload& w, RemoteMode mode) 
 // One repetition's figures, per pair where there are two (tcp first, then defaults).
 struct ClusterRep {
   double fetch[2] = {0, 0};                      // bytes/s of remote hits
+  double restore[2] = {0, 0};                    // bytes/s of snapshot restores across nodes
   std::vector<double> fetchSeconds[2];           // each remote hit
   std::optional<double> perftest[2];             // ucx_perftest, bytes/s
   std::optional<double> perftestOutstanding[2];  // one get in flight, no failure handling
@@ -2345,6 +2366,14 @@ Result<ClusterRep> measureClusterRepetition(ClusterPair (&pairs)[2], ClusterNode
     r.fetch[p] = promptBytes * kFetchesPerRep / seconds;
     r.hitBlocksPerFetch[p] =
         double(after->remoteHitBlocks - before->remoteHitBlocks) / kFetchesPerRep;
+    double restoreSeconds = 0;
+    for (int i = 0; i < kFetchesPerRep; ++i) {
+      if (gInterrupted) return unavailable("interrupted");
+      auto t = timeRemoteRestore(pair, w, kClusterPromptTokens);
+      if (!t) return t.error();
+      restoreSeconds += *t;
+    }
+    r.restore[p] = promptBytes * kFetchesPerRep / restoreSeconds;
   }
 
   // Misses on the second pair's b (no bytes move: the transports do not matter).
@@ -2486,13 +2515,19 @@ Status runClusterSuite(const Options& options) {
   RatioReport fetchDefault = report("fetch_vs_ucx_default", "remote hit, UCX defaults",
                                     "ucx_perftest get 2 MiB -O64 -e, defaults", "bytes/s", true,
                                     0.8);
+  RatioReport restoreTcp = report("restore_vs_ucx_tcp", "snapshot restore across nodes, tcp",
+                                  "ucx_perftest get 2 MiB -O64 -e, tcp", "bytes/s", true, 0.8);
+  RatioReport restoreDefault =
+      report("restore_vs_ucx_default", "snapshot restore across nodes, defaults",
+             "ucx_perftest get 2 MiB -O64 -e, defaults", "bytes/s", true, 0.8);
   RatioReport miss = report("remote_miss_overhead", "miss, remote=fetch", "miss, remote=local", "s",
                             false, std::nullopt);
   RatioReport missRtt = report("remote_miss_extra_vs_peer_rtt", "extra of remote=fetch",
                                "peer round trip (Peer.ping)", "s", false, 2.0);
   RatioReport put = report("put_cluster_vs_local", "put on a member", "put on a lone daemon",
                            "bytes/s", true, 0.95);
-  fetchTcp.skipped = fetchDefault.skipped = perftestSkipped;
+  fetchTcp.skipped = fetchDefault.skipped = restoreTcp.skipped = restoreDefault.skipped =
+      perftestSkipped;
   std::vector<std::pair<std::string, std::vector<double>>> checks = {
       {"remote_hit_blocks_per_fetch_tcp", {}},
       {"remote_hit_blocks_per_fetch_default", {}},
@@ -2533,10 +2568,13 @@ Status runClusterSuite(const Options& options) {
                  human(f->putLone, "bytes/s").c_str(), secondsSince(t0));
     if (warmup) continue;
     RatioReport* fetches[2] = {&fetchTcp, &fetchDefault};
+    RatioReport* restores[2] = {&restoreTcp, &restoreDefault};
     for (int p = 0; p < 2; ++p) {
       if (f->perftest[p]) {
         fetches[p]->kvtier.perRep.push_back(f->fetch[p]);
         fetches[p]->anchor.perRep.push_back(*f->perftest[p]);
+        restores[p]->kvtier.perRep.push_back(f->restore[p]);
+        restores[p]->anchor.perRep.push_back(*f->perftest[p]);
       }
       allFetchSeconds[p].insert(allFetchSeconds[p].end(), f->fetchSeconds[p].begin(),
                                 f->fetchSeconds[p].end());
@@ -2569,7 +2607,8 @@ Status runClusterSuite(const Options& options) {
   auto breakdown = measureClusterBreakdown(pairs, w, allFetchSeconds);
   if (!breakdown) return breakdown.error();
 
-  const std::vector<RatioReport> reports = {fetchTcp, fetchDefault, miss, missRtt, put};
+  const std::vector<RatioReport> reports = {fetchTcp, fetchDefault, restoreTcp, restoreDefault,
+                                            miss, missRtt, put};
   printTable("cluster", reports, options.reps);
   std::printf(
       "\nsetup: two 2-node clusters on loopback (static peers; one with UCX_TLS=tcp, one with "
