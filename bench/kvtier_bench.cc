@@ -1973,10 +1973,11 @@ constexpr uint32_t kClusterPromptBlocks = 64;
 constexpr uint64_t kClusterPromptTokens = 1024;
 constexpr const char* kClusterPoolBytes = "512M";
 constexpr uint64_t kClusterPoolBlocks = 256;
-// Per repetition and pair: kFetchesPerRep remote hits, half before and half after one
-// ucx_perftest run of kPerftestIterations gets of one block's size (the anchor: one get in flight
-// at a time), then one more with up to kPerftestOutstanding in flight, as kvtier posts a run's
-// gets all at once (reported as a check, not an anchor).
+// Per repetition and pair: kFetchesPerRep remote hits, half before and half after two
+// ucx_perftest runs of kPerftestIterations gets of one block's size: the anchor, with up to
+// kPerftestOutstanding gets in flight (as a fetch has) on endpoints with peer failure handling
+// (as the daemon's are), and for the record one get at a time without it; then kFetchesPerRep
+// snapshot restores across nodes of the same size.
 constexpr int kFetchesPerRep = 4;
 constexpr int kPerftestIterations = 200;
 constexpr int kPerftestOutstanding = 64;

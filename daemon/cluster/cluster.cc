@@ -103,6 +103,20 @@ bool validNodeId(std::string_view id) {
 
 std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
 
+// Packs keys into a Data field, 16 bytes each.
+capnp::Data::Builder packKeys(capnp::Data::Builder out, const std::vector<Key128>& keys) {
+  for (size_t i = 0; i < keys.size(); ++i)
+    std::memcpy(out.begin() + 16 * i, keys[i].bytes.data(), 16);
+  return out;
+}
+
+// Names a namespace on a request by its layout and tenant salt (pin, pinSnapshot, take, ...).
+template <typename Request>
+void setNamespace(Request& req, const SpaceInfo& info) {
+  layoutToRpc(info.layout, req.initLayout());
+  req.setSalt(capnp::Data::Reader(info.salt.data(), 16));
+}
+
 // A promise that fails with UNAVAILABLE ("peer timeout") unless `p` settles by `timeout`.
 template <typename T>
 kj::Promise<T> withDeadline(kj::Timer& timer, kj::Duration timeout, kj::Promise<T> p) {
@@ -275,6 +289,15 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   kj::Promise<void> fetchRun(SpaceId space, std::shared_ptr<Link> link, std::vector<Key128> keys);
   kj::Promise<void> ensureTransport(std::shared_ptr<Link> link);
   void countFailure(const kj::Exception& e);
+  // Releases a holder's pin, in the background (it runs out by itself anyway).
+  void releasePin(kj::Maybe<peer::PinLease::Client>& lease) {
+    KJ_IF_MAYBE (l, lease) {
+      tasks_.add(
+          withDeadline(timer_, options_.peerTimeout, l->releaseRequest().send().ignoreResult())
+              .catch_([](kj::Exception&&) {}));
+      lease = nullptr;
+    }
+  }
 
   // Serving.
   kj::Promise<void> acceptLoop();
@@ -282,9 +305,8 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   // neither end is woken each time the other reads), buffered, Nagle off.
   kj::Own<kj::AsyncIoStream> peerStream(kj::Own<kj::AsyncIoStream> stream) {
     const int one = 1;
-    KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] {
-                   stream->setsockopt(IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-                 })) {
+    KJ_IF_MAYBE (e, kj::runCatchingExceptions(
+                        [&] { stream->setsockopt(IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); })) {
       (void)e;  // not TCP (a test's socket pair): nothing to turn off
     }
     return kj::heap<BufferedIoStream>(readWatchedSocket(io_.unixEventPort, kj::mv(stream)));
@@ -300,10 +322,13 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   kj::Promise<DrainProgress> drainStep(uint32_t maxSnapshots, uint32_t maxBlocks);
   // Fetches `keys` of `space` from `link`'s node straight (no directory): resolves with how many
   // of them this node holds afterwards.
-  kj::Promise<size_t> fetchFrom(SpaceId space, std::shared_ptr<Link> link, std::vector<Key128> keys);
+  kj::Promise<size_t> fetchFrom(SpaceId space, std::shared_ptr<Link> link,
+                                std::vector<Key128> keys);
   // Asks `target` to take snapshot `snapshot` (0: none) and blocks `keys` of `space` from us.
-  kj::Promise<capnp::Response<peer::Peer::TakeResults>> askToTake(
-      std::shared_ptr<Link> target, SpaceId space, SnapshotId snapshot, std::vector<Key128> keys);
+  kj::Promise<capnp::Response<peer::Peer::TakeResults>> askToTake(std::shared_ptr<Link> target,
+                                                                  SpaceId space,
+                                                                  SnapshotId snapshot,
+                                                                  std::vector<Key128> keys);
   kj::Promise<void> dropLocalSnapshot(SpaceId space, SnapshotId id) {
     if (cold_) return cold_->dropSnapshot(space, id);
     if (auto s = engine_.dropSnapshot(space, id); !s) return toKjException(s.error());
@@ -521,13 +546,14 @@ class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
         return local;
       });
     }
-    return snap.then([this, context, space, link, keys = std::move(keys)](SnapshotId local) mutable {
-      return impl_.fetchFrom(space, link, std::move(keys))
-          .then([context, local](size_t held) mutable {
-            context.getResults().setSnapshot(local);
-            context.getResults().setBlocks(static_cast<uint32_t>(held));
-          });
-    });
+    return snap.then(
+        [this, context, space, link, keys = std::move(keys)](SnapshotId local) mutable {
+          return impl_.fetchFrom(space, link, std::move(keys))
+              .then([context, local](size_t held) mutable {
+                context.getResults().setSnapshot(local);
+                context.getResults().setBlocks(static_cast<uint32_t>(held));
+              });
+        });
   }
 
   kj::Promise<void> members(MembersContext context) override {
@@ -693,7 +719,8 @@ Status ClusterService::Impl::start() {
   // What the cold tier holds (after a restart: every block this node can serve) is published
   // like the blocks indexed from here on.
   if (cold_) {
-    for (const ColdKey& k : cold_->blockKeys()) held_.hold(DirKey{k.fingerprint, k.salt, k.key}, members_);
+    for (const ColdKey& k : cold_->blockKeys())
+      held_.hold(DirKey{k.fingerprint, k.salt, k.key}, members_);
     schedulePublish();
   }
   if (!options_.etcd.empty()) {
@@ -1062,7 +1089,8 @@ kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Ke
           // the next arrive.
           for (size_t from = i; from < bestEnd; from += kPinPieceBlocks) {
             const size_t to = std::min(bestEnd, from + kPinPieceBlocks);
-            runs.add(fetchRun(space, best, std::vector<Key128>(keys.begin() + from, keys.begin() + to)));
+            runs.add(
+                fetchRun(space, best, std::vector<Key128>(keys.begin() + from, keys.begin() + to)));
           }
           i = bestEnd;
         }
@@ -1138,12 +1166,7 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
         stats_.remoteHitBytes += run->tickets[i].location.bytes;
       }
     }
-    KJ_IF_MAYBE (lease, run->lease) {
-      tasks_.add(
-          withDeadline(timer_, options_.peerTimeout, lease->releaseRequest().send().ignoreResult())
-              .catch_([](kj::Exception&&) {}));  // the lease runs out by itself anyway
-      run->lease = nullptr;
-    }
+    releasePin(run->lease);
     if (cold_) cold_->kick();
   };
   const SpaceInfo info = engine_.space(space);
@@ -1151,11 +1174,8 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
       .then([this, link, info, keys]() {
         KJ_IF_MAYBE (p, link->peer) {
           auto req = p->pinRequest();
-          layoutToRpc(info.layout, req.initLayout());
-          req.setSalt(capnp::Data::Reader(info.salt.data(), 16));
-          auto packed = req.initKeys(keys.size() * 16);
-          for (size_t i = 0; i < keys.size(); ++i)
-            std::memcpy(packed.begin() + 16 * i, keys[i].bytes.data(), 16);
+          setNamespace(req, info);
+          packKeys(req.initKeys(keys.size() * 16), keys);
           req.setLeaseMs(static_cast<uint32_t>(options_.pinLease / kj::MILLISECONDS));
           return withDeadline(timer_, options_.peerTimeout, req.send());
         }
@@ -1263,7 +1283,8 @@ kj::Promise<std::vector<uint64_t>> ClusterService::Impl::checksumsOf(
         for (size_t j = 0; j < todo.size(); ++j) {
           const BlockLocation& b = blocks[todo[j]];
           sums[todo[j]] = job->out[j];
-          if (cache) checksums_[(uint64_t{b.extent} << 48) ^ b.offset] = {b.generation, job->out[j]};
+          if (cache)
+            checksums_[(uint64_t{b.extent} << 48) ^ b.offset] = {b.generation, job->out[j]};
         }
         return kj::mv(sums);
       });
@@ -1286,20 +1307,12 @@ kj::Promise<SnapshotId> ClusterService::Impl::pullSnapshot(SpaceId space, std::s
     std::vector<size_t> getOf;       // per read: its get, or SIZE_MAX when it cannot be read
   };
   auto pull = std::make_shared<Pull>();
-  auto release = [this, pull] {
-    KJ_IF_MAYBE (lease, pull->lease) {
-      tasks_.add(withDeadline(timer_, options_.peerTimeout,
-                              lease->releaseRequest().send().ignoreResult())
-                     .catch_([](kj::Exception&&) {}));
-      pull->lease = nullptr;
-    }
-  };
+  auto release = [this, pull] { releasePin(pull->lease); };
   return ensureTransport(link)
       .then([this, link, info, id]() {
         KJ_IF_MAYBE (p, link->peer) {
           auto req = p->pinSnapshotRequest();
-          layoutToRpc(info.layout, req.initLayout());
-          req.setSalt(capnp::Data::Reader(info.salt.data(), 16));
+          setNamespace(req, info);
           req.setId(id);
           req.setLeaseMs(static_cast<uint32_t>(options_.pinLease / kj::MILLISECONDS));
           return withDeadline(timer_, options_.peerTimeout, req.send());
@@ -1307,8 +1320,8 @@ kj::Promise<SnapshotId> ClusterService::Impl::pullSnapshot(SpaceId space, std::s
         return kj::Promise<capnp::Response<peer::Peer::PinSnapshotResults>>(
             KJ_EXCEPTION(DISCONNECTED, "peer is not connected"));
       })
-      .then([this, link, info, space, id, pull](
-                capnp::Response<peer::Peer::PinSnapshotResults> response) {
+      .then([this, link, info, space, id,
+             pull](capnp::Response<peer::Peer::PinSnapshotResults> response) {
         pull->lease = response.getLease();
         auto bytes = response.getManifest();
         auto manifest = orThrow(decodeManifest(
@@ -1377,9 +1390,9 @@ kj::Promise<SnapshotId> ClusterService::Impl::pullSnapshot(SpaceId space, std::s
                 pull->load = nullptr;
                 if (cold_) cold_->kick();
                 if (!info) {
-                  throwRpcError(makeError(ErrorCode::kUnavailable,
-                                          "the snapshot could not be brought from its node: ",
-                                          info.error().message()));
+                  throwRpcError(makeError(
+                      ErrorCode::kUnavailable,
+                      "the snapshot could not be brought from its node: ", info.error().message()));
                 }
                 return info->id;
               });
@@ -1413,8 +1426,7 @@ kj::Promise<void> ClusterService::Impl::dropRemoteSnapshot(SpaceId space, std::s
   KJ_IF_MAYBE (p, link->peer) {
     const SpaceInfo info = engine_.space(space);
     auto req = p->dropSnapshotRequest();
-    layoutToRpc(info.layout, req.initLayout());
-    req.setSalt(capnp::Data::Reader(info.salt.data(), 16));
+    setNamespace(req, info);
     req.setId(id);
     return withDeadline(timer_, options_.peerTimeout, req.send().ignoreResult());
   }
@@ -1442,20 +1454,17 @@ kj::Promise<capnp::Response<peer::Peer::TakeResults>> ClusterService::Impl::askT
   KJ_IF_MAYBE (p, target->peer) {
     const SpaceInfo& info = engine_.space(space);
     auto req = p->takeRequest();
-    layoutToRpc(info.layout, req.initLayout());
-    req.setSalt(capnp::Data::Reader(info.salt.data(), 16));
+    setNamespace(req, info);
     req.setSnapshot(snapshot);
-    auto packed = req.initKeys(keys.size() * 16);
-    for (size_t i = 0; i < keys.size(); ++i)
-      std::memcpy(packed.begin() + 16 * i, keys[i].bytes.data(), 16);
+    packKeys(req.initKeys(keys.size() * 16), keys);
     req.setFrom(options_.nodeId);
     // A take moves bytes: its deadline grows with them (a round trip plus 10 ms a block).
     const kj::Duration deadline =
         options_.peerTimeout * 2 + (keys.size() + 1) * 10 * kj::MILLISECONDS;
     return withDeadline(timer_, deadline, req.send());
   }
-  return toKjException(makeError(ErrorCode::kUnavailable, "node ", target->nodeId,
-                                 " is not connected"));
+  return toKjException(
+      makeError(ErrorCode::kUnavailable, "node ", target->nodeId, " is not connected"));
 }
 
 kj::Promise<DrainProgress> ClusterService::Impl::drainStep(uint32_t maxSnapshots,
@@ -1469,8 +1478,8 @@ kj::Promise<DrainProgress> ClusterService::Impl::drainStep(uint32_t maxSnapshots
     }
   }
   if (targets.empty()) {
-    return toKjException(
-        makeError(ErrorCode::kUnavailable, "no other live member to drain ", options_.nodeId, " to"));
+    return toKjException(makeError(ErrorCode::kUnavailable, "no other live member to drain ",
+                                   options_.nodeId, " to"));
   }
   auto progress = std::make_shared<DrainProgress>();
   // Snapshots, one after another: the target pulls one, then it is dropped here.
@@ -1487,8 +1496,9 @@ kj::Promise<DrainProgress> ClusterService::Impl::drainStep(uint32_t maxSnapshots
           })
           .catch_([this, progress, id](kj::Exception&& e) {
             ++progress->failures;
-            logWarn("drain_snapshot_failed", "snapshot=" + std::to_string(id) + " " +
-                                                 std::string(e.getDescription().cStr()).substr(0, 200));
+            logWarn("drain_snapshot_failed",
+                    "snapshot=" + std::to_string(id) + " " +
+                        std::string(e.getDescription().cStr()).substr(0, 200));
           });
     });
   }
@@ -1511,21 +1521,22 @@ kj::Promise<DrainProgress> ClusterService::Impl::drainStep(uint32_t maxSnapshots
         std::vector<Key128> part(keys.begin() + from,
                                  keys.begin() + std::min(keys.size(), from + kMaxChainKeys));
         const SpaceId space = where.first;
-        sends.add(askToTake(targets[where.second], space, 0, part)
-                      .then(
-                          [this, space, part, progress](capnp::Response<peer::Peer::TakeResults> r) {
-                            progress->blocksCopied += r.getBlocks();
-                            if (r.getBlocks() == part.size()) {
-                              for (const Key128& k : part) drained_.insert(dirKey(space, k));
-                            } else {
-                              progress->failures += part.size() - r.getBlocks();
-                            }
-                          },
-                          [progress, n = part.size()](kj::Exception&& e) {
-                            progress->failures += n;
-                            logWarn("drain_blocks_failed",
-                                    std::string(e.getDescription().cStr()).substr(0, 200));
-                          }));
+        sends.add(
+            askToTake(targets[where.second], space, 0, part)
+                .then(
+                    [this, space, part, progress](capnp::Response<peer::Peer::TakeResults> r) {
+                      progress->blocksCopied += r.getBlocks();
+                      if (r.getBlocks() == part.size()) {
+                        for (const Key128& k : part) drained_.insert(dirKey(space, k));
+                      } else {
+                        progress->failures += part.size() - r.getBlocks();
+                      }
+                    },
+                    [progress, n = part.size()](kj::Exception&& e) {
+                      progress->failures += n;
+                      logWarn("drain_blocks_failed",
+                              std::string(e.getDescription().cStr()).substr(0, 200));
+                    }));
       }
     }
     return kj::joinPromises(sends.releaseAsArray()).then([this, progress]() {
@@ -1581,7 +1592,8 @@ RemoteStats ClusterService::Impl::stats() const {
   std::vector<double> rtts;
   for (const auto& [address, link] : links_) {
     if (!link->up) continue;
-    for (size_t i = 0; i < std::min(link->rttCount, kRttSamples); ++i) rtts.push_back(link->rtts[i]);
+    for (size_t i = 0; i < std::min(link->rttCount, kRttSamples); ++i)
+      rtts.push_back(link->rtts[i]);
   }
   if (!rtts.empty()) {
     std::nth_element(rtts.begin(), rtts.begin() + rtts.size() / 2, rtts.end());
