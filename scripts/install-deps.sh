@@ -17,4 +17,5 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   librocksdb-dev rocksdb-tools \
   libucx-dev ucx-utils \
   etcd-server etcd-client \
-  docker-compose
+  docker-compose \
+  python3-matplotlib

@@ -39,7 +39,9 @@ def summarize(runs):
                  "total_capacity_blocks": capacity * nodes, "speedup": speedup,
                  "repetitions": len(rs), "requests": rs[0]["requests"]}
         for key in ("hit_rate", "ideal_lru_hit_rate", "diff_pp", "isolated_lru_hit_rate",
-                    "ratio_to_isolated", "copies_per_key", "remote_hit_blocks", "wall_s"):
+                    "ratio_to_isolated", "cluster_model_hit_rate",
+                    "cluster_model_fetched_last_hit_rate", "copies_per_key", "remote_hit_blocks",
+                    "fetch_errors", "lookups_over_1s", "wall_s"):
             values = [r[key] for r in rs if r.get(key) is not None]
             if values:
                 entry[key] = {"median": statistics.median(values), "min": min(values),
@@ -79,6 +81,8 @@ def plot(runs, png):
         ("session", "isolated"): dict(marker="x", color="darkgreen", ms=10, mew=1.5, ls="none"),
         ("round-robin", "isolated"): dict(marker="^", color="tab:red", ms=8, ls="none",
                                           mfc="none"),
+        ("round-robin", "model"): dict(marker="_", color="black", ms=16, mew=2, ls="none"),
+        ("round-robin", "what-if"): dict(marker="+", color="0.4", ms=12, mew=1.5, ls="none"),
     }
     summary = summarize(same)
     seen = set()
@@ -100,6 +104,11 @@ def plot(runs, png):
         if "isolated_lru_hit_rate" in e:
             point((e["route"], "isolated"), x, e["isolated_lru_hit_rate"],
                   f"{n} isolated LRUs, route {e['route']} (offline)")
+        if e["route"] == "round-robin" and "cluster_model_hit_rate" in e:
+            point(("round-robin", "model"), x, e["cluster_model_hit_rate"],
+                  "model: LRUs whose remote hits are copied (offline)")
+            point(("round-robin", "what-if"), x, e["cluster_model_fetched_last_hit_rate"],
+                  "what-if: copies evicted first (offline)")
     ax.set_xlabel("total capacity (blocks of 512 trace tokens = 16 kvtier tokens)")
     ax.set_ylabel("hit rate (% of request blocks)")
     ax.set_title(f"Mooncake synthetic trace, {longest['requests']} requests: kvtier vs ideal LRU")

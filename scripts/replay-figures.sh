@@ -23,7 +23,7 @@ KVTIER=$BUILD/tools/kvtier
 TRACE=${TRACE:-$ROOT/../shared/traces/mooncake_synthetic_trace.jsonl}
 OUT=$ROOT/bench/results/replay.json
 PNG=$ROOT/bench/results/replay.png
-REPS=3        # cluster runs are repeated (publishing is asynchronous); single-node runs are exact
+REPS=5        # cluster runs are repeated (publishing is asynchronous); single-node runs are exact
 LIMIT=0       # 0: the whole trace (3,993 requests, ~2-5 s per run here)
 PACED=1
 BLOCK_BYTES=1024  # tools/replay.h: one trace block = one 1 KiB kvtier block
@@ -52,8 +52,8 @@ PYTHON=python3
 [ -x /usr/bin/python3 ] && PYTHON=/usr/bin/python3  # Debian's sees python3-matplotlib
 
 WORK=$(mktemp -d /tmp/kvtier-replay-XXXXXX)
-PIDS=()
-
+PIDS=()     # the daemons running now
+REPLAY=""   # the replay running now
 stop_daemons() {
   local pid
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
@@ -61,12 +61,22 @@ stop_daemons() {
   PIDS=()
 }
 cleanup() {
+  if [ -n "$REPLAY" ]; then
+    kill -TERM "$REPLAY" 2>/dev/null || true
+    wait "$REPLAY" 2>/dev/null || true
+  fi
   stop_daemons
   rm -rf "$WORK"
 }
 trap cleanup EXIT
 trap 'echo "replay-figures: interrupted" >&2; exit 130' INT
 trap 'exit 143' TERM
+
+# Private copies: a rebuild while the figures run does not pull the binaries from under them.
+mkdir "$WORK/bin"
+cp "$KVTIERD" "$KVTIER" "$WORK/bin/"
+KVTIERD=$WORK/bin/kvtierd
+KVTIER=$WORK/bin/kvtier
 
 # start_daemon NAME BLOCKS [EXTRA ARGS...]: a fresh kvtierd whose pool holds BLOCKS replay blocks;
 # returns once it prints "kvtierd ready".
@@ -132,7 +142,11 @@ replay() {
   RUN=$((RUN + 1))
   local limit=()
   [ "$LIMIT" -gt 0 ] && limit=(--limit "$LIMIT")
-  "$KVTIER" replay "$TRACE" "${limit[@]}" --json "$WORK/run-$RUN.json" "$@"
+  # In the background and waited for, so that a signal's trap runs at once, not after the run.
+  "$KVTIER" replay "$TRACE" "${limit[@]}" --json "$WORK/run-$RUN.json" "$@" &
+  REPLAY=$!
+  wait "$REPLAY" || echo "replay-figures: run $RUN met errors (its table says which)" >&2
+  REPLAY=""
   echo
 }
 
@@ -175,7 +189,7 @@ mkdir -p "$(dirname "$OUT")"
   --meta "command=$COMMAND" \
   --meta "trace=$(basename "$TRACE")" \
   --meta "machine={\"nproc\": $(nproc), \"uname\": \"$(uname -sr)\"}" \
-  --meta "version=\"$("$KVTIERD" --version 2>/dev/null | head -1 || echo unknown)\"" \
+  --meta "commit=$(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo unknown)" \
   --meta "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
   --meta "seconds=$SECONDS_TAKEN" \
   "$WORK"/run-*.json

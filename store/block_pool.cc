@@ -104,6 +104,7 @@ void BlockPool::release(BlockId id) {
   m.entry = false;
   m.onDisk = false;
   m.spilling = false;
+  m.replicaSettles = 0;
   m.nextFree = c.freeHead;
   c.freeHead = id;
   c.used--;

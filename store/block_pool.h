@@ -53,6 +53,10 @@ struct BlockMeta {
   uint32_t blobBytes = 0;  // a checkpoint's or entry's own size (its block may be larger)
   bool onDisk = false;     // a sealed block whose record the cold tier holds: free to drop
   bool spilling = false;   // being written to the cold tier (pinned meanwhile)
+  // A replica fetched from another node: the next this many times it becomes evictable it goes
+  // to the front of the eviction order (once after its fetch, once after the lookup that asked
+  // for it), so a cluster keeps one copy of a block rather than one per node that read it.
+  uint8_t replicaSettles = 0;
   BlockId nextFree = kNoBlock;
 };
 

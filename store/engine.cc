@@ -91,7 +91,9 @@ void Engine::unpin(BlockId id) {
 void Engine::settle(BlockId id) {
   BlockMeta& m = pool_[id];
   if (m.state == BlockState::kSealed) {
-    policy_->insert(id, m.sizeClass);
+    const bool replica = m.replicaSettles > 0;
+    if (replica) --m.replicaSettles;
+    policy_->insert(id, m.sizeClass, replica);
     // The cold tier takes host blocks: GPU blocks reach it through the host pool.
     if (cold_ && !m.onDisk && !m.entry && pool_.tierOf(id) == 0) dirty_.push_back(id);
   } else {

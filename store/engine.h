@@ -319,8 +319,11 @@ class Engine {
   // A fresh pinned block to read cold `key` into; FULL if none can be had.
   Result<PromoteTicket> beginPromote(SpaceId space, const Key128& key);
   // Seals and indexes the promoted block (ok) or frees it (the record was missing or corrupt).
-  // `remote`: the bytes came from another node (counted apart; not on this node's disk).
-  void finishPromote(const PromoteTicket& ticket, bool ok, bool remote = false);
+  // `remote`: the bytes came from another node (counted apart; not on this node's disk). A
+  // remote block is a `replica` (the other node keeps its copy: this one goes first when room is
+  // needed, until used again) unless it was handed over for good (a drain).
+  void finishPromote(const PromoteTicket& ticket, bool ok, bool remote = false,
+                     bool replica = true);
   // Every candidate key of a lookup's tokens (or its client keys), whether held or not: the
   // chain a remote lookup asks the cluster about. The first `known.size()` keys are taken from
   // `known` (computed before for the same tokens).
@@ -515,7 +518,8 @@ class Engine {
   const Snapshot* findSnapshot(SpaceId space, SnapshotId id) const;
   // Indexes a block read back from the cold tier as the sealed block `key` of `space`; false
   // when a twin is indexed already (the caller's block is then freed when unpinned).
-  bool indexPromoted(SpaceId space, const Key128& key, BlockId block, bool remote = false);
+  bool indexPromoted(SpaceId space, const Key128& key, BlockId block, bool remote = false,
+                     bool replica = true);
   SnapshotInfo infoOf(SnapshotId id, const Snapshot& snap) const;
   Status middleRemove(SpaceId space, Sequence& seq, uint64_t begin, uint64_t end);
   // The manifest of a snapshot and the bytes it names, its blocks pinned (w.pinned).

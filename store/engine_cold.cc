@@ -82,7 +82,8 @@ Result<PromoteTicket> Engine::beginPromote(SpaceId space, const Key128& key) {
   return PromoteTicket{b, pool_.location(b), space, key};
 }
 
-bool Engine::indexPromoted(SpaceId space, const Key128& key, BlockId block, bool remote) {
+bool Engine::indexPromoted(SpaceId space, const Key128& key, BlockId block, bool remote,
+                           bool replica) {
   if (!index_.emplace(IndexKey{space, key}, block).second) return false;
   BlockMeta& m = pool_[block];
   m.state = BlockState::kSealed;
@@ -91,6 +92,7 @@ bool Engine::indexPromoted(SpaceId space, const Key128& key, BlockId block, bool
   if (remote) {
     // Not on this node's disk: it is spilled like any block sealed here.
     ++remoteFetched_;
+    m.replicaSettles = replica ? 2 : 0;
   } else {
     m.onDisk = true;  // its record is still there: dropping it again costs nothing
     ++promoted_;
@@ -100,9 +102,9 @@ bool Engine::indexPromoted(SpaceId space, const Key128& key, BlockId block, bool
   return true;
 }
 
-void Engine::finishPromote(const PromoteTicket& ticket, bool ok, bool remote) {
+void Engine::finishPromote(const PromoteTicket& ticket, bool ok, bool remote, bool replica) {
   if (ticket.block == kNoBlock) return;
-  if (ok) (void)indexPromoted(ticket.space, ticket.key, ticket.block, remote);
+  if (ok) (void)indexPromoted(ticket.space, ticket.key, ticket.block, remote, replica);
   unpin(ticket.block);  // a sealed block becomes evictable; a failed one is freed
 }
 

@@ -2,16 +2,23 @@
 
 namespace kvtier {
 
-void LruEvictionPolicy::insert(BlockId id, uint32_t sizeClass) {
+void LruEvictionPolicy::insert(BlockId id, uint32_t sizeClass, bool first) {
   if (id >= nodes_.size()) nodes_.resize(id + 1);
   if (sizeClass >= lists_.size()) lists_.resize(sizeClass + 1);
   Node& n = nodes_[id];
   if (n.linked) erase(id);
   List& l = lists_[sizeClass];
-  n = Node{l.tail, kNoBlock, sizeClass, true};
-  if (l.tail != kNoBlock) nodes_[l.tail].next = id;
-  l.tail = id;
-  if (l.head == kNoBlock) l.head = id;
+  if (first) {
+    n = Node{kNoBlock, l.head, sizeClass, true};
+    if (l.head != kNoBlock) nodes_[l.head].prev = id;
+    l.head = id;
+    if (l.tail == kNoBlock) l.tail = id;
+  } else {
+    n = Node{l.tail, kNoBlock, sizeClass, true};
+    if (l.tail != kNoBlock) nodes_[l.tail].next = id;
+    l.tail = id;
+    if (l.head == kNoBlock) l.head = id;
+  }
   ++size_;
 }
 

@@ -16,8 +16,9 @@ namespace kvtier {
 class EvictionPolicy {
  public:
   virtual ~EvictionPolicy() = default;
-  // `id` became evictable now (it is the most recently used).
-  virtual void insert(BlockId id, uint32_t sizeClass) = 0;
+  // `id` became evictable now: the most recently used, or with `first`, the first to go (a
+  // replica fetched from another node, which holds the block too).
+  virtual void insert(BlockId id, uint32_t sizeClass, bool first = false) = 0;
   // `id` is no longer evictable (held, pinned or evicted). No-op if not inserted.
   virtual void erase(BlockId id) = 0;
   // The block of `sizeClass` to evict first, or kNoBlock. Does not erase it.
@@ -30,7 +31,7 @@ class EvictionPolicy {
 // Least recently used first. O(1) per operation: intrusive lists over block ids.
 class LruEvictionPolicy final : public EvictionPolicy {
  public:
-  void insert(BlockId id, uint32_t sizeClass) override;
+  void insert(BlockId id, uint32_t sizeClass, bool first = false) override;
   void erase(BlockId id) override;
   BlockId victim(uint32_t sizeClass) const override;
   void oldest(uint32_t sizeClass, size_t max, std::vector<BlockId>& out) const override;

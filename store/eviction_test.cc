@@ -45,6 +45,18 @@ TEST(LruEvictionTest, ReinsertMovesToMostRecent) {
   EXPECT_EQ(drain(lru, 0), (std::vector<BlockId>{2, 3, 1}));
 }
 
+TEST(LruEvictionTest, InsertedFirstGoesFirst) {
+  LruEvictionPolicy lru;
+  for (BlockId id : {1u, 2u}) lru.insert(id, 0);
+  lru.insert(3, 0, /*first=*/true);  // a replica: before the least recently used
+  lru.insert(4, 0);
+  EXPECT_EQ(lru.victim(0), 3u);
+  lru.insert(5, 1, /*first=*/true);  // an empty list
+  EXPECT_EQ(lru.victim(1), 5u);
+  EXPECT_EQ(drain(lru, 0), (std::vector<BlockId>{3, 1, 2, 4}));
+  EXPECT_EQ(drain(lru, 1), (std::vector<BlockId>{5}));
+}
+
 TEST(LruEvictionTest, EraseHeadMiddleAndTail) {
   LruEvictionPolicy lru;
   for (BlockId id : {10u, 11u, 12u, 13u, 14u}) lru.insert(id, 0);

@@ -135,8 +135,8 @@ uint64_t fetchErrorsOf(const Stats& s) {
 Result<TraceRequest> parseTraceLine(std::string_view line) {
   TraceRequest r;
   const std::pair<const char*, uint64_t*> scalars[] = {{"timestamp", &r.timestampMs},
-                                                      {"input_length", &r.inputLength},
-                                                      {"output_length", &r.outputLength}};
+                                                       {"input_length", &r.inputLength},
+                                                       {"output_length", &r.outputLength}};
   for (const auto& [name, out] : scalars) {
     size_t at = fieldValue(line, name);
     if (at == std::string_view::npos) {
@@ -178,7 +178,8 @@ Result<std::vector<TraceRequest>> loadTrace(const std::string& path, size_t limi
     }
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     auto r = parseTraceLine(line);
-    if (!r) return makeError(ErrorCode::kInvalidArgument, path, ":", number, ": ", r.error().message());
+    if (!r)
+      return makeError(ErrorCode::kInvalidArgument, path, ":", number, ": ", r.error().message());
     out.push_back(std::move(r).value());
   }
   if (out.empty()) return makeError(ErrorCode::kInvalidArgument, path, " holds no request");
@@ -192,9 +193,7 @@ Key128 blockKey(uint64_t hashId) {
   return contentKey(text.data(), text.size());
 }
 
-const char* routeName(Route route) {
-  return route == Route::kSession ? "session" : "round-robin";
-}
+const char* routeName(Route route) { return route == Route::kSession ? "session" : "round-robin"; }
 
 size_t routeRequest(Route route, size_t index, const TraceRequest& request, size_t nodes) {
   if (nodes <= 1) return 0;
@@ -202,29 +201,65 @@ size_t routeRequest(Route route, size_t index, const TraceRequest& request, size
   return static_cast<size_t>(splitmix64(request.hashIds.front()) % nodes);
 }
 
-size_t LruCache::access(std::span<const uint64_t> ids) {
-  size_t hits = 0;
-  while (hits < ids.size() && where_.count(ids[hits])) ++hits;
-  for (uint64_t id : ids) {
-    auto it = where_.find(id);
-    if (it != where_.end()) {
-      order_.splice(order_.end(), order_, it->second);
-      continue;
-    }
-    if (capacity_ == 0) continue;
-    if (order_.size() == capacity_) {
-      where_.erase(order_.front());
-      order_.pop_front();
-    }
-    order_.push_back(id);
-    where_.emplace(id, std::prev(order_.end()));
+size_t LruCache::run(std::span<const uint64_t> ids, size_t from) const {
+  size_t n = 0;
+  while (from + n < ids.size() && where_.count(ids[from + n])) ++n;
+  return n;
+}
+
+void LruCache::touch(uint64_t id) {
+  if (auto it = where_.find(id); it != where_.end()) {
+    order_.splice(order_.end(), order_, it->second);
   }
+}
+
+void LruCache::insert(uint64_t id, bool leastRecent) {
+  if (auto it = where_.find(id); it != where_.end()) {
+    order_.splice(order_.end(), order_, it->second);
+    return;
+  }
+  if (capacity_ == 0) return;
+  if (order_.size() == capacity_) {
+    where_.erase(order_.front());
+    order_.pop_front();
+  }
+  where_.emplace(id, order_.insert(leastRecent ? order_.begin() : order_.end(), id));
+}
+
+size_t LruCache::access(std::span<const uint64_t> ids) {
+  const size_t hits = run(ids, 0);
+  for (uint64_t id : ids) insert(id);
   return hits;
+}
+
+size_t clusterModelAccess(std::vector<LruCache>& nodes, size_t at, std::span<const uint64_t> ids,
+                          bool fetchedLeastRecent) {
+  const size_t local = nodes[at].run(ids, 0);
+  size_t hit = local;
+  while (hit < ids.size()) {
+    size_t best = 0, holder = nodes.size();
+    for (size_t o = 0; o < nodes.size(); ++o) {
+      if (o == at) continue;
+      if (const size_t r = nodes[o].run(ids, hit); r > best) best = r, holder = o;
+    }
+    if (best == 0) break;
+    for (size_t b = hit; b < hit + best; ++b) nodes[holder].touch(ids[b]);
+    hit += best;
+  }
+  LruCache& here = nodes[at];
+  for (size_t b = 0; b < ids.size(); ++b) {
+    if (!fetchedLeastRecent || b < local || b >= hit) here.insert(ids[b]);
+  }
+  if (fetchedLeastRecent) {
+    for (size_t b = local; b < hit; ++b) here.insert(ids[b], /*leastRecent=*/true);
+  }
+  return hit;
 }
 
 Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayOptions& options,
                               const ProgressFn& progress) {
-  if (options.sockets.empty()) return makeError(ErrorCode::kInvalidArgument, "no node to replay on");
+  if (options.sockets.empty())
+    return makeError(ErrorCode::kInvalidArgument, "no node to replay on");
   if (options.speedup < 0) return makeError(ErrorCode::kInvalidArgument, "negative speedup");
   const Layout layout = replayLayout();
   const uint32_t bt = layout.blockTokens;
@@ -255,6 +290,7 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
 
   ReplayRun run;
   run.tracePath = options.tracePath;
+  run.daemonVersion = nodes[0].client->daemonVersion();
   run.route = options.route;
   run.speedup = options.speedup;
   run.nodes = n;
@@ -266,13 +302,16 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
     }
     run.daemonCapacityBlocks.push_back(total);
   }
-  run.capacityBlocks = options.capacityBlocks ? options.capacityBlocks : run.daemonCapacityBlocks[0];
+  run.capacityBlocks =
+      options.capacityBlocks ? options.capacityBlocks : run.daemonCapacityBlocks[0];
   if (run.capacityBlocks == 0) {
     return makeError(ErrorCode::kInvalidArgument, "no capacity: pass --capacity BLOCKS");
   }
 
   LruCache ideal(run.capacityBlocks * n);
   std::vector<LruCache> isolated(n, LruCache(run.capacityBlocks));
+  std::vector<LruCache> model(n, LruCache(run.capacityBlocks));
+  std::vector<LruCache> modelFetchedLast(n, LruCache(run.capacityBlocks));
   std::vector<LruCache> curve;
   for (uint64_t c : kCurveCapacities) curve.emplace_back(c);
   std::vector<uint64_t> curveHits(curve.size(), 0);
@@ -294,12 +333,13 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
     const size_t at = routeRequest(options.route, i, req, n);
     Node& node = nodes[at];
     if (options.speedup > 0) {
-      const auto due = start + std::chrono::duration_cast<Clock::duration>(
-                                   std::chrono::duration<double, std::milli>(
-                                       double(req.timestampMs) / options.speedup));
+      const auto due =
+          start +
+          std::chrono::duration_cast<Clock::duration>(
+              std::chrono::duration<double, std::milli>(double(req.timestampMs) / options.speedup));
       if (Clock::now() < due) std::this_thread::sleep_until(due);
-      run.maxLagMs = std::max(run.maxLagMs,
-                              std::chrono::duration<double, std::milli>(Clock::now() - due).count());
+      run.maxLagMs = std::max(
+          run.maxLagMs, std::chrono::duration<double, std::milli>(Clock::now() - due).count());
     }
     const size_t blocks = req.hashIds.size();
     keys.resize(blocks);
@@ -368,6 +408,10 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
     run.hitBlocks += hit;
     run.idealHitBlocks += ideal.access(req.hashIds);
     run.isolatedHitBlocks += isolated[at].access(req.hashIds);
+    if (n > 1) {
+      run.modelHitBlocks += clusterModelAccess(model, at, req.hashIds, false);
+      run.modelFetchedLastHitBlocks += clusterModelAccess(modelFetchedLast, at, req.hashIds, true);
+    }
     for (size_t c = 0; c < curve.size(); ++c) curveHits[c] += curve[c].access(req.hashIds);
     size_t infinite = 0;
     while (infinite < blocks && seen.count(req.hashIds[infinite])) ++infinite;
@@ -379,7 +423,8 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
   run.distinctBlocks = seen.size();
   run.lookupMs = percentiles(std::move(lookupMs));
   run.requestMs = percentiles(std::move(requestMs));
-  for (size_t c = 0; c < curve.size(); ++c) run.idealCurve.emplace_back(curve[c].capacity(), curveHits[c]);
+  for (size_t c = 0; c < curve.size(); ++c)
+    run.idealCurve.emplace_back(curve[c].capacity(), curveHits[c]);
 
   // Counters over the run. In a cluster, wait (bounded) until every node has published what it
   // holds, so that held copies and distinct keys are counted on a settled directory.
@@ -419,6 +464,7 @@ std::string runJson(const ReplayRun& run) {
     o += "\"" + std::string(name) + "\": " + value;
   };
   field("trace", jsonString(run.tracePath));
+  field("daemon_version", jsonString(run.daemonVersion));
   field("requests", std::to_string(run.requests));
   field("blocks", std::to_string(run.blocks));
   field("distinct_blocks", std::to_string(run.distinctBlocks));
@@ -437,9 +483,11 @@ std::string runJson(const ReplayRun& run) {
   if (multi) {
     field("isolated_lru_hit_blocks", std::to_string(run.isolatedHitBlocks));
     field("isolated_lru_hit_rate", fixed(run.rate(run.isolatedHitBlocks)));
-    field("ratio_to_isolated",
-          run.isolatedHitBlocks ? fixed(double(run.hitBlocks) / double(run.isolatedHitBlocks), 4)
-                                : "null");
+    field("ratio_to_isolated", run.isolatedHitBlocks
+                                   ? fixed(double(run.hitBlocks) / double(run.isolatedHitBlocks), 4)
+                                   : "null");
+    field("cluster_model_hit_rate", fixed(run.rate(run.modelHitBlocks)));
+    field("cluster_model_fetched_last_hit_rate", fixed(run.rate(run.modelFetchedLastHitBlocks)));
     field("held_keys", std::to_string(run.heldKeys));
     field("distinct_keys", std::to_string(run.distinctKeys));
     field("copies_per_key",
@@ -466,12 +514,12 @@ std::string runJson(const ReplayRun& run) {
   field("requests_per_s", fixed(run.wallSeconds > 0 ? run.requests / run.wallSeconds : 0, 1));
   field("max_lag_ms", fixed(run.maxLagMs, 3));
   field("lookups_over_1s", std::to_string(run.slowLookups));
-  field("lookup_ms", "{\"p50\": " + fixed(run.lookupMs.p50, 4) + ", \"p99\": " +
-                         fixed(run.lookupMs.p99, 4) + ", \"max\": " + fixed(run.lookupMs.max, 4) +
-                         "}");
-  field("request_ms", "{\"p50\": " + fixed(run.requestMs.p50, 4) + ", \"p99\": " +
-                          fixed(run.requestMs.p99, 4) + ", \"max\": " +
-                          fixed(run.requestMs.max, 4) + "}");
+  field("lookup_ms", "{\"p50\": " + fixed(run.lookupMs.p50, 4) +
+                         ", \"p99\": " + fixed(run.lookupMs.p99, 4) +
+                         ", \"max\": " + fixed(run.lookupMs.max, 4) + "}");
+  field("request_ms", "{\"p50\": " + fixed(run.requestMs.p50, 4) +
+                          ", \"p99\": " + fixed(run.requestMs.p99, 4) +
+                          ", \"max\": " + fixed(run.requestMs.max, 4) + "}");
   return o + "}";
 }
 
@@ -530,6 +578,13 @@ void printTable(const ReplayRun& r) {
                 (unsigned long)r.isolatedHitBlocks,
                 r.isolatedHitBlocks ? double(r.hitBlocks) / double(r.isolatedHitBlocks) : 0.0);
   }
+  if (r.nodes > 1) {
+    std::printf("  %-38s %8.2f%% %12lu\n", "model: remote hits copied (as kvtier)",
+                100 * r.rate(r.modelHitBlocks), (unsigned long)r.modelHitBlocks);
+    std::printf("  %-38s %8.2f%% %12lu\n", "model: copies evicted first (what-if)",
+                100 * r.rate(r.modelFetchedLastHitBlocks),
+                (unsigned long)r.modelFetchedLastHitBlocks);
+  }
   std::printf("  %-38s %8.2f%% %12lu\n", "infinite cache", 100 * r.rate(r.infiniteHitBlocks),
               (unsigned long)r.infiniteHitBlocks);
   std::printf("\n  evictions %lu", (unsigned long)r.evictions);
@@ -537,18 +592,19 @@ void printTable(const ReplayRun& r) {
     std::printf(", remote hit blocks %lu in %lu remote lookups, fetch errors %lu\n",
                 (unsigned long)r.remoteHitBlocks, (unsigned long)r.remoteLookups,
                 (unsigned long)r.fetchErrors);
-    std::printf("  held copies %lu of %lu distinct keys (%.3f copies per key)", (unsigned long)r.heldKeys,
-                (unsigned long)r.distinctKeys,
+    std::printf("  held copies %lu of %lu distinct keys (%.3f copies per key)",
+                (unsigned long)r.heldKeys, (unsigned long)r.distinctKeys,
                 r.distinctKeys ? double(r.heldKeys) / double(r.distinctKeys) : 0.0);
   }
   std::printf("\n  hit blocks checked %lu, wrong %lu; errors %lu%s%s\n",
               (unsigned long)r.verifiedBlocks, (unsigned long)r.wrongBlocks,
               (unsigned long)r.errors, r.errors ? ", first: " : "", r.firstError.c_str());
-  std::printf("  %.2f s, %.0f requests/s; lookup p50 %.3f ms p99 %.3f ms max %.1f ms (%lu over 1 s); "
-              "request p50 %.3f ms p99 %.3f ms\n",
-              r.wallSeconds, r.wallSeconds > 0 ? r.requests / r.wallSeconds : 0.0, r.lookupMs.p50,
-              r.lookupMs.p99, r.lookupMs.max, (unsigned long)r.slowLookups, r.requestMs.p50,
-              r.requestMs.p99);
+  std::printf(
+      "  %.2f s, %.0f requests/s; lookup p50 %.3f ms p99 %.3f ms max %.1f ms (%lu over 1 s); "
+      "request p50 %.3f ms p99 %.3f ms\n",
+      r.wallSeconds, r.wallSeconds > 0 ? r.requests / r.wallSeconds : 0.0, r.lookupMs.p50,
+      r.lookupMs.p99, r.lookupMs.max, (unsigned long)r.slowLookups, r.requestMs.p50,
+      r.requestMs.p99);
   for (size_t i = 0; i < r.daemonCapacityBlocks.size(); ++i) {
     if (r.daemonCapacityBlocks[i] != r.capacityBlocks) {
       std::printf("  note: node %zu's pool holds %lu blocks of this layout, not %lu\n", i,
@@ -563,7 +619,8 @@ int plot(const std::string& json, const std::string& png) {
   std::string scriptPath = script ? script : KVTIER_PLOT_SCRIPT;
   // Debian's python3 sees python3-matplotlib; another python3 first on the PATH may not.
   const char* python = std::getenv("KVTIER_PYTHON");
-  std::string pythonPath = python ? python : (access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3");
+  std::string pythonPath =
+      python ? python : (access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3");
   std::vector<std::string> args = {pythonPath, scriptPath, "--out", png, json};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());

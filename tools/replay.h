@@ -71,6 +71,13 @@ class LruCache {
   explicit LruCache(uint64_t capacity) : capacity_(capacity) {}
   // Returns the number of hit blocks.
   size_t access(std::span<const uint64_t> ids);
+  // How many of ids[from..] are present, from `from` on, before the first that is not.
+  size_t run(std::span<const uint64_t> ids, size_t from) const;
+  // Moves `id` to most recently used if present.
+  void touch(uint64_t id);
+  // Touches `id` if present, else inserts it, evicting the least recently used beyond capacity;
+  // `leastRecent`: a new id goes in as the least recently used (the next to go).
+  void insert(uint64_t id, bool leastRecent = false);
   uint64_t size() const { return order_.size(); }
   uint64_t capacity() const { return capacity_; }
 
@@ -79,6 +86,15 @@ class LruCache {
   std::list<uint64_t> order_;  // front: least recently used
   std::unordered_map<uint64_t, std::list<uint64_t>::iterator> where_;
 };
+
+// An offline model of a cluster of LRUs (`nodes`, one per member) serving a request on node `at`:
+// its local prefix, then runs held by other nodes (the holder of the longest run from each point,
+// its blocks touched there as a pin and release does), up to the first block no node holds; then
+// the request's blocks enter node `at` in order — a remote hit is a copy, as kvtier's fetch makes
+// one. `fetchedLeastRecent`: the fetched copies go in as least recently used instead (a what-if:
+// duplicates evicted first). Returns the hit blocks.
+size_t clusterModelAccess(std::vector<LruCache>& nodes, size_t at, std::span<const uint64_t> ids,
+                          bool fetchedLeastRecent);
 
 struct ReplayOptions {
   std::vector<std::string> sockets;  // one per node, at least one
@@ -96,18 +112,21 @@ struct Percentiles {
 // What one replay measured. Rates are fractions of blocks, as the trace counts them: hit blocks
 // over all request blocks.
 struct ReplayRun {
-  std::string tracePath;
+  std::string tracePath, daemonVersion;
   Route route = Route::kSession;
   double speedup = 0;
   size_t nodes = 0;
   uint64_t requests = 0, blocks = 0, distinctBlocks = 0;
-  uint64_t capacityBlocks = 0;                // per node, as the anchors assume
+  uint64_t capacityBlocks = 0;                 // per node, as the anchors assume
   std::vector<uint64_t> daemonCapacityBlocks;  // per node, as each daemon reports its space
   std::vector<uint64_t> requestsPerNode;
-  uint64_t hitBlocks = 0;         // what the daemons' lookups matched (local and remote)
-  uint64_t idealHitBlocks = 0;    // one ideal LRU of nodes x capacity
+  uint64_t hitBlocks = 0;          // what the daemons' lookups matched (local and remote)
+  uint64_t idealHitBlocks = 0;     // one ideal LRU of nodes x capacity
   uint64_t isolatedHitBlocks = 0;  // nodes isolated LRUs of capacity each, same routing
   uint64_t infiniteHitBlocks = 0;  // a cache that never evicts
+  // Several nodes: clusterModelAccess over nodes LRUs of capacity each, same routing; fetched
+  // blocks copied as most recent (what kvtier does) and as least recent (the what-if).
+  uint64_t modelHitBlocks = 0, modelFetchedLastHitBlocks = 0;
   // The ideal LRU over the same requests at other total capacities (for the plot's curve).
   std::vector<std::pair<uint64_t, uint64_t>> idealCurve;  // (capacity, hit blocks)
   // Daemon counters over the run, summed over the nodes.

@@ -134,6 +134,14 @@ class UcxWorker {
 
   // Progresses the worker now and until it has nothing left to do (after posting operations).
   void kick();
+  // While a peer may be reading this node's memory (blocks pinned for its gets), the worker is
+  // also progressed on a short tick, as while gets of its own are in flight: over tcp a peer's
+  // gets need this side's progress, and a wake-up through the event fd can come late.
+  void holdBegin() {
+    ++holds_;
+    kick();
+  }
+  void holdEnd() { --holds_; }
 
   ucp_worker* handle() const { return worker_; }
   kj::Timer& timer() { return timer_; }
@@ -155,6 +163,7 @@ class UcxWorker {
   std::string transports_;
   int efd_ = -1;
   size_t inFlight_ = 0;  // gets posted and not completed: progress also on a short tick
+  size_t holds_ = 0;     // peers' pins on our memory: likewise
   kj::Own<kj::UnixEventPort::FdObserver> observer_;
   kj::Own<kj::PromiseFulfiller<void>> wake_;
   std::vector<UcxEndpoint*> endpoints_;  // open ones, for closeFailed

@@ -286,7 +286,10 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
 
   // Fetch.
   kj::Promise<void> fetchChain(SpaceId space, std::vector<Key128> keys);
-  kj::Promise<void> fetchRun(SpaceId space, std::shared_ptr<Link> link, std::vector<Key128> keys);
+  // `replica`: the holder keeps its copy (a remote hit); false when the blocks are handed over
+  // for good (a drain).
+  kj::Promise<void> fetchRun(SpaceId space, std::shared_ptr<Link> link, std::vector<Key128> keys,
+                             bool replica = true);
   kj::Promise<void> ensureTransport(std::shared_ptr<Link> link);
   void countFailure(const kj::Exception& e);
   // Releases a holder's pin, in the background (it runs out by itself anyway).
@@ -347,6 +350,7 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
 class ClusterService::Impl::PinLeaseImpl final : public peer::PinLease::Server {
  public:
   PinLeaseImpl(Impl& impl, LeaseId id, kj::Duration lease) : impl_(impl), id_(id) {
+    if (id_ != 0) impl_.ucx_->holdBegin();
     expiry_ = impl.timer_.afterDelay(lease)
                   .then([this] {
                     if (id_ != 0) ++impl_.stats_.pinsExpired;
@@ -361,6 +365,7 @@ class ClusterService::Impl::PinLeaseImpl final : public peer::PinLease::Server {
   }
   void releaseNow() {
     if (id_ == 0) return;
+    impl_.ucx_->holdEnd();
     (void)impl_.engine_.releaseRead(std::exchange(id_, 0));
     if (impl_.cold_) impl_.cold_->kick();
   }
@@ -1136,7 +1141,7 @@ kj::Promise<void> ClusterService::Impl::ensureTransport(std::shared_ptr<Link> li
 }
 
 kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<Link> link,
-                                                 std::vector<Key128> keys) {
+                                                 std::vector<Key128> keys, bool replica) {
   // Fresh pinned local blocks first: the run is cut where the pool has no room.
   struct Run {
     std::vector<PromoteTicket> tickets;
@@ -1155,12 +1160,12 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
   run->finished.assign(run->tickets.size(), false);
   keys.resize(run->tickets.size());
   if (keys.empty()) return kj::READY_NOW;
-  auto finishAll = [this, run](const std::vector<bool>& good) {
+  auto finishAll = [this, run, replica](const std::vector<bool>& good) {
     for (size_t i = 0; i < run->tickets.size(); ++i) {
       if (run->finished[i]) continue;
       run->finished[i] = true;
       const bool ok = i < good.size() && good[i];
-      engine_.finishPromote(run->tickets[i], ok, /*remote=*/true);
+      engine_.finishPromote(run->tickets[i], ok, /*remote=*/true, replica);
       if (ok && run->tickets[i].block != kNoBlock) {
         ++stats_.remoteHitBlocks;
         stats_.remoteHitBytes += run->tickets[i].location.bytes;
@@ -1440,7 +1445,8 @@ kj::Promise<size_t> ClusterService::Impl::fetchFrom(SpaceId space, std::shared_p
   kj::Vector<kj::Promise<void>> pieces;
   for (size_t from = 0; from < keys.size(); from += kPinPieceBlocks) {
     const size_t to = std::min(keys.size(), from + kPinPieceBlocks);
-    pieces.add(fetchRun(space, link, std::vector<Key128>(keys.begin() + from, keys.begin() + to)));
+    pieces.add(fetchRun(space, link, std::vector<Key128>(keys.begin() + from, keys.begin() + to),
+                        /*replica=*/false));  // handed over: the drained node goes away
   }
   return kj::joinPromises(pieces.releaseAsArray()).then([this, space, keys = std::move(keys)]() {
     size_t held = 0;
