@@ -56,6 +56,9 @@ constexpr size_t kMaxAnswerNodes = 64;
 constexpr uint64_t kPeerTraversalWords = (uint64_t{16} << 20) / sizeof(capnp::word);
 // Checksums remembered for blocks served (cleared whole when full).
 constexpr size_t kMaxChecksumCache = size_t{1} << 20;
+// A batch of gets gets kTransferBase plus its bytes at this floor (50 MB/s) to complete.
+constexpr kj::Duration kTransferBase = 1000 * kj::MILLISECONDS;
+constexpr uint64_t kTransferFloorBytesPerMs = 50'000;
 // Heartbeat round trips remembered per link, for the peer RTT in stats.
 constexpr size_t kRttSamples = 16;
 // Reconnect backoff of a link.
@@ -292,6 +295,16 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
                              bool replica = true);
   kj::Promise<void> ensureTransport(std::shared_ptr<Link> link);
   void countFailure(const kj::Exception& e);
+  // How long a batch of gets may take: a base plus its bytes at a floor bandwidth, at most the
+  // peer timeout. A stuck transfer (seen under paced traffic over tcp, docs/cluster.md "Not
+  // yet") then costs a small batch 1 s, not the whole timeout. (A 200 ms base cut off transfers
+  // on endpoints still being wired up.)
+  kj::Duration transferDeadline(const std::vector<UcxGet>& gets) const {
+    uint64_t bytes = 0;
+    for (const auto& g : gets) bytes += g.bytes;
+    const kj::Duration d = kTransferBase + bytes / kTransferFloorBytesPerMs * kj::MILLISECONDS;
+    return std::min(d, options_.peerTimeout);
+  }
   // Releases a holder's pin, in the background (it runs out by itself anyway).
   void releasePin(kj::Maybe<peer::PinLease::Client>& lease) {
     KJ_IF_MAYBE (l, lease) {
@@ -1125,6 +1138,7 @@ kj::Promise<void> ClusterService::Impl::ensureTransport(std::shared_ptr<Link> li
                 link->regions[x.getId()] = Link::Region{index, x.getAddress(), x.getBytes()};
               }
               link->ucx = std::move(ep);
+              logInfo("ucx_endpoint", "node=" + link->nodeId);
             })
             .then([link] { link->ucxSetup = nullptr; },
                   [link](kj::Exception&& e) {
@@ -1213,9 +1227,18 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
           expected.push_back(b.getChecksum());
         }
         if (gets.empty() || !link->ucx) return kj::Promise<std::vector<bool>>(std::vector<bool>());
-        const kj::TimePoint deadline = timer_.now() + options_.peerTimeout;
+        const kj::TimePoint deadline = timer_.now() + transferDeadline(gets);
+        const kj::TimePoint started = timer_.now();
         return link->ucx->get(gets, deadline)
-            .then([this, run, gets, which, expected](std::vector<bool> ok) {
+            .then([this, run, gets, which, expected, link, started](std::vector<bool> ok) {
+              const size_t failed = std::count(ok.begin(), ok.end(), false);
+              if (failed > 0) {
+                logWarn("fetch_transfer_failed",
+                        "node=" + link->nodeId + " failed=" + std::to_string(failed) + " of=" +
+                            std::to_string(ok.size()) + " ms=" +
+                            std::to_string((timer_.now() - started) / kj::MILLISECONDS) +
+                            " endpoint_failed=" + (link->ucx && link->ucx->failed() ? "yes" : "no"));
+              }
               std::vector<BlockLocation> verify;
               for (size_t j = 0; j < gets.size(); ++j) {
                 if (!ok[j]) continue;
@@ -1360,7 +1383,7 @@ kj::Promise<SnapshotId> ClusterService::Impl::pullSnapshot(SpaceId space, std::s
         }
         kj::Promise<std::vector<bool>> got = std::vector<bool>(gets.size(), false);
         if (link->ucx && !gets.empty()) {
-          got = link->ucx->get(gets, timer_.now() + options_.peerTimeout);
+          got = link->ucx->get(gets, timer_.now() + transferDeadline(gets));
         }
         return got.then([this, pull](std::vector<bool> ok) {
           std::vector<BlockLocation> verify;
