@@ -36,9 +36,11 @@ struct UcxEndpoint::Batch {
   bool done = false;
   kj::Own<kj::PromiseFulfiller<std::vector<bool>>> fulfiller;
   kj::Promise<void> deadline = nullptr;
+  std::function<void(size_t)> each;
 
   void complete(size_t index, bool success) {
     ok[index] = success;
+    if (success && each) each(index);
     if (--pending == 0) finish();
   }
   void finish() {
@@ -87,7 +89,8 @@ Result<uint32_t> UcxEndpoint::addRemoteRegion(uint64_t address, uint64_t bytes,
   return static_cast<uint32_t>(regions_.size() - 1);
 }
 
-kj::Promise<std::vector<bool>> UcxEndpoint::get(std::vector<UcxGet> gets, kj::TimePoint deadline) {
+kj::Promise<std::vector<bool>> UcxEndpoint::get(std::vector<UcxGet> gets, kj::TimePoint deadline,
+                                                std::function<void(size_t)> onEachDone) {
   sweep();
   if (gets.empty()) return std::vector<bool>();
   if (ep_ == nullptr || failed_) return std::vector<bool>(gets.size(), false);
@@ -95,6 +98,7 @@ kj::Promise<std::vector<bool>> UcxEndpoint::get(std::vector<UcxGet> gets, kj::Ti
   auto owned = std::make_unique<Batch>();
   Batch& batch = *owned;
   batch.fulfiller = kj::mv(paf.fulfiller);
+  batch.each = std::move(onEachDone);
   batch.ok.assign(gets.size(), false);
   batch.slots.reserve(gets.size());
   for (size_t i = 0; i < gets.size(); ++i) batch.slots.push_back({&batch, i});

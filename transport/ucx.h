@@ -15,6 +15,7 @@
 #include <kj/timer.h>
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <span>
@@ -87,7 +88,11 @@ class UcxEndpoint {
   // get: whether it read its bytes. At `deadline` the endpoint is force-closed: the gets still
   // in flight fail, and the promise resolves once UCX has released their buffers. A get outside
   // its remote region fails without being started.
-  kj::Promise<std::vector<bool>> get(std::vector<UcxGet> gets, kj::TimePoint deadline);
+  kj::Promise<std::vector<bool>> get(std::vector<UcxGet> gets, kj::TimePoint deadline,
+                                     std::function<void(size_t)> onEachDone = nullptr);
+  // `onEachDone`, when given, is called (on this loop, inside UCX's progress: it must not call
+  // UCX) with the index of each get as soon as it has read its bytes, so that work on them can
+  // overlap the gets still in flight.
 
   // Whether the peer failed (or the deadline force-closed the endpoint): get() fails at once.
   bool failed() const { return failed_; }

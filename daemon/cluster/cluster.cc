@@ -1333,6 +1333,8 @@ kj::Promise<SnapshotId> ClusterService::Impl::pullSnapshot(SpaceId space, std::s
     std::unique_ptr<SnapshotLoad> load;
     std::vector<uint64_t> expected;  // per read
     std::vector<size_t> getOf;       // per read: its get, or SIZE_MAX when it cannot be read
+    std::shared_ptr<std::vector<uint64_t>> sums;  // per read, filled on the hasher thread
+    kj::Vector<kj::Promise<void>> hashing;
   };
   auto pull = std::make_shared<Pull>();
   auto release = [this, pull] { releasePin(pull->lease); };
@@ -1381,31 +1383,37 @@ kj::Promise<SnapshotId> ClusterService::Impl::pullSnapshot(SpaceId space, std::s
                                 regions_[read.dest.extent].get(), region->second.index,
                                 region->second.address + part.getOffset(), read.bytes});
         }
+        // Each part is checked on the hasher thread as soon as it has arrived, while the
+        // others are still on the wire.
+        std::vector<size_t> readOf(gets.size());
+        for (size_t r = 0; r < pull->getOf.size(); ++r) {
+          if (pull->getOf[r] != SIZE_MAX) readOf[pull->getOf[r]] = r;
+        }
+        pull->sums = std::make_shared<std::vector<uint64_t>>(reads.size(), 0);
+        auto each = [this, pull, readOf](size_t g) {
+          const SnapshotRead& read = pull->load->reads[readOf[g]];
+          const uint8_t* data = pool_.extentBase(read.dest.extent) + read.dest.offset;
+          pull->hashing.add(hasher_.executor().executeAsync(
+              [sums = pull->sums, r = readOf[g], data, bytes = read.bytes] {
+                (*sums)[r] = XXH3_64bits(data, bytes);
+              }));
+        };
         kj::Promise<std::vector<bool>> got = std::vector<bool>(gets.size(), false);
         if (link->ucx && !gets.empty()) {
-          got = link->ucx->get(gets, timer_.now() + transferDeadline(gets));
+          got = link->ucx->get(gets, timer_.now() + transferDeadline(gets), each);
         }
         return got.then([this, pull](std::vector<bool> ok) {
-          std::vector<BlockLocation> verify;
-          const auto& reads = pull->load->reads;
-          for (size_t r = 0; r < reads.size(); ++r) {
-            if (pull->getOf[r] != SIZE_MAX && ok[pull->getOf[r]]) {
-              BlockLocation at = reads[r].dest;
-              at.bytes = reads[r].bytes;
-              verify.push_back(at);
-            }
-          }
-          return checksumsOf(std::move(verify), /*cache=*/false)
-              .then([this, pull, ok](std::vector<uint64_t> sums) {
+          return kj::joinPromises(pull->hashing.releaseAsArray())
+              .then([this, pull, ok]() {
                 const auto& reads = pull->load->reads;
+                const std::vector<uint64_t>& sums = *pull->sums;
                 std::vector<uint8_t> readOk(reads.size(), 0);
-                size_t s = 0;
                 for (size_t r = 0; r < reads.size(); ++r) {
                   if (pull->getOf[r] == SIZE_MAX || !ok[pull->getOf[r]]) {
                     ++stats_.fetchTransfer;
                     continue;
                   }
-                  if (sums[s++] != pull->expected[r]) {
+                  if (sums[r] != pull->expected[r]) {
                     ++stats_.fetchChecksum;
                     logWarn("snapshot_checksum_mismatch", "read=" + std::to_string(r));
                     continue;
