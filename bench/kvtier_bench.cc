@@ -56,6 +56,7 @@
 
 #include <capnp/ez-rpc.h>
 
+#include "tools/json_string.h"
 #include "kvtier/client.h"
 #include "schemas/peer.capnp.h"
 #include "tools/synthetic_kv.h"
@@ -1001,22 +1002,6 @@ void printBreakdown(const Breakdown& b) {
   }
 }
 
-std::string jsonString(std::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
 
 std::string jsonNumber(double v) {
   if (!std::isfinite(v)) return "null";

@@ -25,12 +25,12 @@
 #include <capnp/ez-rpc.h>
 
 #include "daemon/snapshot_codec.h"
-#include "transport/rpc_codec.h"
 #include "schemas/peer.capnp.h"
 #include "tests/etcd_process.h"
 #include "tests/temp_dir.h"
 #include "tests/test_support.h"
 #include "tools/synthetic_kv.h"
+#include "transport/rpc_codec.h"
 
 namespace kvtier::test {
 namespace {
@@ -38,20 +38,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 const std::string kToken = "kvtier-cluster-test-token-0123456789abcdef";
-
-uint16_t freePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    throw std::runtime_error("no free port");
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // Waits for `pred` with a deadline (the event itself, polled); returns whether it came.
 bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds limit) {
@@ -100,11 +86,16 @@ class Cluster {
   }
 
   void start(size_t i) {
-    std::vector<std::string> args = {"--listen", "127.0.0.1:" + std::to_string(ports_[i]),
-                                     "--node-id", "n" + std::to_string(i),
-                                     "--cluster-token-file", tokenFiles_[i],
-                                     "--peer-timeout-ms", "1000",
-                                     "--cold-tier", specs_[i].coldTier ? "on" : "off"};
+    std::vector<std::string> args = {"--listen",
+                                     "127.0.0.1:" + std::to_string(ports_[i]),
+                                     "--node-id",
+                                     "n" + std::to_string(i),
+                                     "--cluster-token-file",
+                                     tokenFiles_[i],
+                                     "--peer-timeout-ms",
+                                     "1000",
+                                     "--cold-tier",
+                                     specs_[i].coldTier ? "on" : "off"};
     if (etcd_.empty()) {
       std::string peers;
       for (size_t j = 0; j < ports_.size(); ++j) {
@@ -117,8 +108,8 @@ class Cluster {
     }
     args.insert(args.end(), specs_[i].extraArgs.begin(), specs_[i].extraArgs.end());
     if (daemons_.size() <= i) daemons_.resize(i + 1);
-    daemons_[i] = std::make_unique<DaemonProcess>(specs_[i].poolBytes, dirs_[i]->path() + "/data",
-                                                  args);
+    daemons_[i] =
+        std::make_unique<DaemonProcess>(specs_[i].poolBytes, dirs_[i]->path() + "/data", args);
   }
 
   // Every daemon stopped; segments of those that were killed removed.
@@ -249,8 +240,10 @@ TEST(Cluster, APrefixSplitAcrossHoldersIsFetchedWhole) {
   const auto tokens = synthetic::tokens(5, 128);
   const auto kv = synthetic::packedKv(layout, tokens, 0, tokens.size());
   std::vector<Key128> chain(8), other(4);
-  for (size_t i = 0; i < 8; ++i) chain[i].bytes[0] = static_cast<uint8_t>(i + 1), chain[i].bytes[15] = 0xc4;
-  for (size_t i = 0; i < 4; ++i) other[i].bytes[0] = static_cast<uint8_t>(i + 1), other[i].bytes[15] = 0x07;
+  for (size_t i = 0; i < 8; ++i)
+    chain[i].bytes[0] = static_cast<uint8_t>(i + 1), chain[i].bytes[15] = 0xc4;
+  for (size_t i = 0; i < 4; ++i)
+    other[i].bytes[0] = static_cast<uint8_t>(i + 1), other[i].bytes[15] = 0x07;
   const std::span<const uint32_t> head(tokens.data(), 64), tail(tokens.data() + 64, 64);
   {
     auto client = c[0].connect();
@@ -266,12 +259,13 @@ TEST(Cluster, APrefixSplitAcrossHoldersIsFetchedWhole) {
     auto space = client->open(layout).value();
     const auto own = synthetic::tokens(6, 64);
     const auto ownBytes = synthetic::packedKv(layout, own, 0, 64);
-    ASSERT_TRUE(space->put("tail", 0, own, ownBytes.data(), ownBytes.size(),
-                           PutOptions{.keys = other})
-                    .ok());
+    ASSERT_TRUE(
+        space->put("tail", 0, own, ownBytes.data(), ownBytes.size(), PutOptions{.keys = other})
+            .ok());
     const auto bytes = synthetic::packedKv(layout, tokens, 64, 128);
-    ASSERT_TRUE(space->put("tail", 64, tail, bytes.data(), bytes.size(),
-                           PutOptions{.keys = {chain.begin() + 4, chain.end()}})
+    ASSERT_TRUE(space
+                    ->put("tail", 64, tail, bytes.data(), bytes.size(),
+                          PutOptions{.keys = {chain.begin() + 4, chain.end()}})
                     .ok());
   }
   ASSERT_TRUE(c.published(0));
@@ -557,7 +551,8 @@ TEST(ClusterStart, AListenerOffLoopbackWithoutAStrongTokenRefusesToStart) {
   std::ofstream(dir.file("short")) << "too-short";
   for (const std::vector<std::string>& extra :
        {std::vector<std::string>{"--listen", "0.0.0.0:0"},
-        std::vector<std::string>{"--listen", "0.0.0.0:0", "--cluster-token-file", dir.file("short")}}) {
+        std::vector<std::string>{"--listen", "0.0.0.0:0", "--cluster-token-file",
+                                 dir.file("short")}}) {
     EXPECT_THROW(DaemonProcess(16 << 20, dir.path() + "/data", extra), std::runtime_error);
   }
   // On loopback no token is needed.
@@ -678,8 +673,9 @@ TEST(Cluster, ThePeerProtocolServesSnapshotManifestsOnlyAfterTheToken) {
   ask.setId(snap.id);
   auto answer = ask.send().wait(ws2);
   auto bytes = answer.getManifest();
-  auto manifest = decodeManifest(std::string_view(reinterpret_cast<const char*>(bytes.begin()), bytes.size()),
-                                 space->fingerprint(), salt, snap.id);
+  auto manifest =
+      decodeManifest(std::string_view(reinterpret_cast<const char*>(bytes.begin()), bytes.size()),
+                     space->fingerprint(), salt, snap.id);
   ASSERT_TRUE(manifest.ok()) << manifest.error().toString();
   EXPECT_EQ(manifest->from, 16u);
   EXPECT_EQ(manifest->to, 80u);
@@ -714,7 +710,8 @@ TEST(Cluster, NoPinOutlivesItsLeaseOrItsConnection) {
   }
   auto pin = [&](capnp::EzRpcClient& rpc, uint32_t leaseMs) {
     auto auth = rpc.getMain<rpc::peer::PeerGate>().authenticateRequest();
-    auth.setToken(capnp::Data::Reader(reinterpret_cast<const uint8_t*>(kToken.data()), kToken.size()));
+    auth.setToken(
+        capnp::Data::Reader(reinterpret_cast<const uint8_t*>(kToken.data()), kToken.size()));
     auth.setProtocolVersion(rpc::peer::PEER_PROTOCOL_VERSION);
     auth.setNodeId("fetcher");
     auto peer = auth.send().wait(rpc.getWaitScope()).getPeer();
@@ -722,7 +719,8 @@ TEST(Cluster, NoPinOutlivesItsLeaseOrItsConnection) {
     layoutToRpc(testLayout(), req.initLayout());
     req.setSalt(capnp::Data::Reader(salt.data(), salt.size()));
     auto packed = req.initKeys(keys.size() * 16);
-    for (size_t i = 0; i < keys.size(); ++i) std::memcpy(packed.begin() + 16 * i, keys[i].bytes.data(), 16);
+    for (size_t i = 0; i < keys.size(); ++i)
+      std::memcpy(packed.begin() + 16 * i, keys[i].bytes.data(), 16);
     req.setLeaseMs(leaseMs);
     return req.send().wait(rpc.getWaitScope());
   };
@@ -764,7 +762,8 @@ struct SnapshotCase {
   SnapshotInfo prefill(DaemonProcess& d, const std::string& seq, uint64_t from) {
     auto client = d.connect();
     auto space = client->open(layout).value();
-    EXPECT_TRUE(space->put(seq, 0, tokens, kv.data(), kv.size(), PutOptions{.detached = true}).ok());
+    EXPECT_TRUE(
+        space->put(seq, 0, tokens, kv.data(), kv.size(), PutOptions{.detached = true}).ok());
     auto snap = space->snapshot(seq, from);
     EXPECT_TRUE(snap.ok()) << snap.error().toString();
     return snap.ok() ? *snap : SnapshotInfo{};

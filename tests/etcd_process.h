@@ -38,6 +38,25 @@ namespace kvtier::test {
 
 inline constexpr const char* kEtcdBinary = "/usr/bin/etcd";
 
+// A TCP port on 127.0.0.1 the kernel considers free right now (bound to
+// port 0, then released): for test processes to listen on.
+inline uint16_t freePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error("socket failed");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    ::close(fd);
+    throw std::runtime_error("bind to a free port failed");
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
 class EtcdProcess {
  public:
   // How long start() and restart() wait for /health to say true.
@@ -111,24 +130,6 @@ class EtcdProcess {
   }
 
  private:
-  // A port the kernel considers free right now (bound to port 0, then released).
-  static uint16_t freePort() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) throw std::runtime_error("socket failed");
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    socklen_t len = sizeof(addr);
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      ::close(fd);
-      throw std::runtime_error("bind to a free port failed");
-    }
-    ::close(fd);
-    return ntohs(addr.sin_port);
-  }
-
   void start() {
     const std::string client = "http://127.0.0.1:" + std::to_string(clientPort_);
     const std::string peer = "http://127.0.0.1:" + std::to_string(peerPort_);

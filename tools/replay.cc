@@ -17,6 +17,7 @@
 #include <unordered_set>
 
 #include "kvtier/client.h"
+#include "tools/json_string.h"
 
 extern char** environ;
 
@@ -62,23 +63,6 @@ size_t fieldValue(std::string_view line, std::string_view name) {
   at += quoted.size();
   if (!expect(line, at, ':')) return std::string_view::npos;
   return at;
-}
-
-std::string jsonString(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 std::string fixed(double v, int digits = 6) {

@@ -267,6 +267,11 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
     const SpaceInfo& info = engine_.space(space);
     return DirKey{info.fingerprint, info.salt, key};
   }
+  // The error a call naming a node that is not a live member gets.
+  static Error notLive(const std::string& node) {
+    return makeError(ErrorCode::kUnavailable, "node ", node,
+                     " is not a live member of the cluster");
+  }
   std::shared_ptr<Link> linkTo(const std::string& node) const {
     for (const auto& [address, link] : links_) {
       if (link->up && link->nodeId == node) return link;
@@ -554,7 +559,7 @@ class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
     const std::string from = text(p.getFrom());
     auto link = impl_.linkTo(from);
     if (!link) {
-      throwRpcError(makeError(ErrorCode::kUnavailable, "node ", from, " is not a live member"));
+      throwRpcError(Impl::notLive(from));
     }
     kj::Promise<SnapshotId> snap = SnapshotId{0};
     if (p.getSnapshot() != 0) {
@@ -1233,11 +1238,12 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
             .then([this, run, gets, which, expected, link, started](std::vector<bool> ok) {
               const size_t failed = std::count(ok.begin(), ok.end(), false);
               if (failed > 0) {
-                logWarn("fetch_transfer_failed",
-                        "node=" + link->nodeId + " failed=" + std::to_string(failed) + " of=" +
-                            std::to_string(ok.size()) + " ms=" +
-                            std::to_string((timer_.now() - started) / kj::MILLISECONDS) +
-                            " endpoint_failed=" + (link->ucx && link->ucx->failed() ? "yes" : "no"));
+                logWarn(
+                    "fetch_transfer_failed",
+                    "node=" + link->nodeId + " failed=" + std::to_string(failed) +
+                        " of=" + std::to_string(ok.size()) +
+                        " ms=" + std::to_string((timer_.now() - started) / kj::MILLISECONDS) +
+                        " endpoint_failed=" + (link->ucx && link->ucx->failed() ? "yes" : "no"));
               }
               std::vector<BlockLocation> verify;
               for (size_t j = 0; j < gets.size(); ++j) {
@@ -1324,8 +1330,7 @@ kj::Promise<SnapshotId> ClusterService::Impl::pullSnapshot(SpaceId space, std::s
                                                            SnapshotId id) {
   auto link = linkTo(node);
   if (!link) {
-    return toKjException(
-        makeError(ErrorCode::kUnavailable, "node ", node, " is not a live member of the cluster"));
+    return toKjException(notLive(node));
   }
   const SpaceInfo info = engine_.space(space);
   struct Pull {
@@ -1403,35 +1408,34 @@ kj::Promise<SnapshotId> ClusterService::Impl::pullSnapshot(SpaceId space, std::s
           got = link->ucx->get(gets, timer_.now() + transferDeadline(gets), each);
         }
         return got.then([this, pull](std::vector<bool> ok) {
-          return kj::joinPromises(pull->hashing.releaseAsArray())
-              .then([this, pull, ok]() {
-                const auto& reads = pull->load->reads;
-                const std::vector<uint64_t>& sums = *pull->sums;
-                std::vector<uint8_t> readOk(reads.size(), 0);
-                for (size_t r = 0; r < reads.size(); ++r) {
-                  if (pull->getOf[r] == SIZE_MAX || !ok[pull->getOf[r]]) {
-                    ++stats_.fetchTransfer;
-                    continue;
-                  }
-                  if (sums[r] != pull->expected[r]) {
-                    ++stats_.fetchChecksum;
-                    logWarn("snapshot_checksum_mismatch", "read=" + std::to_string(r));
-                    continue;
-                  }
-                  readOk[r] = 1;
-                  ++stats_.remoteHitBlocks;
-                  stats_.remoteHitBytes += reads[r].bytes;
-                }
-                auto info = engine_.finishSnapshotLoad(*pull->load, readOk, /*remote=*/true);
-                pull->load = nullptr;
-                if (cold_) cold_->kick();
-                if (!info) {
-                  throwRpcError(makeError(
-                      ErrorCode::kUnavailable,
-                      "the snapshot could not be brought from its node: ", info.error().message()));
-                }
-                return info->id;
-              });
+          return kj::joinPromises(pull->hashing.releaseAsArray()).then([this, pull, ok]() {
+            const auto& reads = pull->load->reads;
+            const std::vector<uint64_t>& sums = *pull->sums;
+            std::vector<uint8_t> readOk(reads.size(), 0);
+            for (size_t r = 0; r < reads.size(); ++r) {
+              if (pull->getOf[r] == SIZE_MAX || !ok[pull->getOf[r]]) {
+                ++stats_.fetchTransfer;
+                continue;
+              }
+              if (sums[r] != pull->expected[r]) {
+                ++stats_.fetchChecksum;
+                logWarn("snapshot_checksum_mismatch", "read=" + std::to_string(r));
+                continue;
+              }
+              readOk[r] = 1;
+              ++stats_.remoteHitBlocks;
+              stats_.remoteHitBytes += reads[r].bytes;
+            }
+            auto info = engine_.finishSnapshotLoad(*pull->load, readOk, /*remote=*/true);
+            pull->load = nullptr;
+            if (cold_) cold_->kick();
+            if (!info) {
+              throwRpcError(makeError(
+                  ErrorCode::kUnavailable,
+                  "the snapshot could not be brought from its node: ", info.error().message()));
+            }
+            return info->id;
+          });
         });
       })
       .then(
@@ -1456,8 +1460,7 @@ kj::Promise<void> ClusterService::Impl::dropRemoteSnapshot(SpaceId space, std::s
                                                            SnapshotId id) {
   auto link = linkTo(node);
   if (!link) {
-    return toKjException(
-        makeError(ErrorCode::kUnavailable, "node ", node, " is not a live member of the cluster"));
+    return toKjException(notLive(node));
   }
   KJ_IF_MAYBE (p, link->peer) {
     const SpaceInfo info = engine_.space(space);
