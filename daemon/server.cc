@@ -705,7 +705,7 @@ class SessionImpl final : public rpc::Session::Server {
     auto* remote = server_.remote();
     if (!remote) return kj::READY_NOW;
     const auto members = remote->members();
-    out.setNodeId(remote->stats().nodeId);
+    out.setNodeId(remote->nodeId());
     auto list = out.initMembers(members.size());
     for (uint32_t i = 0; i < members.size(); ++i) {
       list[i].setNodeId(members[i].nodeId);

@@ -127,7 +127,7 @@ kj::Promise<std::vector<bool>> UcxEndpoint::get(std::vector<UcxGet> gets, kj::Ti
     } else if (UCS_PTR_IS_ERR(req)) {
       batch.complete(i, false);
     } else {
-      ++worker_.inFlight_;  // completes through getDone
+      // completes through getDone
     }
   }
   if (--batch.pending == 0) batch.finish();  // the +1 above
@@ -275,25 +275,25 @@ void UcxWorker::closeFailed() {
   }
 }
 
+bool UcxWorker::getsInFlight() const {
+  for (const UcxEndpoint* ep : endpoints_) {
+    for (const auto& b : ep->batches_) {
+      if (!b->done) return true;
+    }
+  }
+  return false;
+}
+
 kj::Promise<void> UcxWorker::progressLoop() {
   for (int i = 0; i < kProgressPerTurn && ucp_worker_progress(worker_) != 0; ++i) {
   }
   closeFailed();
-  // Completed gets leave the count here rather than in their callbacks (which only know the
-  // batch): recount from the endpoints.
-  size_t inFlight = 0;
-  for (UcxEndpoint* ep : endpoints_) {
-    for (const auto& b : ep->batches_) {
-      if (!b->done) inFlight += b->pending;
-    }
-  }
-  inFlight_ = inFlight;
   const ucs_status_t st = ucp_worker_arm(worker_);
   if (st == UCS_ERR_BUSY) return kj::evalLater([this] { return progressLoop(); });
   auto paf = kj::newPromiseAndFulfiller<void>();
   wake_ = kj::mv(paf.fulfiller);
   kj::Promise<void> next = observer_->whenBecomesReadable().exclusiveJoin(kj::mv(paf.promise));
-  if (inFlight_ > 0 || holds_ > 0) next = next.exclusiveJoin(timer_.afterDelay(kInFlightTick));
+  if (getsInFlight() || holds_ > 0) next = next.exclusiveJoin(timer_.afterDelay(kInFlightTick));
   return next.then([this] { return progressLoop(); });
 }
 

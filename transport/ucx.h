@@ -154,6 +154,9 @@ class UcxWorker {
  private:
   UcxWorker(kj::UnixEventPort& port, kj::Timer& timer) : port_(port), timer_(timer) {}
   kj::Promise<void> progressLoop();
+  // Whether any endpoint has gets posted and not completed (the worker then also progresses on
+  // a short tick).
+  bool getsInFlight() const;
   // Closes the endpoints whose peer failed (UCX reports it inside progress, where closing is not
   // allowed).
   void closeFailed();
@@ -167,8 +170,7 @@ class UcxWorker {
   std::vector<uint8_t> address_;
   std::string transports_;
   int efd_ = -1;
-  size_t inFlight_ = 0;  // gets posted and not completed: progress also on a short tick
-  size_t holds_ = 0;     // peers' pins on our memory: likewise
+  size_t holds_ = 0;  // peers' pins on our memory: progress also on the short tick
   kj::Own<kj::UnixEventPort::FdObserver> observer_;
   kj::Own<kj::PromiseFulfiller<void>> wake_;
   std::vector<UcxEndpoint*> endpoints_;  // open ones, for closeFailed
