@@ -1086,6 +1086,54 @@ Result<SnapshotInfo> Space::copySnapshot(std::string_view node, uint64_t snapsho
   });
 }
 
+namespace {
+
+BlockTransfer transferFrom(const capnp::Response<rpc::Space::PushBlocksResults>& r) {
+  return BlockTransfer{r.getBlocks(), r.getHeld(), r.getDropped()};
+}
+
+}  // namespace
+
+Result<BlockTransfer> Space::copyRange(std::string_view node, std::string_view seq,
+                                       uint64_t begin, uint64_t end, bool move) {
+  if (node.empty()) return invalid("copyRange needs the node to copy to");
+  if (seq.empty()) return invalid("copyRange needs a sequence");
+  return client_.impl_->run([&] {
+    auto req = impl_->space().pushBlocksRequest();
+    req.setNode(std::string(node));
+    req.setSeq(std::string(seq));
+    req.setBegin(begin);
+    req.setEnd(end);
+    req.setMove(move);
+    return req.send().then([](auto&& r) { return transferFrom(r); });
+  });
+}
+
+Result<BlockTransfer> Space::copyKeys(std::string_view node, std::span<const Key128> keys,
+                                      bool move) {
+  if (node.empty()) return invalid("copyKeys needs the node to copy to");
+  if (keys.empty()) return BlockTransfer{};
+  return client_.impl_->run([&] {
+    auto req = impl_->space().pushBlocksRequest();
+    req.setNode(std::string(node));
+    setKeys(req.initKeys(keys.size()), keys);
+    req.setMove(move);
+    return req.send().then([](auto&& r) { return transferFrom(r); });
+  });
+}
+
+Result<BlockTransfer> Space::copyPrompt(std::string_view node, std::span<const uint32_t> tokens,
+                                        bool move) {
+  if (node.empty()) return invalid("copyPrompt needs the node to copy to");
+  return client_.impl_->run([&] {
+    auto req = impl_->space().pushBlocksRequest();
+    req.setNode(std::string(node));
+    setTokens(req.initTokens(tokens.size()), tokens);
+    req.setMove(move);
+    return req.send().then([](auto&& r) { return transferFrom(r); });
+  });
+}
+
 Status Space::rewind(std::string_view seq, uint64_t target) {
   return client_.impl_->run([&] {
     auto req = impl_->space().restoreRequest();

@@ -504,6 +504,23 @@ kj::Promise<void> ColdService::dropSnapshot(SpaceId space, SnapshotId id) {
   });
 }
 
+kj::Promise<size_t> ColdService::eraseBlocks(SpaceId space, std::vector<Key128> keys) {
+  const SpaceInfo& info = engine_.space(space);
+  std::vector<ColdKey> held;
+  for (const Key128& k : keys) {
+    ColdKey key{info.fingerprint, info.salt, k};
+    if (tier_->contains(key)) held.push_back(key);
+  }
+  if (held.empty()) return size_t{0};
+  // On the writer, in order: after any batch in flight that might write one of them.
+  return writer_->executor().executeAsync([this, held = std::move(held)]() {
+    for (const ColdKey& key : held) {
+      if (auto erased = tier_->erase(key); !erased) throwRpcError(erased.error());
+    }
+    return held.size();
+  });
+}
+
 void ColdService::eraseLater(const std::string& name, SnapshotKey key) {
   tasks_.add(attempt(*writer_, [this, key]() {
                return tier_->eraseSnapshot(key, false).ok();

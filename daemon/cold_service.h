@@ -97,6 +97,9 @@ class ColdService final : private kj::TaskSet::ErrorHandler {
   // Drops snapshot `id` of `space` from memory and disk (after any load or write of it in
   // flight). Rejects with NOT_FOUND when neither holds it.
   kj::Promise<void> dropSnapshot(SpaceId space, SnapshotId id);
+  // Deletes the records of blocks `keys` of `space` (a move's last step), after any write in
+  // flight. Resolves to how many the disk held; rejects with UNAVAILABLE on a disk error.
+  kj::Promise<size_t> eraseBlocks(SpaceId space, std::vector<Key128> keys);
   // What a call that failed with `code` may wait for before it tries again: the spill batch in
   // flight (FULL, when it can make room) or the reservation of snapshot ids (UNAVAILABLE, when
   // the engine ran out of them); nullptr when waiting cannot help.

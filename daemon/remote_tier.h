@@ -77,6 +77,11 @@ class RemoteTier {
   // Asks `node` to drop its snapshot `id` of `space` (a move's last step).
   virtual kj::Promise<void> dropRemoteSnapshot(SpaceId space, std::string node,
                                                SnapshotId id) = 0;
+  // Has `node` fetch blocks `keys` of `space` from this node (UCX, checked like every remote
+  // block) and keep them as cached blocks of its own. Resolves to how many of them `node` holds
+  // afterwards; rejects with UNAVAILABLE when it is not a live member or does not answer in time.
+  virtual kj::Promise<size_t> pushBlocks(SpaceId space, std::string node,
+                                         std::vector<Key128> keys) = 0;
   virtual std::vector<RemoteMember> members() const = 0;
 };
 

@@ -495,6 +495,56 @@ class SpaceImpl final : public rpc::Space::Server {
         });
   }
 
+  kj::Promise<void> pushBlocks(PushBlocksContext context) override {
+    auto p = context.getParams();
+    const std::string node(text(p.getNode()));
+    if (!remote_) {
+      throwRpcError(makeError(ErrorCode::kInvalidArgument, "this kvtierd is not in a cluster"));
+    }
+    if (node == remote_->nodeId()) {
+      throwRpcError(makeError(ErrorCode::kInvalidArgument, "node ", node, " is this node"));
+    }
+    const bool move = p.getMove();
+    const std::string seq(text(p.getSeq()));
+    uint64_t end = p.getEnd();
+    std::vector<Key128> keys;
+    if (!seq.empty()) {
+      keys = orThrow(engine_.sequenceKeys(space_, seq, p.getBegin(), end, /*whole=*/move));
+      // A range move removes what was asked when it was asked, not what was appended since.
+      end = std::min<uint64_t>(end, orThrow(engine_.length(space_, seq)).value_or(0));
+    } else if (p.hasKeys() && p.getKeys().size() > 0) {
+      keys = keysFrom(p.getKeys());
+    } else {
+      keys = orThrow(engine_.chainKeys(space_, tokensFrom(p.getTokens()), {}, {}));
+    }
+    // The peer reads blocks from memory: those only on this node's disk come back first.
+    std::vector<Key128> cold;
+    for (const Key128& k : keys) {
+      if (cold_ && !engine_.indexed(space_, k)) cold.push_back(k);
+    }
+    kj::Promise<void> ready = kj::READY_NOW;
+    if (!cold.empty()) ready = cold_->promote(space_, std::move(cold));
+    return ready
+        .then([this, node, keys]() mutable { return remote_->pushBlocks(space_, node, keys); })
+        .then([this, context, node, keys, seq, begin = p.getBegin(), end,
+               move](size_t held) mutable -> kj::Promise<void> {
+          auto out = context.getResults();
+          out.setBlocks(static_cast<uint32_t>(keys.size()));
+          out.setHeld(static_cast<uint32_t>(held));
+          if (!move) return kj::READY_NOW;
+          if (held < keys.size()) {
+            throwRpcError(makeError(ErrorCode::kUnavailable, "node ", node, " holds ", held,
+                                    " of the ", keys.size(),
+                                    " blocks: this node keeps its copy (nothing moved)"));
+          }
+          // The destination holds every block, sealed: only now does the source let go.
+          if (!seq.empty()) orThrow(engine_.remove(space_, seq, begin, end));
+          out.setDropped(static_cast<uint32_t>(engine_.dropCached(space_, keys)));
+          if (!cold_) return kj::READY_NOW;
+          return cold_->eraseBlocks(space_, std::move(keys)).ignoreResult();
+        });
+  }
+
   kj::Promise<void> mergeSnapshots(MergeSnapshotsContext context) override {
     const auto p = context.getParams();
     return whenRoomWithSnapshots({p.getA(), p.getB()}, [this, context]() mutable {

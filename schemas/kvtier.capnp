@@ -250,6 +250,15 @@ interface Space {
   copySnapshot @20 (node :Text, snapshot :UInt64, move :Bool) -> (snapshot :SnapshotInfo);
   # Copies snapshot `snapshot` of cluster node `node` to this daemon, as a new snapshot of its
   # own (the answer). With move, the source drops its copy once this daemon holds the new one.
+  pushBlocks @21 (node :Text, seq :Text, begin :UInt64, end :UInt64, tokens :List(UInt32),
+                  keys :List(Data), move :Bool) -> (blocks :UInt32, held :UInt32, dropped :UInt32);
+  # Copies blocks of this daemon to cluster node `node`, which fetches them over UCX, checks
+  # them and keeps them as cached blocks of its own (a lookup there hits them). Which blocks:
+  # the sealed blocks of sequence `seq` over [begin, end) when `seq` is set, else the blocks
+  # `keys`, else the full blocks of the prompt `tokens`. `blocks`: how many were asked for;
+  # `held`: how many `node` now holds. With move, and only once `node` holds them all, this
+  # daemon removes [begin, end) from `seq` (a range move) and drops its cached copies, in memory
+  # and on disk (`dropped`: those freed from memory; a block another sequence still holds stays).
 
   # Recurrent state checkpoints: a blob at a position of a sequence.
   putCheckpoint @15 (seq :Text, pos :UInt64, bytes :UInt64) -> (lease :WriteLease, block :BlockRef);

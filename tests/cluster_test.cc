@@ -936,5 +936,184 @@ TEST(ClusterDrain, ADrainInterruptedAndRunAgainHandsEverythingOver) {
   (void)sd;
 }
 
+// --- blocks copied and moved to another node (Mooncake's copy and move)
+
+// No block pinned or leased once every handle is released (sequences may hold blocks).
+void expectNothingPinned(DaemonProcess& d) {
+  auto client = d.connect();
+  const Stats s = waitForStats(*client, [](const Stats& s) { return s.blocksPinned == 0; });
+  EXPECT_EQ(s.blocksPinned, 0u);
+  EXPECT_EQ(s.writeLeases, 0u);
+}
+
+// `seq` on `d`: tokens(seed, n) with their KV, detached (it outlives the call's session).
+std::vector<uint32_t> putDetached(DaemonProcess& d, const std::string& seq, uint64_t seed,
+                                  size_t n, std::vector<Key128> keys = {}) {
+  const Layout layout = testLayout();
+  auto client = d.connect();
+  auto space = client->open(layout).value();
+  const auto t = synthetic::tokens(seed, n);
+  const auto kv = synthetic::packedKv(layout, t, 0, n);
+  const auto put = space->put(seq, 0, t, kv.data(), kv.size(),
+                              PutOptions{.detached = true, .keys = std::move(keys)});
+  EXPECT_TRUE(put.ok()) << put.error().toString();
+  return t;
+}
+
+TEST(ClusterCopy, ARangeCopiedToAnotherNodeIsALocalHitThereWithIdenticalBytes) {
+  Cluster c(nodes(2));
+  ASSERT_TRUE(c.formed(2));
+  putDetached(c[0], "req", 60, 150);  // 9 full blocks and a partial one
+  auto source = c[0].connect();
+  auto space = source->open(testLayout()).value();
+  // Bad input fails typed and changes nothing.
+  EXPECT_EQ(space->copyRange("n0", "req").code(), ErrorCode::kInvalidArgument);  // itself
+  EXPECT_EQ(space->copyRange("nobody", "req").code(), ErrorCode::kUnavailable);
+  EXPECT_EQ(space->copyRange("n1", "absent").code(), ErrorCode::kNotFound);
+  EXPECT_EQ(space->copyRange("n1", "req", 100, 50).code(), ErrorCode::kInvalidArgument);
+  // A move cannot take the unfilled last block: refused before anything moves.
+  EXPECT_EQ(space->copyRange("n1", "req", 0, kEndPosition, true).code(),
+            ErrorCode::kInvalidArgument);
+  auto dest = c[1].connect();
+  EXPECT_EQ(lookupPrompt(*dest, 60, 150, RemoteMode::kLocal).matched, 0u);
+  // A copy of blocks [2, 9) (positions 40..150: the partial block is skipped).
+  auto copied = space->copyRange("n1", "req", 40);
+  ASSERT_TRUE(copied.ok()) << copied.error().toString();
+  EXPECT_EQ(copied->blocks, 7u);
+  EXPECT_EQ(copied->held, 7u);
+  EXPECT_EQ(copied->dropped, 0u);
+  // n1 holds them but not the head: a local lookup there stops at block 0.
+  EXPECT_EQ(lookupPrompt(*dest, 60, 150, RemoteMode::kLocal).matched, 0u);
+  auto head = space->copyRange("n1", "req", 0, 32);
+  ASSERT_TRUE(head.ok()) << head.error().toString();
+  EXPECT_EQ(head->held, 2u);
+  const Hit hit = lookupPrompt(*dest, 60, 150, RemoteMode::kLocal);
+  EXPECT_EQ(hit.matched, 144u);
+  EXPECT_TRUE(hit.identical);
+  EXPECT_EQ(space->length("req").value().value_or(0), 150u);  // a copy leaves the source whole
+  expectNothingPinned(c[0]);
+  expectNothingPinned(c[1]);
+}
+
+TEST(ClusterCopy, AMoveLetsGoOfTheSourceOnlyOnceTheDestinationHoldsEverything) {
+  std::vector<NodeSpec> specs = nodes(2);
+  specs[1].poolBytes = 1 << 20;  // 64 blocks
+  Cluster c(specs);
+  ASSERT_TRUE(c.formed(2));
+  putDetached(c[0], "big", 61, 100 * 16);
+  putDetached(c[0], "small", 62, 20 * 16);
+  auto source = c[0].connect();
+  auto space = source->open(testLayout()).value();
+  // The destination cannot hold 100 blocks: the move fails and the source keeps everything.
+  auto tooBig = space->copyRange("n1", "big", 0, kEndPosition, true);
+  EXPECT_EQ(tooBig.code(), ErrorCode::kUnavailable) << tooBig.error().toString();
+  EXPECT_EQ(space->length("big").value().value_or(0), 100u * 16);
+  Hit kept = lookupPrompt(*source, 61, 100 * 16, RemoteMode::kLocal);
+  EXPECT_EQ(kept.matched, 100u * 16);
+  EXPECT_TRUE(kept.identical);
+  // One that fits moves: the destination holds it, the source neither in its sequence nor in
+  // its cache.
+  auto moved = space->copyRange("n1", "small", 0, kEndPosition, true);
+  ASSERT_TRUE(moved.ok()) << moved.error().toString();
+  EXPECT_EQ(moved->blocks, 20u);
+  EXPECT_EQ(moved->held, 20u);
+  EXPECT_EQ(moved->dropped, 20u);
+  EXPECT_EQ(space->length("small").value().value_or(0), 0u);
+  EXPECT_EQ(lookupPrompt(*source, 62, 20 * 16, RemoteMode::kLocal).matched, 0u);
+  auto dest = c[1].connect();
+  const Hit there = lookupPrompt(*dest, 62, 20 * 16, RemoteMode::kLocal);
+  EXPECT_EQ(there.matched, 20u * 16);
+  EXPECT_TRUE(there.identical);
+  // And the cluster still serves it to the source, from its new holder.
+  ASSERT_TRUE(c.published(1));
+  const Hit back = lookupPrompt(*source, 62, 20 * 16);
+  EXPECT_EQ(back.matched, 20u * 16);
+  EXPECT_TRUE(back.identical);
+  expectNothingPinned(c[0]);
+  expectNoLeakedBlocks(c[1]);
+}
+
+TEST(ClusterCopy, KeyedBlocksMoveFromMemoryAndDiskAndAreGoneFromBoth) {
+  std::vector<NodeSpec> specs = nodes(2);
+  specs[0].coldTier = true;
+  Cluster c(specs);
+  ASSERT_TRUE(c.formed(2));
+  std::vector<Key128> keys;
+  for (uint8_t i = 0; i < 12; ++i) keys.push_back(contentKey(&i, 1));
+  const auto tokens = putDetached(c[0], "keyed", 63, 12 * 16, keys);
+  // Written to disk at shutdown, then the daemon restarted: the blocks are on n0's disk only.
+  c[0].stop(SIGTERM);
+  c.start(0);
+  ASSERT_TRUE(c.formed(2));
+  auto source = c[0].connect();
+  ASSERT_EQ(source->stats().value().coldRecords, 12u);
+  auto space = source->open(testLayout()).value();
+  const std::span<const Key128> firstSix(keys.data(), 6);
+  auto copied = space->copyKeys("n1", firstSix);
+  ASSERT_TRUE(copied.ok()) << copied.error().toString();
+  EXPECT_EQ(copied->held, 6u);
+  auto moved = space->copyKeys("n1", keys, /*move=*/true);
+  ASSERT_TRUE(moved.ok()) << moved.error().toString();
+  EXPECT_EQ(moved->blocks, 12u);
+  EXPECT_EQ(moved->held, 12u);
+  EXPECT_EQ(moved->dropped, 12u);
+  // The source holds none of them, in memory or on disk (after another restart as well).
+  auto local = [&](Client& client) {
+    auto sp = client.open(testLayout()).value();
+    auto hit = sp->lookupKeys(keys, LookupOptions{.remote = RemoteMode::kLocal});
+    return hit.ok() ? hit->matchedTokens() : 0;
+  };
+  EXPECT_EQ(local(*source), 0u);
+  space.reset();
+  source.reset();
+  c[0].stop(SIGTERM);
+  c.start(0);
+  ASSERT_TRUE(c.formed(2));
+  auto restarted = c[0].connect();
+  EXPECT_EQ(local(*restarted), 0u);
+  EXPECT_EQ(restarted->stats().value().coldRecords, 0u);
+  // The destination serves them, byte for byte.
+  auto dest = c[1].connect();
+  auto destSpace = dest->open(testLayout()).value();
+  auto hit = destSpace->lookupKeys(keys, LookupOptions{.remote = RemoteMode::kLocal});
+  ASSERT_TRUE(hit.ok());
+  ASSERT_EQ(hit->matchedTokens(), 12u * 16);
+  std::vector<uint8_t> got(12 * 16 * testLayout().tokenKvBytes());
+  ASSERT_TRUE(hit->copyTo(0, 12 * 16, got.data(), got.size()).ok());
+  EXPECT_EQ(got, synthetic::packedKv(testLayout(), tokens, 0, 12 * 16));
+}
+
+TEST(ClusterCopy, ThePromptFormAndTheCliCopyToAnotherNode) {
+  Cluster c(nodes(2));
+  ASSERT_TRUE(c.formed(2));
+  putPrompt(c[0], "p", 64, 64);  // released with its session: 4 cached blocks
+  auto source = c[0].connect();
+  auto space = source->open(testLayout()).value();
+  const auto t = synthetic::tokens(64, 64);
+  auto copied = space->copyPrompt("n1", t);
+  ASSERT_TRUE(copied.ok()) << copied.error().toString();
+  EXPECT_EQ(copied->held, 4u);
+  auto dest = c[1].connect();
+  EXPECT_EQ(lookupPrompt(*dest, 64, 64, RemoteMode::kLocal).matched, 64u);
+  // The CLI: a range of a detached sequence, then a move of it.
+  putDetached(c[0], "cli", 65, 48);
+  const std::string layout = "test/tiny:4:2:32:f16:16";
+  std::string out;
+  ASSERT_EQ(runTool({"--socket", c[0].socket(), "--layout", layout, "copy-range", "n1", "cli"},
+                    &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("\"held\": 3"), std::string::npos) << out;
+  ASSERT_EQ(runTool({"--socket", c[0].socket(), "--layout", layout, "move-range", "n1", "cli"},
+                    &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("\"dropped\": 3"), std::string::npos) << out;
+  EXPECT_EQ(space->length("cli").value().value_or(0), 0u);
+  EXPECT_NE(runTool({"--socket", c[0].socket(), "--layout", layout, "copy-keys", "n1", "zz"},
+                    &out),
+            0);
+}
+
 }  // namespace
 }  // namespace kvtier::test

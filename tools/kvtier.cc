@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,8 @@ const char* kUsage =
     "  snapshot SEQ [FROM]           snapshot-info ID         drop-snapshot ID\n"
     "  restore SEQ [NODE:]ID TARGET  rewind SEQ TARGET   (NODE: a snapshot another node holds)\n"
     "  copy-snapshot NODE:ID         move-snapshot NODE:ID   (to this node; a move drops the source)\n"
+    "  copy-range NODE SEQ [BEGIN [END]]   move-range ...   (SEQ's blocks to NODE's cache)\n"
+    "  copy-keys NODE KEY_HEX...           move-keys ...    (blocks by key to NODE's cache)\n"
     "  merge ID_A ID_B               split ID AT\n"
     "  put-entry FILE                get-entry KEY_HEX [OUT]  (content-keyed blobs)\n"
     "  put-checkpoint SEQ POS FILE   get-checkpoint SEQ POS [OUT]  (recurrent state)\n"
@@ -232,6 +235,23 @@ std::string snapshotJson(const SnapshotInfo& s) {
 }
 
 // "NODE:ID" (a snapshot of another cluster node) or "ID" (this node's).
+// A 32-digit hex key (as `kvtier put-entry` prints); throws std::invalid_argument otherwise.
+Key128 parseKey(const std::string& hex) {
+  if (hex.size() != 32) throw std::invalid_argument("a key has 32 hex digits");
+  Key128 key;
+  for (size_t i = 0; i < 16; ++i) {
+    size_t used = 0;
+    key.bytes[i] = static_cast<uint8_t>(std::stoul(hex.substr(2 * i, 2), &used, 16));
+    if (used != 2) throw std::invalid_argument("not hex");
+  }
+  return key;
+}
+
+std::string transferJson(const BlockTransfer& t) {
+  return "{\"blocks\": " + std::to_string(t.blocks) + ", \"held\": " + std::to_string(t.held) +
+         ", \"dropped\": " + std::to_string(t.dropped) + "}";
+}
+
 std::pair<std::string, uint64_t> snapshotName(const std::string& text) {
   const size_t colon = text.rfind(':');
   if (colon == std::string::npos) return {"", std::stoull(text)};
@@ -307,6 +327,17 @@ int spaceCommand(const std::string& socket, const Layout& layout,
       auto r = space.copySnapshot(node, id, cmd == "move-snapshot");
       return report(r, [&] { std::printf("%s\n", snapshotJson(*r).c_str()); });
     }
+    if ((cmd == "copy-range" || cmd == "move-range") && a.size() >= 3 && a.size() <= 5) {
+      auto r = space.copyRange(a[1], a[2], a.size() >= 4 ? num(3) : 0,
+                               a.size() == 5 ? num(4) : kEndPosition, cmd == "move-range");
+      return report(r, [&] { std::printf("%s\n", transferJson(*r).c_str()); });
+    }
+    if ((cmd == "copy-keys" || cmd == "move-keys") && a.size() >= 3) {
+      std::vector<Key128> keys;
+      for (size_t i = 2; i < a.size(); ++i) keys.push_back(parseKey(a[i]));
+      auto r = space.copyKeys(a[1], keys, cmd == "move-keys");
+      return report(r, [&] { std::printf("%s\n", transferJson(*r).c_str()); });
+    }
     if (cmd == "rewind" && a.size() == 3) return report(space.rewind(a[1], num(2)), done);
     if (cmd == "merge" && a.size() == 3) {
       auto r = space.mergeSnapshots(num(1), num(2));
@@ -328,10 +359,7 @@ int spaceCommand(const std::string& socket, const Layout& layout,
       });
     }
     if (cmd == "get-entry" && (a.size() == 2 || a.size() == 3) && a[1].size() == 32) {
-      Key128 key;
-      for (size_t i = 0; i < 16; ++i) {
-        key.bytes[i] = static_cast<uint8_t>(std::stoul(a[1].substr(2 * i, 2), nullptr, 16));
-      }
+      const Key128 key = parseKey(a[1]);
       auto r = space.getEntry(key);
       return report(r, [&] {
         if (a.size() == 3) writeFile(a[2], r->data());
@@ -352,7 +380,8 @@ int spaceCommand(const std::string& socket, const Layout& layout,
       });
     }
   } catch (const std::exception&) {
-    std::fprintf(stderr, "kvtier: '%s' needs numeric arguments\n%s", cmd.c_str(), kUsage);
+    std::fprintf(stderr, "kvtier: '%s' needs numeric arguments (keys: 32 hex digits)\n%s",
+                 cmd.c_str(), kUsage);
     return 2;
   }
   std::fprintf(stderr, "kvtier: bad command or arguments: %s\n%s", cmd.c_str(), kUsage);
@@ -481,7 +510,8 @@ int main(int argc, char** argv) {
       "length",         "truncate",      "remove",        "copy-prefix",   "can-resume",
       "checkpoints",    "snapshot",      "snapshot-info", "drop-snapshot", "restore",
       "rewind",         "merge",         "split",         "get-entry",     "put-entry",
-      "put-checkpoint", "get-checkpoint", "copy-snapshot", "move-snapshot"};
+      "put-checkpoint", "get-checkpoint", "copy-snapshot", "move-snapshot", "copy-range",
+      "move-range",     "copy-keys",     "move-keys"};
   for (const char* c : kSpaceCommands) {
     if (command == c) {
       return kvtier::spaceCommand(socket, layout, std::vector<std::string>(argv + i, argv + argc));

@@ -295,9 +295,10 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   // Fetch.
   kj::Promise<void> fetchChain(SpaceId space, std::vector<Key128> keys);
   // `replica`: the holder keeps its copy (a remote hit); false when the blocks are handed over
-  // for good (a drain).
+  // for good (a drain, a move). With `awaitRelease`, resolves only once the holder has released
+  // its pin (a move then frees the holder's blocks at once).
   kj::Promise<void> fetchRun(SpaceId space, std::shared_ptr<Link> link, std::vector<Key128> keys,
-                             bool replica = true);
+                             bool replica = true, bool awaitRelease = false);
   kj::Promise<void> ensureTransport(std::shared_ptr<Link> link);
   void countFailure(const kj::Exception& e);
   // How long a batch of gets may take: a base plus its bytes at a floor bandwidth, at most the
@@ -310,14 +311,19 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
     const kj::Duration d = kTransferBase + bytes / kTransferFloorBytesPerMs * kj::MILLISECONDS;
     return std::min(d, options_.peerTimeout);
   }
-  // Releases a holder's pin, in the background (it runs out by itself anyway).
-  void releasePin(kj::Maybe<peer::PinLease::Client>& lease) {
+  // Releases a holder's pin, in the background (it runs out by itself anyway). The promise
+  // resolves once the holder has answered (or did not in time); it need not be kept.
+  kj::Promise<void> releasePin(kj::Maybe<peer::PinLease::Client>& lease) {
     KJ_IF_MAYBE (l, lease) {
-      tasks_.add(
+      auto released =
           withDeadline(timer_, options_.peerTimeout, l->releaseRequest().send().ignoreResult())
-              .catch_([](kj::Exception&&) {}));
+              .catch_([](kj::Exception&&) {})
+              .fork();
+      tasks_.add(released.addBranch());
       lease = nullptr;
+      return released.addBranch();
     }
+    return kj::READY_NOW;
   }
 
   // Serving.
@@ -339,6 +345,7 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   // Snapshots across nodes.
   kj::Promise<SnapshotId> pullSnapshot(SpaceId space, std::string node, SnapshotId id);
   kj::Promise<void> dropRemoteSnapshot(SpaceId space, std::string node, SnapshotId id);
+  kj::Promise<size_t> pushBlocks(SpaceId space, std::string node, std::vector<Key128> keys);
   // Drains.
   kj::Promise<DrainProgress> drainStep(uint32_t maxSnapshots, uint32_t maxBlocks);
   // Fetches `keys` of `space` from `link`'s node straight (no directory): resolves with how many
@@ -1160,12 +1167,14 @@ kj::Promise<void> ClusterService::Impl::ensureTransport(std::shared_ptr<Link> li
 }
 
 kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<Link> link,
-                                                 std::vector<Key128> keys, bool replica) {
+                                                 std::vector<Key128> keys, bool replica,
+                                                 bool awaitRelease) {
   // Fresh pinned local blocks first: the run is cut where the pool has no room.
   struct Run {
     std::vector<PromoteTicket> tickets;
     std::vector<bool> finished;
     kj::Maybe<peer::PinLease::Client> lease;
+    kj::Maybe<kj::Promise<void>> released;
   };
   auto run = std::make_shared<Run>();
   for (const Key128& k : keys) {
@@ -1190,7 +1199,7 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
         stats_.remoteHitBytes += run->tickets[i].location.bytes;
       }
     }
-    releasePin(run->lease);
+    run->released = releasePin(run->lease);
     if (cold_) cold_->kick();
   };
   const SpaceInfo info = engine_.space(space);
@@ -1277,7 +1286,12 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
             [this, finishAll](kj::Exception&& e) {
               countFailure(e);
               finishAll({});
-            });
+            })
+      .then([run, awaitRelease]() -> kj::Promise<void> {
+        if (!awaitRelease) return kj::READY_NOW;
+        KJ_IF_MAYBE (released, run->released) return kj::mv(*released);
+        return kj::READY_NOW;
+      });
 }
 
 kj::Promise<std::vector<uint64_t>> ClusterService::Impl::checksumsOf(
@@ -1342,7 +1356,7 @@ kj::Promise<SnapshotId> ClusterService::Impl::pullSnapshot(SpaceId space, std::s
     kj::Vector<kj::Promise<void>> hashing;
   };
   auto pull = std::make_shared<Pull>();
-  auto release = [this, pull] { releasePin(pull->lease); };
+  auto release = [this, pull] { (void)releasePin(pull->lease); };
   return ensureTransport(link)
       .then([this, link, info, id]() {
         KJ_IF_MAYBE (p, link->peer) {
@@ -1480,7 +1494,8 @@ kj::Promise<size_t> ClusterService::Impl::fetchFrom(SpaceId space, std::shared_p
   for (size_t from = 0; from < keys.size(); from += kPinPieceBlocks) {
     const size_t to = std::min(keys.size(), from + kPinPieceBlocks);
     pieces.add(fetchRun(space, link, std::vector<Key128>(keys.begin() + from, keys.begin() + to),
-                        /*replica=*/false));  // handed over: the drained node goes away
+                        /*replica=*/false,  // handed over: the source goes away or lets go
+                        /*awaitRelease=*/true));
   }
   return kj::joinPromises(pieces.releaseAsArray()).then([this, space, keys = std::move(keys)]() {
     size_t held = 0;
@@ -1505,6 +1520,27 @@ kj::Promise<capnp::Response<peer::Peer::TakeResults>> ClusterService::Impl::askT
   }
   return toKjException(
       makeError(ErrorCode::kUnavailable, "node ", target->nodeId, " is not connected"));
+}
+
+kj::Promise<size_t> ClusterService::Impl::pushBlocks(SpaceId space, std::string node,
+                                                     std::vector<Key128> keys) {
+  auto target = linkTo(node);
+  if (!target) return toKjException(notLive(node));
+  // One take per piece of the peer protocol's key limit, in parallel; each fetches from here.
+  kj::Vector<kj::Promise<size_t>> takes;
+  for (size_t from = 0; from < keys.size(); from += kMaxChainKeys) {
+    std::vector<Key128> part(keys.begin() + from,
+                             keys.begin() + std::min(keys.size(), from + kMaxChainKeys));
+    takes.add(askToTake(target, space, 0, std::move(part))
+                  .then([](capnp::Response<peer::Peer::TakeResults> r) -> size_t {
+                    return r.getBlocks();
+                  }));
+  }
+  return kj::joinPromises(takes.releaseAsArray()).then([](kj::Array<size_t> held) {
+    size_t total = 0;
+    for (size_t n : held) total += n;
+    return total;
+  });
 }
 
 kj::Promise<DrainProgress> ClusterService::Impl::drainStep(uint32_t maxSnapshots,
@@ -1673,6 +1709,10 @@ kj::Promise<SnapshotId> ClusterService::pullSnapshot(SpaceId space, std::string 
 kj::Promise<void> ClusterService::dropRemoteSnapshot(SpaceId space, std::string node,
                                                      SnapshotId id) {
   return impl_->dropRemoteSnapshot(space, std::move(node), id);
+}
+kj::Promise<size_t> ClusterService::pushBlocks(SpaceId space, std::string node,
+                                               std::vector<Key128> keys) {
+  return impl_->pushBlocks(space, std::move(node), std::move(keys));
 }
 kj::Promise<DrainProgress> ClusterService::drainStep(uint32_t maxSnapshots, uint32_t maxBlocks) {
   return impl_->drainStep(maxSnapshots, maxBlocks);

@@ -87,6 +87,8 @@ class ClusterService final : public RemoteTier {
   std::vector<RemoteMember> members() const override;
   kj::Promise<SnapshotId> pullSnapshot(SpaceId space, std::string node, SnapshotId id) override;
   kj::Promise<void> dropRemoteSnapshot(SpaceId space, std::string node, SnapshotId id) override;
+  kj::Promise<size_t> pushBlocks(SpaceId space, std::string node,
+                                 std::vector<Key128> keys) override;
   kj::Promise<DrainProgress> drainStep(uint32_t maxSnapshots, uint32_t maxBlocks) override;
 
   class Impl;

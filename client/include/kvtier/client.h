@@ -231,6 +231,14 @@ struct DrainStep {
   uint64_t failures = 0;                          // not handed over this time (retried next)
 };
 
+// What `Space::copyRange`, `copyKeys` and `copyPrompt` did.
+struct BlockTransfer {
+  uint64_t blocks = 0;   // blocks asked for
+  uint64_t held = 0;     // of them, how many the destination node now holds
+  uint64_t dropped = 0;  // with move: freed from this node's memory (a block another sequence
+                         // still holds stays; its disk records are deleted all the same)
+};
+
 struct ClusterMember {
   std::string nodeId, address;  // address: HOST:PORT of its peer listener
   bool up = false, self = false;
@@ -346,6 +354,24 @@ class Space {
   // Copies snapshot `snapshotId` of cluster node `node` to this daemon as a snapshot of its own
   // (a new id, this node's). With `move`, the source drops its copy once this daemon holds it.
   Result<SnapshotInfo> copySnapshot(std::string_view node, uint64_t snapshotId, bool move = false);
+
+  // --- Blocks to another cluster node (Mooncake's copy and move). Node `node` fetches the
+  // blocks from this daemon (UCX, each checked), keeps them as cached blocks of its own — a
+  // lookup there hits them — and publishes them. With `move`, once `node` holds them all, and
+  // only then, this daemon lets go of its copies (memory and disk); if it holds fewer, the call
+  // fails with UNAVAILABLE and nothing here changed.
+  //
+  // The sealed blocks of `seq` over [begin, end). A move also removes [begin, end) from `seq`
+  // (as remove() does), and refuses (INVALID_ARGUMENT, nothing changed) a range reaching into
+  // the sequence's unfilled last block, which cannot leave this node; a copy skips that block.
+  Result<BlockTransfer> copyRange(std::string_view node, std::string_view seq, uint64_t begin = 0,
+                                  uint64_t end = kEndPosition, bool move = false);
+  // The blocks `keys` (client-supplied keys, as lookupKeys takes), from memory or disk.
+  Result<BlockTransfer> copyKeys(std::string_view node, std::span<const Key128> keys,
+                                 bool move = false);
+  // The full blocks of the prompt `tokens` (the chain a lookup of it walks).
+  Result<BlockTransfer> copyPrompt(std::string_view node, std::span<const uint32_t> tokens,
+                                   bool move = false);
   // Back to `target` <= length without a snapshot (window and checkpoint rules apply).
   Status rewind(std::string_view seq, uint64_t target);
   Result<SnapshotInfo> mergeSnapshots(uint64_t a, uint64_t b);
