@@ -88,6 +88,14 @@ void Engine::unpin(BlockId id) {
   }
 }
 
+void Engine::unrefTailFirst(std::span<const BlockId> blocks) {
+  for (size_t i = blocks.size(); i-- > 0;) unref(blocks[i]);
+}
+
+void Engine::unpinTailFirst(std::span<const BlockId> blocks) {
+  for (size_t i = blocks.size(); i-- > 0;) unpin(blocks[i]);
+}
+
 void Engine::settle(BlockId id) {
   BlockMeta& m = pool_[id];
   if (m.state == BlockState::kSealed) {
@@ -101,31 +109,54 @@ void Engine::settle(BlockId id) {
   }
 }
 
+uint32_t Engine::classOf(SpaceId space, uint8_t tier) {
+  if (tier == 0) return spaces_[space].info.sizeClass;
+  return pool_.sizeClass(spaces_[space].info.blockBytes, tier);
+}
+
 BlockId Engine::allocate(SpaceId space, uint8_t tier) {
-  if (tier == 0) return allocateClass(spaces_[space].info.sizeClass);
-  if (!pool_.hasTier(tier)) return kNoBlock;
-  return allocateClass(pool_.sizeClass(spaces_[space].info.blockBytes, tier));
+  if (tier != 0 && !pool_.hasTier(tier)) return kNoBlock;
+  return allocateClass(classOf(space, tier));
+}
+
+bool Engine::mayEvict(BlockId victim, uint32_t cls) const {
+  const BlockMeta& v = pool_[victim];
+  if (v.spilling) return false;  // the worker is reading it: never reuse it under the read
+  // GPU blocks leave by demotion to the host pool (the daemon's tier service), never dropped.
+  if (pool_.classTier(cls) != 0 && demoteGpuBlocks_) return false;
+  // A block is dropped from memory only once its record is written; spilled blocks are queued
+  // first, so the oldest being unwritten means none is ready: FULL until the spiller catches up.
+  if (cold_ && !v.onDisk && !v.entry && pool_.classTier(cls) == 0 && !spillPaused_) return false;
+  return true;
 }
 
 BlockId Engine::allocateClass(uint32_t cls) {
   BlockId id = pool_.allocate(cls);
   if (id != kNoBlock) return id;
   const BlockId victim = policy_->victim(cls);
-  if (victim == kNoBlock) return kNoBlock;
-  BlockMeta& v = pool_[victim];
-  if (v.spilling) return kNoBlock;  // the worker is reading it: never reuse it under the read
-  if (pool_.classTier(cls) != 0 && demoteGpuBlocks_) {
-    // GPU blocks leave by demotion to the host pool (the daemon's tier service), never dropped.
-    return kNoBlock;
-  }
-  if (cold_ && !v.onDisk && !v.entry && pool_.classTier(cls) == 0) {
-    // A block is dropped from memory only once its record is written; spilled blocks are queued
-    // first, so the oldest being unwritten means none is ready: FULL until the spiller catches up.
-    if (!spillPaused_) return kNoBlock;
-    ++evictedUnspilled_;
-  }
+  if (victim == kNoBlock || !mayEvict(victim, cls)) return kNoBlock;
+  const BlockMeta& v = pool_[victim];
+  if (cold_ && !v.onDisk && !v.entry && pool_.classTier(cls) == 0) ++evictedUnspilled_;
   evict(victim);
   return pool_.allocate(cls);
+}
+
+bool Engine::canAllocate(uint32_t cls, size_t n, std::span<const BlockId> keep) const {
+  const uint64_t free = pool_.blocksTotal(cls) - pool_.blocksUsed(cls);
+  if (n <= free) return true;
+  // allocateClass takes the eviction order's first block while it may drop it, and stops at the
+  // first it may not: count that run, past the blocks of `keep` (pinned before it runs).
+  std::vector<BlockId> skip(keep.begin(), keep.end());
+  std::sort(skip.begin(), skip.end());
+  size_t missing = n - free;
+  std::vector<BlockId> order;
+  policy_->oldest(cls, missing + skip.size(), order);
+  for (BlockId victim : order) {
+    if (std::binary_search(skip.begin(), skip.end(), victim)) continue;
+    if (!mayEvict(victim, cls)) return false;
+    if (--missing == 0) return true;
+  }
+  return false;
 }
 
 void Engine::evict(BlockId victim) {
@@ -143,6 +174,9 @@ void Engine::evict(BlockId victim) {
 }
 
 bool Engine::allocateMany(SpaceId space, size_t n, std::vector<BlockId>& out, uint8_t tier) {
+  if (tier != 0 && !pool_.hasTier(tier)) return false;
+  // Every mutation is atomic: a request that cannot be met must not evict on its way to FULL.
+  if (!canAllocate(classOf(space, tier), n)) return false;
   const size_t start = out.size();
   for (size_t i = 0; i < n; ++i) {
     const BlockId id = allocate(space, tier);
@@ -195,7 +229,7 @@ BlockId Engine::seal(SpaceId space, Sequence& seq, size_t index, const Key128& k
 void Engine::replaceBlocks(Sequence& seq, std::vector<BlockId> blocks) {
   // Take the new references before dropping the old ones: they may share blocks.
   for (BlockId id : blocks) ref(id);
-  for (BlockId id : seq.blocks) unref(id);
+  unrefTailFirst(seq.blocks);
   seq.blocks = std::move(blocks);
 }
 
@@ -203,7 +237,7 @@ void Engine::eraseSeq(SpaceId space, std::string_view name) {
   auto& seqs = spaces_[space].seqs;
   auto it = seqs.find(std::string(name));
   if (it == seqs.end()) return;
-  for (BlockId id : it->second.blocks) unref(id);
+  unrefTailFirst(it->second.blocks);
   for (const auto& [pos, id] : it->second.checkpoints) unref(id);
   seqs.erase(it);
 }
@@ -228,10 +262,9 @@ void Engine::applyRetention(Sequence& seq, uint32_t bt) {
   const uint64_t keepFrom = neededFrom(seq.options, seq.tokens.size());
   if (keepFrom <= seq.firstRetained) return;
   seq.firstRetained = keepFrom;
-  for (size_t i = 0; i < seq.blocks.size() && (i + 1) * bt <= keepFrom; ++i) {
-    unref(seq.blocks[i]);
-    seq.blocks[i] = kNoBlock;
-  }
+  const size_t released = std::min<size_t>(seq.blocks.size(), keepFrom / bt);
+  unrefTailFirst(std::span<const BlockId>(seq.blocks).first(released));
+  std::fill(seq.blocks.begin(), seq.blocks.begin() + released, kNoBlock);
 }
 
 void Engine::dropAllCheckpoints(Sequence& seq) {
@@ -275,6 +308,34 @@ uint32_t Engine::sealFrom(SpaceId space, Sequence& seq, size_t from,
     ++sealed;
   }
   return sealed;
+}
+
+std::vector<Key128> Engine::putChain(SpaceId space, const Sequence* seq, uint64_t begin,
+                                     std::span<const uint32_t> tokens,
+                                     std::span<const Key128> keys) const {
+  const uint32_t bt = blockTokens(space);
+  const size_t first = begin / bt;
+  const size_t completed = (begin + tokens.size()) / bt - first;
+  std::vector<Key128> chain;
+  // sealFrom seals nothing in an unindexed sequence or after a missing key of the chain.
+  if (completed == 0 || (seq && (seq->unindexed || seq->keys.size() < first))) return chain;
+  if (!keys.empty()) return {keys.begin(), keys.end()};
+  const SpaceInfo& info = spaces_[space].info;
+  BlockKeyHasher hasher(info.fingerprint, info.salt);
+  chain.reserve(completed);
+  for (size_t j = 0; j < completed; ++j) {
+    const size_t i = first + j;
+    const Key128* prev = i == 0 ? nullptr : j == 0 ? &seq->keys[i - 1] : &chain.back();
+    if (i * bt >= begin) {
+      chain.push_back(hasher.next(prev, tokens.subspan(i * bt - begin, bt)));
+    } else {
+      // The block `begin` falls inside: the sequence's tokens before begin, then the put's.
+      std::vector<uint32_t> block(seq->tokens.begin() + i * bt, seq->tokens.begin() + begin);
+      block.insert(block.end(), tokens.begin(), tokens.begin() + (i * bt + bt - begin));
+      chain.push_back(hasher.next(prev, block));
+    }
+  }
+  return chain;
 }
 
 LeaseId Engine::newReadLease(std::vector<BlockId> blocks) {
@@ -338,14 +399,57 @@ Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name
                        pool_[seq->blocks[first]].refs == 1 && pool_[seq->blocks[first]].pins == 0;
 
   WriteLease lease;
-  if (inPlace) lease.blocks.push_back(seq->blocks[first]);
-  if (!allocateMany(space, blockCount - (inPlace ? 1 : 0), lease.blocks, tier)) {
+  lease.chain = putChain(space, seq, begin, tokens, keys);
+  // A completed block whose key the prefix index holds is the cached block: the commit would drop
+  // a fresh copy for it (seal's dedup), so none is allocated, and no other prefix is evicted for
+  // one. The lease pins the cached block; what the client writes for it goes to the class's sink,
+  // a scratch block nobody reads, so a block a reader holds never changes under it. The block
+  // `begin` falls inside (copied or appended) is always the lease's own.
+  std::vector<BlockId> cached(blockCount, kNoBlock), keep;
+  for (size_t j = slot0 != 0 ? 1 : 0; j < lease.chain.size(); ++j) {
+    auto it = index_.find(IndexKey{space, lease.chain[j]});
+    if (it == index_.end()) continue;
+    cached[j] = it->second;
+    keep.push_back(it->second);
+  }
+  const uint32_t cls = classOf(space, tier);
+  if (sinks_.size() <= cls) sinks_.resize(cls + 1, kNoBlock);
+  const bool newSink = !keep.empty() && sinks_[cls] == kNoBlock;
+  const size_t fresh = blockCount - (inPlace ? 1 : 0) - keep.size() + (newSink ? 1 : 0);
+  // Nothing is evicted unless the whole grant can be had (on error nothing changed).
+  if (!canAllocate(cls, fresh, keep)) {
+    return makeError(ErrorCode::kFull, "pool has no free or evictable block of ",
+                     sp.info.blockBytes, " bytes for ", fresh, " of ", blockCount, " blocks");
+  }
+  for (BlockId id : keep) pin(id);  // before allocating: no allocation may evict them
+  std::vector<BlockId> got;
+  if (!allocateMany(space, fresh, got, tier)) {
+    unpinTailFirst(keep);
     return makeError(ErrorCode::kFull, "pool has no free or evictable block of ",
                      sp.info.blockBytes, " bytes for ", blockCount, " blocks");
   }
+  if (newSink) {
+    sinks_[cls] = got.back();
+    got.pop_back();
+  }
   // The lease pins every block it grants: never evicted, freed when the lease ends unless the
   // sequence took them.
-  for (BlockId id : lease.blocks) pin(id);
+  if (inPlace) pin(seq->blocks[first]);
+  for (BlockId id : got) pin(id);
+  auto next = got.begin();
+  for (size_t j = 0; j < blockCount; ++j) {
+    if (j == 0 && inPlace) {
+      lease.blocks.push_back(seq->blocks[first]);
+    } else {
+      lease.blocks.push_back(cached[j] != kNoBlock ? cached[j] : *next++);
+    }
+  }
+  if (!keep.empty()) {
+    lease.reused.resize(blockCount);
+    for (size_t j = 0; j < blockCount; ++j) lease.reused[j] = cached[j] != kNoBlock;
+    lease.sink = sinks_[cls];
+    pin(lease.sink);
+  }
   if (!inPlace && slot0 != 0) {
     // Copy-on-write: the block holding `begin` may be sealed or shared; start a private copy.
     copySlots(space, seq->blocks[first], lease.blocks[0], slot0);
@@ -364,7 +468,10 @@ Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name
   PutGrant grant;
   grant.firstPosition = lease.firstPosition;
   grant.blocks.reserve(lease.blocks.size());
-  for (BlockId id : lease.blocks) grant.blocks.push_back(pool_.location(id));
+  for (size_t j = 0; j < lease.blocks.size(); ++j) {
+    const bool reused = !lease.reused.empty() && lease.reused[j];
+    grant.blocks.push_back(pool_.location(reused ? lease.sink : lease.blocks[j]));
+  }
   grant.lease = nextLease_++;
   sp.writers.emplace(lease.seq, grant.lease);
   writeLeases_.emplace(grant.lease, std::move(lease));
@@ -372,8 +479,14 @@ Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name
 }
 
 void Engine::finishWrite(LeaseId id, WriteLease& lease) {
-  // Blocks the sequence took keep its reference; the others (refs 0, never sealed) are freed.
-  for (BlockId b : lease.blocks) unpin(b);
+  // Blocks the sequence took keep its reference; the others are freed (never sealed) or, when
+  // reused from the cache, evictable again.
+  unpinTailFirst(lease.blocks);
+  if (lease.sink != kNoBlock) {
+    BlockMeta& sink = pool_[lease.sink];
+    if (sink.pins == 1) sinks_[sink.sizeClass] = kNoBlock;  // its last writer: it is freed
+    unpin(lease.sink);
+  }
   if (lease.kind != LeaseKind::kEntry) spaces_[lease.space].writers.erase(lease.seq);
   writeLeases_.erase(id);
 }
@@ -410,7 +523,7 @@ Result<CommitResult> Engine::commit(LeaseId id, uint64_t upTo) {
   }
   if (!seq) seq = &createSeq(space, lease.seq, lease.owner, lease.options);
   // The sequence: its blocks before `first`, then the lease's first `needed` blocks.
-  for (size_t i = first; i < seq->blocks.size(); ++i) {
+  for (size_t i = seq->blocks.size(); i-- > first;) {  // tail first, as unrefTailFirst
     if (i == first && lease.firstInPlace) continue;
     unref(seq->blocks[i]);
   }
@@ -419,7 +532,9 @@ Result<CommitResult> Engine::commit(LeaseId id, uint64_t upTo) {
     const BlockId b = lease.blocks[i];
     if (!(i == 0 && lease.firstInPlace)) {
       ref(b);
-      pool_[b].state = BlockState::kPartial;
+      // A reused block stays sealed (when the commit ends inside it, the sequence holds it as its
+      // partial last block, as a truncate would leave it; an append copies it first).
+      if (lease.reused.empty() || !lease.reused[i]) pool_[b].state = BlockState::kPartial;
     }
     seq->blocks.push_back(b);
   }
@@ -430,7 +545,8 @@ Result<CommitResult> Engine::commit(LeaseId id, uint64_t upTo) {
   if (!lease.keys.empty()) seq->clientKeyed = true;
 
   CommitResult result;
-  result.sealedBlocks = sealFrom(space, *seq, first, lease.keys);
+  // The keys the put computed (the client's, or the chain of the tokens) are not hashed again.
+  result.sealedBlocks = sealFrom(space, *seq, first, lease.keys.empty() ? lease.chain : lease.keys);
   applyRetention(*seq, bt);
   seq->version = nextVersion_++;
   bytesPut_ += (upTo - lease.begin) * spaces_[space].info.layout.tokenKvBytes();
@@ -455,7 +571,9 @@ Result<uint8_t*> Engine::leaseBlockData(LeaseId id, uint32_t index) {
     return invalid("block ", index, " is outside the lease's ", it->second.blocks.size(),
                    " blocks");
   }
-  const BlockMeta& m = pool_[it->second.blocks[index]];
+  const WriteLease& lease = it->second;
+  const bool reused = !lease.reused.empty() && lease.reused[index];
+  const BlockMeta& m = pool_[reused ? lease.sink : lease.blocks[index]];
   if (!memory_.hostAddressable(m.extent)) {
     return makeError(ErrorCode::kNotSupported,
                      "the block is in GPU memory: write it through the device pool");
@@ -622,7 +740,7 @@ Status Engine::releaseRead(LeaseId id) {
   auto it = readLeases_.find(id);
   if (it == readLeases_.end())
     return makeError(ErrorCode::kReleased, "read lease ", id, " is not open");
-  for (BlockId b : it->second.blocks) unpin(b);
+  unpinTailFirst(it->second.blocks);
   readLeases_.erase(it);
   return {};
 }
@@ -714,7 +832,7 @@ Status Engine::truncate(SpaceId space, std::string_view name, uint64_t len) {
   }
   const uint32_t bt = blockTokens(space);
   const size_t keep = ceilDiv(len, bt);
-  for (size_t i = keep; i < seq->blocks.size(); ++i) unref(seq->blocks[i]);
+  unrefTailFirst(std::span<const BlockId>(seq->blocks).subspan(keep));
   seq->blocks.resize(keep);
   seq->tokens.resize(len);
   seq->keys.resize(std::min<size_t>(seq->keys.size(), len / bt));
@@ -814,6 +932,46 @@ EngineStats Engine::stats() const {
         std::max(s.blocksTotal, pool_.blocksTotal(cls) + (s.blocksUsed - pool_.blocksUsed(cls)));
   }
   return s;
+}
+
+Result<std::vector<Key128>> Engine::sequenceKeys(SpaceId space, std::string_view name,
+                                                 uint64_t begin, uint64_t end, bool whole) {
+  if (auto s = checkSpace(space); !s) return s.error();
+  if (auto s = checkName(name, "sequence"); !s) return s.error();
+  const Sequence* seq = findSeq(space, name);
+  if (!seq) return makeError(ErrorCode::kNotFound, "no sequence ", name);
+  if (seq->unindexed) {
+    return invalid("sequence ", name, " holds KV that is not a prefill of its tokens: ",
+                   "it is not keyed, only a snapshot of it can go to another node");
+  }
+  end = std::min<uint64_t>(end, seq->tokens.size());
+  if (begin > end) return invalid("range [", begin, ", ", end, ") has begin after end");
+  const uint32_t bt = blockTokens(space);
+  const size_t sealed = seq->keys.size();
+  if (whole && end > sealed * bt) {
+    return invalid("positions [", std::max<uint64_t>(begin, sealed * bt), ", ", end, ") of ", name,
+                   " are in its unfilled last block, which cannot leave this node: move [", begin,
+                   ", ", sealed * bt, ") or copy");
+  }
+  std::vector<Key128> out;
+  const size_t last = std::min<size_t>(sealed, (end + bt - 1) / bt);
+  for (size_t i = begin / bt; i < last; ++i) {
+    if (i < seq->blocks.size() && seq->blocks[i] != kNoBlock) out.push_back(seq->keys[i]);
+  }
+  return out;
+}
+
+size_t Engine::dropCached(SpaceId space, std::span<const Key128> keys) {
+  size_t freed = 0;
+  for (const Key128& key : keys) {
+    auto it = index_.find(IndexKey{space, key});
+    if (it == index_.end()) continue;
+    const BlockMeta& m = pool_[it->second];
+    if (m.state != BlockState::kSealed || m.refs != 0 || m.pins != 0 || m.spilling) continue;
+    evict(it->second);
+    ++freed;
+  }
+  return freed;
 }
 
 }  // namespace kvtier

@@ -217,7 +217,11 @@ class Engine {
   // Write lease for positions [begin, begin + tokens.size()) of `seq` (created at commit if absent;
   // owned by `owner` unless `detached`). `keys`, if not empty, are the client's own keys for the
   // blocks this put completes, in order. Errors: INVALID_ARGUMENT (begin > length, sizes, names,
-  // key count), CONFLICT (another write lease holds seq), FULL.
+  // key count), CONFLICT (another write lease holds seq), FULL (nothing was evicted: a put that
+  // cannot have all its blocks takes none).
+  // A block the put completes whose key the prefix index holds is not allocated: the lease pins
+  // the cached block and the commit shares it (as the dedup at seal would). Its grant names a
+  // scratch block instead, which nobody reads: the client writes it as any other.
   // `tier` is where the new blocks go: 0 the host pool, 1 + d GPU d's pool (a copy-on-write of a
   // partial block lands there too; an in-place append stays where the block is).
   Result<PutGrant> put(OwnerId owner, SpaceId space, std::string_view seq, uint64_t begin,
@@ -309,7 +313,8 @@ class Engine {
   // Blocks waiting to be spilled (a hint: may count some that no longer need it).
   size_t spillBacklog() const { return dirty_.size(); }
   // The longest prefix of `tokens` (or `keys`) whose blocks are in memory or on disk; for each
-  // block, its key and whether it is in memory.
+  // block, its key and whether it is in memory. The blocks in memory count as used now (the most
+  // recent in the eviction order), so the promotes of the cold ones evict older blocks first.
   struct PlanStep {
     Key128 key;
     bool hot;
@@ -338,6 +343,15 @@ class Engine {
   std::vector<std::pair<SpaceId, SnapshotId>> snapshotList() const;
   // Every sealed block of the prefix index in memory, by namespace (a drain copies them).
   std::vector<std::pair<SpaceId, Key128>> indexedBlocks() const;
+  // The keys of the sealed blocks of `seq` that cover [begin, end) (end clamped to its length)
+  // and are held in memory, for a copy to another node. NOT_FOUND without the sequence;
+  // INVALID_ARGUMENT when its KV is not indexed, or, with `whole`, when part of the range lies
+  // in its unfilled last block (which only this node can hold: a move would lose it).
+  Result<std::vector<Key128>> sequenceKeys(SpaceId space, std::string_view seq, uint64_t begin,
+                                           uint64_t end, bool whole);
+  // Frees the cached blocks `keys` that nothing holds or pins (the last step of a move); blocks
+  // a sequence, a snapshot or a lease still holds stay. Returns how many were freed.
+  size_t dropCached(SpaceId space, std::span<const Key128> keys);
   // The observer told of index changes (borrowed; nullptr: none).
   void setIndexObserver(IndexObserver* observer) { observer_ = observer; }
 
@@ -459,6 +473,12 @@ class Engine {
     std::vector<BlockId> blocks;
     bool firstInPlace = false;  // blocks[0] is the sequence's own partial block, appended in place
     uint64_t seqVersion = 0;    // 0: the sequence did not exist
+    // Keys the commit seals the completed blocks with, computed by the put (empty: none).
+    std::vector<Key128> chain;
+    // reused[i]: blocks[i] is a cached block of the prefix index the commit shares (pinned, never
+    // written); the client writes that block's bytes into `sink` instead. Empty: none reused.
+    std::vector<uint8_t> reused;
+    BlockId sink = kNoBlock;
   };
   struct ReadLease {
     std::vector<BlockId> blocks;
@@ -496,6 +516,18 @@ class Engine {
   // the class is full and nothing is evictable.
   BlockId allocate(SpaceId space, uint8_t tier = 0);
   BlockId allocateClass(uint32_t cls);
+  // The size class of the space's blocks in `tier` (which must exist).
+  uint32_t classOf(SpaceId space, uint8_t tier);
+  // Whether allocateClass may drop `victim`, the first block of class `cls` to go.
+  bool mayEvict(BlockId victim, uint32_t cls) const;
+  // Whether `n` blocks of class `cls` can be had — free, or by evicting — leaving the blocks of
+  // `keep` (about to be pinned) in place. Walks at most the blocks it would evict.
+  bool canAllocate(uint32_t cls, size_t n, std::span<const BlockId> keep = {}) const;
+  // The keys the commit of a put of `tokens` at `begin` will seal the blocks it completes with
+  // (as sealFrom gives them), in order; empty when it will seal none.
+  std::vector<Key128> putChain(SpaceId space, const Sequence* seq, uint64_t begin,
+                               std::span<const uint32_t> tokens,
+                               std::span<const Key128> keys) const;
   Result<BlobGrant> grantBlob(LeaseKind kind, SpaceId space, std::string seq, uint64_t pos,
                               uint64_t bytes, const Key128& key);
   Result<CommitResult> commitBlob(LeaseId id, WriteLease& lease);
@@ -527,12 +559,16 @@ class Engine {
   void evict(BlockId victim);
   // Marks a sealed block as being written to the cold tier and describes it for the writer.
   SpillItem markSpilling(BlockId b);
-  // Allocates n blocks or none.
+  // Allocates n blocks or none; evicts nothing unless all n can be had.
   bool allocateMany(SpaceId space, size_t n, std::vector<BlockId>& out, uint8_t tier = 0);
   void ref(BlockId id);
   void unref(BlockId id);
   void pin(BlockId id);
   void unpin(BlockId id);
+  // Drop the holds on a run of a prefix's blocks last-block-first, so that the blocks that become
+  // evictable enter the eviction order tail first: a block is never kept behind its parent.
+  void unrefTailFirst(std::span<const BlockId> blocks);
+  void unpinTailFirst(std::span<const BlockId> blocks);
   // Frees a block that nothing holds any more, or hands a sealed one to the eviction policy.
   void settle(BlockId id);
   // Copies token slots [0, slots) of every layer's K and V from `from` to `to`.
@@ -567,6 +603,9 @@ class Engine {
   bool demoteGpuBlocks_ = false;
   uint64_t gpuDemoted_ = 0, gpuPromoted_ = 0;
   std::deque<BlockId> dirty_;  // sealed blocks that became evictable before reaching the disk
+  // By size class: the scratch block that open write leases write the bytes of reused blocks into
+  // (nobody reads it); kNoBlock when no lease needs one. Freed with its last lease.
+  std::vector<BlockId> sinks_;
   uint64_t spilled_ = 0, promoted_ = 0, coldHits_ = 0, evictedUnspilled_ = 0;
   std::unordered_map<LeaseId, WriteLease> writeLeases_;
   std::unordered_map<LeaseId, ReadLease> readLeases_;

@@ -64,12 +64,24 @@ Result<std::vector<Engine::PlanStep>> Engine::lookupPlan(SpaceId space,
   if (auto s = checkLookupInput(space, tokens, keys); !s) return s.error();
   const SpaceInfo& info = spaces_[space].info;
   std::vector<PlanStep> plan;
+  std::vector<BlockId> hotBlocks;
   walkKeys(space, tokens, keys, {}, [&](size_t, const Key128& key) {
-    const bool hot = index_.count(IndexKey{space, key}) > 0;
+    auto it = index_.find(IndexKey{space, key});
+    const bool hot = it != index_.end();
     if (!hot && !(cold_ && cold_->contains(info.fingerprint, info.salt, key))) return false;
     plan.push_back(PlanStep{key, hot});
+    if (hot) hotBlocks.push_back(it->second);
     return true;
   });
+  // The promotes that follow allocate, and an allocation evicts the first block of the eviction
+  // order, where the plan's blocks in memory may sit: the lookup would then stop at the first of
+  // them, its prefix lost for a block promoted behind it. Used now, they go to the recent end
+  // (tail first, as a release puts them), so the promotes take older blocks. An allocation can
+  // still reach them only by evicting everything older, i.e. a cache smaller than the prefix.
+  for (size_t i = hotBlocks.size(); i-- > 0;) {
+    const BlockMeta& m = pool_[hotBlocks[i]];
+    if (m.refs == 0 && m.pins == 0) policy_->insert(hotBlocks[i], m.sizeClass);
+  }
   return plan;
 }
 

@@ -81,7 +81,7 @@ Status Engine::dropSnapshot(SpaceId space, SnapshotId id) {
   if (it == snapshots_.end() || it->second.space != space) {
     return makeError(ErrorCode::kNotFound, "no snapshot ", id);
   }
-  for (BlockId b : it->second.blocks) unref(b);
+  unrefTailFirst(it->second.blocks);
   for (const auto& [pos, b] : it->second.checkpoints) unref(b);
   snapshots_.erase(it);
   return {};
@@ -503,7 +503,7 @@ Status Engine::middleRemove(SpaceId space, Sequence& seq, uint64_t begin, uint64
       }
     }
   }
-  for (size_t i = first; i < seq.blocks.size(); ++i) unref(seq.blocks[i]);
+  unrefTailFirst(std::span<const BlockId>(seq.blocks).subspan(first));
   seq.blocks.resize(first);
   for (BlockId b : fresh) {
     pool_[b].state = BlockState::kPartial;

@@ -119,7 +119,7 @@ Result<SnapshotPin> Engine::pinSnapshot(SpaceId space, SnapshotId id) {
     out.parts.push_back(SnapshotBytes{pool_.location(b), pool_[b].blobBytes, {}, 0});
   }
   out.lease = newReadLease(w.pinned);  // pins them once more: the lease holds them from here
-  for (BlockId b : w.pinned) unpin(b);
+  unpinTailFirst(w.pinned);
   return out;
 }
 
@@ -176,7 +176,7 @@ void Engine::finishSnapshotWrites(std::span<const SnapshotWrite> writes, bool wr
         unwrittenSnapshots_.push_front(w.manifest.id);
       }
     }
-    for (BlockId b : w.pinned) unpin(b);
+    unpinTailFirst(w.pinned);
   }
 }
 
@@ -233,7 +233,7 @@ Result<SnapshotLoad> Engine::beginSnapshotLoad(SpaceId space, SnapshotManifest m
   load.blocks.assign(manifest.blocks.size(), kNoBlock);
   load.checkpoints.assign(manifest.checkpoints.size(), kNoBlock);
   auto full = [&](const char* what) {
-    for (BlockId b : load.pinned) unpin(b);  // fresh blocks are freed, nothing changed
+    unpinTailFirst(load.pinned);  // fresh blocks are freed, nothing changed
     return makeError(ErrorCode::kFull, "pool has no block for snapshot ", id, "'s ", what);
   };
   // First pin the sealed blocks still (or again) in memory: no read for them, and no allocation
@@ -324,7 +324,7 @@ Result<SnapshotInfo> Engine::finishSnapshotLoad(SnapshotLoad& load,
     auto& stored = snapshots_.emplace(m.id, std::move(snap)).first->second;
     result = infoOf(m.id, stored);
   }
-  for (BlockId b : load.pinned) unpin(b);  // blocks nobody took are freed (or cached, if sealed)
+  unpinTailFirst(load.pinned);  // blocks nobody took are freed (or cached, if sealed)
   load.pinned.clear();
   return result;
 }

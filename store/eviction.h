@@ -17,7 +17,10 @@ class EvictionPolicy {
  public:
   virtual ~EvictionPolicy() = default;
   // `id` became evictable now: the most recently used, or with `first`, the first to go (a
-  // replica fetched from another node, which holds the block too).
+  // replica fetched from another node, which holds the block too). Inserting a block that is in
+  // already moves it there (a use that did not pin it, e.g. a lookup's plan).
+  // A prefix's blocks released together are inserted last block first (Engine), so that an
+  // order that keeps insertion order evicts a prefix from its tail.
   virtual void insert(BlockId id, uint32_t sizeClass, bool first = false) = 0;
   // `id` is no longer evictable (held, pinned or evicted). No-op if not inserted.
   virtual void erase(BlockId id) = 0;
