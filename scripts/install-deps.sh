@@ -18,4 +18,6 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   libucx-dev ucx-utils \
   etcd-server etcd-client \
   docker-compose \
-  python3-matplotlib
+  python3-matplotlib \
+  python3-dev pybind11-dev python3-numpy python3-pytest python3-torch \
+  golang-go

@@ -1,0 +1,136 @@
+"""A throwaway kvtierd for tests and examples.
+
+    with kvtier.testing.Daemon("build/daemon/kvtierd") as daemon:
+        client = kvtier.Client(daemon.socket)
+
+The daemon runs in a fresh temporary data directory with the cold tier off and no GPU pools.
+Leaving the block stops it (SIGTERM, then SIGKILL if it does not exit within 20 s) and removes
+its data directory, its socket and any shared-memory segment it left behind, also when the body
+raised.
+"""
+
+import glob
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+
+_READY_TIMEOUT_S = 20.0
+_STOP_TIMEOUT_S = 20.0
+
+
+class Daemon:
+    """A kvtierd process in a temporary data directory (a context manager)."""
+
+    def __init__(self, kvtierd=None, host_pool_bytes=64 << 20, extra_args=()):
+        """kvtierd: the daemon's path (default: $KVTIER_DAEMON)."""
+        self.kvtierd = kvtierd or os.environ.get("KVTIER_DAEMON")
+        if not self.kvtierd:
+            raise ValueError("no kvtierd: pass its path or set KVTIER_DAEMON")
+        self.host_pool_bytes = host_pool_bytes
+        self.extra_args = list(extra_args)
+        self.data_dir = None
+        self.socket = None
+        self.segment_prefix = None
+        self.exit_status = None
+        self.output = []  # the daemon's stdout lines
+        self.leftover_segments = []  # segments stop() found (and removed) after the daemon exited
+        self._process = None
+        self._reader = None
+
+    def __enter__(self):
+        self.data_dir = tempfile.mkdtemp(prefix="kvtier-py-")
+        self.socket = os.path.join(self.data_dir, "kvtierd.sock")
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+    def _start(self):
+        args = [
+            self.kvtierd,
+            "--data-dir",
+            self.data_dir,
+            "--host-pool-bytes",
+            str(self.host_pool_bytes),
+            "--cold-tier",
+            "off",
+            "--gpus",
+            "none",
+        ] + self.extra_args
+        self._process = subprocess.Popen(args, stdout=subprocess.PIPE)
+        ready = self._read_until_ready()
+        if ready is None:
+            raise RuntimeError(
+                "kvtierd did not become ready; its output: " + "".join(self.output)
+            )
+        fields = dict(f.split("=", 1) for f in ready.split() if "=" in f)
+        self.segment_prefix = fields.get("segments")
+        # Keep draining stdout so the daemon never blocks on a full pipe.
+        self._reader = threading.Thread(target=self._drain, daemon=True)
+        self._reader.start()
+
+    def _read_until_ready(self):
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        stream = self._process.stdout
+        with selectors.DefaultSelector() as selector:
+            selector.register(stream, selectors.EVENT_READ)
+            buffer = b""
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not selector.select(left):
+                    return None
+                chunk = os.read(stream.fileno(), 4096)
+                if not chunk:
+                    return None
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    text = line.decode(errors="replace")
+                    self.output.append(text + "\n")
+                    if text.startswith("kvtierd ready"):
+                        return text
+
+    def _drain(self):
+        stream = self._process.stdout
+        for line in iter(stream.readline, b""):
+            self.output.append(line.decode(errors="replace"))
+
+    def segments(self):
+        """The daemon's shared-memory segments that exist now."""
+        if not self.segment_prefix:
+            return []
+        return glob.glob(os.path.join("/dev/shm", glob.escape(self.segment_prefix) + "*"))
+
+    def stop(self, sig=signal.SIGTERM):
+        """Stops the daemon (if running) and removes everything it left. Idempotent."""
+        if self._process is not None and self.exit_status is None:
+            if self._process.poll() is None:
+                self._process.send_signal(sig)
+                try:
+                    self._process.wait(_STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    self._process.kill()
+                    self._process.wait()
+            self.exit_status = self._process.returncode
+            if self._reader is not None:
+                self._reader.join(_STOP_TIMEOUT_S)
+            self._process.stdout.close()
+        self.leftover_segments = self.segments()
+        for path in self.leftover_segments:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        if self.data_dir is not None:
+            shutil.rmtree(self.data_dir, ignore_errors=True)

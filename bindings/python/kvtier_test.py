@@ -1,0 +1,713 @@
+"""Tests of the kvtier Python package against real kvtierd processes (fixtures: conftest.py)."""
+
+import gc
+import itertools
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+import kvtier
+
+try:
+    import torch
+except ImportError:  # the torch tests skip
+    torch = None
+
+needs_torch = pytest.mark.skipif(torch is None, reason="python3-torch is not installed")
+
+
+def packed(layout, tokens, seed=0):
+    """Random packed KV for `tokens` tokens of `layout`."""
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(layout.packed_shape(tokens)).astype(layout.numpy_dtype)
+
+
+_prompts = itertools.count(1)
+
+
+def prompt(n):
+    """n token ids no other prompt of the run shares: blocks of equal tokens are shared in a
+    namespace (a put of tokens already cached shares the cached block), so tests must not
+    collide."""
+    start = next(_prompts) * 100_000
+    return list(range(start, start + n))
+
+
+def leases(client):
+    stats = client.stats()
+    return stats["leases"]["read"], stats["leases"]["write"], stats["blocks"]["pinned"]
+
+
+def wait_for_stats(client, pred, timeout_s=10.0):
+    """The daemon notices a closed connection asynchronously: polls stats() until pred holds (or
+    the deadline passes) and returns the last ones."""
+    deadline = time.monotonic() + timeout_s
+    stats = client.stats()
+    while not pred(stats) and time.monotonic() < deadline:
+        time.sleep(0.005)
+        stats = client.stats()
+    return stats
+
+
+def expected_block(kv, block_index, layout, first_position=0):
+    """What block `block_index` must hold for packed `kv` starting at position first_position."""
+    bt = layout.block_tokens
+    begin = block_index * bt - first_position
+    n = min(bt, kv.shape[2] - begin)
+    return kv[:, :, begin : begin + n]
+
+
+# --- Round trips -------------------------------------------------------------------------------
+
+
+def test_put_then_get_round_trips_bytes_through_numpy_views(client, layout, seq):
+    space = client.open(layout)
+    kv = packed(layout, 40)
+    info = space.put(seq, 0, prompt(40), kv)
+    assert (info.length, info.sealed_blocks) == (40, 2)
+    assert space.length(seq) == 40
+    with space.get(seq) as h:
+        assert (h.begin, h.end, h.matched_tokens, h.block_count) == (0, 40, 40, 3)
+        assert not h.inline_data
+        np.testing.assert_array_equal(h.copy_to(), kv)
+        np.testing.assert_array_equal(h.copy_to(5, 21), kv[:, :, 5:21])
+        for i, block in enumerate(h.blocks()):
+            a = np.asarray(block)
+            assert a.shape == layout.block_shape == block.shape
+            assert a.dtype == np.float32 and not a.flags.writeable
+            want = expected_block(kv, i, layout)
+            np.testing.assert_array_equal(a[:, :, : want.shape[2]], want)
+            assert block.first_position == 16 * i
+            del a
+        # Writing into a pinned, sealed block from Python is refused, not done.
+        a = h.block(0).numpy()
+        with pytest.raises(ValueError):
+            a[0, 0, 0, 0, 0] = 1.0
+        del a
+
+
+def test_lookup_from_another_client_hits_the_longest_block_aligned_prefix(daemon, client, layout):
+    kv = packed(layout, 40, seed=1)
+    tokens = prompt(40)
+    client.open(layout).put("writer-A", 0, tokens, kv)
+    with kvtier.Client(daemon.socket) as other:
+        space = other.open(layout)
+        shared_35 = tokens[:35] + [7, 8, 9, 10, 11]
+        with space.lookup(shared_35) as hit:
+            assert hit.matched_tokens == 32 and hit.block_count == 2
+            for i, block in enumerate(hit.blocks()):
+                np.testing.assert_array_equal(block.numpy(), expected_block(kv, i, layout))
+        with space.lookup([1, 2, 3]) as miss:
+            assert miss.matched_tokens == 0 and miss.block_count == 0
+        with space.lookup(tokens, bind_seq="bound") as hit:
+            assert hit.matched_tokens == 32
+        assert space.length("bound") == 32
+
+
+def test_write_handle_blocks_are_written_in_place(client, layout, seq):
+    space = client.open(layout)
+    kv = packed(layout, 20, seed=2)
+    with space.begin_put(seq, 0, prompt(20)) as w:
+        assert (w.begin, w.end, w.first_position, w.block_count) == (0, 20, 0, 2)
+        for i, block in enumerate(w.blocks()):
+            a = np.asarray(block)
+            assert a.flags.writeable and a.shape == layout.block_shape
+            want = expected_block(kv, i, layout)
+            a[:, :, : want.shape[2]] = want
+            del a
+        assert space.length(seq) is None  # nothing visible before the commit
+    # Leaving the block committed it.
+    assert space.length(seq) == 20
+    with space.get(seq) as h:
+        np.testing.assert_array_equal(h.copy_to(), kv)
+
+
+def test_write_handle_write_and_partial_commit(client, layout, seq):
+    space = client.open(layout)
+    kv = packed(layout, 24, seed=3)
+    w = space.begin_put(seq, 0, prompt(24))
+    w.write(0, 24, kv)
+    with pytest.raises(kvtier.InvalidArgument):
+        w.commit(up_to=99)  # a bad up_to leaves the handle open
+    assert not w.closed
+    info = w.commit(up_to=16)
+    assert (info.length, info.sealed_blocks) == (16, 1) and w.closed
+    with space.get(seq) as h:
+        np.testing.assert_array_equal(h.copy_to(), kv[:, :, :16])
+
+
+@needs_torch
+def test_torch_from_numpy_shares_the_pool_memory(client, layout, seq):
+    space = client.open(layout)
+    with space.begin_put(seq, 0, prompt(16)) as w:
+        a = w.block(0).numpy()
+        t = torch.from_numpy(a)
+        assert t.data_ptr() == a.ctypes.data
+        t.fill_(1.5)
+        t[1, 1] = -2.0
+        del a, t
+    with space.get(seq) as h:
+        a = h.block(0).numpy()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # torch: "array is not writable"
+            t = torch.from_numpy(a)
+        assert t.data_ptr() == a.ctypes.data
+        assert float(t[0, 0].min()) == 1.5 and float(t[1, 1].max()) == -2.0
+        with pytest.raises(kvtier.BufferInUse):
+            h.release()  # the tensor alone keeps the view alive
+        del a
+        with pytest.raises(kvtier.BufferInUse):
+            h.release()
+        del t
+    assert h.closed
+
+
+@needs_torch
+def test_torch_frombuffer_of_a_block_array_keeps_the_handle_open(client, layout, seq):
+    # torch.frombuffer lets go of the buffer at once and keeps a reference to the object it was
+    # given: the array, which holds its counted view.
+    space = client.open(layout)
+    kv = packed(layout, 16, seed=10)
+    space.put(seq, 0, prompt(16), kv)
+    h = space.get(seq)
+    block = h.block(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch: "buffer is not writable"
+        t = torch.frombuffer(block.numpy(), dtype=torch.float32)
+        with pytest.raises((TypeError, ValueError)):
+            torch.frombuffer(block, dtype=torch.float32)  # a Block is not a buffer
+    with pytest.raises(kvtier.BufferInUse):
+        h.release()
+    assert torch.equal(t, torch.from_numpy(kv.reshape(-1)))
+    del t
+    h.release()
+    assert leases(client) == (0, 0, 0)
+
+
+def test_inline_client_moves_bytes_in_messages(daemon, layout, seq):
+    with kvtier.Client(daemon.socket, map_pool=False) as c:
+        assert not c.mapped
+        space = c.open(layout)
+        kv = packed(layout, 20, seed=4)
+        with space.begin_put(seq, 0, prompt(20)) as w:
+            with pytest.raises(kvtier.NotSupported):
+                w.block(0)
+            w.write(0, 20, kv)
+        with space.get(seq) as h:
+            assert h.inline_data
+            np.testing.assert_array_equal(h.copy_to(), kv)
+            np.testing.assert_array_equal(h.block(0).numpy(), kv[:, :, :16])
+
+
+def test_sequence_operations(client, layout, seq):
+    space = client.open(layout)
+    kv = packed(layout, 40, seed=5)
+    space.put(seq, 0, prompt(40), kv)
+    space.copy_prefix(seq, seq + "-copy", 20)
+    assert space.length(seq + "-copy") == 20
+    space.truncate(seq, 30)
+    assert space.length(seq) == 30
+    assert space.can_resume(seq, 30) and not space.can_resume(seq, 31)
+    snap = space.snapshot(seq, 16)
+    assert (snap.start, snap.end) == (16, 30)
+    space.remove(seq, 16)
+    assert space.length(seq) == 16
+    space.restore(seq, snap.id, 30)
+    with space.get(seq) as h:
+        np.testing.assert_array_equal(h.copy_to(), kv[:, :, :30])
+    space.drop_snapshot(snap.id)
+    space.remove(seq)
+    assert space.length(seq) in (0, None)  # emptied (the daemon may forget an empty sequence)
+
+
+# --- Lifetimes ----------------------------------------------------------------------------------
+
+
+def test_a_block_of_a_released_handle_raises_on_every_touch(client, layout, seq):
+    space = client.open(layout)
+    space.put(seq, 0, prompt(16), packed(layout, 16))
+    h = space.get(seq)
+    block = h.block(0)
+    h.release()
+    h.release()  # idempotent
+    assert h.closed
+    for touch in (
+        np.asarray,
+        np.array,
+        lambda b: b.numpy(),
+        lambda b: h.block(0),
+        lambda b: h.blocks(),
+        lambda b: h.copy_to(),
+    ):
+        with pytest.raises(kvtier.Released):
+            touch(block)
+    # A Block is not itself a buffer (a consumer could keep it and drop the buffer): only its
+    # counted views are.
+    for touch in (memoryview, bytes, lambda b: np.frombuffer(b, dtype=np.uint8)):
+        with pytest.raises(TypeError):
+            touch(block)
+    assert leases(client) == (0, 0, 0)
+
+
+def test_release_is_refused_while_an_array_is_alive(client, layout, seq):
+    space = client.open(layout)
+    kv = packed(layout, 16, seed=6)
+    space.put(seq, 0, prompt(16), kv)
+    h = space.get(seq)
+    block = h.block(0)
+    a = block.numpy()
+    view = memoryview(np.asarray(block)[0])  # holds its array, which holds its view
+    with pytest.raises(kvtier.BufferInUse) as refused:
+        h.release()
+    assert isinstance(refused.value, BufferError) and "2 view(s)" in str(refused.value)
+    # Nothing changed: still open, still pinned, the bytes still the sequence's.
+    assert not h.closed and leases(client)[0] == 1
+    np.testing.assert_array_equal(a, kv)
+    del a
+    view.release()
+    h.release()  # `block` is still referenced: a Block holds no memory
+    assert leases(client) == (0, 0, 0)
+    with pytest.raises(kvtier.Released):
+        block.numpy()
+
+
+def test_exit_with_a_live_view_raises_and_keeps_the_pin(client, layout, seq):
+    space = client.open(layout)
+    space.put(seq, 0, prompt(16), packed(layout, 16))
+    with pytest.raises(kvtier.BufferInUse):
+        with space.get(seq) as h:
+            a = h.block(0).numpy()
+    assert not h.closed and leases(client)[0] == 1
+    a[...]  # still valid memory: the lease is still held
+    del a
+    h.release()
+    assert leases(client) == (0, 0, 0)
+
+
+def test_an_exception_leaving_a_with_block_is_not_masked_and_release_waits_for_views(
+    client, layout, seq
+):
+    space = client.open(layout)
+    kv = packed(layout, 16, seed=7)
+    space.put(seq, 0, prompt(16), kv)
+    with pytest.raises(KeyError):
+        with space.get(seq) as h:
+            a = h.block(0).numpy()
+            raise KeyError("engine failed")
+    assert h.closed
+    with pytest.raises(kvtier.Released):
+        h.block(0)
+    # The view still sees the pinned bytes; the pin goes with the last view.
+    assert leases(client)[0] == 1
+    np.testing.assert_array_equal(a, kv)
+    del a
+    assert leases(client) == (0, 0, 0)
+
+
+def test_a_view_outliving_its_handle_object_keeps_the_bytes_pinned(client, layout, seq):
+    space = client.open(layout)
+    kv = packed(layout, 16, seed=8)
+    space.put(seq, 0, prompt(16), kv)
+    a = space.get(seq).block(0).numpy()  # the handle object is gone at once
+    gc.collect()
+    space.remove(seq)  # the sequence lets go of the block; the view's lease still pins it
+    space.put("other", 0, prompt(16), packed(layout, 16, seed=9))
+    np.testing.assert_array_equal(a, kv)
+    assert leases(client)[0] == 1
+    del a
+    assert leases(client)[0] == 0
+
+
+def test_commit_and_abort_are_refused_while_a_view_is_alive(client, layout, seq):
+    space = client.open(layout)
+    w = space.begin_put(seq, 0, prompt(16))
+    a = w.block(0).numpy()
+    a[...] = 3.0
+    with pytest.raises(kvtier.BufferInUse):
+        w.commit()
+    with pytest.raises(kvtier.BufferInUse):
+        w.abort()
+    assert not w.closed and space.length(seq) is None
+    del a
+    assert w.commit().length == 16
+    with pytest.raises(kvtier.Released):
+        w.commit()
+    with pytest.raises(kvtier.Released):
+        w.block(0)
+
+
+def test_an_exception_in_a_write_block_aborts(client, layout, seq):
+    space = client.open(layout)
+    tokens = prompt(32)
+    with pytest.raises(RuntimeError):
+        with space.begin_put(seq, 0, tokens) as w:
+            w.write(0, 32, packed(layout, 32))
+            raise RuntimeError("model crashed")
+    assert w.closed
+    assert space.length(seq) is None
+    assert leases(client) == (0, 0, 0)
+    with space.lookup(tokens) as hit:
+        assert hit.matched_tokens == 0
+
+
+def test_close_ends_every_handle_but_not_while_a_view_is_alive(daemon, layout, seq):
+    c = kvtier.Client(daemon.socket)
+    space = c.open(layout)
+    space.put(seq, 0, prompt(16), packed(layout, 16))
+    r = space.get(seq)
+    w = space.begin_put(seq + "-w", 0, prompt(16))
+    a = r.block(0).numpy()
+    with pytest.raises(kvtier.BufferInUse):
+        c.close()
+    assert not c.closed and c.stats()["leases"] == {"read": 1, "write": 1}
+    del a
+    c.close()
+    c.close()  # idempotent
+    assert c.closed and r.closed and w.closed
+    for call in (
+        c.stats,
+        lambda: c.open(layout),
+        lambda: space.put(seq, 0, prompt(16), packed(layout, 16)),
+        lambda: space.length(seq),
+        lambda: r.block(0),
+        lambda: r.copy_to(),
+        lambda: w.commit(),
+        lambda: w.write(0, 16, packed(layout, 16)),
+    ):
+        with pytest.raises(kvtier.Released):
+            call()
+    r.release()  # a no-op on an ended handle
+    with kvtier.Client(daemon.socket) as other:
+        stats = wait_for_stats(other, lambda s: s["leases"] == {"read": 0, "write": 0})
+        assert stats["leases"] == {"read": 0, "write": 0} and stats["blocks"]["pinned"] == 0
+        assert other.open(layout).length(seq + "-w") is None  # the write was aborted
+
+
+def test_client_is_a_context_manager(daemon, layout):
+    with kvtier.Client(daemon.socket) as c:
+        assert c.daemon_version.startswith("kvtierd")
+        space = c.open(layout)
+        assert c.mapped  # open() mapped the pool
+    assert c.closed
+    with pytest.raises(kvtier.Released):
+        space.length("x")
+
+
+# --- Errors and bad input ---------------------------------------------------------------------
+
+
+def test_sdk_errors_are_typed_exceptions(daemon, client, layout, seq):
+    space = client.open(layout)
+    with pytest.raises(kvtier.NotFound) as e:
+        space.get("no-such-sequence")
+    assert isinstance(e.value, LookupError) and e.value.code == 2 and not e.value.retryable
+    with pytest.raises(kvtier.InvalidArgument) as e:
+        space.put(seq, 5, prompt(16), packed(layout, 16))  # begin past the end
+    assert isinstance(e.value, ValueError) and e.value.code == 1
+    w = space.begin_put(seq, 0, prompt(16))
+    with pytest.raises(kvtier.Conflict) as e:
+        space.begin_put(seq, 0, prompt(16))
+    assert e.value.retryable and e.value.code == 9
+    w.abort()
+    with tempfile.TemporaryDirectory() as d:
+        with pytest.raises(kvtier.Unavailable) as e:
+            kvtier.Client(os.path.join(d, "nobody.sock"))
+    assert e.value.retryable and isinstance(e.value, kvtier.Error)
+    assert kvtier.errors.error_class(999) is kvtier.Error
+
+
+def test_a_full_pool_raises_full(small_daemon):
+    big = kvtier.Layout("py/big", num_layers=4, num_kv_heads=4, head_dim=64, dtype="float32")
+    with kvtier.Client(small_daemon.socket) as c:
+        space = c.open(big)
+        held = []
+        with pytest.raises(kvtier.Full) as e:
+            for i in range(64):  # 128 KiB blocks into a 1 MiB pool, each kept pinned
+                space.put(f"s{i}", 0, prompt(16), packed(big, 16))
+                held.append(space.get(f"s{i}"))
+        assert e.value.retryable and e.value.code == 3
+        for h in held:
+            h.release()
+
+
+def space_stats(client, layout):
+    (stats,) = [
+        s for s in client.stats()["spaces"] if s["fingerprint"] == format(layout.fingerprint, "x")
+    ]
+    return stats
+
+
+def test_bad_input_raises_and_changes_nothing(client, seq):
+    # A layout of its own: its space's counters move only with this test.
+    layout = kvtier.Layout("py/bad-input", num_layers=2, num_kv_heads=2, head_dim=8, dtype="f32")
+    space = client.open(layout)
+    kv = packed(layout, 20)
+    space.put(seq, 0, prompt(20), kv)
+    before, space_before = client.stats(), space_stats(client, layout)
+    r = space.get(seq)
+    w = space.begin_put(seq + "-w", 0, prompt(16))
+    bad = [
+        # (exception, call)
+        (kvtier.InvalidArgument, lambda: space.put(seq, 0, prompt(20), kv.astype(np.float64))),
+        (kvtier.InvalidArgument, lambda: space.put(seq, 0, prompt(20), kv.astype(np.float16))),
+        (kvtier.InvalidArgument, lambda: space.put(seq, 0, prompt(19), kv)),
+        (kvtier.InvalidArgument, lambda: space.put(seq, 0, prompt(20), kv.reshape(2, 2, 20, 16))),
+        (kvtier.InvalidArgument, lambda: space.put(seq, 0, prompt(10), kv[:, :, ::2])),
+        (TypeError, lambda: space.put(seq, 0, prompt(20), kv.tolist())),
+        (TypeError, lambda: space.put(seq, 0, prompt(20), None)),
+        (TypeError, lambda: space.put(seq, 0, "hello", kv)),
+        (TypeError, lambda: space.put(seq, 0, [1.5] * 20, kv)),
+        (TypeError, lambda: space.put(seq, 0, np.zeros(20, np.float32), kv)),
+        (kvtier.InvalidArgument, lambda: space.put(seq, 0, [-1] + prompt(19), kv)),
+        (kvtier.InvalidArgument, lambda: space.put(seq, 0, [2**32] + prompt(19), kv)),
+        (kvtier.InvalidArgument, lambda: space.put(seq, 0, np.array([[1, 2]]), kv)),
+        (kvtier.InvalidArgument, lambda: space.put(seq, 0, np.full(20, -3, np.int64), kv)),
+        (TypeError, lambda: space.put(7, 0, prompt(20), kv)),
+        (TypeError, lambda: space.put(seq, -1, prompt(20), kv)),
+        (kvtier.InvalidArgument, lambda: space.put("x" * 10000, 0, prompt(20), kv)),
+        (kvtier.InvalidArgument, lambda: space.put(seq, 21, prompt(20), kv)),
+        (kvtier.InvalidArgument, lambda: r.copy_to(0, 20, np.zeros(kv.shape, np.float64))),
+        (kvtier.InvalidArgument, lambda: r.copy_to(0, 20, np.zeros((20,), np.float32))),
+        (kvtier.InvalidArgument, lambda: r.copy_to(0, 30)),
+        (kvtier.InvalidArgument, lambda: r.copy_to(10, 5)),
+        (IndexError, lambda: r.block(2)),
+        (TypeError, lambda: r.block("0")),
+        (kvtier.InvalidArgument, lambda: w.write(0, 16, kv)),
+        (kvtier.InvalidArgument, lambda: w.write(0, 20, kv)),
+        (kvtier.InvalidArgument, lambda: w.write(8, 4, kv)),
+        (kvtier.InvalidArgument, lambda: space.lookup(prompt(20), remote="nowhere")),
+        (kvtier.InvalidArgument, lambda: kvtier.Layout("m", 2, 2, 8, block_tokens=7)),
+        (kvtier.InvalidArgument, lambda: kvtier.Layout("m", 2, 2, 8, dtype="float64")),
+        (kvtier.InvalidArgument, lambda: kvtier.Layout("m", 0, 2, 8)),
+        (TypeError, lambda: kvtier.Layout("m", 2, 2, 8, dtype=3.5)),
+        (TypeError, lambda: kvtier.Layout("m", -2, 2, 8)),
+        (kvtier.InvalidArgument, lambda: kvtier.Rope("yarn", 8)),
+    ]
+    if torch is not None:
+        bad.append((TypeError, lambda: space.put(seq, 0, prompt(20), torch.from_numpy(kv))))
+    for exception, call in bad:
+        with pytest.raises(exception):
+            call()
+    # The read-only out: a block of the read handle itself.
+    with pytest.raises(kvtier.InvalidArgument):
+        r.copy_to(0, 16, r.block(0).numpy())
+    r.release()
+    w.abort()
+    after = client.stats()
+    assert after["bytes"]["put"] == before["bytes"]["put"]
+    assert space_stats(client, layout) == space_before
+    assert after["leases"] == {"read": 0, "write": 0} and after["blocks"]["pinned"] == 0
+    with space.get(seq) as h:
+        np.testing.assert_array_equal(h.copy_to(), kv)
+    assert space.length(seq + "-w") is None
+
+
+def test_error_messages_say_what_is_wrong(client, layout, seq):
+    space = client.open(layout)
+    kv = packed(layout, 20)
+    with pytest.raises(kvtier.InvalidArgument, match=r"dtype float64, expected float32"):
+        space.put(seq, 0, prompt(20), kv.astype(np.float64))
+    shapes = r"shape \(2, 2, 20, 2, 8\), expected \(2, 2, 19, 2, 8\)"
+    with pytest.raises(kvtier.InvalidArgument, match=shapes):
+        space.put(seq, 0, prompt(19), kv)
+    with pytest.raises(TypeError, match=r"tensor.numpy\(\)"):
+        space.put(seq, 0, prompt(20), [0.0])
+    with pytest.raises(kvtier.InvalidArgument, match=r"token 0 is -1"):
+        space.put(seq, 0, [-1] * 20, kv)
+
+
+def test_layout_properties(layout):
+    assert layout.block_shape == (2, 2, 16, 2, 8) == layout.packed_shape(16)
+    assert layout.token_kv_bytes == 256 and layout.block_bytes == 4096
+    assert layout.numpy_dtype == np.float32 and layout.dtype == "float32"
+    same = kvtier.Layout("py/tiny", 2, 2, 8, dtype=np.float32)
+    assert same == layout and same.fingerprint == layout.fingerprint
+    rope = kvtier.Layout("py/tiny", 2, 2, 8, dtype="float32", rope=kvtier.Rope("neox", 8))
+    assert rope.rope == kvtier.Rope("neox", 8, 10000.0) and rope.fingerprint != layout.fingerprint
+    assert kvtier.Layout("m", 1, 1, 8, dtype="bfloat16").numpy_dtype == np.uint16
+    if torch is not None:
+        assert kvtier.Layout("m", 1, 1, 8, dtype=torch.float16).dtype == "float16"
+
+
+# --- Processes and threads ----------------------------------------------------------------------
+
+
+def test_use_in_a_child_after_fork_raises_and_changes_nothing(client, layout, seq):
+    space = client.open(layout)
+    kv = packed(layout, 16)
+    space.put(seq, 0, prompt(16), kv)
+    h = space.get(seq)
+    block = h.block(0)
+    before = client.stats()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit code, never return into pytest
+        failures = 0
+        for call in (
+            client.stats,
+            lambda: client.open(layout),
+            lambda: space.put(seq, 0, prompt(16), kv),
+            lambda: space.lookup(prompt(16)),
+            lambda: h.block(0),
+            lambda: np.asarray(block),
+            lambda: h.copy_to(),
+            h.release,
+            client.close,
+        ):
+            try:
+                call()
+                failures += 1
+            except kvtier.UsedAfterFork:
+                pass
+            except BaseException:
+                failures += 1
+        # Dropping every object in the child must neither hang nor reach the daemon.
+        del block, h, space
+        gc.collect()
+        os._exit(failures)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    after = client.stats()
+    assert after["leases"] == before["leases"] and after["bytes"] == before["bytes"]
+    assert after["sequences"] == before["sequences"]
+    np.testing.assert_array_equal(block.numpy(), kv)  # the parent's objects still work
+    h.release()
+
+
+def test_blocking_calls_release_the_gil(daemon):
+    """Every call that waits for the daemon lets other Python threads run.
+
+    The client thread talks to the daemon through a relay written in Python and run by the main
+    thread: no call of the client (connect, open, put, lookup, stats, release, close) can be
+    answered unless the main thread runs Python while the client thread waits in C++, which it
+    cannot if that thread holds the GIL. Run in a subprocess, so that a regression fails on its
+    timeout instead of hanging the suite.
+    """
+    script = textwrap.dedent(
+        """
+        import os, selectors, socket, sys, tempfile, threading
+        import numpy as np, kvtier
+        path = os.path.join(tempfile.mkdtemp(), "relay.sock")
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(path)
+        server.listen()
+        outcome = []
+        def client():
+            layout = kvtier.Layout("py/relay", 2, 2, 8, dtype="float32")
+            with kvtier.Client(path) as c:
+                space = c.open(layout)
+                space.put("s", 0, list(range(32)), np.ones(layout.packed_shape(32), np.float32))
+                with space.lookup(list(range(32))) as hit:
+                    outcome.append(hit.matched_tokens)
+                outcome.append(c.stats()["leases"]["read"])
+        t = threading.Thread(target=client)
+        t.start()
+        downstream, _ = server.accept()
+        upstream = socket.socket(socket.AF_UNIX)
+        upstream.connect(sys.argv[1])
+        peer = {downstream: upstream, upstream: downstream}
+        relayed = 0
+        with selectors.DefaultSelector() as selector:
+            selector.register(downstream, selectors.EVENT_READ)
+            selector.register(upstream, selectors.EVENT_READ)
+            while True:                  # until the client closes: Python, on the main thread
+                events = selector.select()
+                data = b""
+                for key, _ in events:
+                    data = key.fileobj.recv(1 << 16)
+                    if not data:
+                        break
+                    peer[key.fileobj].sendall(data)
+                    relayed += len(data)
+                if not data:
+                    break
+        upstream.close()
+        downstream.close()
+        t.join()
+        print(outcome, relayed > 0)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, daemon.socket],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[0] == "[32, 0] True"
+
+
+def test_threads_share_a_client(client, layout):
+    space = client.open(layout)
+    errors = []
+
+    def work(i):
+        try:
+            kv = packed(layout, 32, seed=i)
+            name, tokens = f"thread-{i}", prompt(32)
+            for _ in range(10):
+                space.put(name, 0, tokens, kv)
+                with space.get(name) as h:
+                    np.testing.assert_array_equal(h.copy_to(), kv)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+# --- Installed package -------------------------------------------------------------------------
+
+
+def test_importable_from_an_installed_prefix(daemon, layout, tmp_path):
+    build = os.environ.get("KVTIER_BUILD_DIR")
+    if not build:
+        pytest.skip("KVTIER_BUILD_DIR is not set (run through ctest)")
+    prefix = tmp_path / "prefix"
+    subprocess.run(
+        [os.environ.get("KVTIER_CMAKE", "cmake"), "--install", build, "--prefix", str(prefix),
+         "--component", "python"],
+        check=True,
+        capture_output=True,
+    )
+    site = prefix / f"lib/python{sys.version_info.major}.{sys.version_info.minor}/site-packages"
+    script = textwrap.dedent(
+        """
+        import sys, numpy as np, kvtier
+        print(kvtier.__file__)
+        layout = kvtier.Layout("py/installed", 2, 2, 8, dtype="float32")
+        with kvtier.Client(sys.argv[1]) as c:
+            space = c.open(layout)
+            kv = np.arange(np.prod(layout.packed_shape(16)), dtype=np.float32).reshape(
+                layout.packed_shape(16))
+            space.put("installed", 0, list(range(16)), kv)
+            with space.lookup(list(range(16))) as hit:
+                assert hit.matched_tokens == 16
+                assert (hit.copy_to() == kv).all()
+        print("ok")
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(site)
+    out = subprocess.run(
+        [sys.executable, "-c", script, daemon.socket],
+        env=env,
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    file, ok = out.stdout.split()
+    assert file.startswith(str(site)) and ok == "ok"

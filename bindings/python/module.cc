@@ -1,0 +1,759 @@
+// kvtier._kvtier: the Python binding of the client SDK (kvtier/client.h). The package `kvtier`
+// (kvtier/__init__.py) re-exports it with the exception classes of kvtier/errors.py.
+//
+// Every argument from Python is checked here before anything reaches the daemon (types, shapes,
+// dtypes, token values), so bad input raises and changes nothing. Who owns what, and the rules
+// for lifetimes, views, fork and threads: handle_states.h and block_buffer.h.
+#include <pybind11/operators.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "block_buffer.h"
+#include "handle_states.h"
+#include "python_errors.h"
+
+namespace kvtier::python {
+namespace {
+
+using namespace pybind11::literals;
+
+// --- Arguments from Python ----------------------------------------------------------------
+
+std::string typeName(py::handle obj) { return Py_TYPE(obj.ptr())->tp_name; }
+
+// "<f" -> 'f'; 0 for a byte order that is not this machine's (kvtier is little-endian only).
+char formatChar(const char* format) {
+  if (!format) return 'B';
+  std::string_view f(format);
+  if (!f.empty() && (f[0] == '@' || f[0] == '=' || f[0] == '<')) f.remove_prefix(1);
+  if (f.size() != 1) return 0;
+  return f[0];
+}
+
+// A Py_buffer released (with the GIL held) when it goes out of scope.
+class BufferExport {
+ public:
+  explicit BufferExport(py::handle obj) {
+    if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_RECORDS_RO) != 0) throw py::error_already_set();
+  }
+  ~BufferExport() { PyBuffer_Release(&view_); }
+  BufferExport(const BufferExport&) = delete;
+  BufferExport& operator=(const BufferExport&) = delete;
+  const Py_buffer& view() const { return view_; }
+
+ private:
+  Py_buffer view_;
+};
+
+// Token ids: a sequence of ints, or a 1-D integer array (NumPy, array.array, ...).
+std::vector<uint32_t> tokensFrom(py::handle obj) {
+  if (PyUnicode_Check(obj.ptr()) || PyBytes_Check(obj.ptr()) || PyByteArray_Check(obj.ptr())) {
+    throw py::type_error("tokens must be a sequence of ints or a 1-D integer array, not " +
+                         typeName(obj));
+  }
+  std::vector<uint32_t> tokens;
+  const auto add = [&tokens](long long value, bool overflow) {
+    if (overflow || value < 0 || value > static_cast<long long>(UINT32_MAX)) {
+      throwError(ErrorCode::kInvalidArgument, "token ", tokens.size(),
+                 overflow ? " is out of range" : (" is " + std::to_string(value)),
+                 ": token ids are 0 <= t < 2**32");
+    }
+    tokens.push_back(static_cast<uint32_t>(value));
+  };
+  if (PyObject_CheckBuffer(obj.ptr())) {
+    BufferExport buffer(obj);
+    const Py_buffer& v = buffer.view();
+    if (v.ndim != 1) {
+      throwError(ErrorCode::kInvalidArgument, "tokens must be 1-D, got ", v.ndim, " dimensions");
+    }
+    const char f = formatChar(v.format);
+    const bool isSigned = f == 'b' || f == 'h' || f == 'i' || f == 'l' || f == 'q' || f == 'n';
+    const bool isUnsigned = f == 'B' || f == 'H' || f == 'I' || f == 'L' || f == 'Q' || f == 'N';
+    if (!(isSigned || isUnsigned) || v.itemsize > 8) {
+      throw py::type_error(std::string("tokens must be integers, got an array of format '") +
+                           (v.format ? v.format : "B") + "'");
+    }
+    const auto* base = static_cast<const uint8_t*>(v.buf);
+    const Py_ssize_t stride = v.strides ? v.strides[0] : v.itemsize;
+    tokens.reserve(static_cast<size_t>(v.shape[0]));
+    for (Py_ssize_t i = 0; i < v.shape[0]; ++i) {
+      uint64_t raw = 0;
+      std::memcpy(&raw, base + i * stride, static_cast<size_t>(v.itemsize));
+      if (isSigned) {
+        const int shift = 64 - 8 * static_cast<int>(v.itemsize);  // sign-extend
+        add(static_cast<long long>(raw << shift) >> shift, false);
+      } else {
+        add(static_cast<long long>(raw), raw > uint64_t{UINT32_MAX});
+      }
+    }
+    return tokens;
+  }
+  if (!PySequence_Check(obj.ptr()) && !PyIter_Check(obj.ptr())) {
+    throw py::type_error("tokens must be a sequence of ints or a 1-D integer array, not " +
+                         typeName(obj));
+  }
+  for (py::handle item : py::iter(obj)) {
+    if (!PyIndex_Check(item.ptr())) {
+      throw py::type_error("token " + std::to_string(tokens.size()) + " is a " + typeName(item) +
+                           ", expected an int");
+    }
+    py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(item.ptr()));
+    if (!index) throw py::error_already_set();
+    int overflow = 0;
+    const long long value = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+    if (value == -1 && PyErr_Occurred()) throw py::error_already_set();
+    add(value, overflow != 0);
+  }
+  return tokens;
+}
+
+std::string shapeString(const Py_ssize_t* shape, int ndim) {
+  std::string s = "(";
+  for (int d = 0; d < ndim; ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
+  return s + (ndim == 1 ? ",)" : ")");
+}
+
+// A Python buffer of packed KV for `tokens` tokens of `layout`: C-contiguous, the layout's
+// dtype, shape (layers, 2, tokens, kv_heads, head_dim) — what Space.put, WriteHandle.write and
+// ReadHandle.copy_to move.
+class PackedKv {
+ public:
+  PackedKv(py::handle obj, const Layout& layout, uint64_t tokens, bool writable, const char* name)
+      : export_(checked(obj, name)) {
+    const Py_buffer& v = export_.view();
+    const std::string what = name;
+    if (writable && v.readonly) throwError(ErrorCode::kInvalidArgument, what, " is read-only");
+    const char* expectedFormat = bufferFormat(layout.dtype);
+    if (formatChar(v.format) != expectedFormat[0] ||
+        v.itemsize != static_cast<Py_ssize_t>(dtypeBytes(layout.dtype))) {
+      std::string got = std::string("format '") + (v.format ? v.format : "B") + "'";
+      if (py::hasattr(obj, "dtype")) got = py::str(obj.attr("dtype"));
+      throwError(ErrorCode::kInvalidArgument, what, " has dtype ", got, ", expected ",
+                 numpyDtypeName(layout.dtype), " (the layout's dtype)");
+    }
+    const Py_ssize_t expected[5] = {
+        static_cast<Py_ssize_t>(layout.numLayers), 2, static_cast<Py_ssize_t>(tokens),
+        static_cast<Py_ssize_t>(layout.numKvHeads), static_cast<Py_ssize_t>(layout.headDim)};
+    if (v.ndim != 5 || !std::equal(expected, expected + 5, v.shape)) {
+      throwError(ErrorCode::kInvalidArgument, what, " has shape ",
+                 v.shape ? shapeString(v.shape, v.ndim) : "(unknown)", ", expected ",
+                 shapeString(expected, 5), " = (layers, 2, tokens, kv_heads, head_dim)");
+    }
+    if (!PyBuffer_IsContiguous(&v, 'C')) {
+      throwError(ErrorCode::kInvalidArgument, what,
+                 " must be C-contiguous (np.ascontiguousarray makes a contiguous copy)");
+    }
+  }
+  void* data() const { return export_.view().buf; }
+  size_t bytes() const { return static_cast<size_t>(export_.view().len); }
+
+ private:
+  static py::handle checked(py::handle obj, const char* name) {
+    if (!PyObject_CheckBuffer(obj.ptr())) {
+      throw py::type_error(std::string(name) +
+                           " must be a NumPy array (or another object with the buffer protocol), "
+                           "not " +
+                           typeName(obj) + "; for a torch.Tensor pass tensor.numpy()");
+    }
+    return obj;
+  }
+  BufferExport export_;
+};
+
+DType dtypeFrom(py::handle obj) {
+  std::string name;
+  if (py::isinstance<py::str>(obj)) {
+    name = obj.cast<std::string>();
+  } else {
+    name = py::str(obj);
+    if (name.rfind("torch.", 0) == 0) {
+      name = name.substr(6);  // torch.float32 -> float32
+    } else {
+      try {
+        name = py::str(py::module_::import("numpy").attr("dtype")(obj).attr("name"));
+      } catch (py::error_already_set&) {
+        throw py::type_error(
+            "dtype must be a name such as 'float16', a NumPy dtype or a torch "
+            "dtype, not " +
+            typeName(obj));
+      }
+    }
+  }
+  if (name == "float16" || name == "fp16" || name == "f16" || name == "half")
+    return DType::kFloat16;
+  if (name == "bfloat16" || name == "bf16") return DType::kBFloat16;
+  if (name == "float32" || name == "fp32" || name == "f32" || name == "float")
+    return DType::kFloat32;
+  if (name == "float8_e4m3" || name == "float8_e4m3fn" || name == "fp8_e4m3")
+    return DType::kFloat8E4M3;
+  if (name == "float8_e5m2" || name == "fp8_e5m2") return DType::kFloat8E5M2;
+  if (name == "int8") return DType::kInt8;
+  throwError(ErrorCode::kInvalidArgument, "dtype '", name,
+             "' is not one of float16, bfloat16, float32, float8_e4m3, float8_e5m2, int8");
+}
+
+const char* dtypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat8E4M3:
+      return "float8_e4m3";
+    case DType::kFloat8E5M2:
+      return "float8_e5m2";
+    case DType::kInt8:
+      return "int8";
+  }
+  return "unknown";
+}
+
+const char* ropeStyleName(RopeStyle style) {
+  switch (style) {
+    case RopeStyle::kNone:
+      return "none";
+    case RopeStyle::kNeox:
+      return "neox";
+    case RopeStyle::kGptj:
+      return "gptj";
+  }
+  return "unknown";
+}
+
+RopeScheme makeRope(const std::string& style, uint32_t rotaryDims, double base) {
+  RopeScheme rope{RopeStyle::kNone, rotaryDims, base};
+  if (style == "neox") {
+    rope.style = RopeStyle::kNeox;
+  } else if (style == "gptj") {
+    rope.style = RopeStyle::kGptj;
+  } else if (style != "none") {
+    throwError(ErrorCode::kInvalidArgument, "RoPE style '", style,
+               "' is not one of 'neox', 'gptj', 'none'");
+  }
+  return rope;
+}
+
+Layout makeLayout(std::string modelId, uint32_t numLayers, uint32_t numKvHeads, uint32_t headDim,
+                  py::handle dtype, uint32_t blockTokens, std::optional<RopeScheme> rope) {
+  Layout layout{
+      std::move(modelId),         numLayers, numKvHeads, headDim, dtypeFrom(dtype), blockTokens,
+      rope.value_or(RopeScheme{})};
+  unwrap(layout.validate());
+  return layout;
+}
+
+py::tuple packedShape(const Layout& l, uint64_t tokens) {
+  return py::make_tuple(l.numLayers, 2, tokens, l.numKvHeads, l.headDim);
+}
+
+// The index of block `i` (negative: from the end) of a handle, or IndexError.
+size_t blockIndex(const HandleState& h, py::ssize_t i) {
+  const auto n = static_cast<py::ssize_t>(h.blockCount());
+  if (i < 0) i += n;
+  if (i < 0 || i >= n) throw py::index_error("block index out of range");
+  return static_cast<size_t>(i);
+}
+
+py::object blockOf(const std::shared_ptr<HandleState>& h, py::ssize_t i) {
+  const size_t index = blockIndex(*h, i);
+  (void)h->bytes(index);  // Released, UsedAfterFork, NotSupported now rather than at numpy()
+  return makeBlock(h, index);
+}
+
+py::list blocksOf(const std::shared_ptr<HandleState>& h) {
+  h->checkOpen();
+  py::list blocks;
+  for (size_t i = 0; i < h->blockCount(); ++i)
+    blocks.append(blockOf(h, static_cast<py::ssize_t>(i)));
+  return blocks;
+}
+
+PutOptions putOptions(bool detached, uint64_t window, uint64_t chunk) {
+  PutOptions options;
+  options.detached = detached;
+  options.window = window;
+  options.chunk = chunk;
+  return options;
+}
+
+RemoteMode remoteMode(const std::string& remote) {
+  if (remote == "fetch") return RemoteMode::kFetch;
+  if (remote == "local") return RemoteMode::kLocal;
+  if (remote == "prefetch") return RemoteMode::kPrefetch;
+  throwError(ErrorCode::kInvalidArgument, "remote '", remote,
+             "' is not one of 'fetch', 'local', 'prefetch'");
+}
+
+// --- Calls ------------------------------------------------------------------------------------
+
+std::shared_ptr<SpaceState> openSpace(const std::shared_ptr<ClientState>& client,
+                                      const Layout& layout) {
+  client->checkUsable();
+  auto space = std::make_shared<SpaceState>(client, layout);
+  client->call([&] {
+    space->adopt(unwrap(client->client().open(layout)));
+    client->track(space);
+  });
+  return space;
+}
+
+std::shared_ptr<ReadHandleState> readHandle(SpaceState& s,
+                                            const std::function<Result<ReadHandle>(Space&)>& f) {
+  auto handle = std::make_shared<ReadHandleState>(s.shared_from_this());
+  s.call([&](Space& space) {
+    handle->adopt(unwrap(f(space)));
+    s.client().track(handle);
+  });
+  return handle;
+}
+
+std::shared_ptr<WriteHandleState> beginPut(SpaceState& s, const std::string& seq, uint64_t begin,
+                                           py::handle tokens, const PutOptions& options) {
+  s.client().checkUsable();
+  const std::vector<uint32_t> ids = tokensFrom(tokens);
+  auto handle = std::make_shared<WriteHandleState>(s.shared_from_this());
+  s.call([&](Space& space) {
+    handle->adopt(unwrap(space.beginPut(seq, begin, ids, options)));
+    s.client().track(handle);
+  });
+  return handle;
+}
+
+CommitInfo put(SpaceState& s, const std::string& seq, uint64_t begin, py::handle tokens,
+               py::handle kv, const PutOptions& options) {
+  s.client().checkUsable();
+  const std::vector<uint32_t> ids = tokensFrom(tokens);
+  PackedKv buffer(kv, s.layout(), ids.size(), false, "kv");
+  return unwrap(s.call([&](Space& space) {
+    return space.put(seq, begin, ids, buffer.data(), buffer.bytes(), options);
+  }));
+}
+
+py::object copyTo(ReadHandleState& h, std::optional<uint64_t> start, std::optional<uint64_t> stop,
+                  py::object out) {
+  h.checkOpen();
+  const uint64_t from = start.value_or(h.begin()), to = stop.value_or(h.end());
+  if (to < from) throwError(ErrorCode::kInvalidArgument, "copy of [", from, ", ", to, ")");
+  if (out.is_none()) {
+    out = py::module_::import("numpy").attr("empty")(packedShape(h.layout(), to - from),
+                                                     numpyDtypeName(h.layout().dtype));
+  }
+  PackedKv buffer(out, h.layout(), to - from, true, "out");
+  h.copyTo(from, to, buffer.data(), buffer.bytes());
+  return out;
+}
+
+void writeKv(WriteHandleState& h, uint64_t start, uint64_t stop, py::handle kv) {
+  h.checkOpen();
+  if (stop < start) throwError(ErrorCode::kInvalidArgument, "write of [", start, ", ", stop, ")");
+  PackedKv buffer(kv, h.layout(), stop - start, false, "kv");
+  h.write(start, stop, buffer.data(), buffer.bytes());
+}
+
+// __exit__ of a read handle: release; after an exception, never mask it (endAfterError).
+bool exitRead(ReadHandleState& h, py::handle excType) {
+  if (excType.is_none()) {
+    h.release();
+  } else {
+    h.endAfterError();
+  }
+  return false;
+}
+
+// __exit__ of a write handle: commit what is not committed yet; after an exception, abort.
+bool exitWrite(WriteHandleState& h, py::handle excType) {
+  if (!h.open()) return false;
+  if (excType.is_none()) {
+    (void)h.commit(kEndPosition);
+  } else {
+    h.endAfterError();  // the lease is dropped: the daemon aborts it
+  }
+  return false;
+}
+
+std::string commitRepr(const CommitInfo& c) {
+  return "CommitInfo(length=" + std::to_string(c.length) +
+         ", sealed_blocks=" + std::to_string(c.sealedBlocks) + ")";
+}
+
+}  // namespace
+}  // namespace kvtier::python
+
+using namespace kvtier;
+using namespace kvtier::python;
+
+PYBIND11_MODULE(_kvtier, m) {
+  m.doc() = "The C++ half of the kvtier package: use `import kvtier`.";
+  m.attr("__version__") = KVTIER_VERSION;
+  registerErrorTranslator();
+
+  py::class_<RopeScheme>(m, "Rope", R"doc(
+How the model applies rotary position embeddings to K (optional part of a Layout).
+
+style: 'neox' (pairs (d, d + rotary_dims/2): Llama (HF), Qwen, Mistral), 'gptj' (pairs (2d, 2d+1))
+or 'none'; rotary_dims: the first rotary_dims dims of each head rotate; base: theta base.
+)doc")
+      .def(py::init(&makeRope), "style"_a, "rotary_dims"_a, "base"_a = 10000.0)
+      .def_property_readonly("style", [](const RopeScheme& r) { return ropeStyleName(r.style); })
+      .def_readonly("rotary_dims", &RopeScheme::rotaryDims)
+      .def_readonly("base", &RopeScheme::base)
+      .def(py::self == py::self)
+      .def("__repr__", [](const RopeScheme& r) {
+        return std::string("kvtier.Rope('") + ropeStyleName(r.style) + "', " +
+               std::to_string(r.rotaryDims) + ", " + std::to_string(r.base) + ")";
+      });
+
+  py::class_<Layout>(m, "Layout", R"doc(
+What one KV block holds: model, layers, KV heads, head dim, dtype, tokens per block, RoPE.
+
+Layout(model_id, num_layers, num_kv_heads, head_dim, dtype='float16', block_tokens=16, rope=None)
+
+dtype: 'float16', 'bfloat16', 'float32', 'float8_e4m3', 'float8_e5m2', 'int8', or the NumPy or
+torch dtype. Raises kvtier.InvalidArgument when a field is out of bounds (block_tokens 16..512).
+Blocks are shared only between clients that open the same layout.
+
+KV travels "packed": an array of shape packed_shape(n) = (layers, 2, n, kv_heads, head_dim) for n
+tokens (axis 1: K, then V), dtype numpy_dtype (bfloat16 as uint16, fp8 as uint8 bit patterns).
+)doc")
+      .def(py::init(&makeLayout), "model_id"_a, "num_layers"_a, "num_kv_heads"_a, "head_dim"_a,
+           "dtype"_a = "float16", "block_tokens"_a = 16, "rope"_a = py::none())
+      .def_readonly("model_id", &Layout::modelId)
+      .def_readonly("num_layers", &Layout::numLayers)
+      .def_readonly("num_kv_heads", &Layout::numKvHeads)
+      .def_readonly("head_dim", &Layout::headDim)
+      .def_readonly("block_tokens", &Layout::blockTokens)
+      .def_property_readonly("dtype", [](const Layout& l) { return dtypeName(l.dtype); })
+      .def_property_readonly("rope",
+                             [](const Layout& l) -> py::object {
+                               if (l.rope.style == RopeStyle::kNone) return py::none();
+                               return py::cast(l.rope);
+                             })
+      .def_property_readonly(
+          "numpy_dtype",
+          [](const Layout& l) {
+            return py::module_::import("numpy").attr("dtype")(numpyDtypeName(l.dtype));
+          },
+          "The NumPy dtype of its arrays.")
+      .def_property_readonly("token_bytes", &Layout::tokenBytes,
+                             "Bytes of one token's K (or V) for one layer.")
+      .def_property_readonly("token_kv_bytes", &Layout::tokenKvBytes,
+                             "Bytes of one token's K and V over all layers.")
+      .def_property_readonly("block_bytes", &Layout::blockBytes)
+      .def_property_readonly("fingerprint", &Layout::fingerprint,
+                             "64-bit fingerprint of every field; part of every block key.")
+      .def_property_readonly(
+          "block_shape", [](const Layout& l) { return packedShape(l, l.blockTokens); },
+          "Shape of a Block's array: (layers, 2, block_tokens, kv_heads, head_dim).")
+      .def("packed_shape", &packedShape, "tokens"_a,
+           "Shape of packed KV for `tokens` tokens: (layers, 2, tokens, kv_heads, head_dim).")
+      .def(py::self == py::self)
+      .def("__repr__", [](const Layout& l) {
+        return "kvtier.Layout('" + l.modelId + "', num_layers=" + std::to_string(l.numLayers) +
+               ", num_kv_heads=" + std::to_string(l.numKvHeads) +
+               ", head_dim=" + std::to_string(l.headDim) + ", dtype='" + dtypeName(l.dtype) +
+               "', block_tokens=" + std::to_string(l.blockTokens) + ")";
+      });
+
+  py::class_<CommitInfo>(m, "CommitInfo", "What a put or commit did.")
+      .def_readonly("length", &CommitInfo::length, "The sequence's length afterwards.")
+      .def_readonly("sealed_blocks", &CommitInfo::sealedBlocks,
+                    "Blocks that became full: sealed, keyed and in the prefix index.")
+      .def("__repr__", &commitRepr);
+
+  py::class_<SnapshotInfo>(m, "Snapshot", "An immutable snapshot of positions [start, end).")
+      .def_readonly("id", &SnapshotInfo::id)
+      .def_readonly("start", &SnapshotInfo::from)
+      .def_readonly("end", &SnapshotInfo::to)
+      .def_readonly("checkpoints", &SnapshotInfo::checkpoints)
+      .def_readonly("node", &SnapshotInfo::node)
+      .def("__repr__", [](const SnapshotInfo& s) {
+        return "kvtier.Snapshot(id=" + std::to_string(s.id) + ", start=" + std::to_string(s.from) +
+               ", end=" + std::to_string(s.to) + ")";
+      });
+
+  defineBlock(m);
+
+  py::class_<ClientState, std::shared_ptr<ClientState>>(m, "Client", R"doc(
+A connection to a kvtierd daemon over its Unix socket.
+
+Client(socket_path='kvtier-data/kvtierd.sock', *, client_name='kvtier-python', map_pool=True)
+
+Connecting maps nothing yet; open() maps the daemon's shared pool, and blocks are then read and
+written in place (map_pool=False: bytes travel inline in the RPC messages instead). Raises
+kvtier.Unavailable when no daemon answers.
+
+A context manager: leaving the `with` block closes the client. close() ends every handle (read
+leases released, unfinished writes aborted) and space of the client; afterwards every call
+raises kvtier.Released. Methods may be called from several threads; each releases the GIL while
+it waits for the daemon. A Client cannot be used in a child process after fork()
+(kvtier.UsedAfterFork): connect a new one there.
+)doc")
+      .def(py::init([](const std::string& socketPath, const std::string& clientName, bool mapPool) {
+             ClientOptions options;
+             options.socketPath = socketPath;
+             options.clientName = clientName;
+             options.mapPool = mapPool;
+             return ClientState::connect(options);
+           }),
+           "socket_path"_a = "kvtier-data/kvtierd.sock", py::kw_only(),
+           "client_name"_a = "kvtier-python", "map_pool"_a = true)
+      .def("open", &openSpace, "layout"_a, R"doc(
+Opens (or joins) the namespace of `layout` on the daemon and returns its Space.
+)doc")
+      .def(
+          "stats",
+          [](ClientState& c) {
+            const Stats stats = unwrap(c.call([&] { return c.client().stats(); }));
+            return py::module_::import("json").attr("loads")(stats.toJson());
+          },
+          "The daemon's counters, as a dict (the JSON of `kvtier stats`).")
+      .def_property_readonly(
+          "mapped", [](ClientState& c) { return c.call([&] { return c.client().mapped(); }); },
+          "True when bytes move through the mapped shared pool, False when inline.")
+      .def_property_readonly(
+          "daemon_version",
+          [](ClientState& c) {
+            return c.call([&] { return std::string(c.client().daemonVersion()); });
+          })
+      .def_property_readonly("closed", &ClientState::closed)
+      .def("close", &ClientState::close, R"doc(
+Ends every handle and space of this client and closes the connection. Idempotent. Raises
+kvtier.BufferInUse, and changes nothing, while an array of one of its handles' blocks is alive.
+)doc")
+      .def("__enter__", [](py::object self) { return self; })
+      .def(
+          "__exit__",
+          [](ClientState& c, py::handle excType, py::handle, py::handle) {
+            try {
+              c.close();
+            } catch (const PackageError&) {
+              // Views still alive while an exception leaves the block: do not mask it; the
+              // client closes when its objects are collected.
+              if (excType.is_none()) throw;
+            }
+            return false;
+          },
+          "exc_type"_a, "exc"_a, "traceback"_a);
+
+  py::class_<SpaceState, std::shared_ptr<SpaceState>>(m, "Space", R"doc(
+One namespace (tenant, layout) on the daemon; made by Client.open().
+
+Positions [0, length) of a named sequence map to KV blocks; full blocks are sealed, keyed by the
+tokens (chained SHA-256) and shared through the prefix index with every client of the layout.
+`tokens` arguments are sequences of ints or 1-D integer arrays (0 <= t < 2**32); `kv` arguments
+are packed arrays (Layout.packed_shape). Every mutation is atomic: on error nothing changed.
+)doc")
+      .def_property_readonly("layout", &SpaceState::layout)
+      .def_property_readonly("fingerprint", &SpaceState::fingerprint)
+      .def(
+          "put",
+          [](SpaceState& s, const std::string& seq, uint64_t begin, py::handle tokens,
+             py::handle kv, bool detached, uint64_t window, uint64_t chunk) {
+            return put(s, seq, begin, tokens, kv, putOptions(detached, window, chunk));
+          },
+          "seq"_a, "begin"_a, "tokens"_a, "kv"_a, py::kw_only(), "detached"_a = false,
+          "window"_a = 0, "chunk"_a = 0, R"doc(
+Stores the KV of `tokens` at positions [begin, begin + len(tokens)) of `seq` and commits it.
+
+kv: a C-contiguous array of shape layout.packed_shape(len(tokens)) and the layout's dtype (a
+torch tensor: pass tensor.numpy()). begin <= length(seq); positions from begin on are replaced.
+detached: the sequence outlives this client's session. window/chunk: sliding-window or chunked
+attention, for a sequence this call creates. Returns CommitInfo.
+)doc")
+      .def(
+          "begin_put",
+          [](SpaceState& s, const std::string& seq, uint64_t begin, py::handle tokens,
+             bool detached, uint64_t window, uint64_t chunk) {
+            return beginPut(s, seq, begin, tokens, putOptions(detached, window, chunk));
+          },
+          "seq"_a, "begin"_a, "tokens"_a, py::kw_only(), "detached"_a = false, "window"_a = 0,
+          "chunk"_a = 0, R"doc(
+Asks for the blocks of positions [begin, begin + len(tokens)) of `seq` and returns a WriteHandle:
+write each block in place (handle.block(i)) or packed (handle.write), then commit. Nothing is
+visible to anyone before the commit. One writer per sequence at a time (kvtier.Conflict).
+)doc")
+      .def(
+          "get",
+          [](SpaceState& s, const std::string& seq, uint64_t begin, std::optional<uint64_t> end) {
+            return readHandle(
+                s, [&](Space& space) { return space.get(seq, begin, end.value_or(kEndPosition)); });
+          },
+          "seq"_a, "begin"_a = 0, "end"_a = py::none(), R"doc(
+A ReadHandle on positions [begin, end) of `seq` (end=None: its length): the blocks stay pinned
+until the handle is released. kvtier.NotFound for an unknown sequence.
+)doc")
+      .def(
+          "lookup",
+          [](SpaceState& s, py::handle tokens, const std::string& bindSeq, bool detached,
+             uint64_t window, uint64_t chunk, const std::string& remote) {
+            s.client().checkUsable();
+            const std::vector<uint32_t> ids = tokensFrom(tokens);
+            LookupOptions options;
+            options.bindSeq = bindSeq;
+            options.detached = detached;
+            options.window = window;
+            options.chunk = chunk;
+            options.remote = remoteMode(remote);
+            return readHandle(s, [&](Space& space) { return space.lookup(ids, options); });
+          },
+          "tokens"_a, py::kw_only(), "bind_seq"_a = "", "detached"_a = false, "window"_a = 0,
+          "chunk"_a = 0, "remote"_a = "fetch", R"doc(
+The longest cached prefix of `tokens` made of whole blocks, as a ReadHandle (matched_tokens may
+be 0). bind_seq: also make the matched prefix the whole of that sequence, in the same call.
+remote: in a cluster, 'fetch' (default) the continuation from other nodes, 'local', or 'prefetch'.
+)doc")
+      .def(
+          "copy_prefix",
+          [](SpaceState& s, const std::string& src, const std::string& dst, uint64_t length,
+             bool detached) {
+            unwrap(
+                s.call([&](Space& space) { return space.copyPrefix(src, dst, length, detached); }));
+          },
+          "src"_a, "dst"_a, "length"_a, py::kw_only(), "detached"_a = false,
+          "dst becomes positions [0, min(length, length(src))) of src; full blocks are shared.")
+      .def(
+          "remove",
+          [](SpaceState& s, const std::string& seq, uint64_t begin, std::optional<uint64_t> end) {
+            unwrap(s.call([&](Space& space) {
+              return space.remove(seq, begin, end.value_or(kEndPosition));
+            }));
+          },
+          "seq"_a, "begin"_a = 0, "end"_a = py::none(),
+          "Removes positions [begin, end) of seq (end=None: to its end).")
+      .def(
+          "truncate",
+          [](SpaceState& s, const std::string& seq, uint64_t length) {
+            unwrap(s.call([&](Space& space) { return space.truncate(seq, length); }));
+          },
+          "seq"_a, "length"_a)
+      .def(
+          "can_resume",
+          [](SpaceState& s, const std::string& seq, uint64_t pos) {
+            return unwrap(s.call([&](Space& space) { return space.canResume(seq, pos); }));
+          },
+          "seq"_a, "pos"_a, "True iff seq holds every position needed to continue at pos.")
+      .def(
+          "length",
+          [](SpaceState& s, const std::string& seq) {
+            return unwrap(s.call([&](Space& space) { return space.length(seq); }));
+          },
+          "seq"_a, "Length of seq, or None if it does not exist.")
+      .def(
+          "snapshot",
+          [](SpaceState& s, const std::string& seq, uint64_t start) {
+            return unwrap(s.call([&](Space& space) { return space.snapshot(seq, start); }));
+          },
+          "seq"_a, "start"_a = 0,
+          "An immutable snapshot of positions [start, length) of seq (shares blocks).")
+      .def(
+          "restore",
+          [](SpaceState& s, const std::string& seq, uint64_t snapshotId, uint64_t target,
+             bool detached) {
+            unwrap(s.call([&](Space& space) {
+              return space.restore(seq, snapshotId, target, putOptions(detached, 0, 0));
+            }));
+          },
+          "seq"_a, "snapshot_id"_a, "target"_a, py::kw_only(), "detached"_a = false,
+          "seq becomes its own [0, snapshot.start) plus the snapshot up to target.")
+      .def(
+          "drop_snapshot",
+          [](SpaceState& s, uint64_t id) {
+            unwrap(s.call([&](Space& space) { return space.dropSnapshot(id); }));
+          },
+          "snapshot_id"_a);
+
+  py::class_<ReadHandleState, std::shared_ptr<ReadHandleState>>(m, "ReadHandle", R"doc(
+Blocks pinned under a read lease (Space.get or Space.lookup), readable in place.
+
+A context manager: leaving the `with` block releases the lease. release() refuses
+(kvtier.BufferInUse, nothing changed) while an array, tensor or memoryview of one of its blocks
+is alive: delete them first (or copy what you keep). When an exception leaves the `with` block
+the release happens as soon as the last such array is gone, so the exception is never masked.
+After release every method, and numpy() of any of its blocks, raises kvtier.Released.
+)doc")
+      .def_property_readonly("matched_tokens", &ReadHandleState::matchedTokens,
+                             "lookup: tokens matched; get: end - begin.")
+      .def_property_readonly("begin", &ReadHandleState::begin)
+      .def_property_readonly("end", &ReadHandleState::end)
+      .def_property_readonly("first_position", &ReadHandleState::firstPosition,
+                             "Sequence position of block(0)'s first token slot.")
+      .def_property_readonly("block_count", &ReadHandleState::blockCount)
+      .def_property_readonly("inline_data", &ReadHandleState::inlineData,
+                             "True when the blocks are private copies (a map_pool=False client).")
+      .def_property_readonly("closed", [](const ReadHandleState& h) { return !h.open(); })
+      .def(
+          "block",
+          [](const std::shared_ptr<ReadHandleState>& h, py::ssize_t i) { return blockOf(h, i); },
+          "index"_a, "Block `index` (read-only, zero-copy).")
+      .def(
+          "blocks", [](const std::shared_ptr<ReadHandleState>& h) { return blocksOf(h); },
+          "Every Block of the handle, in order.")
+      .def("copy_to", &copyTo, "start"_a = py::none(), "stop"_a = py::none(), "out"_a = py::none(),
+           R"doc(
+Copies positions [start, stop) (default: [begin, end)) packed into `out` (a new array when None;
+else a writable C-contiguous array of shape layout.packed_shape(stop - start)) and returns it.
+)doc")
+      .def("release", &ReadHandleState::release, "Unpins the blocks. Idempotent.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](ReadHandleState& h, py::handle excType, py::handle,
+                          py::handle) { return exitRead(h, excType); })
+      .def("__repr__", [](const ReadHandleState& h) {
+        return "<kvtier.ReadHandle [" + std::to_string(h.begin()) + ", " + std::to_string(h.end()) +
+               "), " + std::to_string(h.blockCount()) + " blocks" + (h.open() ? "" : ", released") +
+               ">";
+      });
+
+  py::class_<WriteHandleState, std::shared_ptr<WriteHandleState>>(m, "WriteHandle", R"doc(
+Blocks granted under a write lease (Space.begin_put), written in place before a commit.
+
+block(i) is writable and zero-copy; slots of block(0) before `begin` hold the sequence's
+existing bytes: do not write them. write() copies packed KV in instead. Nothing is visible to
+anyone before commit().
+
+A context manager: leaving the `with` block normally commits what is not committed yet; an
+exception aborts (as does dropping the handle uncommitted). commit() and abort() refuse
+(kvtier.BufferInUse, nothing changed) while an array of one of its blocks is alive. Afterwards
+every method, and numpy() of any of its blocks, raises kvtier.Released.
+)doc")
+      .def_property_readonly("begin", &WriteHandleState::begin)
+      .def_property_readonly("end", &WriteHandleState::end)
+      .def_property_readonly("first_position", &WriteHandleState::firstPosition,
+                             "Sequence position of block(0)'s first token slot.")
+      .def_property_readonly("block_count", &WriteHandleState::blockCount)
+      .def_property_readonly("closed", [](const WriteHandleState& h) { return !h.open(); })
+      .def(
+          "block",
+          [](const std::shared_ptr<WriteHandleState>& h, py::ssize_t i) { return blockOf(h, i); },
+          "index"_a, "Block `index` (writable, zero-copy).")
+      .def(
+          "blocks", [](const std::shared_ptr<WriteHandleState>& h) { return blocksOf(h); },
+          "Every Block of the handle, in order.")
+      .def("write", &writeKv, "start"_a, "stop"_a, "kv"_a,
+           "Writes positions [start, stop) from packed kv (layout.packed_shape(stop - start)).")
+      .def(
+          "commit",
+          [](WriteHandleState& h, std::optional<uint64_t> upTo) {
+            return h.commit(upTo.value_or(kEndPosition));
+          },
+          "up_to"_a = py::none(), R"doc(
+Makes [begin, up_to) visible (None: every granted position) and returns CommitInfo. A bad up_to
+raises kvtier.InvalidArgument and leaves the handle open.
+)doc")
+      .def("abort", &WriteHandleState::abort, "Frees the granted blocks; nothing becomes visible.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](WriteHandleState& h, py::handle excType, py::handle,
+                          py::handle) { return exitWrite(h, excType); })
+      .def("__repr__", [](const WriteHandleState& h) {
+        return "<kvtier.WriteHandle [" + std::to_string(h.begin()) + ", " +
+               std::to_string(h.end()) + "), " + std::to_string(h.blockCount()) + " blocks" +
+               (h.open() ? "" : ", closed") + ">";
+      });
+}

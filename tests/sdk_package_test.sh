@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The installable package, end to end (tests/CMakeLists.txt registers it as
+# SdkPackage.InstallAndConsume):
+#
+#   sdk_package_test.sh BUILD_DIR
+#
+# 1. `cmake --install BUILD_DIR --prefix P` into a temporary P, which must hold the binaries, the
+#    headers, libkvtier.a and libkvtier.so, the CMake package and kvtier.pc, none of them naming
+#    the build or source tree.
+# 2. Every installed header compiles on its own (kvtier.h also as strict C99).
+# 3. tests/consumer/, a separate project, is configured with find_package(kvtier) and built: C++
+#    against kvtier::client (libkvtier.so) and kvtier::client_static (libkvtier.a), C against
+#    kvtier::client.
+# 4. The same sources are built with a bare compiler and pkg-config (kvtier.pc), shared and
+#    static (pkg-config --static).
+# 5. Every consumer runs against P's own kvtierd (tests/with_daemon.sh), and P's kvtier tool reads
+#    the daemon's counters.
+# Everything is made under one temporary directory, removed on any exit; with_daemon.sh cleans up
+# the daemon, its socket and its segments.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+
+# Step 5, run by with_daemon.sh: consume DIR (the temporary directory of the steps before).
+if [ "${1:-}" = consume ]; then
+  tmp=$2
+  for exe in "$tmp"/consumer/consumer_shared "$tmp"/consumer/consumer_static \
+    "$tmp"/consumer/consumer_c "$tmp"/pc/consumer "$tmp"/pc/consumer_static "$tmp"/pc/consumer_c; do
+    name="$(basename "$(dirname "$exe")")-$(basename "$exe")"
+    "$exe" "$name" || { echo "FAILED: $exe" >&2; exit 1; }
+  done
+  stats=$("$tmp"/prefix/bin/kvtier stats)
+  grep -q '"hits": [1-9]' <<<"$stats" || { echo "FAILED: kvtier stats: $stats" >&2; exit 1; }
+  echo "installed kvtier stats: $(grep -o '"hits": [0-9]*' <<<"$stats")"
+  exit 0
+fi
+
+[ $# -eq 1 ] || { echo "usage: $0 BUILD_DIR" >&2; exit 2; }
+build=$(cd "$1" && pwd)
+src=$(cd "$here/.." && pwd)
+cache_value() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }
+cc=$(cache_value CMAKE_C_COMPILER)
+cxx=$(cache_value CMAKE_CXX_COMPILER)
+
+tmp=$(mktemp -d /tmp/kvtier-package-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+fail() { echo "FAILED: $*" >&2; exit 1; }
+
+# 1. Install.
+prefix=$tmp/prefix
+cmake --install "$build" --prefix "$prefix" >"$tmp/install.log" || {
+  cat "$tmp/install.log" >&2
+  fail "cmake --install"
+}
+pc=$(find "$prefix" -name kvtier.pc)
+[ -n "$pc" ] || fail "no kvtier.pc under $prefix"
+libdir=$(dirname "$(dirname "$pc")")
+for f in bin/kvtierd bin/kvtier include/kvtier/client.h include/kvtier/kvtier.h \
+  include/kvtier/error.h include/kvtier/layout.h include/kvtier/block_key.h; do
+  [ -e "$prefix/$f" ] || fail "$f is not installed"
+done
+for f in libkvtier.a libkvtier.so cmake/kvtier/kvtierConfig.cmake \
+  cmake/kvtier/kvtierConfigVersion.cmake cmake/kvtier/kvtierSharedTargets.cmake \
+  cmake/kvtier/kvtierStaticTargets.cmake; do
+  [ -e "$libdir/$f" ] || fail "${libdir#"$prefix"/}/$f is not installed"
+done
+if grep -rl -e "$build" -e "$src" "$libdir/cmake" "$libdir/pkgconfig"; then
+  fail "the files above name the build or source tree: the prefix would not be relocatable"
+fi
+echo "installed into $prefix: $(cd "$prefix" && find . -type f -o -type l | sort | tr '\n' ' ')"
+
+# 2. Each header on its own.
+for h in "$prefix"/include/kvtier/*.h; do
+  echo "#include <kvtier/$(basename "$h")>" |
+    "$cxx" -std=c++20 -fsyntax-only -Wall -Wextra -Werror -I"$prefix/include" -x c++ - ||
+    fail "$(basename "$h") does not compile on its own"
+done
+echo "#include <kvtier/kvtier.h>" |
+  "$cc" -std=c99 -pedantic-errors -fsyntax-only -Wall -Wextra -Werror -I"$prefix/include" -x c - ||
+  fail "kvtier.h is not strict C99"
+
+# 3. find_package(kvtier).
+cmake -S "$here/consumer" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release \
+  >"$tmp/consumer.log" 2>&1 || { cat "$tmp/consumer.log" >&2; fail "configuring tests/consumer"; }
+cmake --build "$tmp/consumer" -j 1 >>"$tmp/consumer.log" 2>&1 ||
+  { cat "$tmp/consumer.log" >&2; fail "building tests/consumer"; }
+readelf -d "$tmp/consumer/consumer_shared" | grep -q 'NEEDED.*libkvtier\.so' ||
+  fail "consumer_shared does not link libkvtier.so"
+if readelf -d "$tmp/consumer/consumer_static" | grep -q 'NEEDED.*libkvtier'; then
+  fail "consumer_static links libkvtier.so, not libkvtier.a"
+fi
+
+# 4. pkg-config.
+export PKG_CONFIG_PATH=$libdir/pkgconfig
+[ "$(pkg-config --modversion kvtier)" = "$(sed -n 's/^Version: //p' "$pc")" ] ||
+  fail "pkg-config does not find kvtier.pc"
+mkdir "$tmp/pc"
+# shellcheck disable=SC2046 # the flags are words
+{
+  "$cxx" -std=c++20 "$here/consumer/consumer.cc" -o "$tmp/pc/consumer" \
+    $(pkg-config --cflags --libs kvtier) -Wl,-rpath,"$libdir" &&
+    "$cc" -std=c99 "$here/consumer/consumer_c.c" -o "$tmp/pc/consumer_c" \
+      $(pkg-config --cflags --libs kvtier) -Wl,-rpath,"$libdir" &&
+    "$cxx" -std=c++20 "$here/consumer/consumer.cc" -o "$tmp/pc/consumer_static" \
+      $(pkg-config --cflags --static --libs kvtier | sed 's/-lkvtier\b/-l:libkvtier.a/') \
+      $(pkg-config --static --libs-only-L kvtier | sed 's/-L/-Wl,-rpath,/g')
+} || fail "building with pkg-config"
+if readelf -d "$tmp/pc/consumer_static" | grep -q 'NEEDED.*libkvtier'; then
+  fail "pkg-config --static linked libkvtier.so"
+fi
+
+# 5. Run them all against the installed daemon.
+bash "$here/with_daemon.sh" "$prefix/bin/kvtierd" bash "$0" consume "$tmp"
+echo "the installed package builds consumers (CMake, pkg-config; shared, static) that work"
