@@ -1,0 +1,258 @@
+// The SDK's own declarations shared by its files (not installed): the client's event-loop state,
+// a namespace's capability, a lease, and the helpers that build requests and read answers.
+#pragma once
+
+#include <capnp/rpc-twoparty.h>
+#include <kj/async-io.h>
+#include <kj/debug.h>
+
+#include <future>
+#include <map>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "kernels/block_copy.h"
+#include "kvtier/client.h"
+#include "schemas/kvtier.capnp.h"
+#include "store/limits.h"
+#include "transport/buffered_stream.h"
+#include "transport/busy_poll.h"
+#include "transport/rpc_codec.h"
+#include "transport/shm_segment.h"
+#include "transport/socket_stream.h"
+#ifdef KVTIER_HAVE_CUDA
+#include <mutex>
+
+#include "kernels/gpu.h"
+#include "transport/cuda_pool.h"
+#endif
+
+namespace kvtier {
+
+// ---------------------------------------------------------------------------------------------
+// The client's event-loop thread. Every capnp object lives there; other threads reach it through
+// the loop's kj::Executor, which runs a function on the loop and blocks until its promise resolves.
+
+struct Client::Impl {
+  ClientOptions options;
+  std::thread thread;
+  const kj::Executor* executor = nullptr;
+  bool callerThread = false;
+  std::thread::id callerThreadId;
+  std::optional<kj::AsyncIoContext> ownedIo;  // caller-thread mode: the caller's event loop
+  // Caller-thread mode: when the daemon's answers came, to poll for the next one while hot.
+  std::optional<Conversation> answers;
+
+  // Own-thread mode: lease capabilities dropped by callers, for the loop thread to drop. A caller
+  // that drops a handle queues its lease and wakes the loop thread (at most one wake per batch)
+  // instead of waiting for a round trip through the executor: the release goes out as soon as the
+  // loop thread runs, and always before any later call of this client (run() drops what is queued
+  // first). Guarded by dropMutex.
+  std::mutex dropMutex;
+  std::vector<capnp::Capability::Client> dropped;
+  kj::Own<kj::CrossThreadPromiseFulfiller<void>> dropWake;  // the loop thread's, while it runs
+  // Queues `cap` for the loop thread to drop (own-thread mode; any thread).
+  void dropLater(capnp::Capability::Client&& cap);
+  // On the loop thread: drops what callers queued.
+  void dropQueued();
+  // On the loop thread: drops what is queued each time a caller wakes it, until cancelled.
+  kj::Promise<void> dropWhenWoken();
+
+  // Loop-thread state (touched only inside run()).
+  kj::AsyncIoContext* io = nullptr;
+  kj::Own<kj::PromiseFulfiller<void>> stop;
+  kj::Own<kj::AsyncIoStream> stream;
+  kj::Own<capnp::TwoPartyVatNetwork> network;
+  kj::Own<capnp::RpcSystem<capnp::rpc::twoparty::VatId>> rpcSystem;
+  kj::Maybe<rpc::Session::Client> session;
+
+  // Written once during open() under the loop, read by handles: the loop serialises both.
+  std::map<uint32_t, std::unique_ptr<ShmSegment>> mappings;
+  bool mapped = false;
+  bool mappingTried = false;
+  std::string daemonVersion;
+  std::vector<int> devices;  // with a GPU pool on the daemon (the daemon's ordinals)
+  std::vector<std::string> devicePciBusIds;  // of those devices, in the same order
+  // GPU extents this client was told of: their blocks have no host view.
+  std::set<uint32_t> gpuExtents;
+#ifdef KVTIER_HAVE_CUDA
+  // Opened once per extent, closed with the client. Guarded by gpuMutex, like the copiers (a
+  // client may be called from several threads; kernels launch from the caller's thread).
+  std::mutex gpuMutex;
+  std::map<uint32_t, std::unique_ptr<DeviceMapping>> deviceMappings;
+  std::map<uint32_t, std::unique_ptr<HostRegistration>> hostRegistrations;
+  std::map<int, std::unique_ptr<kernels::gpu::PagedCopier>> copiers;
+  // The address a kernel on `device` uses for a block: the IPC mapping of a GPU extent, or the
+  // registered host mapping of a host extent. Requires gpuMutex.
+  Result<uint8_t*> devicePointer(const BlockRef& ref);
+#endif
+
+  // Runs `f` on the loop thread and waits for its result; kj::Exceptions become kvtier Errors.
+  // In caller-thread mode it runs `f` right here, and refuses calls from other threads.
+  template <typename F>
+  auto run(F&& f) -> Result<kj::_::UnwrapPromise<kj::PromiseForResult<F, void>>> {
+    using T = kj::_::UnwrapPromise<kj::PromiseForResult<F, void>>;
+    if (callerThread && std::this_thread::get_id() != callerThreadId) {
+      return makeError(ErrorCode::kInvalidArgument,
+                       "a caller-thread kvtier::Client was used from another thread");
+    }
+    try {
+      if (callerThread) {
+        using R = decltype(f());
+        auto& ws = ownedIo->waitScope;
+        if constexpr (std::is_void_v<R>) {
+          f();
+          ws.poll();  // flush the messages the call queued (releases, finishes)
+          return {};
+        } else if constexpr (std::is_void_v<T>) {
+          waitForAnswer(f(), ws, *answers);
+          ws.poll();
+          return {};
+        } else if constexpr (kj::isSameType<R, T>()) {
+          T value = f();
+          ws.poll();
+          return value;
+        } else {
+          T value = waitForAnswer(f(), ws, *answers);
+          ws.poll();
+          return value;
+        }
+      }
+      // Leases dropped before this call are released before it.
+      auto afterDrops = [&]() {
+        dropQueued();
+        return f();
+      };
+      if constexpr (std::is_void_v<T>) {
+        executor->executeSync(afterDrops);
+        return {};
+      } else {
+        return executor->executeSync(afterDrops);
+      }
+    } catch (const kj::Exception& e) {
+      return fromKjException(e);
+    }
+  }
+
+  Status connect();
+  // Connects and says hello on the current thread's event loop.
+  Status setup(kj::AsyncIoContext& context);
+  void teardown();
+  void loop(std::promise<Status>& ready);
+  rpc::Session::Client& sessionCap() { return KJ_ASSERT_NONNULL(session); }
+  Status mapExtents(
+      const std::vector<std::pair<uint32_t, std::pair<std::string, uint64_t>>>& extents);
+  const uint8_t* view(const BlockRef& ref) const;
+  // The host view of a granted block: its bytes in the mapped pool, or an empty span for a block
+  // in GPU memory (reached with kernels). INTERNAL for a block outside every mapping.
+  Result<std::span<uint8_t>> grantedView(const BlockRef& ref) const;
+};
+
+// A namespace's capability (lives on the loop thread).
+struct Space::Impl {
+  kj::Maybe<rpc::Space::Client> cap;
+  rpc::Space::Client& space() { return KJ_ASSERT_NONNULL(cap); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Leases
+
+struct LeaseState {
+  Client::Impl* client = nullptr;
+  kj::Maybe<capnp::Capability::Client> cap;
+  ~LeaseState() {
+    // Dropping the capability sends the daemon a release without waiting for it. A caller-thread
+    // client drops it here; an own-thread one hands it to its loop thread without waiting.
+    KJ_IF_MAYBE (c, cap) {
+      if (client->callerThread) {
+        (void)client->run([this] { cap = nullptr; });
+      } else {
+        client->dropLater(kj::mv(*c));
+        cap = nullptr;
+      }
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Requests and answers
+
+inline capnp::ReaderOptions clientReaderOptions() {
+  capnp::ReaderOptions options;
+  options.traversalLimitInWords =
+      2 * (kMaxInlineBytesPerCall + (uint64_t{8} << 20)) / sizeof(capnp::word);
+  return options;
+}
+
+inline BlockRef refFrom(rpc::BlockRef::Reader r) {
+  return BlockRef{r.getExtent(), r.getOffset(), r.getBytes(), r.getGeneration()};
+}
+
+inline kernels::BlockGeometry geometry(const Layout& l) {
+  return {l.numLayers, l.blockTokens, l.tokenBytes()};
+}
+
+inline void setTokens(capnp::List<uint32_t>::Builder out, std::span<const uint32_t> tokens) {
+  for (uint32_t i = 0; i < tokens.size(); ++i) out.set(i, tokens[i]);
+}
+
+inline void setKeys(capnp::List<capnp::Data>::Builder out, std::span<const Key128> keys) {
+  for (uint32_t i = 0; i < keys.size(); ++i)
+    out.set(i, capnp::Data::Reader(keys[i].bytes.data(), keys[i].bytes.size()));
+}
+
+inline Error invalid(auto&&... args) { return makeError(ErrorCode::kInvalidArgument, args...); }
+
+// INVALID_ARGUMENT unless positions [from, to) lie within a handle's [begin, end). `what` names
+// the call, `holds` what the handle has ("held", "granted").
+inline Status checkRange(const char* what, const char* holds, uint64_t from, uint64_t to, uint64_t begin,
+                  uint64_t end) {
+  if (from > to || from < begin || to > end) {
+    return invalid(what, " range [", from, ", ", to, ") is outside the ", holds, " [", begin, ", ",
+                   end, ")");
+  }
+  return {};
+}
+
+// PutOptions and LookupOptions both carry how a sequence they create is kept.
+template <typename Options>
+void setSeqOptions(rpc::SeqOptions::Builder out, const Options& options) {
+  out.setDetached(options.detached);
+  out.setWindow(options.window);
+  out.setChunk(options.chunk);
+}
+
+
+// Fills a ReadHandle's views from refs, mapped or inline.
+inline Status attachViews(Client::Impl& client, std::vector<BlockRef>& refs,
+                   std::vector<std::vector<uint8_t>>& inlineData,
+                   std::vector<std::span<const uint8_t>>& views) {
+  if (!inlineData.empty()) {
+    for (auto& d : inlineData) views.emplace_back(d.data(), d.size());
+    return {};
+  }
+  for (const auto& ref : refs) {
+    auto v = client.grantedView(ref);  // empty for GPU memory: Space::gatherTo reads it
+    if (!v) return v.error();
+    views.emplace_back(v->data(), v->size());
+  }
+  return {};
+}
+
+template <typename Response>
+void readBlocks(Response& r, std::vector<BlockRef>& refs, std::vector<std::vector<uint8_t>>& data) {
+  for (auto b : r.getBlocks()) refs.push_back(refFrom(b));
+  for (auto d : r.getData()) data.emplace_back(d.begin(), d.end());
+}
+
+
+
+inline SnapshotInfo snapshotFrom(rpc::SnapshotInfo::Reader r) {
+  SnapshotInfo info{r.getId(), r.getFrom(), r.getTo(), {}, r.getNode()};
+  for (uint64_t pos : r.getCheckpoints()) info.checkpoints.push_back(pos);
+  return info;
+}
+
+
+}  // namespace kvtier

@@ -1,0 +1,150 @@
+// Read and write handles: a lease on pool blocks, released with the handle; and blob handles.
+
+#include "client/client_internal.h"
+
+#include <cstring>
+
+namespace kvtier {
+
+// ---------------------------------------------------------------------------------------------
+// Leases
+
+ReadHandle::ReadHandle(Space* space, std::unique_ptr<LeaseState> lease) noexcept
+    : space_(space), lease_(std::move(lease)) {}
+ReadHandle::ReadHandle(ReadHandle&&) noexcept = default;
+ReadHandle& ReadHandle::operator=(ReadHandle&&) noexcept = default;
+ReadHandle::~ReadHandle() = default;
+
+void ReadHandle::release() {
+  // Dropping the lease capability sends the daemon a release message without waiting for an
+  // answer: it is ordered before anything else this client sends.
+  lease_.reset();
+  views_.clear();
+  inline_.clear();
+}
+
+Status ReadHandle::copyTo(uint64_t from, uint64_t to, void* out, size_t bytes) const {
+  const Layout& layout = space_->layout();
+  if (auto s = checkRange("copy", "held", from, to, begin_, end_); !s) return s;
+  if (bytes != (to - from) * layout.tokenKvBytes()) {
+    return invalid("copy buffer of ", bytes, " bytes, expected ",
+                   (to - from) * layout.tokenKvBytes());
+  }
+  if (views_.empty() && from < to)
+    return makeError(ErrorCode::kReleased, "read handle was released");
+  const uint32_t bt = layout.blockTokens;
+  const auto g = geometry(layout);
+  for (uint64_t pos = from; pos < to;) {
+    const uint64_t block = (pos - firstPosition_) / bt;
+    const uint32_t slot = static_cast<uint32_t>((pos - firstPosition_) % bt);
+    const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(bt - slot, to - pos));
+    if (!views_[block].data()) {
+      return makeError(ErrorCode::kNotSupported,
+                       "block is in GPU memory: gather it with Space::gatherTo");
+    }
+    kernels::packSlots(g, views_[block].data(), slot, n, static_cast<uint8_t*>(out), to - from,
+                       pos - from);
+    pos += n;
+  }
+  return {};
+}
+
+WriteHandle::WriteHandle(Space* space, std::unique_ptr<LeaseState> lease) noexcept
+    : space_(space), lease_(std::move(lease)) {}
+WriteHandle::WriteHandle(WriteHandle&&) noexcept = default;
+WriteHandle& WriteHandle::operator=(WriteHandle&&) noexcept = default;
+WriteHandle::~WriteHandle() = default;
+
+Status WriteHandle::write(uint64_t from, uint64_t to, const void* kv, size_t bytes) {
+  if (!lease_) return makeError(ErrorCode::kReleased, "write handle was committed or aborted");
+  const Layout& layout = space_->layout();
+  if (auto s = checkRange("write", "granted", from, to, begin_, end_); !s) return s;
+  if (bytes != (to - from) * layout.tokenKvBytes()) {
+    return invalid("write buffer of ", bytes, " bytes, expected ",
+                   (to - from) * layout.tokenKvBytes());
+  }
+  const uint32_t bt = layout.blockTokens;
+  const auto g = geometry(layout);
+  const auto* packed = static_cast<const uint8_t*>(kv);
+  if (!views_.empty()) {
+    for (uint64_t pos = from; pos < to;) {
+      const uint64_t block = (pos - firstPosition_) / bt;
+      const uint32_t slot = static_cast<uint32_t>((pos - firstPosition_) % bt);
+      const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(bt - slot, to - pos));
+      if (!views_[block].data()) {
+        return makeError(ErrorCode::kNotSupported,
+                         "block is in GPU memory: write it with Space::putPaged");
+      }
+      kernels::unpackSlots(g, views_[block].data(), slot, n, packed, to - from, pos - from);
+      pos += n;
+    }
+    return {};
+  }
+  // Inline: one write message per block, all in flight at once.
+  return lease_->client->run([&] {
+    auto lease = KJ_ASSERT_NONNULL(lease_->cap).castAs<rpc::WriteLease>();
+    kj::Vector<kj::Promise<void>> sends;
+    for (uint64_t pos = from; pos < to;) {
+      const uint64_t block = (pos - firstPosition_) / bt;
+      const uint32_t slot = static_cast<uint32_t>((pos - firstPosition_) % bt);
+      const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(bt - slot, to - pos));
+      auto req = lease.writeRequest();
+      req.setBlock(static_cast<uint32_t>(block));
+      req.setFirstSlot(slot);
+      req.setSlots(n);
+      auto data = req.initData(n * layout.tokenKvBytes());
+      // Gather this block's slots out of the caller's packed run into a packed run of n tokens.
+      for (uint64_t lkv = 0; lkv < 2ull * layout.numLayers; ++lkv) {
+        std::memcpy(data.begin() + lkv * n * g.tokenBytes,
+                    packed + (lkv * (to - from) + (pos - from)) * g.tokenBytes, n * g.tokenBytes);
+      }
+      sends.add(req.send().ignoreResult());
+      pos += n;
+    }
+    return kj::joinPromises(sends.releaseAsArray());
+  });
+}
+
+Result<CommitInfo> WriteHandle::commit(uint64_t upTo) {
+  if (!lease_) return makeError(ErrorCode::kReleased, "write handle was committed or aborted");
+  auto result = lease_->client->run([&] {
+    auto req = KJ_ASSERT_NONNULL(lease_->cap).castAs<rpc::WriteLease>().commitRequest();
+    req.setUpTo(upTo);
+    return req.send().then([](capnp::Response<rpc::WriteLease::CommitResults>&& r) {
+      return CommitInfo{r.getLength(), r.getSealedBlocks()};
+    });
+  });
+  // A bad upTo leaves the lease open for another try; anything else ends it.
+  if (result || result.code() != ErrorCode::kInvalidArgument) {
+    lease_.reset();
+    views_.clear();
+  }
+  return result;
+}
+
+Status WriteHandle::abort() {
+  if (!lease_) return makeError(ErrorCode::kReleased, "write handle was committed or aborted");
+  auto status = lease_->client->run([&] {
+    return KJ_ASSERT_NONNULL(lease_->cap)
+        .castAs<rpc::WriteLease>()
+        .abortRequest()
+        .send()
+        .ignoreResult();
+  });
+  lease_.reset();
+  views_.clear();
+  return status;
+}
+
+
+BlobHandle::BlobHandle(BlobHandle&&) noexcept = default;
+BlobHandle& BlobHandle::operator=(BlobHandle&&) noexcept = default;
+BlobHandle::~BlobHandle() = default;
+
+void BlobHandle::release() {
+  lease_.reset();
+  data_ = {};
+  inline_.clear();
+}
+
+}  // namespace kvtier

@@ -1,0 +1,108 @@
+// GPU: paged KV <-> pool blocks with kernels/ on the engine's stream.
+
+#include "client/client_internal.h"
+
+#ifdef KVTIER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#endif
+
+namespace kvtier {
+
+Status Space::pagedCopy(bool scatter, const std::vector<BlockRef>& refs, uint64_t firstPosition,
+                        uint64_t from, uint64_t to, const PagedKvCache& cache,
+                        std::span<const int32_t> blockTable, void* stream) {
+#ifndef KVTIER_HAVE_CUDA
+  (void)scatter, (void)refs, (void)firstPosition, (void)from, (void)to, (void)cache,
+      (void)blockTable, (void)stream;
+  return makeError(ErrorCode::kNotSupported, "this kvtier client was built without CUDA");
+#else
+  if (device_ < 0) {
+    return makeError(ErrorCode::kNotSupported, "the space was not opened on a GPU device");
+  }
+  if (cache.keys.size() != layout_.numLayers || cache.values.size() != layout_.numLayers) {
+    return invalid("paged cache has ", cache.keys.size(), " K and ", cache.values.size(),
+                   " V tensors; the layout has ", layout_.numLayers, " layers");
+  }
+  if (cache.blockTokens == 0) return invalid("paged cache block size is 0");
+  if (from < to && blockTable.size() < (to - 1) / cache.blockTokens + 1) {
+    return invalid("block table has ", blockTable.size(), " entries; positions up to ", to,
+                   " need ", (to - 1) / cache.blockTokens + 1);
+  }
+  if (from == to) return {};
+  auto* client = client_.impl_.get();
+  std::lock_guard<std::mutex> lock(client->gpuMutex);
+  std::vector<uint8_t*> tensors;
+  for (uint32_t l = 0; l < layout_.numLayers; ++l) {
+    tensors.push_back(static_cast<uint8_t*>(cache.keys[l]));
+    tensors.push_back(static_cast<uint8_t*>(cache.values[l]));
+  }
+  std::vector<uint8_t*> pool;
+  for (const auto& ref : refs) {
+    auto p = client->devicePointer(ref);
+    if (!p) return p.error();
+    pool.push_back(*p);
+  }
+  const kernels::PagedKv kv{layout_.numLayers, cache.blockTokens, layout_.tokenBytes()};
+  kernels::PagedCopy copy;
+  copy.tensors = tensors.data();
+  copy.blockTable = blockTable.data();
+  copy.poolBlocks = pool.data();
+  copy.poolTokens = layout_.blockTokens;
+  copy.poolFirst = firstPosition / layout_.blockTokens;
+  copy.begin = from;
+  copy.end = to;
+  if (auto why = kernels::checkPagedCopy(kv, copy); !why.empty()) return invalid(why);
+  auto& copier = client->copiers[device_];
+  if (!copier) copier = std::make_unique<kernels::gpu::PagedCopier>(device_);
+  auto s = static_cast<cudaStream_t>(stream);
+  cudaError_t e = scatter ? copier->scatter(kv, copy, s) : copier->gather(kv, copy, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return makeError(ErrorCode::kUnavailable, scatter ? "scatter" : "gather",
+                     " kernel failed: ", cudaGetErrorString(e));
+  }
+  return {};
+#endif
+}
+
+Result<CommitInfo> Space::putPaged(std::string_view seq, uint64_t begin,
+                                   std::span<const uint32_t> tokens, const PagedKvCache& cache,
+                                   std::span<const int32_t> blockTable, void* stream,
+                                   const PutOptions& options) {
+  if (device_ < 0) {
+    return makeError(ErrorCode::kNotSupported, "the space was not opened on a GPU device");
+  }
+  auto handle = beginPut(seq, begin, tokens, options);
+  if (!handle) return handle.error();
+  if (auto s = scatterTo(*handle, begin, begin + tokens.size(), cache, blockTable, stream); !s) {
+    (void)handle->abort();
+    return s.error();
+  }
+  return handle->commit();
+}
+
+Status Space::scatterTo(const WriteHandle& handle, uint64_t from, uint64_t to,
+                        const PagedKvCache& cache, std::span<const int32_t> blockTable,
+                        void* stream) {
+  if (!handle.lease_) {
+    return makeError(ErrorCode::kReleased, "write handle was committed or aborted");
+  }
+  if (auto s = checkRange("scatter", "granted", from, to, handle.begin_, handle.end_); !s) {
+    return s;
+  }
+  return pagedCopy(true, handle.refs_, handle.firstPosition_, from, to, cache, blockTable, stream);
+}
+
+Status Space::gatherTo(const ReadHandle& handle, uint64_t from, uint64_t to,
+                       const PagedKvCache& cache, std::span<const int32_t> blockTable,
+                       void* stream) {
+  if (auto s = checkRange("gather", "held", from, to, handle.begin_, handle.end_); !s) return s;
+  if (handle.views_.empty() && from < to) {
+    return makeError(ErrorCode::kReleased, "read handle was released");
+  }
+  return pagedCopy(false, handle.refs_, handle.firstPosition_, from, to, cache, blockTable, stream);
+}
+
+}  // namespace kvtier

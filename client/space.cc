@@ -1,0 +1,214 @@
+// A namespace's sequence calls: put, get, lookup, copy-prefix, remove, truncate, and reads of
+// block refs.
+
+#include "client/client_internal.h"
+
+namespace kvtier {
+
+// ---------------------------------------------------------------------------------------------
+// Space
+
+Space::Space(Client& client, std::unique_ptr<Impl> impl, Layout layout, uint64_t fingerprint,
+             int device)
+    : client_(client),
+      impl_(std::move(impl)),
+      layout_(std::move(layout)),
+      fingerprint_(fingerprint),
+      device_(device) {}
+
+Space::~Space() {
+  (void)client_.impl_->run([this] { impl_->cap = nullptr; });
+}
+
+Result<WriteHandle> Space::beginPut(std::string_view seq, uint64_t begin,
+                                    std::span<const uint32_t> tokens, const PutOptions& options) {
+  if (tokens.size() > kMaxTokensPerCall)
+    return invalid("put of ", tokens.size(), " tokens exceeds ", kMaxTokensPerCall);
+  auto* client = client_.impl_.get();
+  auto lease = std::make_unique<LeaseState>();
+  lease->client = client;
+  struct Granted {
+    uint64_t firstPosition;
+    std::vector<BlockRef> refs;
+  };
+  auto granted = client->run([&] {
+    auto req = impl_->space().putRequest();
+    req.setSeq(std::string(seq));
+    req.setBegin(begin);
+    setTokens(req.initTokens(tokens.size()), tokens);
+    setKeys(req.initKeys(options.keys.size()), options.keys);
+    setSeqOptions(req.initOptions(), options);
+    return req.send().then([&lease](capnp::Response<rpc::Space::PutResults>&& r) {
+      lease->cap = r.getLease();
+      Granted g{r.getFirstPosition(), {}};
+      for (auto b : r.getBlocks()) g.refs.push_back(refFrom(b));
+      return g;
+    });
+  });
+  if (!granted) return granted.error();
+  WriteHandle handle(this, std::move(lease));
+  handle.begin_ = begin;
+  handle.end_ = begin + tokens.size();
+  handle.firstPosition_ = granted->firstPosition;
+  handle.refs_ = std::move(granted->refs);
+  if (client->mapped) {
+    for (const auto& ref : handle.refs_) {
+      auto v = client->grantedView(ref);  // empty for GPU memory: written by Space::putPaged
+      if (!v) return v.error();
+      handle.views_.push_back(*v);
+    }
+  }
+  return handle;
+}
+
+Result<CommitInfo> Space::put(std::string_view seq, uint64_t begin,
+                              std::span<const uint32_t> tokens, const void* kv, size_t bytes,
+                              const PutOptions& options) {
+  if (bytes != tokens.size() * layout_.tokenKvBytes()) {
+    return invalid("put of ", tokens.size(), " tokens needs ",
+                   tokens.size() * layout_.tokenKvBytes(), " bytes of KV, got ", bytes);
+  }
+  auto handle = beginPut(seq, begin, tokens, options);
+  if (!handle) return handle.error();
+  if (auto s = handle->write(begin, begin + tokens.size(), kv, bytes); !s) return s.error();
+  return handle->commit();
+}
+
+
+Result<ReadHandle> Space::get(std::string_view seq, uint64_t begin, uint64_t end) {
+  auto* client = client_.impl_.get();
+  auto lease = std::make_unique<LeaseState>();
+  lease->client = client;
+  ReadHandle handle(this, nullptr);
+  auto status = client->run([&] {
+    auto req = impl_->space().getRequest();
+    req.setSeq(std::string(seq));
+    req.setBegin(begin);
+    req.setEnd(end);
+    req.setInline(!client->mapped);
+    return req.send().then([&](capnp::Response<rpc::Space::GetResults>&& r) {
+      lease->cap = r.getLease();
+      handle.begin_ = begin;
+      handle.end_ = r.getEnd();
+      handle.firstPosition_ = r.getFirstPosition();
+      readBlocks(r, handle.refs_, handle.inline_);
+    });
+  });
+  if (!status) return status.error();
+  handle.lease_ = std::move(lease);
+  if (auto s = attachViews(*client, handle.refs_, handle.inline_, handle.views_); !s)
+    return s.error();
+  return handle;
+}
+
+Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span<const Key128> keys,
+                                     const LookupOptions& options) {
+  if (tokens.size() > kMaxTokensPerCall) {
+    return invalid("lookup of ", tokens.size(), " tokens exceeds ", kMaxTokensPerCall);
+  }
+  auto* client = client_.impl_.get();
+  auto lease = std::make_unique<LeaseState>();
+  lease->client = client;
+  ReadHandle handle(this, nullptr);
+  auto status = client->run([&] {
+    auto req = impl_->space().lookupRequest();
+    setTokens(req.initTokens(tokens.size()), tokens);
+    setKeys(req.initKeys(keys.size()), keys);
+    req.setBindSeq(options.bindSeq);
+    setSeqOptions(req.initOptions(), options);
+    req.setInline(!client->mapped);
+    req.setRemote(options.remote == RemoteMode::kLocal      ? rpc::RemoteMode::LOCAL_ONLY
+                  : options.remote == RemoteMode::kPrefetch ? rpc::RemoteMode::PREFETCH
+                                                            : rpc::RemoteMode::FETCH);
+    return req.send().then([&](capnp::Response<rpc::Space::LookupResults>&& r) {
+      lease->cap = r.getLease();
+      handle.begin_ = 0;
+      handle.end_ = r.getMatchedTokens();
+      handle.firstPosition_ = 0;
+      readBlocks(r, handle.refs_, handle.inline_);
+    });
+  });
+  if (!status) return status.error();
+  handle.lease_ = std::move(lease);
+  if (auto s = attachViews(*client, handle.refs_, handle.inline_, handle.views_); !s)
+    return s.error();
+  return handle;
+}
+
+Result<ReadHandle> Space::lookup(std::span<const uint32_t> tokens, const LookupOptions& options) {
+  return lookupImpl(tokens, {}, options);
+}
+
+Result<ReadHandle> Space::lookupKeys(std::span<const Key128> keys, const LookupOptions& options) {
+  return lookupImpl({}, keys, options);
+}
+
+Status Space::copyPrefix(std::string_view src, std::string_view dst, uint64_t len, bool detached) {
+  return client_.impl_->run([&] {
+    auto req = impl_->space().copyPrefixRequest();
+    req.setSrc(std::string(src));
+    req.setDst(std::string(dst));
+    req.setLen(len);
+    req.initOptions().setDetached(detached);
+    return req.send().ignoreResult();
+  });
+}
+
+Status Space::remove(std::string_view seq, uint64_t begin, uint64_t end) {
+  return client_.impl_->run([&] {
+    auto req = impl_->space().removeRequest();
+    req.setSeq(std::string(seq));
+    req.setBegin(begin);
+    req.setEnd(end);
+    return req.send().ignoreResult();
+  });
+}
+
+Status Space::truncate(std::string_view seq, uint64_t len) {
+  return client_.impl_->run([&] {
+    auto req = impl_->space().truncateRequest();
+    req.setSeq(std::string(seq));
+    req.setLen(len);
+    return req.send().ignoreResult();
+  });
+}
+
+Result<bool> Space::canResume(std::string_view seq, uint64_t pos) {
+  return client_.impl_->run([&] {
+    auto req = impl_->space().canResumeRequest();
+    req.setSeq(std::string(seq));
+    req.setPos(pos);
+    return req.send().then(
+        [](capnp::Response<rpc::Space::CanResumeResults>&& r) { return r.getOk(); });
+  });
+}
+
+Result<std::optional<uint64_t>> Space::length(std::string_view seq) {
+  return client_.impl_->run([&] {
+    auto req = impl_->space().lengthRequest();
+    req.setSeq(std::string(seq));
+    return req.send().then([](capnp::Response<rpc::Space::LengthResults>&& r) {
+      return r.getExists() ? std::optional<uint64_t>(r.getLength()) : std::nullopt;
+    });
+  });
+}
+
+Result<std::vector<std::vector<uint8_t>>> Space::readRefs(std::span<const BlockRef> refs) {
+  return client_.impl_->run([&] {
+    auto req = impl_->space().readRequest();
+    auto out = req.initRefs(refs.size());
+    for (uint32_t i = 0; i < refs.size(); ++i) {
+      out[i].setExtent(refs[i].extent);
+      out[i].setOffset(refs[i].offset);
+      out[i].setBytes(refs[i].bytes);
+      out[i].setGeneration(refs[i].generation);
+    }
+    return req.send().then([](capnp::Response<rpc::Space::ReadResults>&& r) {
+      std::vector<std::vector<uint8_t>> data;
+      for (auto d : r.getData()) data.emplace_back(d.begin(), d.end());
+      return data;
+    });
+  });
+}
+
+}  // namespace kvtier
