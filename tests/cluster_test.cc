@@ -231,6 +231,37 @@ INSTANTIATE_TEST_SUITE_P(Ucx, ClusterTransports, ::testing::Values("tcp", nullpt
                            return std::string(info.param ? info.param : "default");
                          });
 
+TEST(Cluster, ConcurrentLookupsOfOnePrefixFetchItsBlocksOnce) {
+  Cluster c(nodes(2));
+  ASSERT_TRUE(c.formed(2));
+  putPrompt(c[0], "doc", 7, 256 * 16);  // 256 blocks
+  ASSERT_TRUE(c.published(0));
+  // Eight lookups at once on node 1: one fetch brings the blocks, the others wait for it.
+  constexpr int kLookups = 8;
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < kLookups; ++i) clients.push_back(c[1].connect());
+  std::vector<Hit> hits(kLookups);
+  std::atomic<int> ready = 0;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kLookups; ++i) {
+    threads.emplace_back([&, i] {
+      ++ready;
+      while (ready < kLookups) std::this_thread::yield();
+      hits[i] = lookupPrompt(*clients[i], 7, 256 * 16);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const Hit& h : hits) {
+    EXPECT_EQ(h.matched, 256u * 16);
+    EXPECT_TRUE(h.identical);
+  }
+  const Stats s = clients[0]->stats().value();
+  EXPECT_EQ(s.remoteHitBlocks, 256u) << "each block crossed once";
+  EXPECT_EQ(s.remoteHitBytes, 256u * testLayout().blockBytes());
+  clients.clear();
+  expectNoLeakedBlocks(c[1]);
+}
+
 TEST(Cluster, APrefixSplitAcrossHoldersIsFetchedWhole) {
   // Client keys (as an engine that hashes its own blocks would bring): node 0 holds blocks 0-3 of
   // the chain, node 1 blocks 4-7 (after four blocks of its own); node 2 gets all eight.

@@ -364,6 +364,9 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   }
   // Blocks this node handed to others in a drain (a drain run again skips them).
   std::unordered_set<DirKey, DirKeyHash> drained_;
+  // Blocks being fetched, and the fetch that brings them: a lookup that needs one of them waits
+  // for that fetch rather than reading the same bytes again.
+  std::unordered_map<DirKey, std::shared_ptr<kj::ForkedPromise<void>>, DirKeyHash> fetching_;
 
   void taskFailed(kj::Exception&& e) override {
     logWarn("cluster_task_failed", e.getDescription().cStr());
@@ -1096,6 +1099,12 @@ kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Ke
             ++i;
             continue;
           }
+          // A block another lookup's fetch is bringing: wait for that fetch instead.
+          if (auto f = fetching_.find(dirKey(space, keys[i])); f != fetching_.end()) {
+            runs.add(f->second->addBranch());
+            ++i;
+            continue;
+          }
           std::shared_ptr<Link> best;
           size_t bestEnd = i;
           for (const auto& h : (*holders)[i]) {
@@ -1104,6 +1113,7 @@ kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Ke
             if (!link) continue;
             size_t j = i;
             while (j < keys.size() && j - i < kMaxPinBlocks &&
+                   (j == i || !fetching_.count(dirKey(space, keys[j]))) &&
                    std::find((*holders)[j].begin(), (*holders)[j].end(), h) !=
                        (*holders)[j].end()) {
               ++j;
@@ -1119,8 +1129,17 @@ kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Ke
           // the next arrive.
           for (size_t from = i; from < bestEnd; from += kPinPieceBlocks) {
             const size_t to = std::min(bestEnd, from + kPinPieceBlocks);
-            runs.add(
-                fetchRun(space, best, std::vector<Key128>(keys.begin() + from, keys.begin() + to)));
+            std::vector<Key128> piece(keys.begin() + from, keys.begin() + to);
+            auto run = std::make_shared<kj::ForkedPromise<void>>(
+                fetchRun(space, best, piece).fork());
+            for (const Key128& k : piece) fetching_[dirKey(space, k)] = run;
+            // Once done (it never rejects), its blocks are no longer in flight.
+            runs.add(run->addBranch().then([this, space, piece = std::move(piece), run]() {
+              for (const Key128& k : piece) {
+                auto f = fetching_.find(dirKey(space, k));
+                if (f != fetching_.end() && f->second == run) fetching_.erase(f);
+              }
+            }));
           }
           i = bestEnd;
         }
