@@ -1,0 +1,395 @@
+// kvtier-bench --suite local: kvtier's local data and control paths. A reader's get (lookup of a
+// 64-block, 16 MiB prefix, copyTo out of the shared pool, release) and a writer's put (lease,
+// write into the pool, commit) against one core's memcpy of the same bytes; a one-block lookup
+// against a 64-byte Unix-socket ping-pong; get and put against redis-server's pipelined GET and SET
+// of the same 64 chunks.
+//
+// The suite starts its own kvtierd (a fresh temporary data directory, a 256 MiB pool) and, when
+// redis-server is on PATH, its own redis-server on a Unix socket in the same directory; both are
+// stopped at the end, on failure too. After one warm-up repetition, every repetition measures each
+// kvtier figure next to its anchor, interleaved round by round.
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bench/harness.h"
+#include "tools/json_string.h"
+#include "tools/synthetic_kv.h"
+
+namespace kvtier::bench {
+namespace {
+
+// The shapes are benchLayout()'s (256 KiB blocks); the prefix is 64 blocks, 16 MiB.
+constexpr uint64_t kPrefixTokens = 1024;
+constexpr uint32_t kPrefixBlocks = 64;
+constexpr const char* kPoolBytes = "256M";
+// A repetition is kRounds rounds; a round runs every measurement once, back to back. Per
+// repetition that is 32 gets, puts and memcpys of 16 MiB, 8 pipelined redis batches each way, and
+// 2000 round trips of each kind (a repetition's round-trip figure is their median).
+constexpr int kRounds = 8;
+constexpr int kBandwidthIterationsPerRound = 4;
+constexpr int kRttIterationsPerRound = 250;
+
+// The suite's data: the prompt, its packed KV (also the memcpy source) and the reader's buffer
+// (also the memcpy destination).
+struct Workload {
+  Workload() {
+    const auto packed = synthetic::packedKv(layout, tokens, 0, kPrefixTokens);
+    std::memcpy(kv.data(), packed.data(), kv.size());
+  }
+  size_t bytes() const { return kv.size(); }
+
+  Layout layout = benchLayout();
+  std::vector<uint32_t> tokens = synthetic::tokens(2024, kPrefixTokens);
+  std::vector<uint32_t> firstBlock =
+      std::vector<uint32_t>(tokens.begin(), tokens.begin() + layout.blockTokens);
+  HostBuffer kv{kPrefixTokens * layout.tokenKvBytes()};
+  HostBuffer out{kPrefixTokens * layout.tokenKvBytes()};
+};
+
+// The anchor for bytes: one core's memcpy of the same 16 MiB.
+double timeMemcpy(Workload& w, int iterations) {
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iterations; ++i) {
+    std::memcpy(w.out.data(), w.kv.data(), w.bytes());
+    // Keep the compiler from treating the copies as dead or merging them.
+    asm volatile("" : : "r"(w.out.data()) : "memory");
+  }
+  return secondsSince(t0);
+}
+
+// A reader's whole path: lookup of the 1024-token prompt (one round trip, 64 blocks pinned),
+// copyTo of all of it out of the shared pool into its own buffer, release (one round trip).
+Result<double> timeGet(Space& space, Workload& w, int iterations) {
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iterations; ++i) {
+    auto hit = space.lookup(w.tokens);
+    if (!hit) return hit.error();
+    if (auto s = expectMatched(*hit, kPrefixTokens); !s) return s.error();
+    if (auto s = hit->copyTo(0, kPrefixTokens, w.out.data(), w.out.size()); !s) return s.error();
+    hit->release();
+  }
+  return secondsSince(t0);
+}
+
+// A writer's whole path: put of the 1024-token prompt at position 0 of one sequence (lease round
+// trip, 16 MiB written into 64 freshly granted pool blocks, commit round trip). Each put replaces
+// the sequence's previous contents, so no separate remove is needed; the commit then finds the
+// blocks already indexed and dedups them, freeing the fresh ones for the next put. The 16 MiB are
+// still written into the pool every time, which is what is measured.
+Result<double> timePut(Space& space, Workload& w, int iterations) {
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iterations; ++i) {
+    auto info = space.put("bench-put", 0, w.tokens, w.kv.data(), w.kv.size());
+    if (!info) return info.error();
+    if (info->sealedBlocks != kPrefixBlocks) {
+      return makeError(ErrorCode::kInternal, "put sealed ", info->sealedBlocks,
+                       " blocks, expected ", kPrefixBlocks);
+    }
+  }
+  return secondsSince(t0);
+}
+
+// Seconds of each lookup that hits exactly one block, its ReadHandle dropped right after (the drop
+// sends the release without waiting for an answer).
+Status sampleLookups(Space& space, const Workload& w, int iterations, std::vector<double>& out) {
+  for (int i = 0; i < iterations; ++i) {
+    const auto t0 = Clock::now();
+    {
+      auto hit = space.lookup(w.firstBlock);
+      if (!hit) return hit.error();
+      if (auto s = expectMatched(*hit, w.layout.blockTokens); !s) return s;
+    }
+    out.push_back(secondsSince(t0));
+  }
+  return {};
+}
+
+std::string redisKey(uint32_t i) { return "kvtier-bench:" + std::to_string(i); }
+
+// The same 64 chunks of 256 KiB as SETs, pipelined: 64 commands appended, then 64 replies read.
+Result<double> timeRedisSet(redisContext* c, const Workload& w) {
+  const size_t chunk = w.bytes() / kPrefixBlocks;
+  const auto t0 = Clock::now();
+  for (uint32_t i = 0; i < kPrefixBlocks; ++i) {
+    const std::string key = redisKey(i);
+    if (redisAppendCommand(c, "SET %b %b", key.data(), key.size(), w.kv.data() + i * chunk,
+                           chunk) != REDIS_OK) {
+      return unavailable("redis: ", c->errstr);
+    }
+  }
+  for (uint32_t i = 0; i < kPrefixBlocks; ++i) {
+    void* raw = nullptr;
+    if (redisGetReply(c, &raw) != REDIS_OK) return unavailable("redis: ", c->errstr);
+    RedisReplyPtr reply(static_cast<redisReply*>(raw));
+    if (reply->type != REDIS_REPLY_STATUS) {
+      return unavailable("redis SET answered type ", reply->type);
+    }
+  }
+  return secondsSince(t0);
+}
+
+// GET of the same 64 chunks, pipelined. The bytes end in hiredis' reply buffers and are not copied
+// further, which favours redis: kvtier's figure includes the copy into the reader's own buffer.
+Result<double> timeRedisGet(redisContext* c, const Workload& w, bool verify) {
+  const size_t chunk = w.bytes() / kPrefixBlocks;
+  const auto t0 = Clock::now();
+  for (uint32_t i = 0; i < kPrefixBlocks; ++i) {
+    const std::string key = redisKey(i);
+    if (redisAppendCommand(c, "GET %b", key.data(), key.size()) != REDIS_OK) {
+      return unavailable("redis: ", c->errstr);
+    }
+  }
+  for (uint32_t i = 0; i < kPrefixBlocks; ++i) {
+    void* raw = nullptr;
+    if (redisGetReply(c, &raw) != REDIS_OK) return unavailable("redis: ", c->errstr);
+    RedisReplyPtr reply(static_cast<redisReply*>(raw));
+    if (reply->type != REDIS_REPLY_STRING || static_cast<size_t>(reply->len) != chunk) {
+      return unavailable("redis GET ", redisKey(i), " answered type ", reply->type, " of ",
+                         reply->len, " bytes");
+    }
+    if (verify && std::memcmp(reply->str, w.kv.data() + i * chunk, chunk) != 0) {
+      return unavailable("redis GET ", redisKey(i), " returned different bytes");
+    }
+  }
+  return secondsSince(t0);
+}
+
+// One repetition's figures: bytes/s for the bandwidths, median seconds for the round trips.
+struct RepFigures {
+  double memcpy = 0, get = 0, put = 0, lookupRtt = 0, echoRtt = 0;
+  std::optional<double> redisSet, redisGet;
+};
+
+// One repetition is kRounds rounds of every measurement back to back, so a change in the shared
+// machine's load hits kvtier and its anchors alike instead of whichever ran at the time.
+Result<RepFigures> measureRepetition(Space& space, Workload& w, EchoPeer& echo, redisContext* redis,
+                                     bool verify) {
+  double memcpySeconds = 0, getSeconds = 0, putSeconds = 0, setSeconds = 0, redisGetSeconds = 0;
+  std::vector<double> lookups, pings;
+  for (int round = 0; round < kRounds; ++round) {
+    if (gInterrupted) return unavailable("interrupted");
+    memcpySeconds += timeMemcpy(w, kBandwidthIterationsPerRound);
+    auto get = timeGet(space, w, kBandwidthIterationsPerRound);
+    if (!get) return get.error();
+    getSeconds += *get;
+    auto put = timePut(space, w, kBandwidthIterationsPerRound);
+    if (!put) return put.error();
+    putSeconds += *put;
+    if (redis) {
+      auto set = timeRedisSet(redis, w);
+      if (!set) return set.error();
+      setSeconds += *set;
+      auto got = timeRedisGet(redis, w, verify && round == 0);
+      if (!got) return got.error();
+      redisGetSeconds += *got;
+    }
+    if (auto s = sampleLookups(space, w, kRttIterationsPerRound, lookups); !s) return s.error();
+    if (auto s = samplePings(echo, kRttIterationsPerRound, pings); !s) return s.error();
+  }
+  const double bandwidthBytes = double(w.bytes()) * kBandwidthIterationsPerRound * kRounds;
+  const double redisBytes = double(w.bytes()) * kRounds;
+  RepFigures f;
+  f.memcpy = bandwidthBytes / memcpySeconds;
+  f.get = bandwidthBytes / getSeconds;
+  f.put = bandwidthBytes / putSeconds;
+  f.lookupRtt = medianOf(std::move(lookups));
+  f.echoRtt = medianOf(std::move(pings));
+  if (redis) {
+    f.redisSet = redisBytes / setSeconds;
+    f.redisGet = redisBytes / redisGetSeconds;
+  }
+  return f;
+}
+
+// Where one get, one put and one small call spend their time: medians over kBreakdownIterations
+// of each step on its own, for whoever chases a missed target. Not part of any ratio.
+Result<Breakdown> measureBreakdown(Space& space, Workload& w, EchoPeer& pollingEcho) {
+  std::vector<double> lookup, copy, release, begin, write, commit, bare, lookup1, drop, copies;
+  for (int i = 0; i < kBreakdownIterations; ++i) {
+    auto t0 = Clock::now();
+    auto hit = space.lookup(w.tokens);
+    if (!hit) return hit.error();
+    auto t1 = Clock::now();
+    if (auto s = hit->copyTo(0, kPrefixTokens, w.out.data(), w.out.size()); !s) return s.error();
+    auto t2 = Clock::now();
+    hit->release();
+    auto t3 = Clock::now();
+    lookup.push_back(seconds(t0, t1));
+    copy.push_back(seconds(t1, t2));
+    release.push_back(seconds(t2, t3));
+
+    t0 = Clock::now();
+    auto lease = space.beginPut("bench-put", 0, w.tokens);
+    if (!lease) return lease.error();
+    t1 = Clock::now();
+    if (auto s = lease->write(0, kPrefixTokens, w.kv.data(), w.kv.size()); !s) return s.error();
+    t2 = Clock::now();
+    if (auto s = lease->commit(); !s) return s.error();
+    t3 = Clock::now();
+    begin.push_back(seconds(t0, t1));
+    write.push_back(seconds(t1, t2));
+    commit.push_back(seconds(t2, t3));
+
+    copies.push_back(timeMemcpy(w, 1));
+  }
+  for (int i = 0; i < kBreakdownIterations * 8; ++i) {
+    const auto t0 = Clock::now();
+    if (auto s = space.length("bench-prefix"); !s) return s.error();
+    const auto t1 = Clock::now();
+    auto hit = space.lookup(w.firstBlock);
+    if (!hit) return hit.error();
+    const auto t2 = Clock::now();
+    { ReadHandle dropped = std::move(*hit); }
+    const auto t3 = Clock::now();
+    bare.push_back(seconds(t0, t1));
+    lookup1.push_back(seconds(t1, t2));
+    drop.push_back(seconds(t2, t3));
+  }
+  std::vector<double> pings;
+  if (auto s = samplePings(pollingEcho, kBreakdownIterations * 8, pings); !s) return s.error();
+  Breakdown b;
+  b.steps = {
+      {"memcpy 16 MiB", medianOf(copies)},
+      {"get: lookup 64 blocks", medianOf(lookup)},
+      {"get: copyTo 16 MiB", medianOf(copy)},
+      {"get: release", medianOf(release)},
+      {"put: beginPut 64 blocks", medianOf(begin)},
+      {"put: write 16 MiB", medianOf(write)},
+      {"put: commit", medianOf(commit)},
+      {"length() (smallest call)", medianOf(bare)},
+      {"lookup 1 block", medianOf(lookup1)},
+      {"drop of its ReadHandle", medianOf(drop)},
+      {"uds ping-pong, both polling " + std::to_string(pollingEcho.busyPoll().count()) + " us",
+       medianOf(pings)}};
+  return b;
+}
+
+// Everything the suite owns lives in this function's scope, so any early return stops the
+// daemon, redis and the echo peer and removes the temporary directory.
+Status run(const Options& options) {
+  auto echo = EchoPeer::start();  // first: fork while this process has no threads
+  if (!echo) return echo.error();
+  // For the breakdown only: the same ping-pong polling like kvtier does.
+  const std::chrono::microseconds busyPoll =
+      std::chrono::microseconds(options.busyPollMicros.value_or(ClientOptions{}.busyPoll.count()));
+  auto pollingEcho = EchoPeer::start(busyPoll);
+  if (!pollingEcho) return pollingEcho.error();
+  auto dir = TempDir::create();
+  if (!dir) return dir.error();
+
+  const std::string socket = dir->file("kvtierd.sock");
+  BenchDaemon daemon;
+  if (auto s = daemon.start(options.daemon, *dir, socket,
+                            options.daemonFlags({"--host-pool-bytes", kPoolBytes}));
+      !s)
+    return s;
+
+  std::unique_ptr<RedisServer> redis;
+  std::string redisSkipped;
+  if (auto exe = findOnPath("redis-server")) {
+    auto started = RedisServer::start(*exe, *dir);
+    if (started) {
+      redis = std::move(started).value();
+    } else {
+      redisSkipped = started.error().message();
+    }
+  } else {
+    redisSkipped = "redis-server is not on PATH (scripts/install-deps.sh installs it)";
+  }
+  if (!redisSkipped.empty())
+    std::fprintf(stderr, "kvtier-bench: %s; get/put_vs_redis are null\n", redisSkipped.c_str());
+
+  auto client = startClient(socket, options, options.threading);
+  if (!client) return client.error();
+  Workload w;
+  auto space = (*client)->open(w.layout);
+  if (!space) return space.error();
+  if (!(*client)->mapped()) {
+    return unavailable(
+        "the client could not map the daemon's pool; the local suite measures the mapped path");
+  }
+  if (w.layout.blockBytes() * kPrefixBlocks != w.bytes())
+    return makeError(ErrorCode::kInternal, "bad workload size");
+
+  // The prefix every reader looks up, checked once end to end before anything is timed.
+  if (auto info = (*space)->put("bench-prefix", 0, w.tokens, w.kv.data(), w.kv.size()); !info)
+    return info.error();
+  {
+    auto hit = (*space)->lookup(w.tokens);
+    if (!hit) return hit.error();
+    if (hit->matchedTokens() != kPrefixTokens) {
+      return makeError(ErrorCode::kInternal, "fresh prefix matched only ", hit->matchedTokens(),
+                       " tokens");
+    }
+    if (auto s = hit->copyTo(0, kPrefixTokens, w.out.data(), w.out.size()); !s) return s.error();
+    if (std::memcmp(w.out.data(), w.kv.data(), w.bytes()) != 0) {
+      return makeError(ErrorCode::kInternal, "bytes read back differ from the bytes put");
+    }
+  }
+
+  const auto report = newReport;
+  RatioReport getMem = report("get_vs_memcpy", "lookup+copyTo", "memcpy", "bytes/s", true, 0.8);
+  RatioReport putMem = report("put_vs_memcpy", "put+commit", "memcpy", "bytes/s", true, 0.8);
+  RatioReport rtt =
+      report("rpc_vs_uds_rtt", "lookup 1 block", "uds ping-pong 64 B", "s", false, 2.0);
+  RatioReport getRedis =
+      report("get_vs_redis", "lookup+copyTo", "redis GET x64", "bytes/s", true, 5);
+  RatioReport putRedis = report("put_vs_redis", "put+commit", "redis SET x64", "bytes/s", true, 5);
+  getRedis.skipped = putRedis.skipped = redisSkipped;
+
+  // Repetition 0 is the warm-up: it faults in the client's view of the blocks it uses, fills
+  // caches and redis' keyspace, checks redis' bytes, and is not reported.
+  for (int rep = 0; rep <= options.reps; ++rep) {
+    const bool warmup = rep == 0;
+    const auto t0 = Clock::now();
+    auto f = measureRepetition(**space, w, *echo, redis ? redis->context() : nullptr, warmup);
+    if (!f) return f.error();
+    std::fprintf(stderr,
+                 "%s %d: memcpy %s, get %s, put %s, redis GET %s SET %s, lookup rtt %s, uds rtt %s "
+                 "(%.1f s)\n",
+                 warmup ? "warm-up" : "rep", rep, human(f->memcpy, "bytes/s").c_str(),
+                 human(f->get, "bytes/s").c_str(), human(f->put, "bytes/s").c_str(),
+                 human(f->redisGet.value_or(std::nan("")), "bytes/s").c_str(),
+                 human(f->redisSet.value_or(std::nan("")), "bytes/s").c_str(),
+                 human(f->lookupRtt, "s").c_str(), human(f->echoRtt, "s").c_str(),
+                 secondsSince(t0));
+    if (warmup) continue;
+    getMem.kvtier.perRep.push_back(f->get);
+    getMem.anchor.perRep.push_back(f->memcpy);
+    putMem.kvtier.perRep.push_back(f->put);
+    putMem.anchor.perRep.push_back(f->memcpy);
+    rtt.kvtier.perRep.push_back(f->lookupRtt);
+    rtt.anchor.perRep.push_back(f->echoRtt);
+    if (redis) {
+      getRedis.kvtier.perRep.push_back(f->get);
+      getRedis.anchor.perRep.push_back(*f->redisGet);
+      putRedis.kvtier.perRep.push_back(f->put);
+      putRedis.anchor.perRep.push_back(*f->redisSet);
+    }
+  }
+  auto breakdown = measureBreakdown(**space, w, *pollingEcho);
+  if (!breakdown) return breakdown.error();
+
+  const std::vector<RatioReport> reports = {getMem, putMem, rtt, getRedis, putRedis};
+  printTable("local", reports, options.reps);
+  printBreakdown(*breakdown);
+  return writeReport(options, reports, *breakdown,
+                     runInfoOf("local", options,
+                               {{"kvtierd", jsonString((*client)->daemonVersion())},
+                                {"redis", redis ? jsonString(redis->version()) : "null"}}));
+}
+
+}  // namespace
+
+extern const Suite kLocalSuite{
+    "local",
+    "  --suite local   the local suite: shared-pool get/put vs memcpy, lookup round trip vs a\n"
+    "                  Unix-socket ping-pong, get/put vs redis-server\n",
+    run};
+
+}  // namespace kvtier::bench
