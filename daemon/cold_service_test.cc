@@ -24,18 +24,13 @@ Layout tinyLayout() {
 // Holds KJ objects (throwing destructors), so it is a plain object each test makes, not a fixture.
 struct ColdHarness {
   ColdHarness() {
-    char tmpl[] = "/tmp/kvtier-coldsvc-XXXXXX";
-    dir_ = mkdtemp(tmpl);
     fs_ = std::make_shared<test::FullDiskFileSystem>(rocksdb::FileSystem::Default());
-    auto tier = ColdTier::open({.path = dir_ + "/cold", .capacityBytes = 0, .fileSystem = fs_});
+    auto tier = ColdTier::open({.path = dir_.file("cold"), .capacityBytes = 0, .fileSystem = fs_});
     cold_ = std::make_unique<ColdService>(engine_, std::move(tier).value(),
                                           io_.provider->getTimer(), 5 * kj::MILLISECONDS);
     space_ = engine_.openSpace(tinyLayout(), saltFor("t")).value();
   }
-  ~ColdHarness() {
-    cold_.reset();
-    std::filesystem::remove_all(dir_);
-  }
+  ~ColdHarness() { cold_.reset(); }
 
   // Puts a 64-token prompt (4 blocks) and drops its sequence: 4 sealed blocks, held by nothing.
   Status putPrompt(uint32_t seed) {
@@ -68,7 +63,7 @@ struct ColdHarness {
   BlockPool pool_{{{0, 8 * 512}}};  // 8 blocks
   HeapBlockMemory memory_{pool_.extents()};
   Engine engine_{pool_, memory_};
-  std::string dir_;
+  test::TempDir dir_;  // removed after the cold tier that lives in it, also when a test fails
   std::shared_ptr<test::FullDiskFileSystem> fs_;
   std::unique_ptr<ColdService> cold_;
   SpaceId space_ = 0;

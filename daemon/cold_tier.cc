@@ -174,9 +174,9 @@ std::string encodeHeader(const ColdRecord& r) {
   return out;
 }
 
-// Checks a stored value against the key it was read under; returns its payload (a view into
-// `value`) or why not.
-Result<std::string_view> verifyValue(const ColdKey& key, std::string_view value) {
+}  // namespace
+
+Result<std::string_view> verifyColdRecord(const ColdKey& key, std::string_view value) {
   auto corrupt = [](const char* why) { return makeError(ErrorCode::kChecksumMismatch, why); };
   uint32_t headerBytes = 0;
   if (value.size() < 4) return corrupt("record too short");
@@ -212,8 +212,6 @@ Result<std::string_view> verifyValue(const ColdKey& key, std::string_view value)
     return corrupt("record header does not parse");
   }
 }
-
-}  // namespace
 
 std::string SnapshotKey::recordPrefix() const {
   std::string out;
@@ -669,7 +667,7 @@ Status ColdTier::readVerified(const ColdKey& key,
   // detected itself, or a failed check, is a miss: the record is dropped.
   if (!s.ok() && !s.IsCorruption()) return unavailable(s, "cold record read failed");
   auto payload = s.ok()
-                     ? verifyValue(key, std::string_view(value.data(), value.size()))
+                     ? verifyColdRecord(key, std::string_view(value.data(), value.size()))
                      : Result<std::string_view>(makeError(
                            ErrorCode::kChecksumMismatch, "cold record unreadable: ", s.ToString()));
   Status consumed = payload ? consume(*payload) : Status(payload.error());
@@ -840,7 +838,7 @@ Status ColdTier::getSnapshotRecordInto(const SnapshotKey& key, uint32_t slot, ui
   }
   if (!s.ok() && !s.IsCorruption()) return unavailable(s, "cold tier snapshot record read failed");
   const ColdKey named{key.fingerprint, key.salt, recordName(key.id, slot)};
-  auto payload = s.ok() ? verifyValue(named, std::string_view(value.data(), value.size()))
+  auto payload = s.ok() ? verifyColdRecord(named, std::string_view(value.data(), value.size()))
                         : Result<std::string_view>(makeError(ErrorCode::kChecksumMismatch,
                                                              "record unreadable: ", s.ToString()));
   if (payload && payload->size() != bytes) {

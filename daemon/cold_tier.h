@@ -46,6 +46,13 @@ struct ColdKey {
   bool operator==(const ColdKey&) const = default;
 };
 
+// Checks a stored record's value (its header's size in 4 bytes, a ColdRecordHeader message, then
+// the payload) against the name it was read under (a block's key, or a snapshot record's name):
+// format version, name, size and xxh3. Returns the payload, a view into `value`, or
+// CHECKSUM_MISMATCH saying which check failed. `value` comes from disk: any bytes are answered,
+// none trusted. Thread-safe (pure).
+Result<std::string_view> verifyColdRecord(const ColdKey& key, std::string_view value);
+
 struct ColdRecord {
   ColdKey key;
   const uint8_t* data = nullptr;  // borrowed: must stay valid (pinned) until the write returns

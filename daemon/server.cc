@@ -177,7 +177,8 @@ class WriteLeaseImpl final : public rpc::WriteLease::Server {
                               ") is outside the lease's ", blobBytes_, "-byte blob"));
     }
     uint8_t* dst = orThrow(engine_.leaseBlockData(id_, 0));
-    std::memcpy(dst + offset, p.getData().begin(), size);
+    // An empty Data has no bytes to point at: memcpy must not be handed its null.
+    if (size > 0) std::memcpy(dst + offset, p.getData().begin(), size);
     return kj::READY_NOW;
   }
   ~WriteLeaseImpl() noexcept(false) {

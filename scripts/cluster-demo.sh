@@ -32,7 +32,7 @@ if [ -z "$etcd" ] || [ ! -x "$etcd" ]; then
   exit 77
 fi
 
-tmp=$(mktemp -d /tmp/kvtier-cluster-demo-XXXXXX)
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvtier-cluster-demo-XXXXXX")
 pids=() segments=() etcd_pid=""
 cleanup() {
   local rc=$?

@@ -23,7 +23,9 @@ case "${1:-}" in
     ;;
   demo)
     [ $# -eq 2 ] || { echo "usage: $0 demo BUILD_DIR" >&2; exit 2; }
-    SKIP_DEPS=1 SKIP_BUILD=1 KVTIER_BUILD_DIR=$2 timeout 60 bash "$root/scripts/cluster-demo.sh"
+    # Its files under the run's own directory when ctest gives one (tests/clean_run/).
+    TMPDIR=${KVTIER_TEST_TMPDIR:-${TMPDIR:-/tmp}} SKIP_DEPS=1 SKIP_BUILD=1 KVTIER_BUILD_DIR=$2 \
+      timeout 60 bash "$root/scripts/cluster-demo.sh"
     ;;
   *)
     echo "usage: $0 compose-config | demo BUILD_DIR" >&2

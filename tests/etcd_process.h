@@ -34,6 +34,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/temp_dir.h"
+
 namespace kvtier::test {
 
 inline constexpr const char* kEtcdBinary = "/usr/bin/etcd";
@@ -69,9 +71,7 @@ class EtcdProcess {
   }
 
   explicit EtcdProcess(std::string binary = kEtcdBinary) : binary_(std::move(binary)) {
-    char tmpl[] = "/tmp/kvtier-etcd-XXXXXX";
-    if (::mkdtemp(tmpl) == nullptr) throw std::runtime_error("mkdtemp failed");
-    root_ = tmpl;
+    root_ = makeTestDir("kvtier-etcd-");
     try {
       clientPort_ = freePort();
       peerPort_ = freePort();

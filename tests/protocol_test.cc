@@ -53,7 +53,9 @@ class RawClient {
     bool operator==(const Counts&) const = default;
   };
   Counts counts(rpc::Session::Client& session) {
-    auto s = session.statsRequest().send().wait(ws()).getStats();
+    // The reader borrows from the response: keep the response alive while it is read.
+    auto response = session.statsRequest().send().wait(ws());
+    auto s = response.getStats();
     return {s.getBlocksUsed(), s.getSequences(), s.getReadLeases(), s.getWriteLeases(),
             s.getBlocksPinned()};
   }

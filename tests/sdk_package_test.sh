@@ -41,7 +41,7 @@ cache_value() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }
 cc=$(cache_value CMAKE_C_COMPILER)
 cxx=$(cache_value CMAKE_CXX_COMPILER)
 
-tmp=$(mktemp -d /tmp/kvtier-package-XXXXXX)
+tmp=$(mktemp -d "${KVTIER_TEST_TMPDIR:-/tmp}/kvtier-package-XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM

@@ -2,43 +2,69 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
 
+#include "tests/temp_dir.h"
+
 extern char** environ;
 
 namespace kvtier::test {
 namespace {
 
-// Spawns argv with stdout on a pipe (returned in *out) and stderr inherited.
-pid_t spawnPiped(const std::vector<std::string>& args, int* out) {
+// Spawns argv with stdout on a pipe (returned in *out) and stderr inherited. The child gets
+// `deathSignal` when the thread that spawned it dies (PR_SET_PDEATHSIG): a test that crashes or
+// is killed by ctest's timeout leaves no process behind.
+pid_t spawnPiped(const std::vector<std::string>& args, int* out, int deathSignal) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  // exec's errno comes back on this pipe; it closes on a successful exec.
+  int errs[2];
+  if (pipe2(errs, O_CLOEXEC) != 0) {
+    close(fds[0]);
+    close(fds[1]);
+    throw std::runtime_error("pipe2 failed");
+  }
   std::vector<char*> argv;
   for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // Child: only async-signal-safe calls from here on.
+    prctl(PR_SET_PDEATHSIG, deathSignal);
+    if (getppid() != parent) _exit(127);  // the parent died before prctl
+    dup2(fds[1], STDOUT_FILENO);
+    execve(argv[0], argv.data(), environ);
+    const int err = errno;
+    (void)!write(errs[1], &err, sizeof err);
+    _exit(127);
+  }
   close(fds[1]);
-  if (rc != 0) {
+  close(errs[1]);
+  int err = 0;
+  ssize_t n;
+  while ((n = read(errs[0], &err, sizeof err)) < 0 && errno == EINTR) {
+  }
+  close(errs[0]);
+  if (pid < 0 || n > 0) {
     close(fds[0]);
-    throw std::runtime_error("cannot spawn " + args[0] + ": " + std::strerror(rc));
+    if (pid > 0) waitpid(pid, nullptr, 0);
+    throw std::runtime_error("cannot spawn " + args[0] + ": " +
+                             std::strerror(pid < 0 ? errno : err));
   }
   *out = fds[0];
   return pid;
@@ -127,9 +153,7 @@ std::string peerPath() { return KVTIER_PEER_PATH; }
 DaemonProcess::DaemonProcess(uint64_t hostPoolBytes, std::string dataDir,
                              std::vector<std::string> extraArgs) {
   if (dataDir.empty()) {
-    char tmpl[] = "/tmp/kvtier-test-XXXXXX";
-    if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
-    dataDir = tmpl;
+    dataDir = makeTestDir();
     madeDirs().paths.push_back(dataDir);
   }
   dataDir_ = dataDir;
@@ -145,7 +169,8 @@ DaemonProcess::DaemonProcess(uint64_t hostPoolBytes, std::string dataDir,
                                    "--gpus",
                                    "none"};
   args.insert(args.end(), extraArgs.begin(), extraArgs.end());
-  pid_ = spawnPiped(args, &out);
+  // SIGTERM: a daemon whose test died still removes its socket and segments.
+  pid_ = spawnPiped(args, &out, SIGTERM);
   std::string buffer;
   const std::string line = readLine(out, buffer, "kvtierd ready");
   close(out);
@@ -188,7 +213,7 @@ std::unique_ptr<Client> DaemonProcess::connect(bool mapPool) const {
 PeerProcess::PeerProcess(const std::vector<std::string>& args, std::string program) {
   std::vector<std::string> full = {program.empty() ? peerPath() : program};
   full.insert(full.end(), args.begin(), args.end());
-  pid_ = spawnPiped(full, &out_);
+  pid_ = spawnPiped(full, &out_, SIGKILL);
 }
 
 PeerProcess::~PeerProcess() {

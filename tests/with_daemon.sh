@@ -14,7 +14,8 @@ set -euo pipefail
 kvtierd=$1
 shift
 
-tmp=$(mktemp -d /tmp/kvtier-with-daemon-XXXXXX)
+# Under the run's own directory when ctest gives one (tests/clean_run/ checks it is left empty).
+tmp=$(mktemp -d "${KVTIER_TEST_TMPDIR:-/tmp}/kvtier-with-daemon-XXXXXX")
 pid="" segments="" command_pid=""
 cleanup() {
   local rc=$?

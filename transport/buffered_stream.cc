@@ -12,7 +12,9 @@ BufferedIoStream::BufferedIoStream(kj::Own<kj::AsyncIoStream> inner, BusyPoller*
 kj::Promise<size_t> BufferedIoStream::tryRead(void* buffer, size_t minBytes, size_t maxBytes) {
   auto* dst = static_cast<kj::byte*>(buffer);
   const size_t buffered = std::min(maxBytes, end_ - begin_);
-  std::memcpy(dst, buffer_.begin() + begin_, buffered);
+  // memcpy wants valid pointers even for 0 bytes, and a reader may pass none for an empty read
+  // (capnp does, for a message that declares an empty segment).
+  if (buffered > 0) std::memcpy(dst, buffer_.begin() + begin_, buffered);
   begin_ += buffered;
   if (buffered >= minBytes) return buffered;
   dst += buffered;
@@ -29,7 +31,7 @@ kj::Promise<size_t> BufferedIoStream::tryRead(void* buffer, size_t minBytes, siz
       .then([this, dst, maxBytes, buffered](size_t n) {
         if (n > 0) arrived();
         const size_t take = std::min(n, maxBytes);
-        std::memcpy(dst, buffer_.begin(), take);
+        if (take > 0) std::memcpy(dst, buffer_.begin(), take);
         begin_ = take;
         end_ = n;
         return buffered + take;

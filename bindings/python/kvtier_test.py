@@ -594,7 +594,8 @@ def test_blocking_calls_release_the_gil(daemon):
         """
         import os, selectors, socket, sys, tempfile, threading
         import numpy as np, kvtier
-        path = os.path.join(tempfile.mkdtemp(), "relay.sock")
+        relay_dir = tempfile.TemporaryDirectory()  # removed when the script exits
+        path = os.path.join(relay_dir.name, "relay.sock")
         server = socket.socket(socket.AF_UNIX)
         server.bind(path)
         server.listen()

@@ -1,0 +1,167 @@
+// Fuzz harness: client -> daemon protocol (schemas/kvtier.capnp), delivered to kvtierd's RPC
+// server running in this process over a real Unix socket (so SO_PEERCRED admits us).
+//
+// Input: its first byte picks the mode.
+// - even: a conversation of calls (tests/fuzz/rpc_calls.h) on Daemon, Session, Space, WriteLease
+//   and ReadLease, with the capabilities the answers hand out;
+// - odd: raw bytes written to the socket as they are (Cap'n Proto RPC framing included), then the
+//   connection is closed: what a broken or hostile client can send.
+// Each input gets a fresh engine and server over one host pool. After the client is gone the
+// daemon must hold no lease, pin or write block for it: a leak aborts (a finding).
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <capnp/rpc-twoparty.h>
+#include <kj/async-io.h>
+#include <kj/async-unix.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "daemon/server.h"
+#include "kernels/rope.h"
+#include "schemas/kvtier.capnp.h"
+#include "store/engine.h"
+#include "store/eviction.h"
+#include "tests/fuzz/fuzz_env.h"
+#include "tests/fuzz/rpc_calls.h"
+#include "transport/host_pool.h"
+
+namespace kvtier::fuzz {
+namespace {
+
+// 8 MiB: a few hundred of the seeds' 16 KiB blocks, small enough that puts meet a full pool.
+constexpr uint64_t kPoolBytes = uint64_t{8} << 20;
+// Raw mode: bytes written to the socket per input (the daemon's own bound on a message is far
+// above; what matters is that it reads, refuses and closes).
+constexpr size_t kMaxRawBytes = size_t{1} << 20;
+
+struct Harness {
+  Harness() : io(kj::setupAsyncIo()), dir("daemon-rpc") {
+    segmentPrefix = "kvtier-fuzz-" + std::to_string(::getpid()) + "-";
+    auto created = HostPool::create(segmentPrefix, kPoolBytes, kPoolBytes);
+    if (!created) {
+      std::fprintf(stderr, "host pool: %s\n", created.error().message().c_str());
+      std::abort();
+    }
+    pool = std::move(created).value();
+    // One extent, "<prefix>0": unlinked at exit (the pool itself is never destroyed).
+    removeAtExit("/dev/shm/" + segmentPrefix + "0");
+    socketPath = dir.path() + "/kvtierd.sock";
+    auto address = io.provider->getNetwork()
+                       .parseAddress(kj::str("unix:", socketPath.c_str()))
+                       .wait(io.waitScope);
+    listener = address->listen();
+    connectAddress = io.provider->getNetwork()
+                         .parseAddress(kj::str("unix:", socketPath.c_str()))
+                         .wait(io.waitScope);
+  }
+
+  kj::AsyncIoContext io;
+  ScratchDir dir;
+  std::string segmentPrefix, socketPath;
+  std::unique_ptr<HostPool> pool;
+  kj::Own<kj::ConnectionReceiver> listener;
+  kj::Own<kj::NetworkAddress> connectAddress;
+  kernels::CpuKeyRotator rotator;
+};
+
+Harness& harness() {
+  static Harness* h = new Harness();  // lives until exit: libFuzzer may exit from any input
+  return *h;
+}
+
+std::vector<Interface> interfaces() {
+  return {Interface::of<rpc::Daemon>(), Interface::of<rpc::Session>(), Interface::of<rpc::Space>(),
+          Interface::of<rpc::WriteLease>(), Interface::of<rpc::ReadLease>()};
+}
+
+// Runs the loop until the engine holds nothing for the gone client; aborts after 10 s.
+void expectReleased(Harness& h, Server& server, Engine& engine) {
+  for (int i = 0; i < 10000; ++i) {
+    const EngineStats s = engine.stats();
+    if (server.sessions() == 0 && s.readLeases == 0 && s.writeLeases == 0 && s.blocksPinned == 0)
+      return;
+    // The hang-up is usually handled by the next turns of the loop: no sleep for it.
+    if (i < 4) {
+      h.io.waitScope.poll();
+    } else {
+      h.io.provider->getTimer().afterDelay(1 * kj::MILLISECONDS).wait(h.io.waitScope);
+    }
+  }
+  const EngineStats s = engine.stats();
+  std::fprintf(stderr,
+               "kvtier fuzz: after the client left: sessions=%llu read_leases=%llu "
+               "write_leases=%llu pinned=%llu\n",
+               static_cast<unsigned long long>(server.sessions()),
+               static_cast<unsigned long long>(s.readLeases),
+               static_cast<unsigned long long>(s.writeLeases),
+               static_cast<unsigned long long>(s.blocksPinned));
+  std::abort();
+}
+
+void playCalls(Harness& h, kj::AsyncIoStream& stream, const uint8_t* data, size_t size) {
+  capnp::TwoPartyClient client(stream);
+  CallDriver driver(h.io.waitScope, h.io.provider->getTimer(), client.bootstrap(), interfaces());
+  driver.play(data, size);
+}
+
+void playRaw(Harness& h, kj::AsyncIoStream& stream, const uint8_t* data, size_t size) {
+  size = std::min(size, kMaxRawBytes);
+  // The daemon may close first (it refuses the bytes): a failed write is an answer too.
+  kj::runCatchingExceptions([&] {
+    stream.write(data, size).wait(h.io.waitScope);
+    stream.shutdownWrite();
+  });
+  // Read until the daemon closes its side: it answers or closes within the deadline.
+  auto& timer = h.io.provider->getTimer();
+  const kj::TimePoint deadline = timer.now() + CallDriver::kCallDeadline;
+  kj::byte buffer[4096];
+  for (;;) {
+    size_t n = 0;
+    bool timedOut = false;
+    KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] {
+                   const kj::Duration left = deadline - timer.now();
+                   n = timer.timeoutAfter(left, stream.tryRead(buffer, 1, sizeof buffer))
+                           .wait(h.io.waitScope);
+                 })) {
+      // A reset connection is closed too; only the timer's own exception is a hang.
+      timedOut = e->getType() == kj::Exception::Type::OVERLOADED;
+    }
+    if (timedOut) {
+      std::fprintf(stderr, "kvtier fuzz: the daemon kept a half-closed connection open\n");
+      std::abort();
+    }
+    if (n == 0) return;
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace kvtier;
+  using namespace kvtier::fuzz;
+  if (size == 0) return 0;
+  Harness& h = harness();
+  BlockPool blocks(h.pool->extents());
+  Engine engine(blocks, *h.pool, makeEvictionPolicy(kDefaultEviction), &h.rotator);
+  {
+    Server server(engine, *h.pool);
+    kj::Promise<void> accepting =
+        server.acceptLoop(*h.listener, h.io.unixEventPort).eagerlyEvaluate(nullptr);
+    {
+      auto stream = h.connectAddress->connect().wait(h.io.waitScope);
+      if (data[0] % 2 == 0) {
+        playCalls(h, *stream, data + 1, size - 1);
+      } else {
+        playRaw(h, *stream, data + 1, size - 1);
+      }
+    }
+    expectReleased(h, server, engine);
+  }
+  return 0;
+}
