@@ -11,6 +11,12 @@ namespace {
 
 // Blocks per spill batch: one RocksDB write batch (a few MiB to tens of MiB).
 constexpr size_t kSpillBatchBlocks = 64;
+// Small blocks fill a batch up to this many bytes instead: every batch ends in a flush (the
+// spill skips the write-ahead log) and leaves a table file, and 64 blocks of 1 KiB made one file
+// per 64 KiB: flushes, fsyncs and compactions took more time than the replay itself
+// (docs/cache-policy.md, "The cold tier's speed").
+constexpr uint64_t kSpillBatchBytes = uint64_t{4} << 20;
+constexpr size_t kMaxSpillBatchBlocks = 65536;
 
 std::string promoteKey(SpaceId space, const Key128& key) {
   return std::to_string(space) + ":" + key.hex();
@@ -75,7 +81,8 @@ void ColdService::kick() {
 
 void ColdService::kickSpill() {
   if (spillInFlight_ || paused_) return;
-  auto batch = engine_.takeSpillBatch(kSpillBatchBlocks);
+  // kSpillBatchBlocks blocks, or more while under kSpillBatchBytes (small blocks).
+  auto batch = engine_.takeSpillBatch(kMaxSpillBatchBlocks, kSpillBatchBytes, kSpillBatchBlocks);
   if (batch.empty()) return;
   spillInFlight_ = true;
   std::vector<ColdRecord> records;
@@ -128,44 +135,99 @@ kj::Promise<void> ColdService::whenSpillSettles() {
 }
 
 kj::Promise<void> ColdService::promote(SpaceId space, std::vector<Key128> keys) {
-  kj::Vector<kj::Promise<void>> pending;
-  for (const auto& key : keys) pending.add(promoteOne(space, key, 0));
-  return kj::joinPromises(pending.releaseAsArray());
+  return promoteBatch(space, std::move(keys), 0);
 }
 
-kj::Promise<void> ColdService::promoteOne(SpaceId space, Key128 key, int waits) {
-  const std::string id = promoteKey(space, key);
-  auto it = promoting_.find(id);
-  if (it != promoting_.end()) return it->second.addBranch();  // the same read, already going
-  auto ticket = engine_.beginPromote(space, key);
-  if (!ticket) {
-    // No block to read into: as for any allocating call, wait for the spill batch in flight when
-    // it can make room; otherwise the block stays cold and the lookup stops before it.
-    if (waits < kMaxRoomWaits) {
-      KJ_IF_MAYBE (room, whenRetryable(ticket.code())) {
-        return room->then([this, space, key, waits] { return promoteOne(space, key, waits + 1); });
-      }
+kj::Promise<void> ColdService::promoteBatch(SpaceId space, std::vector<Key128> keys, int waits) {
+  // One read job on the worker for the whole batch: a lookup's cold blocks used to cost a thread
+  // round trip each (a wake-up of the worker, then of the loop), and those, not the reads, were
+  // most of a cold lookup's time (docs/cache-policy.md, "The cold tier's speed").
+  kj::Vector<kj::Promise<void>> pending;
+  std::vector<Key128> fresh;
+  for (const Key128& key : keys) {
+    auto it = promoting_.find(promoteKey(space, key));
+    if (it != promoting_.end()) {
+      pending.add(it->second.addBranch());  // the same read, already going
+    } else {
+      fresh.push_back(key);
     }
-    return kj::READY_NOW;
   }
-  if (ticket->block == kNoBlock) return kj::READY_NOW;  // already back in memory
-  const SpaceInfo& sp = engine_.space(space);
-  const ColdKey coldKey{sp.fingerprint, sp.salt, key};
-  uint8_t* dest = engine_.memory().extentBase(ticket->location.extent) + ticket->location.offset;
-  const uint32_t bytes = ticket->location.bytes;
-  auto read = reader_->executor().executeAsync([this, coldKey, dest, bytes]() {
-    // Missing, corrupt or of the wrong size: a miss (the lookup stops before this block).
-    return tier_->getInto(coldKey, dest, bytes).ok();
-  });
-  // The service owns one branch, so the read always finishes (and unpins its block) even when
-  // every lookup waiting for it is cancelled; that branch, not the read itself, forgets the
-  // entry, so the fork is never destroyed while it runs.
-  auto done = read.then([this, t = *ticket](bool ok) { engine_.finishPromote(t, ok); });
-  auto forked = done.fork();
-  auto branch = forked.addBranch();
-  tasks_.add(forked.addBranch().then([this, id] { promoting_.erase(id); }));
-  promoting_.emplace(id, kj::mv(forked));
-  return branch;
+  std::vector<PromoteTicket> tickets;
+  std::vector<Key128> noRoom;
+  ErrorCode noRoomCode = ErrorCode::kOk;
+  // Blocks for all of them at once; short of room for all, for as many as there is room for.
+  auto all = engine_.beginPromotes(space, fresh);
+  if (all) {
+    tickets = std::move(all).value();
+  } else {
+    for (const Key128& key : fresh) {
+      if (!noRoom.empty()) {  // the pool is short already: the rest waits with it
+        noRoom.push_back(key);
+        continue;
+      }
+      auto ticket = engine_.beginPromote(space, key);
+      if (!ticket) {
+        noRoom.push_back(key);
+        noRoomCode = ticket.code();
+        continue;
+      }
+      tickets.push_back(*ticket);
+    }
+  }
+  // A key back in memory meanwhile has nothing to read.
+  std::erase_if(tickets, [](const PromoteTicket& t) { return t.block == kNoBlock; });
+  if (!tickets.empty()) {
+    struct Read {
+      ColdKey key;
+      uint8_t* dest;
+      uint32_t bytes;
+    };
+    std::vector<Read> reads;
+    for (const PromoteTicket& t : tickets) {
+      const SpaceInfo& sp = engine_.space(space);
+      reads.push_back(Read{ColdKey{sp.fingerprint, sp.salt, t.key},
+                           engine_.memory().extentBase(t.location.extent) + t.location.offset,
+                           t.location.bytes});
+    }
+    auto read = reader_->executor()
+                    .executeAsync([this, reads = std::move(reads)]() {
+                      // Missing, corrupt or of the wrong size: a miss (the lookup stops there).
+                      std::vector<uint8_t> ok(reads.size());
+                      for (size_t i = 0; i < reads.size(); ++i) {
+                        ok[i] = tier_->getInto(reads[i].key, reads[i].dest, reads[i].bytes).ok();
+                      }
+                      return ok;
+                    })
+                    .catch_([n = tickets.size()](kj::Exception&&) {
+                      return std::vector<uint8_t>(n, 0);  // the worker is gone: all misses
+                    });
+    // The service owns one branch, so the reads always finish (and unpin their blocks) even when
+    // every lookup waiting for them is cancelled; that branch, not the reads themselves, forgets
+    // the entries, so no fork is destroyed while it runs.
+    auto done = read.then([this, tickets](std::vector<uint8_t> ok) {
+      for (size_t i = 0; i < tickets.size(); ++i) engine_.finishPromote(tickets[i], ok[i] != 0);
+    });
+    auto forked = done.fork();
+    pending.add(forked.addBranch());
+    std::vector<std::string> ids;
+    for (const PromoteTicket& t : tickets) {
+      ids.push_back(promoteKey(space, t.key));
+      promoting_.emplace(ids.back(), forked.addBranch().fork());
+    }
+    tasks_.add(forked.addBranch().then([this, ids = std::move(ids)] {
+      for (const std::string& id : ids) promoting_.erase(id);
+    }));
+  }
+  if (!noRoom.empty() && waits < kMaxRoomWaits) {
+    // No block to read into: as for any allocating call, wait for the spill batch in flight when
+    // it can make room; otherwise the blocks stay cold and the lookup stops before them.
+    KJ_IF_MAYBE (room, whenRetryable(noRoomCode)) {
+      pending.add(room->then([this, space, noRoom = std::move(noRoom), waits]() mutable {
+        return promoteBatch(space, std::move(noRoom), waits + 1);
+      }));
+    }
+  }
+  return kj::joinPromises(pending.releaseAsArray());
 }
 
 void ColdService::flushAll(kj::WaitScope& waitScope) {

@@ -119,8 +119,9 @@ class ColdService final : private kj::TaskSet::ErrorHandler {
  private:
   void taskFailed(kj::Exception&& exception) override;
   void spillFinished(std::vector<SpillItem> batch, bool ok);
-  // Reads one cold block back; waits for the spiller when the pool has no room yet.
-  kj::Promise<void> promoteOne(SpaceId space, Key128 key, int waits);
+  // Reads cold blocks back, in one job on the reader; the blocks that find no room wait for the
+  // spiller (at most kMaxRoomWaits times in all) and are read in a batch of their own.
+  kj::Promise<void> promoteBatch(SpaceId space, std::vector<Key128> keys, int waits);
   void kickSpill();
   // Starts writing the snapshots waiting for it, if no write is in flight.
   void writeSnapshots();

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <shared_mutex>
 #include <thread>
@@ -139,13 +140,20 @@ bool decodeSize(const rocksdb::Slice& in, uint32_t* bytes) {
   return true;
 }
 
-// A spill batch skips the write-ahead log and is flushed at once instead (ColdTier::putBatch):
-// each block is written once, to a synced blob file, rather than twice (log, then blob file) —
-// and the log's checksum, computed in software by Debian's portable RocksDB build, cost the spill
-// worker about as much CPU as everything else it does (docs/performance.md).
-rocksdb::WriteOptions spillWriteOptions() {
+// Values from this size on go to blob files (integrated BlobDB); smaller ones stay in the tables.
+constexpr uint64_t kMinBlobBytes = 4096;
+
+// A spill batch of large blocks skips the write-ahead log and is flushed at once instead
+// (ColdTier::putBatch): each block is written once, to a synced blob file, rather than twice (log,
+// then blob file) — and the log's checksum, computed in software by Debian's portable RocksDB
+// build, cost the spill worker about as much CPU as everything else it does
+// (docs/performance.md). A batch of small blocks (below kMinBlobBytes, kept in the tables) goes
+// through the log instead: a flush per batch made a level-0 table per batch — hundreds of tables of
+// a few KiB under a replay of small blocks, writes stalled at 48 of them, and the puts waiting for
+// room with them (docs/cache-policy.md, "The cold tier's speed").
+rocksdb::WriteOptions spillWriteOptions(bool logged) {
   rocksdb::WriteOptions options;
-  options.disableWAL = true;
+  options.disableWAL = !logged;
   return options;
 }
 constexpr const char* kNodeIdKey = "node_id";
@@ -284,6 +292,10 @@ Status ColdTier::openDb(bool reopening) {
   dbOptions.listeners.push_back(std::make_shared<BackgroundSliceListener>());
   dbOptions.bytes_per_sync = 512 << 10;
   dbOptions.wal_bytes_per_sync = 512 << 10;
+  // Spill batches of small blocks go through the log (putBatch): a log file stays until every
+  // family with entries in it is flushed, so the rarely written families (the tier's metadata)
+  // are flushed once the logs hold this much, rather than keeping every log until a restart.
+  dbOptions.max_total_wal_size = uint64_t{256} << 20;
   // The manager empties its trash (truncate, fsync, unlink) on a thread it starts as it is made,
   // and RocksDB has no priority setting for that thread: it ran at the event loop's priority,
   // traced holding a core while hot lookups waited. So the manager is made on a short-lived
@@ -296,7 +308,7 @@ Status ColdTier::openDb(bool reopening) {
   }).join();
   rocksdb::ColumnFamilyOptions blocks;
   blocks.enable_blob_files = true;  // integrated BlobDB: KV blocks are large values
-  blocks.min_blob_size = 4096;
+  blocks.min_blob_size = kMinBlobBytes;
   blocks.enable_blob_garbage_collection = true;
   // Every spill batch is flushed (putBatch), so level 0 gets a file per batch (16 MiB of blocks)
   // rather than per 64 MiB memtable: compact (and collect blob garbage) after as many bytes as
@@ -547,11 +559,23 @@ Status ColdTier::putBatch(std::span<const ColdRecord> records) {
       bytes += kSizeKeyBytes + 4 + kBatchEntryOverhead;  // its size entry
     }
     rocksdb::WriteBatch batch(bytes);
-    for (size_t i = 0; i < keys.size(); ++i) {
-      putBlockRecord(batch, keys[i], headers[i], records[i].data, records[i].bytes);
+    // In key order, the records and then their size entries: each insert into the memtable's
+    // skip list then starts from where the last one ended (batch order, the keys being hashes,
+    // jumped across the whole list for each, and the inserts were most of the spill's CPU).
+    std::vector<uint32_t> order(keys.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return keys[a] < keys[b]; });
+    for (uint32_t i : order) {
+      putRecord(batch, blocks_, keys[i], headers[i], records[i].data, records[i].bytes);
     }
-    s = db_->Write(spillWriteOptions(), &batch);
-    if (s.ok()) {
+    for (uint32_t i : order) batch.Put(blocks_, sizeKey(keys[i]), encodeSize(records[i].bytes));
+    // Small blocks only: through the log, no flush (the memtable is flushed when full). The log
+    // is written before Write returns, so a SIGKILL from here on finds them (a power loss may
+    // not: a miss then, never wrong bytes — every record is checked as it is read).
+    const bool logged = std::all_of(records.begin(), records.end(),
+                                    [](const ColdRecord& r) { return r.bytes < kMinBlobBytes; });
+    s = db_->Write(spillWriteOptions(logged), &batch);
+    if (s.ok() && !logged) {
       // Written means on disk: the caller frees the blocks' memory next, and a SIGKILL from here
       // on must find them. (Never held back by a write stall: nothing else writes this much.)
       rocksdb::FlushOptions flush;

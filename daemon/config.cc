@@ -75,6 +75,10 @@ Result<DaemonConfig> parseDaemonArgs(const std::vector<std::string>& args) {
         return makeError(ErrorCode::kInvalidArgument, flag, " is on or off, not '", value, "'");
       }
       (flag == "--cold-tier" ? config.coldTier : config.flushOnExit) = value == "on";
+    } else if (flag == "--eviction") {
+      auto kind = parseEvictionKind(value);
+      if (!kind) return makeError(ErrorCode::kInvalidArgument, "--eviction: ", kind.error().message());
+      config.eviction = *kind;
     } else if (flag == "--metrics-addr") {
       if (value.empty() || value.find(':') == std::string::npos) {
         return makeError(ErrorCode::kInvalidArgument, "--metrics-addr wants HOST:PORT");
@@ -195,6 +199,7 @@ const char* daemonUsage() {
          "  --disk-bytes N          cold tier capacity, oldest access dropped first (64G; 0: "
          "none)\n"
          "  --flush-on-exit on|off  on SIGTERM, write blocks still only in memory (on)\n"
+         "  --eviction arc|lru      which cached blocks go first when memory is full (arc)\n"
          "  --metrics-addr H:P      serve GET /metrics (Prometheus text) on H:P (off)\n"
          "  --gpus all|none|0,1     CUDA devices that get a GPU pool (all; needs a CUDA build)\n"
          "  --gpu-pool-bytes N      GPU pool size per device, 2 MiB-aligned (1G; 0: none)\n"

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kvtier/error.h"
+#include "store/eviction.h"
 
 namespace kvtier {
 
@@ -20,6 +21,8 @@ struct DaemonConfig {
   bool coldTier = true;
   uint64_t diskBytes = uint64_t{64} << 30;  // payload bytes kept on disk; 0: unbounded
   bool flushOnExit = true;  // SIGTERM/SIGINT write every sealed block still only in memory
+  // Which cached block memory drops first (docs/cache-policy.md): ARC made prefix-aware, or LRU.
+  EvictionKind eviction = kDefaultEviction;
   std::string metricsAddr;  // HOST:PORT for GET /metrics (Prometheus); empty: off
   // GPU pools (a build with CUDA, on a machine with GPUs): `gpuPoolBytes` on each device of
   // `gpus` (empty with allGpus: every device; empty without: none).

@@ -25,6 +25,18 @@ TEST(DaemonConfig, BusyPollingDefaultsTo50MicrosecondsAndCanBeOff) {
   }
 }
 
+TEST(DaemonConfig, EvictionDefaultsToArcAndTakesLru) {
+  EXPECT_EQ(parseDaemonArgs({}).value().eviction, EvictionKind::kArc);
+  EXPECT_EQ(parseDaemonArgs({"--eviction", "lru"}).value().eviction, EvictionKind::kLru);
+  EXPECT_EQ(parseDaemonArgs({"--eviction=arc"}).value().eviction, EvictionKind::kArc);
+  for (const char* bad : {"", "LRU", "fifo", "arc2"}) {
+    auto c = parseDaemonArgs({"--eviction", bad});
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_EQ(c.error().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(c.error().message().find("--eviction"), std::string::npos) << bad;
+  }
+}
+
 TEST(DaemonConfig, GpusTakeAllNoneOrAList) {
   auto none = parseDaemonArgs({"--gpus", "none"});
   ASSERT_TRUE(none.ok());

@@ -254,7 +254,7 @@ int run(const DaemonConfig& config) {
   }
   BlockPool blocks(gpus.extents(**pool));
   kernels::CpuKeyRotator rotator;
-  Engine engine(blocks, gpus.memory(**pool), nullptr, &rotator);
+  Engine engine(blocks, gpus.memory(**pool), makeEvictionPolicy(config.eviction), &rotator);
   std::unique_ptr<TierService> tiers = gpus.tierService(engine);
 
   const std::string socketPath = config.effectiveSocketPath();
@@ -328,6 +328,7 @@ int run(const DaemonConfig& config) {
               " extents=" + std::to_string((*pool)->extentCount()) +
               " gpus=" + std::to_string(gpus.count()) + " pid=" + std::to_string(::getpid()) +
               " busy_poll_us=" + std::to_string(config.busyPollMicros) +
+              " eviction=" + evictionName(config.eviction) +
               " short_slice=" + (shortSlice ? "yes" : "no"));
   // Prometheus metrics over HTTP, when asked for.
   kj::HttpHeaderTable headerTable;

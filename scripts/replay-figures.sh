@@ -83,8 +83,11 @@ KVTIER=$WORK/bin/kvtier
 start_daemon() {
   local name=$1 blocks=$2
   shift 2
+  # The figures of docs/replay.md are LRU's (EVICTION=arc: the default policy's; the cache
+  # policy's own figures: scripts/cache-policy-figures.sh).
   "$KVTIERD" --data-dir "$WORK/$name" --host-pool-bytes $((blocks * BLOCK_BYTES)) \
-    --cold-tier off --gpus none "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
+    --cold-tier off --gpus none --eviction "${EVICTION:-lru}" "$@" >"$WORK/$name.out" \
+    2>"$WORK/$name.err" &
   PIDS+=($!)
   local pid=$! i
   for i in $(seq 200); do

@@ -10,6 +10,7 @@ namespace {
 
 using engine_util::ceilDiv;
 using engine_util::checkName;
+using engine_util::contentTag;
 using engine_util::invalid;
 
 }  // namespace
@@ -18,7 +19,7 @@ Engine::Engine(BlockPool& pool, BlockMemory& memory, std::unique_ptr<EvictionPol
                const KeyRotator* rotator)
     : pool_(pool),
       memory_(memory),
-      policy_(policy ? std::move(policy) : std::make_unique<LruEvictionPolicy>()),
+      policy_(policy ? std::move(policy) : makeEvictionPolicy(kDefaultEviction)),
       rotator_(rotator) {}
 
 Result<SpaceId> Engine::openSpace(const Layout& layout, const Salt& salt) {
@@ -101,7 +102,7 @@ void Engine::settle(BlockId id) {
   if (m.state == BlockState::kSealed) {
     const bool replica = m.replicaSettles > 0;
     if (replica) --m.replicaSettles;
-    policy_->insert(id, m.sizeClass, replica);
+    policy_->insert(id, m.sizeClass, replica, contentTag(m));
     // The cold tier takes host blocks: GPU blocks reach it through the host pool.
     if (cold_ && !m.onDisk && !m.entry && pool_.tierOf(id) == 0) dirty_.push_back(id);
   } else {
@@ -130,39 +131,66 @@ bool Engine::mayEvict(BlockId victim, uint32_t cls) const {
   return true;
 }
 
+bool Engine::victimsFor(uint32_t cls, size_t n, std::span<const BlockId> keep,
+                        std::vector<BlockId>& out) const {
+  out.clear();
+  if (n == 0) return true;
+  // GPU blocks leave by demotion only (mayEvict): none may be dropped.
+  if (pool_.classTier(cls) != 0 && demoteGpuBlocks_) return false;
+  // The eviction order's first blocks that may be dropped. Those that may not yet (being spilled,
+  // not on disk yet: the spiller writes the blocks nearest eviction first) are passed over, at
+  // most kMaxEvictionSkip of them, so that a put need not wait for the disk while memory holds
+  // blocks that are on it already.
+  std::vector<BlockId>& order = orderScratch_;
+  size_t span = n + 8;
+  for (;;) {
+    order.clear();
+    policy_->oldest(cls, span, order, keep);
+    out.clear();
+    size_t skipped = 0;
+    for (BlockId victim : order) {
+      if (!mayEvict(victim, cls)) {
+        if (++skipped > kMaxEvictionSkip) return false;
+        continue;
+      }
+      out.push_back(victim);
+      if (out.size() == n) return true;
+    }
+    if (order.size() < span || span >= n + kMaxEvictionSkip) return false;
+    span = std::min(span * 2, n + kMaxEvictionSkip);
+  }
+}
+
 BlockId Engine::allocateClass(uint32_t cls) {
   BlockId id = pool_.allocate(cls);
   if (id != kNoBlock) return id;
-  const BlockId victim = policy_->victim(cls);
-  if (victim == kNoBlock || !mayEvict(victim, cls)) return kNoBlock;
-  const BlockMeta& v = pool_[victim];
-  if (cold_ && !v.onDisk && !v.entry && pool_.classTier(cls) == 0) ++evictedUnspilled_;
-  evict(victim);
+  if (!victimsFor(cls, 1, {}, victimScratch_)) return kNoBlock;
+  evictFor(cls, victimScratch_);
   return pool_.allocate(cls);
+}
+
+void Engine::evictFor(uint32_t cls, std::span<const BlockId> victims) {
+  for (BlockId victim : victims) {
+    const BlockMeta& v = pool_[victim];
+    if (cold_ && !v.onDisk && !v.entry && pool_.classTier(cls) == 0) ++evictedUnspilled_;
+    evict(victim);
+  }
 }
 
 bool Engine::canAllocate(uint32_t cls, size_t n, std::span<const BlockId> keep) const {
   const uint64_t free = pool_.blocksTotal(cls) - pool_.blocksUsed(cls);
   if (n <= free) return true;
-  // allocateClass takes the eviction order's first block while it may drop it, and stops at the
-  // first it may not: count that run, past the blocks of `keep` (pinned before it runs).
+  // What allocateMany will evict, in the order left once the blocks of `keep` are pinned.
   std::vector<BlockId> skip(keep.begin(), keep.end());
   std::sort(skip.begin(), skip.end());
-  size_t missing = n - free;
-  std::vector<BlockId> order;
-  policy_->oldest(cls, missing + skip.size(), order);
-  for (BlockId victim : order) {
-    if (std::binary_search(skip.begin(), skip.end(), victim)) continue;
-    if (!mayEvict(victim, cls)) return false;
-    if (--missing == 0) return true;
-  }
-  return false;
+  std::vector<BlockId> victims;
+  return victimsFor(cls, n - free, skip, victims);
 }
 
 void Engine::evict(BlockId victim) {
   BlockMeta& v = pool_[victim];
   assert(v.state == BlockState::kSealed && v.refs == 0 && v.pins == 0);
-  policy_->erase(victim);
+  policy_->evicted(victim, contentTag(v));
   if (v.entry) {
     entries_.erase(IndexKey{v.space, v.key});
   } else {
@@ -176,11 +204,18 @@ void Engine::evict(BlockId victim) {
 bool Engine::allocateMany(SpaceId space, size_t n, std::vector<BlockId>& out, uint8_t tier) {
   if (tier != 0 && !pool_.hasTier(tier)) return false;
   // Every mutation is atomic: a request that cannot be met must not evict on its way to FULL.
-  if (!canAllocate(classOf(space, tier), n)) return false;
+  // The victims are chosen once, all of them, before any is evicted.
+  const uint32_t cls = classOf(space, tier);
+  const uint64_t free = pool_.blocksTotal(cls) - pool_.blocksUsed(cls);
+  if (n > free) {
+    std::vector<BlockId> victims;
+    if (!victimsFor(cls, n - free, {}, victims)) return false;
+    evictFor(cls, victims);
+  }
   const size_t start = out.size();
   for (size_t i = 0; i < n; ++i) {
-    const BlockId id = allocate(space, tier);
-    if (id == kNoBlock) {
+    const BlockId id = pool_.allocate(cls);
+    if (id == kNoBlock) {  // not expected: the victims made room
       for (size_t j = start; j < out.size(); ++j) pool_.release(out[j]);
       out.resize(start);
       return false;
@@ -293,6 +328,9 @@ uint32_t Engine::sealFrom(SpaceId space, Sequence& seq, size_t from,
   }
   BlockKeyHasher hasher(spaces_[space].info.fingerprint, spaces_[space].info.salt);
   uint32_t sealed = 0;
+  // The blocks that enter the index now, for the eviction policy (the prefix they extend).
+  std::vector<BlockId> fresh;
+  size_t firstFresh = 0;
   for (size_t i = from; i < full; ++i) {
     Key128 key;
     if (!given.empty()) {
@@ -304,8 +342,14 @@ uint32_t Engine::sealFrom(SpaceId space, Sequence& seq, size_t from,
     }
     seq.keys.push_back(key);
     const BlockId b = seq.blocks[i];
-    if (b != kNoBlock && pool_[b].state != BlockState::kSealed) seal(space, seq, i, key);
+    if (b != kNoBlock && pool_[b].state != BlockState::kSealed && seal(space, seq, i, key) == b) {
+      if (fresh.empty()) firstFresh = i;
+      fresh.push_back(b);
+    }
     ++sealed;
+  }
+  if (!fresh.empty()) {
+    policy_->sealed(fresh, firstFresh > 0 ? seq.blocks[firstFresh - 1] : kNoBlock, firstFresh);
   }
   return sealed;
 }

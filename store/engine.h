@@ -304,8 +304,11 @@ class Engine {
   void setColdDirectory(const ColdDirectory* directory) { cold_ = directory; }
   // While paused (a failing disk), eviction may drop blocks not yet written (counted).
   void setSpillPaused(bool paused) { spillPaused_ = paused; }
-  // Up to `max` sealed blocks that nothing holds and that are not on disk, oldest first.
-  std::vector<SpillItem> takeSpillBatch(size_t max);
+  // Up to `max` sealed blocks that nothing holds and that are not on disk, and no more than
+  // `maxBytes` once it holds `min`: first those eviction will reach soonest (the head of each
+  // host class's eviction order, at most as many blocks of it walked as wait to be spilled),
+  // then the others in the order they became evictable.
+  std::vector<SpillItem> takeSpillBatch(size_t max, uint64_t maxBytes = kEnd, size_t min = 1);
   // Every sealed block not yet on disk, held or not (a graceful shutdown's flush).
   std::vector<SpillItem> takeAllUnspilled();
   // Written blocks are marked on disk: eviction may drop them at no cost.
@@ -323,6 +326,11 @@ class Engine {
                                            std::span<const Key128> keys);
   // A fresh pinned block to read cold `key` into; FULL if none can be had.
   Result<PromoteTicket> beginPromote(SpaceId space, const Key128& key);
+  // beginPromote for each of `keys` at once: the blocks are allocated together (one choice of
+  // victims for all), so that a lookup's promotes cost one walk of the eviction order. A key
+  // back in memory meanwhile gets a ticket with no block. FULL when the pool has no room for all
+  // of them: nothing changed (the caller may promote fewer).
+  Result<std::vector<PromoteTicket>> beginPromotes(SpaceId space, std::span<const Key128> keys);
   // Seals and indexes the promoted block (ok) or frees it (the record was missing or corrupt).
   // `remote`: the bytes came from another node (counted apart; not on this node's disk). A
   // remote block is a `replica` (the other node keeps its copy: this one goes first when room is
@@ -518,10 +526,17 @@ class Engine {
   BlockId allocateClass(uint32_t cls);
   // The size class of the space's blocks in `tier` (which must exist).
   uint32_t classOf(SpaceId space, uint8_t tier);
-  // Whether allocateClass may drop `victim`, the first block of class `cls` to go.
+  // Whether allocation may drop `victim`, a block of class `cls` in the eviction order.
   bool mayEvict(BlockId victim, uint32_t cls) const;
+  // The `n` blocks allocation evicts for class `cls`, into `out`: the first of the eviction order
+  // that may be dropped, the blocks of `keep` (sorted; about to be pinned) left out. False when
+  // there are fewer within kMaxEvictionSkip blocks that may not be dropped. Walks O(n + skipped).
+  bool victimsFor(uint32_t cls, size_t n, std::span<const BlockId> keep,
+                  std::vector<BlockId>& out) const;
+  // Evicts `victims` of class `cls` (victimsFor's), counting those the cold tier lacks.
+  void evictFor(uint32_t cls, std::span<const BlockId> victims);
   // Whether `n` blocks of class `cls` can be had — free, or by evicting — leaving the blocks of
-  // `keep` (about to be pinned) in place. Walks at most the blocks it would evict.
+  // `keep` (about to be pinned) in place. Walks at most the blocks it would evict and skip.
   bool canAllocate(uint32_t cls, size_t n, std::span<const BlockId> keep = {}) const;
   // The keys the commit of a put of `tokens` at `begin` will seal the blocks it completes with
   // (as sealFrom gives them), in order; empty when it will seal none.
@@ -606,6 +621,12 @@ class Engine {
   // By size class: the scratch block that open write leases write the bytes of reused blocks into
   // (nobody reads it); kNoBlock when no lease needs one. Freed with its last lease.
   std::vector<BlockId> sinks_;
+  // Blocks of the eviction order that allocation passes over because they are not on disk yet
+  // (the cold tier on) or being spilled, before it answers FULL: about a spill batch of small
+  // blocks, the run the spiller may be writing at the head of the order.
+  static constexpr size_t kMaxEvictionSkip = 4096;
+  mutable std::vector<BlockId> orderScratch_;  // victimsFor's walk (no allocation per call)
+  std::vector<BlockId> victimScratch_;         // allocateClass's victim
   uint64_t spilled_ = 0, promoted_ = 0, coldHits_ = 0, evictedUnspilled_ = 0;
   std::unordered_map<LeaseId, WriteLease> writeLeases_;
   std::unordered_map<LeaseId, ReadLease> readLeases_;

@@ -4,6 +4,7 @@
 #include <cassert>
 
 #include "store/engine.h"
+#include "store/engine_util.h"
 
 namespace kvtier {
 
@@ -17,18 +18,38 @@ SpillItem Engine::markSpilling(BlockId b) {
   return SpillItem{b, pool_.location(b), sp.fingerprint, sp.salt, m.key};
 }
 
-std::vector<SpillItem> Engine::takeSpillBatch(size_t max) {
+std::vector<SpillItem> Engine::takeSpillBatch(size_t max, uint64_t maxBytes, size_t min) {
   std::vector<SpillItem> out;
-  while (out.size() < max && !dirty_.empty()) {
-    const BlockId b = dirty_.front();
-    dirty_.pop_front();
-    BlockMeta& m = pool_[b];
-    // The queue holds hints: skip blocks that were spilled, freed, or taken by a sequence since.
+  uint64_t bytes = 0;
+  auto full = [&] {
+    return out.size() >= max || (out.size() >= std::max<size_t>(min, 1) && bytes >= maxBytes);
+  };
+  auto take = [&](BlockId b) {
+    const BlockMeta& m = pool_[b];
+    // Only what eviction waits for: sealed blocks nothing holds, not on disk, not being written.
     if (m.state != BlockState::kSealed || m.entry || m.onDisk || m.spilling || m.refs != 0 ||
-        m.pins != 0) {
-      continue;
+        m.pins != 0 || pool_.tierOf(b) != 0) {
+      return;
     }
     out.push_back(markSpilling(b));
+    bytes += out.back().location.bytes;
+  };
+  // The blocks nearest eviction first: a policy that evicts new blocks early (ARC's T1) would
+  // otherwise find them unwritten, behind older blocks of the queue. The walk is as long as the
+  // queue at most, so that it costs O(1) per block spilled where the head is clean (LRU).
+  std::vector<BlockId>& order = orderScratch_;
+  const size_t walk = std::min(max, dirty_.size());
+  for (uint32_t cls = 0; cls < pool_.classCount() && !full() && walk > 0; ++cls) {
+    if (pool_.classTier(cls) != 0) continue;
+    order.clear();
+    policy_->oldest(cls, walk, order);
+    for (size_t i = 0; i < order.size() && !full(); ++i) take(order[i]);
+  }
+  // The queue holds hints: blocks spilled, freed, or taken by a sequence since are skipped.
+  while (!full() && !dirty_.empty()) {
+    const BlockId b = dirty_.front();
+    dirty_.pop_front();
+    take(b);
   }
   return out;
 }
@@ -80,7 +101,9 @@ Result<std::vector<Engine::PlanStep>> Engine::lookupPlan(SpaceId space,
   // still reach them only by evicting everything older, i.e. a cache smaller than the prefix.
   for (size_t i = hotBlocks.size(); i-- > 0;) {
     const BlockMeta& m = pool_[hotBlocks[i]];
-    if (m.refs == 0 && m.pins == 0) policy_->insert(hotBlocks[i], m.sizeClass);
+    if (m.refs == 0 && m.pins == 0) {
+      policy_->insert(hotBlocks[i], m.sizeClass, false, engine_util::contentTag(m));
+    }
   }
   return plan;
 }
@@ -92,6 +115,26 @@ Result<PromoteTicket> Engine::beginPromote(SpaceId space, const Key128& key) {
   if (b == kNoBlock) return makeError(ErrorCode::kFull, "pool has no block to promote into");
   pin(b);
   return PromoteTicket{b, pool_.location(b), space, key};
+}
+
+Result<std::vector<PromoteTicket>> Engine::beginPromotes(SpaceId space,
+                                                         std::span<const Key128> keys) {
+  if (auto s = checkSpace(space); !s) return s.error();
+  std::vector<size_t> wanted;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!index_.count(IndexKey{space, keys[i]})) wanted.push_back(i);
+  }
+  std::vector<BlockId> blocks;
+  if (!allocateMany(space, wanted.size(), blocks)) {
+    return makeError(ErrorCode::kFull, "pool has no room to promote ", wanted.size(), " blocks");
+  }
+  std::vector<PromoteTicket> out(keys.size());
+  for (size_t j = 0; j < wanted.size(); ++j) {
+    const BlockId b = blocks[j];
+    pin(b);
+    out[wanted[j]] = PromoteTicket{b, pool_.location(b), space, keys[wanted[j]]};
+  }
+  return out;
 }
 
 bool Engine::indexPromoted(SpaceId space, const Key128& key, BlockId block, bool remote,

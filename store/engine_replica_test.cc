@@ -61,6 +61,7 @@ TEST_F(EngineReplicas, AReplicaIsEvictedBeforeOlderBlocksOfThisNode) {
 }
 
 TEST_F(EngineReplicas, AReplicaUsedAgainCountsAsThisNodesOwn) {
+  makeEngine(4, 0, EvictionKind::kLru);  // the order asserted is LRU's
   fetched(1);
   use(1);
   use(1);  // a later request reads it too: now it is ours, most recently used
@@ -72,6 +73,22 @@ TEST_F(EngineReplicas, AReplicaUsedAgainCountsAsThisNodesOwn) {
   EXPECT_TRUE(held(2));
   local(6);
   EXPECT_FALSE(held(2));
+}
+
+// With ARC (the default), a replica this node read again is one of its reused blocks: it outlives
+// the blocks used once since.
+TEST_F(EngineReplicas, AReplicaUsedAgainIsKeptAsAReusedBlockUnderArc) {
+  fetched(1);
+  use(1);
+  use(1);  // a later request reads it too
+  local(2);
+  local(3);
+  local(4);
+  local(5);  // needs room: the oldest block used once goes, not the replica read again
+  EXPECT_TRUE(held(1));
+  EXPECT_FALSE(held(2));
+  EXPECT_TRUE(held(3));
+  EXPECT_TRUE(held(4));
 }
 
 }  // namespace

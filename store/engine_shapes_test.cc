@@ -994,7 +994,8 @@ TEST_F(CheckpointTest, EntriesPutGetAndDeduplicate) {
 }
 
 TEST_F(ShapesTest, EntriesAreEvictedLeastRecentlyUsedFirstButNeverWhilePinned) {
-  makeEngine(0, 3 * kBlobBlock);  // room for three entries, nothing else
+  // Room for three entries, nothing else; the order asserted is LRU's (--eviction lru).
+  makeEngine(0, 3 * kBlobBlock, EvictionKind::kLru);
   for (uint8_t i = 1; i <= 3; ++i) ASSERT_TRUE(putEntry(space_, keyOf(i), i, 1000));
   EXPECT_EQ(engine_->stats().entries, 3u);
   EXPECT_EQ(entryBytes(space_, keyOf(1)), blob(1, 1000));  // 1 is now the most recently used

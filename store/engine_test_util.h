@@ -143,14 +143,16 @@ inline std::vector<uint32_t> lookupExtents(Engine& engine, BlockMemory& memory, 
 // writing tags through a put, reading them back through a get, lengths, lookups, canResume.
 class EngineHarness {
  protected:
-  // A fresh engine over one extent of `blocks` blocks of layout_ plus `blobBytes` more bytes.
-  void makeEngine(uint64_t blocks, uint64_t blobBytes = 0) {
+  // A fresh engine over one extent of `blocks` blocks of layout_ plus `blobBytes` more bytes,
+  // with the daemon's default eviction policy unless told otherwise.
+  void makeEngine(uint64_t blocks, uint64_t blobBytes = 0,
+                  EvictionKind eviction = kDefaultEviction) {
     engine_.reset();
     mem_.reset();
     pool_ = std::make_unique<BlockPool>(
         std::vector<BlockPool::Extent>{{0, blocks * layout_.blockBytes() + blobBytes}});
     mem_ = std::make_unique<HeapBlockMemory>(pool_->extents());
-    engine_ = std::make_unique<Engine>(*pool_, *mem_, nullptr, rotator_);
+    engine_ = std::make_unique<Engine>(*pool_, *mem_, makeEvictionPolicy(eviction), rotator_);
     auto s = engine_->openSpace(layout_, saltFor("tenant-a"));
     ASSERT_TRUE(s.ok()) << s.error();
     space_ = *s;

@@ -76,6 +76,7 @@ void Engine::finishMoves(std::span<const MoveTicket> tickets, bool copied) {
     (pool_.tierOf(t.to) == 0 ? gpuDemoted_ : gpuPromoted_)++;
     // The old block leaves without passing through the eviction policy (a pinned block is not in
     // it) and without counting as an eviction: its bytes live on in `to`.
+    policy_->moved(t.from, t.to);
     src.pins = 0;
     --pinnedBlocks_;
     pool_.release(t.from);

@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 
 #include "kvtier/error.h"
+#include "store/block_pool.h"
 #include "store/limits.h"
 
 namespace kvtier::engine_util {
@@ -17,6 +19,15 @@ inline Status checkName(std::string_view name, const char* what) {
     return invalid(what, " name of ", name.size(), " bytes exceeds ", kMaxSeqNameBytes);
   }
   return {};
+}
+
+// The eviction policy's name for a sealed block's content (EvictionPolicy::insert): 64 bits of
+// its key, which is a cryptographic hash already, mixed with the namespace; never 0.
+inline uint64_t contentTag(const BlockMeta& m) {
+  uint64_t h;
+  std::memcpy(&h, m.key.bytes.data() + 8, sizeof h);
+  h ^= (uint64_t{m.space} + 1) * 0x9e3779b97f4a7c15ull;
+  return h == 0 ? 1 : h;
 }
 
 inline uint64_t ceilDiv(uint64_t a, uint64_t b) { return (a + b - 1) / b; }

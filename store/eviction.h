@@ -1,14 +1,22 @@
 // Eviction policy: which evictable block goes first when a size class runs out.
 //
 // A block is evictable when it is sealed and in the prefix index, no sequence holds it and no
-// lease pins it. The engine tells the policy when a block becomes evictable (insert) and when it
-// stops being so (erase); the policy only orders them. Pluggable: LRU is the default.
+// lease pins it. The engine tells the policy when a block becomes evictable (insert), when it
+// stops being so (erase), and when it leaves memory (evicted, moved); the policy only orders them.
+// Pluggable: `kvtierd --eviction lru|arc`; ARC is the default (docs/cache-policy.md).
+//
+// Not thread-safe: the engine's owner (the daemon's event loop) calls it. Every call is O(1)
+// (oldest: O(max)); nothing allocates per call once the block ids have been seen.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
 #include <vector>
 
+#include "kvtier/error.h"
 #include "store/block_pool.h"
 
 namespace kvtier {
@@ -21,38 +29,204 @@ class EvictionPolicy {
   // already moves it there (a use that did not pin it, e.g. a lookup's plan).
   // A prefix's blocks released together are inserted last block first (Engine), so that an
   // order that keeps insertion order evicts a prefix from its tail.
-  virtual void insert(BlockId id, uint32_t sizeClass, bool first = false) = 0;
-  // `id` is no longer evictable (held, pinned or evicted). No-op if not inserted.
+  // `tag` names the block's content (its namespace and key, hashed; 0: unknown): the same for the
+  // same content whichever block holds it, so that a policy may recognise content it evicted.
+  virtual void insert(BlockId id, uint32_t sizeClass, bool first = false, uint64_t tag = 0) = 0;
+  // `id` is no longer evictable (held or pinned): it leaves the order, the policy may keep its
+  // history for when it comes back. No-op if not inserted.
   virtual void erase(BlockId id) = 0;
-  // The block of `sizeClass` to evict first, or kNoBlock. Does not erase it.
+  // `id` (its content: `tag`) left memory: erased, and inserted again it is another block. Every
+  // block the policy was told of leaves through evicted() or moved() before its id is reused.
+  virtual void evicted(BlockId id, uint64_t tag) = 0;
+  // The content of `from` now lives in block `to` (a move between tiers): `to` takes `from`'s
+  // history, `from` is another block when inserted again. Neither is in the order (both pinned).
+  virtual void moved(BlockId from, BlockId to) = 0;
+  // A hint about a prefix's shape, before the blocks' first insert: one commit sealed `fresh`
+  // (new content, in chain order) in a chain whose blocks before the first of them number
+  // `position`, `parent` being the last of those (kNoBlock when position is 0). A policy that
+  // does not use it ignores it.
+  virtual void sealed(std::span<const BlockId> /*fresh*/, BlockId /*parent*/,
+                      uint64_t /*position*/) {}
+  // The block of `sizeClass` to evict first, or kNoBlock. Does not erase it. Never a block that
+  // was erased (held or pinned) and not inserted again.
   virtual BlockId victim(uint32_t sizeClass) const = 0;
-  // Up to `max` blocks of `sizeClass` in eviction order (first to go first), appended to `out`.
-  virtual void oldest(uint32_t sizeClass, size_t max, std::vector<BlockId>& out) const = 0;
+  // Up to `max` blocks of `sizeClass` in eviction order (first to go first), appended to `out`:
+  // the blocks that successive victim() and evicted() calls would give, the blocks of `skip`
+  // (sorted; about to be pinned) left out as if they had been erased first.
+  virtual void oldest(uint32_t sizeClass, size_t max, std::vector<BlockId>& out,
+                      std::span<const BlockId> skip = {}) const = 0;
+  // Blocks in the order (evictable now).
   virtual size_t size() const = 0;
 };
 
-// Least recently used first. O(1) per operation: intrusive lists over block ids.
-class LruEvictionPolicy final : public EvictionPolicy {
+// The policies `kvtierd --eviction` offers.
+enum class EvictionKind : uint8_t {
+  kLru,  // least recently used first
+  kArc,  // adaptive replacement (recency and frequency), the default
+};
+inline constexpr EvictionKind kDefaultEviction = EvictionKind::kArc;
+const char* evictionName(EvictionKind kind);
+// "lru" or "arc"; INVALID_ARGUMENT otherwise.
+Result<EvictionKind> parseEvictionKind(std::string_view name);
+std::unique_ptr<EvictionPolicy> makeEvictionPolicy(EvictionKind kind);
+
+// Intrusive doubly linked lists over block ids, one node per id (8 bytes), O(1) link and unlink
+// at either end or in the middle. The caller knows which list a block is linked in, if any.
+class BlockLists {
  public:
-  void insert(BlockId id, uint32_t sizeClass, bool first = false) override;
-  void erase(BlockId id) override;
-  BlockId victim(uint32_t sizeClass) const override;
-  void oldest(uint32_t sizeClass, size_t max, std::vector<BlockId>& out) const override;
-  size_t size() const override { return size_; }
+  struct List {
+    BlockId head = kNoBlock;  // first to go
+    BlockId tail = kNoBlock;  // last to go
+    uint64_t size = 0;
+  };
+  void reserve(BlockId id) {
+    if (id >= nodes_.size()) nodes_.resize(size_t{id} + 1);
+  }
+  BlockId next(BlockId id) const { return nodes_[id].next; }
+  // `id` (reserved, not linked) goes to the tail of `l` (or its head, with `atHead`).
+  void link(List& l, BlockId id, bool atHead = false);
+  void unlink(List& l, BlockId id);
 
  private:
   struct Node {
     BlockId prev = kNoBlock;
     BlockId next = kNoBlock;
+  };
+  std::vector<Node> nodes_;
+};
+
+// Least recently used first.
+class LruEvictionPolicy final : public EvictionPolicy {
+ public:
+  void insert(BlockId id, uint32_t sizeClass, bool first = false, uint64_t tag = 0) override;
+  void erase(BlockId id) override;
+  void evicted(BlockId id, uint64_t /*tag*/) override { erase(id); }
+  void moved(BlockId /*from*/, BlockId /*to*/) override {}
+  BlockId victim(uint32_t sizeClass) const override;
+  void oldest(uint32_t sizeClass, size_t max, std::vector<BlockId>& out,
+              std::span<const BlockId> skip = {}) const override;
+  size_t size() const override { return size_; }
+
+ private:
+  struct State {
     uint32_t sizeClass = 0;
     bool linked = false;
   };
-  struct List {
-    BlockId head = kNoBlock;  // least recently used
-    BlockId tail = kNoBlock;  // most recently used
+  BlockLists links_;
+  std::vector<State> state_;  // by block id
+  std::vector<BlockLists::List> lists_;
+  size_t size_ = 0;
+};
+
+// Tags of blocks evicted lately, in two FIFO lists (ARC's ghosts B1 and B2), bounded by the
+// caller. Compact: a 32-bit fingerprint of each tag in an open-addressing table (8 bytes a slot,
+// at most 3/4 full) and in a queue (8 bytes an entry; entries dropped by a hit wait there until
+// they reach the front or the queue is compacted): about 30 bytes per ghost (28 measured on the
+// shared trace at 20,000 blocks). Two tags with one fingerprint are one ghost: a hit on the wrong
+// one only takes a block for a reused one.
+class GhostLists {
+ public:
+  // Adds `tag` to the back of list `list` (0 or 1); a ghost of the same fingerprint leaves the
+  // list it was in.
+  void add(uint64_t tag, int list);
+  // The list holding `tag` (0 or 1), which it leaves; -1 when neither does.
+  int take(uint64_t tag);
+  // Drops the oldest ghost of `list`; false when it is empty.
+  bool dropOldest(int list);
+  uint64_t size(int list) const { return count_[list]; }
+  uint64_t size() const { return count_[0] + count_[1]; }
+  // Bytes held (table and queues), for tests and stats.
+  size_t memoryBytes() const;
+
+ private:
+  struct Slot {
+    uint32_t fp = 0;   // 0: empty
+    uint32_t seq = 0;  // the entry's number; low bit: its list
   };
-  std::vector<Node> nodes_;
-  std::vector<List> lists_;
+  struct Queued {
+    uint32_t fp;
+    uint32_t seq;
+  };
+  static uint32_t fingerprint(uint64_t tag);
+  size_t find(uint32_t fp) const;  // its slot, or the table's size
+  void erase(size_t slot);
+  void grow();
+  void compact(int list);
+
+  std::vector<Slot> table_;  // a power of two in size (or empty)
+  std::vector<Queued> queue_[2];
+  size_t front_[2] = {0, 0};  // the queues' first live-or-stale entry
+  uint64_t count_[2] = {0, 0};
+  uint32_t nextSeq_ = 2;
+};
+
+// Adaptive Replacement Cache (Megiddo and Modha, FAST'03) over the engine's evictable blocks,
+// per size class, made aware of prefixes. Blocks used once since they entered memory are in the
+// recency list (T1), blocks used again in the frequency list (T2); each list is kept in the
+// order blocks became evictable, so a prefix released tail first goes tail first within its
+// list. The target size of T1 adapts: an insert of content recently evicted from T1 (a ghost in
+// B1) says T1 was too small, one evicted from T2 (B2) that T2 was. A one-time scan (new content,
+// used once) thus only cycles through T1 and never flushes the prefixes reused across requests
+// in T2. Replicas (insert with `first`) go before both lists.
+// Prefixes: a block is only worth its chain. New blocks that a request appends to a prefix it
+// reused from memory, at most kContinuationRatio of them per reused block, are a conversation's
+// or an agent's next turn — the part the next turn needs most — and start in T2 with the prefix
+// they extend, instead of on probation in T1, where plain ARC would evict the tails of the
+// conversations it keeps the heads of (sealed()). New content that reuses little or nothing (a
+// document, a scan, even after a shared system prompt) starts in T1.
+// Per block: 16 bytes (links and state), as LRU; ghosts: at most one per block of the class seen
+// (about 24 bytes each, GhostLists).
+class ArcEvictionPolicy final : public EvictionPolicy {
+ public:
+  void insert(BlockId id, uint32_t sizeClass, bool first = false, uint64_t tag = 0) override;
+  void erase(BlockId id) override;
+  void evicted(BlockId id, uint64_t tag) override;
+  void moved(BlockId from, BlockId to) override;
+  void sealed(std::span<const BlockId> fresh, BlockId parent, uint64_t position) override;
+  BlockId victim(uint32_t sizeClass) const override;
+  void oldest(uint32_t sizeClass, size_t max, std::vector<BlockId>& out,
+              std::span<const BlockId> skip = {}) const override;
+  size_t size() const override { return size_; }
+
+  // New blocks per reused one up to which a request's new blocks continue what it reused.
+  static constexpr uint64_t kContinuationRatio = 4;
+
+  // For tests and stats: ghosts of `sizeClass` (B1 + B2), the bytes they take, the target size of
+  // T1, and the blocks of each list in memory (held or not): T1 (with replicas) and T2.
+  uint64_t ghostCount(uint32_t sizeClass) const;
+  size_t ghostBytes() const;
+  double recencyTarget(uint32_t sizeClass) const;
+  uint64_t recentBlocks(uint32_t sizeClass) const;
+  uint64_t frequentBlocks(uint32_t sizeClass) const;
+  // The largest number of blocks of the class in memory at once so far: ARC's capacity c.
+  uint64_t capacity(uint32_t sizeClass) const;
+
+ private:
+  enum : uint8_t { kUnknown = 0, kRecent = 1, kFrequent = 2, kReplica = 3 };
+  struct State {
+    uint8_t list = kUnknown;  // what the block's history is, in the order or held
+    bool linked = false;
+    bool continues = false;  // sealed() said so: T2 at its first insert
+    uint32_t sizeClass = 0;
+  };
+  struct Class {
+    BlockLists::List recent, frequent, replicas;  // T1, T2, replicas (ahead of both)
+    uint64_t resident[3] = {0, 0, 0};  // blocks in memory with T1 / T2 history, replicas
+    uint64_t capacity = 0;                        // the most resident blocks seen at once
+    double target = 0;                            // p: T1's target size
+    GhostLists ghosts;                            // B1 (list 0) and B2 (list 1)
+  };
+  Class& cls(uint32_t c);
+  const Class* findClass(uint32_t c) const { return c < classes_.size() ? &classes_[c] : nullptr; }
+  BlockLists::List& listOf(Class& c, uint8_t list);
+  // Whether the next victim comes from T1, given T1's and T2's resident blocks.
+  static bool fromRecent(const Class& c, uint64_t recent, bool recentEmpty, bool frequentEmpty);
+  void forget(BlockId id);  // unlinked and unknown; resident counts updated
+  void trimGhosts(Class& c);
+
+  BlockLists links_;
+  std::vector<State> state_;
+  std::vector<Class> classes_;
   size_t size_ = 0;
 };
 

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <set>
 #include <vector>
 
 namespace kvtier {
@@ -121,6 +123,265 @@ TEST(LruEvictionTest, ManyBlocksKeepOrder) {
   for (BlockId id = 0; id < kN; id += 2) expected.push_back(id);
   EXPECT_EQ(lru.size(), kN);
   EXPECT_EQ(drain(lru, 0), expected);
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// ARC, made aware of prefixes (the daemon's default).
+
+TEST(EvictionKindTest, NamesParseBack) {
+  for (EvictionKind k : {EvictionKind::kLru, EvictionKind::kArc}) {
+    auto parsed = parseEvictionKind(evictionName(k));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, k);
+  }
+  EXPECT_EQ(parseEvictionKind("lfu").code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(kDefaultEviction, EvictionKind::kArc);
+  EXPECT_NE(dynamic_cast<ArcEvictionPolicy*>(makeEvictionPolicy(EvictionKind::kArc).get()),
+            nullptr);
+  EXPECT_NE(dynamic_cast<LruEvictionPolicy*>(makeEvictionPolicy(EvictionKind::kLru).get()),
+            nullptr);
+}
+
+// A tag per content; block ids are where content lives now.
+uint64_t tagOf(uint64_t content) { return 1000 + content; }
+
+// A request's blocks released as the engine releases them: last block first.
+void release(EvictionPolicy& p, const std::vector<BlockId>& blocks, uint32_t cls = 0) {
+  for (size_t i = blocks.size(); i-- > 0;) p.insert(blocks[i], cls, false, tagOf(blocks[i]));
+}
+// A request that reuses `blocks`: held (erased) while it runs, released tail first.
+void reuse(EvictionPolicy& p, const std::vector<BlockId>& blocks) {
+  for (BlockId b : blocks) p.erase(b);
+  release(p, blocks);
+}
+// Evicts the victim of class 0 as the engine does; returns it.
+BlockId evictOne(EvictionPolicy& p) {
+  const BlockId v = p.victim(0);
+  if (v != kNoBlock) p.evicted(v, tagOf(v));
+  return v;
+}
+
+TEST(ArcEvictionTest, AScanDoesNotFlushAFrequentlyReusedPrefix) {
+  ArcEvictionPolicy arc;
+  const std::vector<BlockId> prompt = {0, 1, 2, 3};
+  release(arc, prompt);
+  reuse(arc, prompt);  // a second request: reused
+  reuse(arc, prompt);
+  EXPECT_EQ(arc.frequentBlocks(0), 4u);
+  // A scan: 1000 blocks used once, in a cache that holds 20 of them besides the prompt.
+  std::set<BlockId> scanned;
+  for (BlockId b = 100; b < 1100; ++b) {
+    release(arc, {b});
+    scanned.insert(b);
+    if (arc.size() > 24) {
+      const BlockId v = evictOne(arc);
+      ASSERT_TRUE(scanned.count(v)) << "block " << v << " of the reused prompt was evicted";
+      scanned.erase(v);
+    }
+  }
+  // The same scan through LRU flushes the prompt.
+  LruEvictionPolicy lru;
+  release(lru, prompt);
+  reuse(lru, prompt);
+  reuse(lru, prompt);
+  std::set<BlockId> lruEvicted;
+  for (BlockId b = 100; b < 1100; ++b) {
+    release(lru, {b});
+    if (lru.size() > 24) lruEvicted.insert(evictOne(lru));
+  }
+  EXPECT_TRUE(lruEvicted.count(0));
+}
+
+TEST(ArcEvictionTest, APrefixGoesTailFirstInEitherList) {
+  ArcEvictionPolicy arc;
+  release(arc, {10, 11, 12});  // used once: T1
+  release(arc, {20, 21, 22});
+  reuse(arc, {20, 21, 22});  // reused: T2
+  std::vector<BlockId> order;
+  arc.oldest(0, 10, order);
+  // T1 is over its target (0, nothing adapted yet): it goes first, each prefix from its tail.
+  EXPECT_EQ(order, (std::vector<BlockId>{12, 11, 10, 22, 21, 20}));
+  std::vector<BlockId> evicted;
+  while (arc.size() > 0) evicted.push_back(evictOne(arc));
+  EXPECT_EQ(evicted, order) << "oldest() is the order evictions take";
+}
+
+TEST(ArcEvictionTest, ContentEvictedLatelyComesBackAsReusedAndAdaptsTheTarget) {
+  ArcEvictionPolicy arc;
+  for (BlockId b = 0; b < 8; ++b) release(arc, {b});
+  reuse(arc, {6, 7});  // T1: 0..5, T2: 6, 7
+  EXPECT_EQ(arc.capacity(0), 8u);
+  ASSERT_EQ(evictOne(arc), 0u);  // from T1: a ghost in B1
+  EXPECT_EQ(arc.ghostCount(0), 1u);
+  EXPECT_EQ(arc.recencyTarget(0), 0.0);
+  // Block 0's content comes back into another block: T1 was too small.
+  arc.insert(50, 0, false, tagOf(0));
+  EXPECT_EQ(arc.ghostCount(0), 0u);
+  EXPECT_GT(arc.recencyTarget(0), 0.0);
+  EXPECT_EQ(arc.frequentBlocks(0), 3u) << "a ghost hit is a reuse";
+  // Content evicted from T2 that comes back moves the target the other way.
+  arc.erase(1);
+  arc.erase(2);
+  arc.erase(3);
+  arc.erase(4);
+  arc.erase(5);  // held: T1 has nothing to give, T2 gives its oldest
+  const BlockId v = evictOne(arc);
+  ASSERT_EQ(v, 7u);
+  const double before = arc.recencyTarget(0);
+  arc.insert(51, 0, false, tagOf(7));
+  EXPECT_LT(arc.recencyTarget(0), before);
+}
+
+TEST(ArcEvictionTest, GhostsStayBoundedByTheCapacity) {
+  // 200 blocks, 300,000 contents cycling through them: at most 200 ghosts, and the
+  // memory they take stays flat.
+  constexpr BlockId kBlocks = 200;
+  ArcEvictionPolicy arc;
+  uint64_t content = 0;
+  std::vector<uint64_t> contentOf(kBlocks);
+  for (BlockId b = 0; b < kBlocks; ++b) {
+    contentOf[b] = content++;
+    arc.insert(b, 0, false, tagOf(contentOf[b]));
+  }
+  size_t bytesAfterWarmup = 0;
+  for (int i = 0; i < 300000; ++i) {
+    const BlockId v = arc.victim(0);
+    ASSERT_NE(v, kNoBlock);
+    arc.evicted(v, tagOf(contentOf[v]));
+    // Now and then an old content comes back (a ghost hit); mostly new content.
+    contentOf[v] = i % 7 == 0 && content > 300 ? content - 300 : content++;
+    arc.insert(v, 0, false, tagOf(contentOf[v]));
+    if (i % 3 == 0) reuse(arc, {static_cast<BlockId>((i / 3) % kBlocks)});
+    ASSERT_LE(arc.ghostCount(0), kBlocks);
+    if (i == 50000) bytesAfterWarmup = arc.ghostBytes();
+  }
+  EXPECT_EQ(arc.capacity(0), kBlocks);
+  EXPECT_LE(arc.ghostBytes(), bytesAfterWarmup);
+  EXPECT_LE(arc.ghostBytes(), 64u * kBlocks) << "about 24 bytes a ghost, a few times that at most";
+}
+
+TEST(ArcEvictionTest, ReplicasGoFirstAndCountAsReusedWhenReadAgain) {
+  ArcEvictionPolicy arc;
+  release(arc, {1, 2});
+  reuse(arc, {1, 2});
+  arc.insert(3, 0, /*first=*/true, tagOf(3));
+  arc.insert(4, 0, /*first=*/true, tagOf(4));
+  EXPECT_EQ(arc.victim(0), 4u) << "the last replica in goes first, as with LRU";
+  arc.erase(3);
+  arc.insert(3, 0, false, tagOf(3));  // read again here
+  EXPECT_EQ(arc.frequentBlocks(0), 3u);
+  std::vector<BlockId> order;
+  arc.oldest(0, 10, order);
+  EXPECT_EQ(order, (std::vector<BlockId>{4, 2, 1, 3}));
+}
+
+TEST(ArcEvictionTest, AMovedBlockKeepsItsHistory) {
+  ArcEvictionPolicy arc;
+  release(arc, {1});
+  reuse(arc, {1});
+  release(arc, {2});
+  arc.erase(1);  // pinned for the move
+  arc.moved(1, 9);
+  arc.insert(9, 1, false, tagOf(1));  // its new block, in another class (tier)
+  EXPECT_EQ(arc.frequentBlocks(1), 1u);
+  EXPECT_EQ(arc.frequentBlocks(0), 0u);
+  arc.insert(1, 0, false, tagOf(77));  // block 1 holds other content now: new
+  EXPECT_EQ(arc.recentBlocks(0), 2u);
+}
+
+TEST(ArcEvictionTest, NewBlocksThatContinueAReusedPrefixStartWithIt) {
+  ArcEvictionPolicy arc;
+  release(arc, {0, 1, 2, 3});
+  reuse(arc, {0, 1, 2, 3});  // a conversation's first turn, reused by its second
+  // The second turn appends 2 blocks after block 3: they continue it.
+  arc.erase(0), arc.erase(1), arc.erase(2), arc.erase(3);
+  const std::vector<BlockId> turn = {4, 5};
+  arc.sealed(turn, /*parent=*/3, /*position=*/4);
+  release(arc, {0, 1, 2, 3, 4, 5});
+  EXPECT_EQ(arc.frequentBlocks(0), 6u);
+  EXPECT_EQ(arc.recentBlocks(0), 0u);
+  // A long document after the same prefix (more than 4 new blocks per reused one) is new
+  // content: probation.
+  std::vector<BlockId> doc;
+  for (BlockId b = 10; b < 27; ++b) doc.push_back(b);
+  arc.sealed(doc, 3, 4);
+  release(arc, doc);
+  EXPECT_EQ(arc.recentBlocks(0), doc.size());
+  // So is a chunk whose parent this request wrote itself (never evictable yet).
+  arc.sealed(std::vector<BlockId>{31}, /*parent=*/30, 1);
+  release(arc, {31});
+  EXPECT_EQ(arc.recentBlocks(0), doc.size() + 1);
+}
+
+// A model check: under random inserts, holds, evictions and moves, victim() is always a block
+// in the order (never a held one), and oldest() lists exactly what successive evictions take,
+// also with blocks about to be pinned skipped.
+TEST(ArcEvictionTest, VictimsAreAlwaysEvictableAndOldestMatchesEvictions) {
+  uint64_t rng = 12345;
+  auto next = [&rng](uint64_t n) {
+    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (rng >> 33) % n;
+  };
+  constexpr BlockId kIds = 48;
+  ArcEvictionPolicy arc;
+  enum { kAbsent, kIn, kHeld };
+  std::vector<int> where(kIds, kAbsent);
+  std::vector<uint64_t> content(kIds, 0);
+  uint64_t nextContent = 1;
+  for (int step = 0; step < 20000; ++step) {
+    const BlockId id = static_cast<BlockId>(next(kIds));
+    const uint64_t op = next(10);
+    if (op < 4) {  // a block becomes evictable: new content, or a release after a hold
+      if (where[id] == kAbsent) content[id] = next(4) == 0 ? next(nextContent) : nextContent++;
+      if (op == 0 && where[id] == kAbsent) {
+        arc.sealed(std::vector<BlockId>{id}, static_cast<BlockId>(next(kIds)), next(3));
+      }
+      arc.insert(id, 0, next(20) == 0, tagOf(content[id]));
+      where[id] = kIn;
+    } else if (op < 6) {  // held or pinned
+      arc.erase(id);
+      if (where[id] == kIn) where[id] = kHeld;
+    } else if (op < 9) {  // evicted, as allocation does
+      const BlockId v = arc.victim(0);
+      const bool any = std::count(where.begin(), where.end(), kIn) > 0;
+      ASSERT_EQ(v != kNoBlock, any) << "step " << step;
+      if (v == kNoBlock) continue;
+      ASSERT_LT(v, kIds);
+      ASSERT_EQ(where[v], kIn) << "victim " << v << " is not evictable, step " << step;
+      arc.evicted(v, tagOf(content[v]));
+      where[v] = kAbsent;
+    } else if (where[id] == kHeld) {  // a held block moves to a fresh one
+      BlockId to = kNoBlock;
+      for (BlockId b = 0; b < kIds; ++b) {
+        if (where[b] == kAbsent) to = b;
+      }
+      if (to == kNoBlock) continue;
+      arc.moved(id, to);
+      content[to] = content[id];
+      where[id] = kAbsent;
+      arc.insert(to, 0, false, tagOf(content[to]));
+      where[to] = kIn;
+    }
+    if (step % 97 == 0) {
+      // oldest(), with a random skip, against evictions on a copy.
+      std::vector<BlockId> skip;
+      for (BlockId b = 0; b < kIds; ++b) {
+        if (where[b] == kIn && next(4) == 0) skip.push_back(b);
+      }
+      std::vector<BlockId> listed;
+      arc.oldest(0, kIds, listed, skip);
+      ArcEvictionPolicy copy = arc;
+      for (BlockId b : skip) copy.erase(b);
+      std::vector<BlockId> taken;
+      for (BlockId v = copy.victim(0); v != kNoBlock; v = copy.victim(0)) {
+        taken.push_back(v);
+        copy.evicted(v, tagOf(content[v]));
+      }
+      ASSERT_EQ(listed, taken) << "step " << step;
+      EXPECT_EQ(copy.size(), 0u);
+    }
+  }
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -18,6 +19,7 @@
 
 #include "kvtier/client.h"
 #include "tools/json_string.h"
+#include "tools/synthetic_trace.h"
 
 extern char** environ;
 
@@ -277,6 +279,7 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
   run.daemonVersion = nodes[0].client->daemonVersion();
   run.route = options.route;
   run.speedup = options.speedup;
+  run.whole = options.whole;
   run.nodes = n;
   run.requestsPerNode.assign(n, 0);
   for (Node& node : nodes) {
@@ -340,7 +343,7 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
     size_t hit = 0;
     {
       LookupOptions lo;
-      lo.bindSeq = seq;
+      if (!options.whole) lo.bindSeq = seq;
       auto found = node.space->lookupKeys(keys, lo);
       lookupMs.push_back(msSince(t0));
       if (lookupMs.back() >= 1000) ++run.slowLookups;
@@ -359,24 +362,28 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
           if (id != req.hashIds[b]) ++run.wrongBlocks;
         }
         // Unpinned before the sequence goes, so that its removal settles the blocks in request
-        // order (the sequence still holds the hit prefix meanwhile).
+        // order (the sequence still holds the hit prefix meanwhile). A whole put reads its hit
+        // blocks and lets them go before it puts them again, as an engine that copied them into
+        // its own cache would.
         found->release();
       }
     }
-    if (hit < blocks) {
-      const size_t miss = blocks - hit;
+    // The blocks put: the missed ones after the hit, or (whole) every block from position 0.
+    const size_t from = options.whole ? 0 : hit;
+    if (from < blocks) {
+      const size_t miss = blocks - from;
       tokens.assign(miss * bt, 0);
       kv.assign(miss * layout.blockBytes(), 0);
       for (size_t b = 0; b < miss; ++b) {
-        const uint64_t id = req.hashIds[hit + b];
+        const uint64_t id = req.hashIds[from + b];
         for (uint32_t t = 0; t < bt; ++t) tokens[b * bt + t] = static_cast<uint32_t>(id);
         // Packed [layer][K|V][token][head][dim]: layer 0's K of the block's first token is the
         // block's first bytes once placed.
         std::memcpy(kv.data() + b * bt * tokenBytes, &id, 8);
       }
       PutOptions po;
-      po.keys.assign(keys.begin() + static_cast<std::ptrdiff_t>(hit), keys.end());
-      auto put = node.space->put(seq, hit * bt, tokens, kv.data(), kv.size(), po);
+      po.keys.assign(keys.begin() + static_cast<std::ptrdiff_t>(from), keys.end());
+      auto put = node.space->put(seq, from * bt, tokens, kv.data(), kv.size(), po);
       if (!put) {
         if (auto fatal = failed(put.error())) return *fatal;
       }
@@ -455,6 +462,7 @@ std::string runJson(const ReplayRun& run) {
   field("nodes", std::to_string(run.nodes));
   field("route", jsonString(multi ? routeName(run.route) : "single"));
   field("speedup", run.speedup > 0 ? fixed(run.speedup, 3) : "null");
+  field("put", jsonString(run.whole ? "whole" : "missed"));
   field("capacity_blocks", std::to_string(run.capacityBlocks));
   field("total_capacity_blocks", std::to_string(total));
   field("daemon_capacity_blocks", list(run.daemonCapacityBlocks));
@@ -516,7 +524,7 @@ std::string runsJson(std::span<const ReplayRun> runs) {
 namespace {
 
 const char* kReplayUsage =
-    "usage: kvtier [--socket PATH] replay TRACE [options]\n"
+    "usage: kvtier [--socket PATH] replay TRACE|--synthetic KIND [options]\n"
     "Replays a Mooncake-format trace (JSON lines: timestamp, input_length, output_length,\n"
     "hash_ids) against running kvtierd daemons; one trace block = one 1 KiB kvtier block.\n"
     "  --capacity BLOCKS        blocks per node the anchors assume (default: the daemon's)\n"
@@ -524,9 +532,32 @@ const char* kReplayUsage =
     "  --route session|round-robin  session: by the request's first hash id (default)\n"
     "  --speedup X              replay at X times the trace's timestamps (default: at once)\n"
     "  --limit N                the first N requests\n"
+    "  --whole                  put each request whole from position 0, hit blocks included\n"
+    "                           (default: a lookup bound to the sequence, then the missed blocks)\n"
+    "  --synthetic KIND         replay a generated workload instead of TRACE: shared-prompts,\n"
+    "                           scan or agents (tools/synthetic_trace.h), written as a trace\n"
+    "                           into a temporary directory (removed after) or --trace-out FILE\n"
+    "  --seed N                 the synthetic workload's seed (default 1)\n"
+    "  --trace-out FILE         keep the synthetic trace (Mooncake JSON lines) in FILE\n"
     "  --json FILE              write the run as JSON ({\"runs\": [...]})\n"
     "  --plot FILE.png          plot it (scripts/plot-replay.py, matplotlib)\n"
     "  --progress               a progress bar even when stderr is not a terminal\n";
+
+// A fresh directory under $TMPDIR (or /tmp) for a generated trace, removed with what it holds.
+struct TempTraceDir {
+  std::string path;
+  TempTraceDir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/kvtier-trace-XXXXXX";
+    if (::mkdtemp(pattern.data())) path = pattern;
+  }
+  ~TempTraceDir() {
+    std::error_code ignored;
+    if (!path.empty()) std::filesystem::remove_all(path, ignored);
+  }
+  TempTraceDir(const TempTraceDir&) = delete;
+  TempTraceDir& operator=(const TempTraceDir&) = delete;
+};
 
 std::vector<std::string> splitList(const std::string& s) {
   std::vector<std::string> out;
@@ -548,6 +579,7 @@ void printTable(const ReplayRun& r) {
               (unsigned long)r.capacityBlocks);
   if (r.nodes > 1) std::printf(", route %s", routeName(r.route));
   if (r.speedup > 0) std::printf(", speedup %.1fx (max lag %.1f ms)", r.speedup, r.maxLagMs);
+  std::printf(", %s", r.whole ? "whole puts" : "puts of the missed blocks");
   std::printf("\n\n  %-38s %9s %12s\n", "", "hit rate", "hit blocks");
   char label[96];
   std::snprintf(label, sizeof label, "kvtier (%zu node%s)", r.nodes, r.nodes > 1 ? "s" : "");
@@ -626,7 +658,8 @@ namespace kvtier {
 
 int replayMain(const std::string& socket, int argc, char** argv) {
   using namespace replay;
-  std::string tracePath, json, png, nodes;
+  std::string tracePath, json, png, nodes, synthetic, traceOut;
+  uint64_t seed = 1;
   ReplayOptions options;
   size_t limit = 0;
   bool progress = isatty(STDERR_FILENO) != 0;
@@ -659,6 +692,14 @@ int replayMain(const std::string& socket, int argc, char** argv) {
         json = value();
       } else if (a == "--plot") {
         png = value();
+      } else if (a == "--whole") {
+        options.whole = true;
+      } else if (a == "--synthetic") {
+        synthetic = value();
+      } else if (a == "--seed") {
+        seed = std::stoull(value());
+      } else if (a == "--trace-out") {
+        traceOut = value();
       } else if (a == "--progress") {
         progress = true;
       } else if (a == "-h" || a == "--help") {
@@ -674,12 +715,37 @@ int replayMain(const std::string& socket, int argc, char** argv) {
     std::fprintf(stderr, "kvtier replay: %s\n%s", e.what(), kReplayUsage);
     return 2;
   }
-  if (tracePath.empty()) {
-    std::fprintf(stderr, "kvtier replay: no TRACE\n%s", kReplayUsage);
+  if (tracePath.empty() == synthetic.empty()) {
+    std::fprintf(stderr, "kvtier replay: give a TRACE or --synthetic KIND, not %s\n%s",
+                 tracePath.empty() ? "neither" : "both", kReplayUsage);
     return 2;
+  }
+  // A synthetic workload is written as a trace file and replayed from it, so that what was
+  // replayed can be kept and replayed again (--trace-out) or by other tools.
+  std::optional<TempTraceDir> tempDir;
+  if (!synthetic.empty()) {
+    auto kind = parseSyntheticKind(synthetic);
+    if (!kind) {
+      std::fprintf(stderr, "kvtier replay: %s\n", kind.error().message().c_str());
+      return 2;
+    }
+    if (traceOut.empty()) {
+      tempDir.emplace();
+      if (tempDir->path.empty()) {
+        std::fprintf(stderr, "kvtier replay: cannot make a temporary directory\n");
+        return 1;
+      }
+      traceOut = tempDir->path + "/" + synthetic + ".jsonl";
+    }
+    if (auto s = writeTrace(traceOut, syntheticTrace(*kind, seed)); !s) {
+      std::fprintf(stderr, "kvtier replay: %s\n", s.error().message().c_str());
+      return 1;
+    }
+    tracePath = traceOut;
   }
   options.sockets = nodes.empty() ? std::vector<std::string>{socket} : splitList(nodes);
   options.tracePath = tracePath;
+  if (tempDir) options.tracePath = "synthetic:" + synthetic + " seed " + std::to_string(seed);
   auto trace = loadTrace(tracePath, limit);
   if (!trace) {
     std::fprintf(stderr, "kvtier replay: %s\n", trace.error().toString().c_str());

@@ -103,6 +103,12 @@ struct ReplayOptions {
   Route route = Route::kSession;
   double speedup = 0;  // replay at this multiple of the trace's timestamps; 0: as fast as possible
   std::string tracePath;  // for the report only
+  // How a request puts its blocks. false: a lookup bound to the request's sequence, then a put of
+  // the missed blocks after the hit. true (`--whole`): a plain lookup (its blocks read and let
+  // go), then a put of the whole request from position 0 with all its keys, the hit blocks
+  // included — what an engine that saves every request it computed does; the daemon reuses the
+  // cached blocks instead of allocating for them.
+  bool whole = false;
 };
 
 struct Percentiles {
@@ -114,6 +120,7 @@ struct Percentiles {
 struct ReplayRun {
   std::string tracePath, daemonVersion;
   Route route = Route::kSession;
+  bool whole = false;  // ReplayOptions::whole
   double speedup = 0;
   size_t nodes = 0;
   uint64_t requests = 0, blocks = 0, distinctBlocks = 0;
@@ -153,8 +160,10 @@ using ProgressFn = std::function<void(size_t done, size_t total, const ReplayRun
 // Replays `trace` in order, one request at a time. Per request, on its node: lookupKeys of its
 // keys bound to a private sequence (the hit prefix becomes that sequence), a put of the missed
 // blocks from the hit's end with their keys, then the sequence's removal, which leaves every
-// block sealed, unpinned and evictable in the daemon's LRU in request order. Errors: UNAVAILABLE
-// when a daemon cannot be reached (then or midway); other failed calls are counted in the run.
+// block sealed, unpinned and evictable in the daemon's cache. With options.whole: a lookup not
+// bound to any sequence, then a put of the whole request from position 0 with all its keys.
+// Every hit block's bytes are checked either way. Errors: UNAVAILABLE when a daemon cannot be
+// reached (then or midway); other failed calls are counted in the run.
 Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayOptions& options,
                               const ProgressFn& progress = {});
 

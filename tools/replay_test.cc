@@ -15,6 +15,7 @@
 
 #include "tests/test_support.h"
 #include "tools/replay.h"
+#include "tools/synthetic_trace.h"
 
 namespace kvtier {
 namespace {
@@ -105,9 +106,12 @@ class ReplayTest : public ::testing::Test {
   uint64_t blocks_ = 0;
 };
 
+// The daemon with its eviction policy set to LRU (the default is ARC: docs/cache-policy.md).
+const std::vector<std::string> kLru = {"--eviction", "lru"};
+
 // One daemon, cold tier off: what it keeps is what an LRU of its pool keeps, request by request.
 TEST_F(ReplayTest, OneNodeHitsWhatAnLruOfItsPoolHits) {
-  test::DaemonProcess daemon(kCapacity * kBlockBytes);
+  test::DaemonProcess daemon(kCapacity * kBlockBytes, "", kLru);
   const std::string json = daemon.dataDir() + "/replay.json";
   std::string output;
   ASSERT_EQ(test::runTool(
@@ -150,7 +154,7 @@ TEST_F(ReplayTest, OneNodeHitsWhatAnLruOfItsPoolHits) {
 // own requests keeps, and the report's isolated anchor says so.
 TEST_F(ReplayTest, TwoIsolatedNodesRoundRobinHitWhatTwoLrusHit) {
   constexpr uint64_t kEach = kCapacity / 2;
-  test::DaemonProcess a(kEach * kBlockBytes), b(kEach * kBlockBytes);
+  test::DaemonProcess a(kEach * kBlockBytes, "", kLru), b(kEach * kBlockBytes, "", kLru);
   const std::string json = a.dataDir() + "/replay.json";
   std::string output;
   ASSERT_EQ(test::runTool({"replay", kTrace, "--nodes", a.socket() + "," + b.socket(), "--route",
@@ -173,6 +177,131 @@ TEST_F(ReplayTest, TwoIsolatedNodesRoundRobinHitWhatTwoLrusHit) {
   EXPECT_EQ(jsonNumber(doc, "hit_blocks"), hits);
   EXPECT_EQ(jsonNumber(doc, "errors"), 0);
   EXPECT_EQ(jsonNumber(doc, "wrong_blocks"), 0);
+}
+
+// `--whole`: every request put from position 0, hit blocks included, as an engine that saves
+// every request it computed does. The daemon reuses the blocks it holds instead of allocating
+// for them, so such an engine loses nothing: it hits what one that puts only the missed blocks
+// hits (less at most one block: the scratch block a whole put writes reused blocks into), and
+// the daemon evicts no more than the missed blocks need.
+TEST_F(ReplayTest, WholePutsHitWhatPutsOfTheMissedBlocksHit) {
+  std::string docs[2];
+  for (int whole = 0; whole < 2; ++whole) {
+    test::DaemonProcess daemon(kCapacity * kBlockBytes, "", kLru);
+    const std::string json = daemon.dataDir() + "/replay.json";
+    std::vector<std::string> args = {"--socket", daemon.socket(), "replay", kTrace, "--capacity",
+                                     std::to_string(kCapacity), "--limit",
+                                     std::to_string(kRequests), "--json", json};
+    if (whole) args.push_back("--whole");
+    std::string output;
+    ASSERT_EQ(test::runTool(args, &output), 0) << output;
+    docs[whole] = readAll(json);
+  }
+  const std::string& missed = docs[0];
+  const std::string& whole = docs[1];
+  EXPECT_NE(missed.find("\"put\": \"missed\""), std::string::npos);
+  EXPECT_NE(whole.find("\"put\": \"whole\""), std::string::npos);
+  const double hits = jsonNumber(whole, "hit_blocks");
+  EXPECT_LE(hits, jsonNumber(missed, "hit_blocks"));
+  EXPECT_GE(hits, jsonNumber(missed, "hit_blocks") - 1);
+  EXPECT_GE(hits, jsonNumber(whole, "ideal_lru_hit_blocks"));
+  // Each missed block is allocated once; the pool starts empty: evictions are the missed blocks
+  // beyond the pool, plus at most the scratch block.
+  EXPECT_LE(jsonNumber(whole, "evictions"), double(blocks_) - hits - double(kCapacity) + 1);
+  EXPECT_EQ(jsonNumber(whole, "verified_blocks"), hits) << "every hit block is checked";
+  EXPECT_EQ(jsonNumber(whole, "wrong_blocks"), 0);
+  EXPECT_EQ(jsonNumber(whole, "errors"), 0);
+}
+
+// The daemon's default policy (ARC, aware of prefixes) hits at least 1 pp of the blocks more
+// than the ideal LRU anchor of the same capacity, with either way of putting.
+TEST_F(ReplayTest, TheDefaultPolicyBeatsTheLruAnchorByAPointInBothPutModes) {
+  for (const bool whole : {false, true}) {
+    test::DaemonProcess daemon(kCapacity * kBlockBytes);
+    const std::string json = daemon.dataDir() + "/replay.json";
+    std::vector<std::string> args = {"--socket", daemon.socket(), "replay", kTrace, "--capacity",
+                                     std::to_string(kCapacity), "--limit",
+                                     std::to_string(kRequests), "--json", json};
+    if (whole) args.push_back("--whole");
+    std::string output;
+    ASSERT_EQ(test::runTool(args, &output), 0) << output;
+    const std::string doc = readAll(json);
+    SCOPED_TRACE(whole ? "whole" : "missed");
+    EXPECT_GE(jsonNumber(doc, "hit_blocks"),
+              jsonNumber(doc, "ideal_lru_hit_blocks") + double(blocks_) / 100);
+    EXPECT_GE(jsonNumber(doc, "diff_pp"), 1.0);
+    EXPECT_EQ(jsonNumber(doc, "wrong_blocks"), 0);
+    EXPECT_EQ(jsonNumber(doc, "errors"), 0);
+  }
+}
+
+// A synthetic workload is written as a Mooncake-format trace (kept with --trace-out), read back
+// as such and replayed; the same seed gives the same workload.
+TEST(ReplaySynthetic, WorkloadsAreTracesThatReplay) {
+  for (const char* name : {"shared-prompts", "scan", "agents"}) {
+    auto kind = replay::parseSyntheticKind(name);
+    ASSERT_TRUE(kind.ok()) << name;
+    const auto a = replay::syntheticTrace(*kind, 7), b = replay::syntheticTrace(*kind, 7);
+    const auto c = replay::syntheticTrace(*kind, 8);
+    ASSERT_GT(a.size(), 1000u) << name;
+    ASSERT_EQ(a.size(), b.size());
+    bool same = true, differs = a.size() != c.size();
+    for (size_t i = 0; i < a.size(); ++i) {
+      same = same && a[i].hashIds == b[i].hashIds && a[i].timestampMs == b[i].timestampMs;
+      if (i < c.size()) differs = differs || a[i].hashIds != c[i].hashIds;
+      auto parsed = replay::parseTraceLine(replay::traceLine(a[i]));
+      ASSERT_TRUE(parsed.ok()) << parsed.error().toString();
+      ASSERT_EQ(parsed->hashIds, a[i].hashIds);
+      ASSERT_EQ(parsed->inputLength, a[i].hashIds.size() * 512);
+      if (i > 0) {
+        ASSERT_GE(a[i].timestampMs, a[i - 1].timestampMs);
+      }
+    }
+    EXPECT_TRUE(same) << name << ": not deterministic";
+    EXPECT_TRUE(differs) << name << ": the seed changes nothing";
+  }
+  EXPECT_EQ(replay::parseSyntheticKind("zipf").code(), ErrorCode::kInvalidArgument);
+
+  test::DaemonProcess daemon(1000 * kBlockBytes);
+  const std::string trace = daemon.dataDir() + "/scan.jsonl";
+  const std::string json = daemon.dataDir() + "/replay.json";
+  std::string output;
+  ASSERT_EQ(test::runTool({"--socket", daemon.socket(), "replay", "--synthetic", "scan", "--limit",
+                           "300", "--trace-out", trace, "--json", json},
+                          &output),
+            0)
+      << output;
+  auto written = replay::loadTrace(trace);
+  ASSERT_TRUE(written.ok()) << written.error().toString();
+  const auto expected = replay::syntheticTrace(replay::SyntheticKind::kScan, 1);
+  ASSERT_EQ(written->size(), expected.size()) << "the whole workload is kept, --limit or not";
+  EXPECT_EQ(written->back().hashIds, expected.back().hashIds);
+  const std::string doc = readAll(json);
+  EXPECT_EQ(jsonNumber(doc, "requests"), 300);
+  EXPECT_GT(jsonNumber(doc, "hit_blocks"), 0);
+  EXPECT_EQ(jsonNumber(doc, "errors"), 0);
+  // Without --trace-out the trace lives in a temporary directory under $TMPDIR, removed after
+  // the run.
+  const std::string tmp = daemon.dataDir() + "/tmp";
+  std::filesystem::create_directory(tmp);
+  const char* oldTmp = std::getenv("TMPDIR");
+  const std::string saved = oldTmp ? oldTmp : "";
+  ::setenv("TMPDIR", tmp.c_str(), 1);
+  const int status = test::runTool(
+      {"--socket", daemon.socket(), "replay", "--synthetic", "agents", "--limit", "50"}, &output);
+  if (oldTmp) {
+    ::setenv("TMPDIR", saved.c_str(), 1);
+  } else {
+    ::unsetenv("TMPDIR");
+  }
+  ASSERT_EQ(status, 0) << output;
+  EXPECT_NE(output.find("synthetic:agents seed 1"), std::string::npos) << output;
+  EXPECT_TRUE(std::filesystem::is_empty(tmp)) << "the temporary trace was left behind";
+  // Neither a trace nor a workload, or both: a usage error.
+  EXPECT_EQ(test::runTool({"--socket", daemon.socket(), "replay"}, &output), 2);
+  EXPECT_EQ(test::runTool({"--socket", daemon.socket(), "replay", kTrace, "--synthetic", "scan"},
+                          &output),
+            2);
 }
 
 TEST(ReplayTrace, ParsesALineAndRefusesBadOnes) {
