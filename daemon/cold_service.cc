@@ -177,25 +177,19 @@ kj::Promise<void> ColdService::promoteBatch(SpaceId space, std::vector<Key128> k
   // A key back in memory meanwhile has nothing to read.
   std::erase_if(tickets, [](const PromoteTicket& t) { return t.block == kNoBlock; });
   if (!tickets.empty()) {
-    struct Read {
-      ColdKey key;
-      uint8_t* dest;
-      uint32_t bytes;
-    };
-    std::vector<Read> reads;
+    std::vector<ColdTier::Read> reads;
     for (const PromoteTicket& t : tickets) {
       const SpaceInfo& sp = engine_.space(space);
-      reads.push_back(Read{ColdKey{sp.fingerprint, sp.salt, t.key},
-                           engine_.memory().extentBase(t.location.extent) + t.location.offset,
-                           t.location.bytes});
+      reads.push_back({ColdKey{sp.fingerprint, sp.salt, t.key},
+                       engine_.memory().extentBase(t.location.extent) + t.location.offset,
+                       t.location.bytes});
     }
     auto read = reader_->executor()
                     .executeAsync([this, reads = std::move(reads)]() {
                       // Missing, corrupt or of the wrong size: a miss (the lookup stops there).
-                      std::vector<uint8_t> ok(reads.size());
-                      for (size_t i = 0; i < reads.size(); ++i) {
-                        ok[i] = tier_->getInto(reads[i].key, reads[i].dest, reads[i].bytes).ok();
-                      }
+                      std::vector<Status> got = tier_->getManyInto(reads);
+                      std::vector<uint8_t> ok(got.size());
+                      for (size_t i = 0; i < got.size(); ++i) ok[i] = got[i].ok();
                       return ok;
                     })
                     .catch_([n = tickets.size()](kj::Exception&&) {

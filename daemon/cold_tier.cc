@@ -681,6 +681,12 @@ Status ColdTier::readVerified(const ColdKey& key,
   rocksdb::ReadOptions options;
   options.verify_checksums = false;
   const rocksdb::Status s = db_->Get(options, blocks_, k, &value);
+  return checkRead(key, k, s, std::string_view(value.data(), value.size()), consume);
+}
+
+Status ColdTier::checkRead(const ColdKey& key, const std::string& k, const rocksdb::Status& s,
+                           std::string_view value,
+                           const std::function<Status(std::string_view)>& consume) {
   if (s.IsNotFound()) {
     std::lock_guard<std::mutex> lock(mu_);
     forgetLocked(k);
@@ -691,7 +697,7 @@ Status ColdTier::readVerified(const ColdKey& key,
   // detected itself, or a failed check, is a miss: the record is dropped.
   if (!s.ok() && !s.IsCorruption()) return unavailable(s, "cold record read failed");
   auto payload = s.ok()
-                     ? verifyColdRecord(key, std::string_view(value.data(), value.size()))
+                     ? verifyColdRecord(key, value)
                      : Result<std::string_view>(makeError(
                            ErrorCode::kChecksumMismatch, "cold record unreadable: ", s.ToString()));
   Status consumed = payload ? consume(*payload) : Status(payload.error());
@@ -726,6 +732,55 @@ Status ColdTier::getInto(const ColdKey& key, uint8_t* dest, uint32_t bytes) {
     std::memcpy(dest, payload.data(), bytes);
     return {};
   });
+}
+
+std::vector<Status> ColdTier::getManyInto(std::span<const Read> reads) {
+  std::vector<Status> out(reads.size());
+  std::vector<std::string> keys(reads.size());
+  std::vector<uint32_t> wanted;  // the held ones, in key order (MultiGet's sorted input)
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint32_t i = 0; i < reads.size(); ++i) {
+      keys[i] = reads[i].key.encode();
+      if (held_.count(keys[i])) {
+        wanted.push_back(i);
+      } else {
+        out[i] = makeError(ErrorCode::kNotFound, "no cold record ", reads[i].key.key.hex());
+      }
+    }
+  }
+  if (wanted.empty()) return out;
+  std::sort(wanted.begin(), wanted.end(),
+            [&](uint32_t a, uint32_t b) { return keys[a] < keys[b]; });
+  std::shared_lock<std::shared_mutex> dbLock(dbMu_);
+  if (!db_) {
+    for (uint32_t i : wanted) {
+      out[i] = makeError(ErrorCode::kUnavailable, "cold tier is closed after a write error");
+    }
+    return out;
+  }
+  std::vector<rocksdb::Slice> slices;
+  for (uint32_t i : wanted) slices.emplace_back(keys[i]);
+  std::vector<rocksdb::PinnableSlice> values(wanted.size());
+  std::vector<rocksdb::Status> statuses(wanted.size());
+  rocksdb::ReadOptions options;
+  options.verify_checksums = false;  // as readVerified: every record is checked below
+  db_->MultiGet(options, blocks_, wanted.size(), slices.data(), values.data(), statuses.data(),
+                /*sorted_input=*/true);
+  for (size_t j = 0; j < wanted.size(); ++j) {
+    const Read& r = reads[wanted[j]];
+    out[wanted[j]] = checkRead(
+        r.key, keys[wanted[j]], statuses[j], std::string_view(values[j].data(), values[j].size()),
+        [&](std::string_view payload) -> Status {
+          if (payload.size() != r.bytes) {
+            return makeError(ErrorCode::kInvalidArgument, "cold record has ", payload.size(),
+                             " bytes, the block ", r.bytes);
+          }
+          std::memcpy(r.dest, payload.data(), r.bytes);
+          return {};
+        });
+  }
+  return out;
 }
 
 std::vector<ColdKey> ColdTier::blockKeys() const {

@@ -136,6 +136,14 @@ class ColdTier {
   // Like get, but checks the record in RocksDB's buffer and copies the payload once, into `dest`
   // (`bytes` long; INVALID_ARGUMENT if the record's size differs).
   Status getInto(const ColdKey& key, uint8_t* dest, uint32_t bytes);
+  // getInto for each of `reads` (a lookup's promotes), in one RocksDB MultiGet: out[i] is reads[i]'s
+  // status, each as getInto's would be.
+  struct Read {
+    ColdKey key;
+    uint8_t* dest;
+    uint32_t bytes;
+  };
+  std::vector<Status> getManyInto(std::span<const Read> reads);
   bool contains(const ColdKey& key) const;  // an in-memory set: cheap
   // Every block record's key (a copy of the in-memory set: for publishing at start).
   std::vector<ColdKey> blockKeys() const;
@@ -180,6 +188,11 @@ class ColdTier {
   Status reopenForWriteLocked();
   // Reads and checks `key`'s record; hands its payload to `consume` while the read is pinned.
   Status readVerified(const ColdKey& key, const std::function<Status(std::string_view)>& consume);
+  // What readVerified does with RocksDB's answer `s` (`value`) for record `k`. Requires dbMu_
+  // (shared).
+  Status checkRead(const ColdKey& key, const std::string& k, const rocksdb::Status& s,
+                   std::string_view value,
+                   const std::function<Status(std::string_view)>& consume);
   void closeDb();
   // At open: the block records' keys and payload sizes from their size entries, reading no record;
   // an error if an entry is damaged.

@@ -464,6 +464,42 @@ TEST(ColdTier, FlippedBytesAreAMissCountedAndDeleted) {
   EXPECT_EQ(tier->get(keyOf(2)).value(), payload(2));           // neighbours unharmed
 }
 
+// A batch of reads (a lookup's promotes, one MultiGet) answers each record as getInto would: the
+// right bytes, NOT_FOUND when absent, INVALID_ARGUMENT for another size, CHECKSUM_MISMATCH (and
+// deleted, counted) when corrupt — one bad record harms none of the others.
+TEST(ColdTier, ABatchOfReadsAnswersEachRecordAsASingleReadWould) {
+  TempDir dir;
+  auto tier = ColdTier::open({.path = dir.path()}).value();
+  for (uint8_t n = 1; n <= 5; ++n) ASSERT_TRUE(put(*tier, n, n == 5 ? 1000 : 16384).ok());
+  std::string value;
+  const std::string k3 = keyOf(3).encode();
+  ASSERT_TRUE(tier->rawDb()->Get(rocksdb::ReadOptions(), tier->blocksFamily(), k3, &value).ok());
+  value[value.size() - 100] ^= 0x01;
+  ASSERT_TRUE(tier->rawDb()->Put(rocksdb::WriteOptions(), tier->blocksFamily(), k3, value).ok());
+  std::vector<std::vector<uint8_t>> dest(7, std::vector<uint8_t>(16384, 0xee));
+  // Out of key order, a missing key, a wrong size, a corrupt record and a small one.
+  const std::vector<ColdTier::Read> reads = {
+      {keyOf(4), dest[0].data(), 16384}, {keyOf(9), dest[1].data(), 16384},
+      {keyOf(1), dest[2].data(), 16384}, {keyOf(2), dest[3].data(), 8192},
+      {keyOf(3), dest[4].data(), 16384}, {keyOf(5), dest[5].data(), 1000}};
+  const std::vector<Status> got = tier->getManyInto(reads);
+  ASSERT_EQ(got.size(), reads.size());
+  EXPECT_TRUE(got[0].ok());
+  EXPECT_EQ(dest[0], payload(4));
+  EXPECT_EQ(got[1].code(), ErrorCode::kNotFound);
+  EXPECT_TRUE(got[2].ok());
+  EXPECT_EQ(dest[2], payload(1));
+  EXPECT_EQ(got[3].code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(got[4].code(), ErrorCode::kChecksumMismatch);
+  EXPECT_TRUE(got[5].ok());
+  EXPECT_TRUE(std::equal(dest[5].begin(), dest[5].begin() + 1000, payload(5, 1000).begin()));
+  EXPECT_EQ(dest[1], std::vector<uint8_t>(16384, 0xee)) << "a miss writes nothing";
+  EXPECT_EQ(tier->stats().corruptDropped, 1u);
+  EXPECT_FALSE(tier->contains(keyOf(3)));
+  EXPECT_TRUE(tier->contains(keyOf(2))) << "a read of the wrong size deletes nothing";
+  EXPECT_TRUE(tier->getManyInto({}).empty());
+}
+
 // Bytes flipped in the files themselves (blob and table files, under RocksDB's feet): after a
 // reopen every record reads back with exactly its bytes or is refused as corrupt or missing; none
 // is ever served with other bytes, and nothing crashes. Many random trials, since block reads do
