@@ -3,6 +3,7 @@
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 #include <rocksdb/filter_policy.h>
+#include <rocksdb/env.h>
 #include <rocksdb/listener.h>
 #include <rocksdb/sst_file_manager.h>
 #include <rocksdb/table.h>
@@ -11,6 +12,8 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstdarg>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -139,6 +142,32 @@ bool decodeSize(const rocksdb::Slice& in, uint32_t* bytes) {
   for (int i = 0; i < 4; ++i) *bytes |= uint32_t{static_cast<uint8_t>(in[i])} << (8 * i);
   return true;
 }
+
+// RocksDB's own log, into the daemon's (warnings and errors; the rest is dropped) rather than into
+// a LOG file in the data directory: when the disk filled up, a failed write to that file left
+// its writer in an error state, and the next message — RocksDB logs the error itself — hit an
+// assertion in that writer (Debian builds RocksDB with assertions on): kvtierd aborted as its
+// disk filled, and could not start on a full disk at all (scripts/chaos.sh found it).
+class DaemonLogForRocksDb final : public rocksdb::Logger {
+ public:
+  DaemonLogForRocksDb() : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL) {}
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    Logv(rocksdb::InfoLogLevel::INFO_LEVEL, format, ap);
+  }
+  void Logv(const rocksdb::InfoLogLevel level, const char* format, va_list ap) override {
+    if (level < GetInfoLogLevel() || level == rocksdb::InfoLogLevel::HEADER_LEVEL) return;
+    char text[1024];
+    std::vsnprintf(text, sizeof text, format, ap);
+    std::string fields = "message=\"";
+    for (const char* c = text; *c != '\0'; ++c) {
+      if (*c == '"' || *c == '\\') fields += '\\';
+      fields += (*c == '\n' || *c == '\r') ? ' ' : *c;
+    }
+    fields += '"';
+    logWarn("rocksdb", fields);
+  }
+};
 
 // Values from this size on go to blob files (integrated BlobDB); smaller ones stay in the tables.
 constexpr uint64_t kMinBlobBytes = 4096;
@@ -278,6 +307,7 @@ Status ColdTier::openDb(bool reopening) {
   dbOptions.create_if_missing = true;
   dbOptions.create_missing_column_families = true;
   dbOptions.env = env_.get();
+  dbOptions.info_log = std::make_shared<DaemonLogForRocksDb>();
   // RocksDB's flush and compaction threads yield to the event loop serving hot lookups.
   dbOptions.env->LowerThreadPoolCPUPriority(rocksdb::Env::Priority::HIGH);
   dbOptions.env->LowerThreadPoolCPUPriority(rocksdb::Env::Priority::LOW);

@@ -207,6 +207,22 @@ TEST(ColdTierDeathTest, ABatchOfSmallBlocksIsOnDiskWhenPutBatchReturnsEvenIfTheP
   dieRightAfterPutBatch(1000);
 }
 
+// RocksDB's own log goes to the daemon's log, never into a file of the data directory: on a full
+// disk a failed write to that file made RocksDB's next message abort the daemon (an assertion in
+// Debian's build), as it filled and again at every start (scripts/chaos.sh found it).
+TEST(ColdTier, RocksDbKeepsNoLogFileInTheDataDirectory) {
+  TempDir dir;
+  {
+    auto tier = ColdTier::open({.path = dir.path()}).value();
+    for (uint8_t n = 1; n <= 4; ++n) ASSERT_TRUE(put(*tier, n, n % 2 ? 1000 : 300000).ok());
+  }
+  auto again = ColdTier::open({.path = dir.path()}).value();
+  EXPECT_EQ(again->get(keyOf(1)).value(), payload(1, 1000));
+  for (const auto& f : std::filesystem::directory_iterator(dir.path())) {
+    EXPECT_FALSE(f.path().filename().string().starts_with("LOG")) << f.path();
+  }
+}
+
 // The stats count the tier's table and blob files beside the bytes held: exactly what is on disk,
 // at least the records' bytes, and also after a reopen.
 TEST(ColdTier, StatsCountTheFilesOnDisk) {
