@@ -140,6 +140,12 @@ Status Client::Impl::mapExtents(
   if (!options.mapPool) return {};
   for (const auto& [id, e] : extents) {
     if (mappings.count(id)) continue;
+    if (e.first.empty()) {
+      // The daemon hands the pool's names to its own user and root only (docs/security.md).
+      mapped = false;
+      mappings.clear();
+      return makeError(ErrorCode::kPermissionDenied, "kvtierd offers this client no pool mapping");
+    }
     auto seg = ShmSegment::open(e.first, e.second);
     if (!seg) {
       // Another host or no permission: fall back to inline bytes for this client.
@@ -368,6 +374,8 @@ Result<Stats> Client::stats() {
           out.fetchFull = s.getFetchFull();
           out.peerAuthFailures = s.getPeerAuthFailures();
           out.peerRttMicros = s.getPeerRttMicros();
+          out.tenantBytesUsed = s.getTenantBytesUsed();
+          out.tenantQuotaBytes = s.getTenantQuotaBytes();
           for (auto sp : s.getSpaces()) {
             out.spaces.push_back(SpaceStats{sp.getFingerprint(), sp.getBlockBytes(),
                                             sp.getBlocksTotal(), sp.getBlocksUsed(),
@@ -431,7 +439,9 @@ std::string Stats::toJson() const {
     << ", \"served_blocks\": " << servedBlocks << ", \"fetch_errors\": {\"timeout\": " << fetchTimeouts
     << ", \"unavailable\": " << fetchUnavailable << ", \"transfer\": " << fetchTransfer
     << ", \"checksum\": " << fetchChecksum << ", \"full\": " << fetchFull
-    << "}, \"auth_failures\": " << peerAuthFailures << ", \"peer_rtt_us\": " << peerRttMicros << "}, \"spaces\": [";
+    << "}, \"auth_failures\": " << peerAuthFailures << ", \"peer_rtt_us\": " << peerRttMicros
+    << "}, \"tenant\": {\"bytes_used\": " << tenantBytesUsed << ", \"quota_bytes\": "
+    << tenantQuotaBytes << "}, \"spaces\": [";
   for (size_t i = 0; i < spaces.size(); ++i) {
     const auto& s = spaces[i];
     o << (i ? ", " : "") << "{\"fingerprint\": \"" << std::hex << s.fingerprint << std::dec

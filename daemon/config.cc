@@ -175,6 +175,34 @@ Result<DaemonConfig> parseDaemonArgs(const std::vector<std::string>& args) {
       if (flag == "--peer-timeout-ms") config.peerTimeoutMs = static_cast<uint32_t>(v);
       if (flag == "--pin-lease-ms") config.pinLeaseMs = static_cast<uint32_t>(v);
       if (flag == "--etcd-lease-ttl") config.etcdLeaseTtlSeconds = static_cast<uint32_t>(v);
+    } else if (flag == "--allow-group") {
+      // Resolved against the group database at start (resolveGroup, daemon/access.h).
+      if (value.empty()) return makeError(ErrorCode::kInvalidArgument, "--allow-group is empty");
+      config.allowGroup = value;
+    } else if (flag == "--tenant-quota") {
+      config.tenantQuotaBytes = 0;
+      config.tenantQuotaPercent = 0;
+      if (!value.empty() && value.back() == '%') {
+        const std::string digits = value.substr(0, value.size() - 1);
+        char* end = nullptr;
+        const unsigned long pct = std::strtoul(digits.c_str(), &end, 10);
+        if (digits.empty() || *end != '\0' || digits[0] == '-' || pct == 0 || pct > 100) {
+          return makeError(ErrorCode::kInvalidArgument,
+                           "--tenant-quota wants a size (e.g. 8G) or 1% to 100%, not '", value,
+                           "'");
+        }
+        config.tenantQuotaPercent = static_cast<uint32_t>(pct);
+      } else {
+        auto bytes = parseByteSize(value);
+        if (!bytes) {
+          return makeError(ErrorCode::kInvalidArgument, "--tenant-quota wants a size (e.g. 8G) ",
+                           "or a percentage (e.g. 25%): ", bytes.error().message());
+        }
+        if (*bytes == 0) {
+          return makeError(ErrorCode::kInvalidArgument, "--tenant-quota must be positive");
+        }
+        config.tenantQuotaBytes = *bytes;
+      }
     } else {
       return makeError(ErrorCode::kInvalidArgument, "unknown flag '", flag, "' (see --help)");
     }
@@ -205,6 +233,11 @@ const char* daemonUsage() {
          "  --gpu-pool-bytes N      GPU pool size per device, 2 MiB-aligned (1G; 0: none)\n"
          "  --busy-poll-us N        poll this long before the event loop sleeps (50; 0: "
          "never)\n"
+         "access (docs/security.md):\n"
+         "  --allow-group NAME|GID  members may connect besides root and the daemon's user;\n"
+         "                          the socket is chgrp'd to it (default: the daemon's group)\n"
+         "  --tenant-quota N|P%     most host-pool bytes one tenant (Unix user) may take\n"
+         "                          (default: none)\n"
          "cluster (off unless --listen is given; docs/cluster.md):\n"
          "  --listen H:P            serve the peer protocol on H:P (port 0: any)\n"
          "  --advertise H:P         the address peers dial (default: the listener's)\n"

@@ -43,8 +43,22 @@ struct DaemonConfig {
   uint32_t peerTimeoutMs = 2000;   // deadline of every call to a peer
   uint32_t pinLeaseMs = 5000;      // how long a holder keeps blocks pinned for a fetch, at most
   uint32_t etcdLeaseTtlSeconds = 5;
+  // Access control (docs/security.md). `allowGroup`: a group name or gid whose members may use
+  // the daemon besides root and its own user (empty: the daemon's group); the socket is chgrp'd
+  // to it. Tenant quota: the most host-pool bytes one tenant's blocks may take, as bytes or as a
+  // percentage of --host-pool-bytes (both 0: no quota).
+  std::string allowGroup;
+  uint64_t tenantQuotaBytes = 0;
+  uint32_t tenantQuotaPercent = 0;
   bool showHelp = false;
 
+  // The tenant quota in bytes for this pool size (0: none).
+  uint64_t effectiveTenantQuota() const {
+    if (tenantQuotaPercent != 0) {
+      return hostPoolBytes / 100 * tenantQuotaPercent + hostPoolBytes % 100 * tenantQuotaPercent / 100;
+    }
+    return tenantQuotaBytes;
+  }
   std::string effectiveSocketPath() const {
     return socketPath.empty() ? dataDir + "/kvtierd.sock" : socketPath;
   }

@@ -173,3 +173,43 @@ TEST(DaemonConfig, MembershipNeedsListenAndOnlyOneKind) {
 
 }  // namespace
 }  // namespace kvtier
+
+namespace kvtier {
+namespace {
+
+TEST(DaemonConfig, AllowGroupTakesANameOrGidAndDefaultsToNone) {
+  EXPECT_EQ(parseDaemonArgs({}).value().allowGroup, "");
+  EXPECT_EQ(parseDaemonArgs({"--allow-group", "kvtier"}).value().allowGroup, "kvtier");
+  EXPECT_EQ(parseDaemonArgs({"--allow-group=1001"}).value().allowGroup, "1001");
+  auto c = parseDaemonArgs({"--allow-group="});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(c.error().message().find("--allow-group"), std::string::npos);
+}
+
+TEST(DaemonConfig, TenantQuotaTakesASizeOrAPercentageOfTheHostPool) {
+  auto none = parseDaemonArgs({});
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->effectiveTenantQuota(), 0u);
+  auto bytes = parseDaemonArgs({"--tenant-quota", "256M"});
+  ASSERT_TRUE(bytes.ok()) << bytes.error();
+  EXPECT_EQ(bytes->effectiveTenantQuota(), uint64_t{256} << 20);
+  auto pct = parseDaemonArgs({"--host-pool-bytes", "4G", "--tenant-quota=25%"});
+  ASSERT_TRUE(pct.ok()) << pct.error();
+  EXPECT_EQ(pct->tenantQuotaPercent, 25u);
+  EXPECT_EQ(pct->effectiveTenantQuota(), uint64_t{1} << 30);
+  // The percentage is of the pool, whichever order the flags come in.
+  EXPECT_EQ(parseDaemonArgs({"--tenant-quota=50%", "--host-pool-bytes=1000"})
+                .value()
+                .effectiveTenantQuota(),
+            500u);
+  for (const char* bad : {"", "0", "0%", "101%", "-5%", "%", "ten", "5x", "12.5%"}) {
+    auto c = parseDaemonArgs({"--tenant-quota", bad});
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_EQ(c.error().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(c.error().message().find("--tenant-quota"), std::string::npos) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace kvtier

@@ -8,6 +8,7 @@
 #include <kj/async-unix.h>
 #include <kj/debug.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -226,6 +227,16 @@ int run(const DaemonConfig& config) {
       return 1;
     }
   }
+  // Access control (docs/security.md): the allowed group, resolved before anything is made.
+  AccessPolicy access{static_cast<int64_t>(::geteuid()), static_cast<int64_t>(::getegid())};
+  if (!config.allowGroup.empty()) {
+    auto gid = resolveGroup(config.allowGroup);
+    if (!gid) {
+      logWarn("startup_failed", "reason=\"" + gid.error().message() + "\"");
+      return 1;
+    }
+    access.allowedGid = *gid;
+  }
   std::error_code ec;
   std::filesystem::create_directories(config.dataDir, ec);
   if (ec) {
@@ -255,6 +266,7 @@ int run(const DaemonConfig& config) {
   BlockPool blocks(gpus.extents(**pool));
   kernels::CpuKeyRotator rotator;
   Engine engine(blocks, gpus.memory(**pool), makeEvictionPolicy(config.eviction), &rotator);
+  engine.setTenantQuota(config.effectiveTenantQuota());
   std::unique_ptr<TierService> tiers = gpus.tierService(engine);
 
   const std::string socketPath = config.effectiveSocketPath();
@@ -277,6 +289,19 @@ int run(const DaemonConfig& config) {
     return 1;
   }
   ::chmod(socketPath.c_str(), 0660);
+  // The socket's group is the allowed group: its members can connect (rw-rw----), and are then
+  // admitted by SO_PEERCRED / SO_PEERGROUPS (Server::accept). Changing it needs root or
+  // membership of the group.
+  if (!config.allowGroup.empty() &&
+      ::chown(socketPath.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(access.allowedGid)) !=
+          0) {
+    const std::string why = std::strerror(errno);
+    ::unlink(socketPath.c_str());
+    logWarn("startup_failed", "reason=\"cannot give " + socketPath + " to group " +
+                                  std::to_string(access.allowedGid) + " (--allow-group): " + why +
+                                  "\"");
+    return 1;
+  }
 
   std::unique_ptr<ColdService> cold;
   if (config.coldTier) {
@@ -320,6 +345,7 @@ int run(const DaemonConfig& config) {
   BusyPoller poller(io.provider->getTimer(), std::chrono::microseconds(config.busyPollMicros));
   Server server(engine, **pool, cold.get(), tiers.get(), gpus.exports(), &poller,
                 cluster.get());
+  server.setAccess(access);
   // See daemon/scheduling.h. Measured on the 2-vCPU development VM: hot lookup p99 while spilling
   // 0.6 ms against 1.6-1.8 ms with the default slice.
   const bool shortSlice = requestSlice(kShortestSlice);
@@ -329,6 +355,8 @@ int run(const DaemonConfig& config) {
               " gpus=" + std::to_string(gpus.count()) + " pid=" + std::to_string(::getpid()) +
               " busy_poll_us=" + std::to_string(config.busyPollMicros) +
               " eviction=" + evictionName(config.eviction) +
+              " allowed_gid=" + std::to_string(access.allowedGid) +
+              " tenant_quota_bytes=" + std::to_string(config.effectiveTenantQuota()) +
               " short_slice=" + (shortSlice ? "yes" : "no"));
   // Prometheus metrics over HTTP, when asked for.
   kj::HttpHeaderTable headerTable;

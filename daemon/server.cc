@@ -21,6 +21,29 @@ namespace {
 
 constexpr const char* kDaemonVersion = "kvtierd 0.1.0";
 
+// A client's name is a label for logs (hello), not a payload.
+constexpr size_t kMaxClientNameBytes = 256;
+
+// `text` for a log line: quoted, with quotes, backslashes and bytes outside printable ASCII
+// escaped, so that a client's name can neither forge a log line nor a field.
+std::string logQuoted(std::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20 || c >= 0x7f) {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + '"';
+}
+
 // Messages carry at most kMaxInlineBytesPerCall of KV plus a 1M-token list: allow twice that.
 capnp::ReaderOptions readerOptions() {
   capnp::ReaderOptions options;
@@ -703,8 +726,9 @@ class SpaceImpl final : public rpc::Space::Server {
 
 class SessionImpl final : public rpc::Session::Server {
  public:
-  SessionImpl(kvtier::Server& server, OwnerId owner, Salt salt)
-      : server_(server), owner_(owner), salt_(salt) {
+  // `mapsPool`: the peer may be handed the pools' handles (peerMapsPool, daemon/access.h).
+  SessionImpl(kvtier::Server& server, OwnerId owner, Salt salt, bool mapsPool)
+      : server_(server), owner_(owner), salt_(salt), mapsPool_(mapsPool) {
     server_.sessionOpened();
   }
   ~SessionImpl() noexcept(false) {
@@ -725,6 +749,13 @@ class SessionImpl final : public rpc::Session::Server {
       throwRpcError(makeError(ErrorCode::kInvalidArgument,
                               "this kvtierd has no GPU pool on device ", device));
     }
+    // A CUDA IPC handle maps the whole GPU pool, every tenant's blocks: only root and the
+    // daemon's own user get one (GPU blocks never travel inline).
+    if (gpu && !mapsPool_) {
+      throwRpcError(makeError(ErrorCode::kPermissionDenied, "GPU pools are mapped only by root and ",
+                              "the daemon's user: open the space with device -1 (host pool, ",
+                              "bytes inline)"));
+    }
     const SpaceId space = orThrow(server_.engine().openSpace(layout, salt_));
     auto out = context.getResults();
     out.setFingerprint(server_.engine().space(space).fingerprint);
@@ -734,7 +765,9 @@ class SessionImpl final : public rpc::Session::Server {
     auto extents = out.initExtents(pool.extentCount() + gpuExtents);
     for (uint32_t i = 0; i < pool.extentCount(); ++i) {
       extents[i].setId(i);
-      extents[i].setShmName(pool.segment(i).name());
+      // The segment's name maps the whole pool: for root and the daemon's own user only (the
+      // segment is theirs, 0600). Other tenants get no name and move bytes inline.
+      if (mapsPool_) extents[i].setShmName(pool.segment(i).name());
       extents[i].setBytes(pool.segment(i).size());
     }
     for (uint32_t i = 0; i < gpuExtents; ++i) {
@@ -812,6 +845,9 @@ class SessionImpl final : public rpc::Session::Server {
     out.setGpuBlocksUsed(s.gpuBlocksUsed);
     out.setGpuDemoted(s.gpuDemoted);
     out.setGpuPromoted(s.gpuPromoted);
+    // The asking tenant's own usage only: other tenants' are for the operator (metrics).
+    out.setTenantBytesUsed(server_.engine().tenantBytesUsed(salt_));
+    out.setTenantQuotaBytes(s.tenantQuotaBytes);
     if (auto* cold = server_.cold()) {
       const ColdServiceStats c = cold->stats();
       out.setColdRecords(c.tier.records);
@@ -858,6 +894,7 @@ class SessionImpl final : public rpc::Session::Server {
   kvtier::Server& server_;
   OwnerId owner_;
   Salt salt_;
+  bool mapsPool_;
 };
 
 class DaemonImpl final : public rpc::Daemon::Server {
@@ -867,25 +904,33 @@ class DaemonImpl final : public rpc::Daemon::Server {
 
   kj::Promise<void> hello(HelloContext context) override {
     if (!allowed_) {
-      throwRpcError(
-          makeError(ErrorCode::kPermissionDenied, "uid ", peer_.uid, " may not use this kvtierd"));
+      throwRpcError(makeError(ErrorCode::kPermissionDenied, "uid ", peer_.uid,
+                              " may not use this kvtierd: only root, its user and members of ",
+                              "group ", server_.access().allowedGid, " (--allow-group) may"));
     }
     auto p = context.getParams();
+    if (p.getClientName().size() > kMaxClientNameBytes) {
+      throwRpcError(makeError(ErrorCode::kInvalidArgument, "client name of ",
+                              p.getClientName().size(), " bytes exceeds ", kMaxClientNameBytes));
+    }
     if (p.getProtocolVersion() != rpc::PROTOCOL_VERSION) {
       throwRpcError(makeError(ErrorCode::kProtocolMismatch, "client speaks protocol ",
                               p.getProtocolVersion(), ", this daemon speaks ",
                               rpc::PROTOCOL_VERSION));
     }
     // Tenancy: by default each Unix user is its own tenant, so two users never share blocks.
-    const Salt salt = saltFor("uid:" + std::to_string(peer_.uid));
+    const std::string tenant = "uid:" + std::to_string(peer_.uid);
+    const Salt salt = saltFor(tenant);
+    server_.nameTenant(salt, tenant);
     const OwnerId owner = server_.newOwner();
     logInfo("session_opened", "owner=" + std::to_string(owner) + " pid=" +
                                   std::to_string(peer_.pid) + " uid=" + std::to_string(peer_.uid) +
-                                  " client=" + std::string(text(p.getClientName())));
+                                  " client=" + logQuoted(text(p.getClientName())));
     auto out = context.getResults();
     out.setProtocolVersion(rpc::PROTOCOL_VERSION);
     out.setDaemonVersion(kDaemonVersion);
-    out.setSession(kj::heap<SessionImpl>(server_, owner, salt));
+    out.setSession(
+        kj::heap<SessionImpl>(server_, owner, salt, peerMapsPool(peer_, server_.access())));
     auto devices = out.initDevices(server_.gpus().size());
     auto pci = out.initDevicePciBusIds(server_.gpus().size());
     for (uint32_t i = 0; i < server_.gpus().size(); ++i) {
@@ -914,10 +959,6 @@ struct Connection {
 
 }  // namespace
 
-bool peerAllowed(const PeerCredentials& peer, int64_t daemonUid, int64_t daemonGid) {
-  return peer.uid == 0 || peer.uid == daemonUid || (peer.gid >= 0 && peer.gid == daemonGid);
-}
-
 Server::Server(Engine& engine, HostPool& pool, ColdService* cold, TierService* tiers,
                std::vector<GpuPoolExport> gpus, BusyPoller* poller, RemoteTier* remote)
     : engine_(engine),
@@ -927,7 +968,15 @@ Server::Server(Engine& engine, HostPool& pool, ColdService* cold, TierService* t
       tiers_(tiers),
       remote_(remote),
       gpus_(std::move(gpus)),
+      access_{static_cast<int64_t>(geteuid()), static_cast<int64_t>(getegid())},
       tasks_(*this) {}
+
+void Server::nameTenant(const Salt& salt, std::string name) {
+  for (const auto& [s, n] : tenantNames_) {
+    if (s == salt) return;
+  }
+  tenantNames_.emplace_back(salt, std::move(name));
+}
 
 Server::~Server() = default;
 
@@ -939,18 +988,27 @@ kj::Promise<void> Server::acceptLoop(kj::ConnectionReceiver& listener, kj::UnixE
 }
 
 void Server::accept(kj::Own<kj::AsyncIoStream> stream) {
+  // The kernel's credentials of the peer as it connected (docs/security.md). A refused peer still
+  // gets a connection, whose bootstrap answers hello with PERMISSION_DENIED and offers nothing
+  // else: it learns why instead of seeing a closed socket.
   PeerCredentials peer;
-  struct ucred cred {};
-  uint len = sizeof cred;
-  KJ_IF_MAYBE (e, kj::runCatchingExceptions(
-                      [&] { stream->getsockopt(SOL_SOCKET, SO_PEERCRED, &cred, &len); })) {
-    logWarn("peer_credentials_unavailable", e->getDescription().cStr());
+  KJ_IF_MAYBE (fd, stream->getFd()) {
+    auto read = readPeerCredentials(*fd, /*withGroups=*/false);
+    // Supplementary groups only when the uid and the primary group do not decide already.
+    if (read && !peerAllowed(*read, access_)) read = readPeerCredentials(*fd, true);
+    if (read) {
+      peer = std::move(read).value();
+    } else {
+      logWarn("peer_credentials_unavailable", read.error().message());
+    }
   } else {
-    peer = PeerCredentials{cred.pid, cred.uid, cred.gid};
+    logWarn("peer_credentials_unavailable", "the connection has no socket descriptor");
   }
-  const bool allowed = peerAllowed(peer, geteuid(), getegid());
-  if (!allowed)
-    logWarn("peer_refused", "pid=" + std::to_string(peer.pid) + " uid=" + std::to_string(peer.uid));
+  const bool allowed = peerAllowed(peer, access_);
+  if (!allowed) {
+    logWarn("peer_refused",
+            describePeer(peer) + " allowed_gid=" + std::to_string(access_.allowedGid));
+  }
   auto connection =
       kj::heap<Connection>(kj::mv(stream), poller_, kj::heap<DaemonImpl>(*this, peer, allowed));
   auto done = connection->network.onDisconnect();
@@ -990,6 +1048,27 @@ std::string Server::metricsText() {
   counter("kvtier_gpu_promoted_total", "Blocks moved from the host pool to a GPU pool.",
           s.gpuPromoted);
   gauge("kvtier_entries", "Position-independent entries cached.", s.entries);
+  gauge("kvtier_tenant_quota_bytes", "The most host-pool bytes one tenant may take (0: none).",
+        s.tenantQuotaBytes);
+  if (!s.tenants.empty()) {
+    out += "# HELP kvtier_tenant_bytes_used Host-pool bytes of a tenant's blocks.\n";
+    out += "# TYPE kvtier_tenant_bytes_used gauge\n";
+    for (const auto& t : s.tenants) {
+      std::string name;
+      for (const auto& [salt, n] : tenantNames_) {
+        if (salt == t.salt) name = n;
+      }
+      if (name.empty()) {  // a tenant whose namespace came back from disk before its hello
+        static constexpr char kHex[] = "0123456789abcdef";
+        name = "salt:";
+        for (size_t i = 0; i < 4; ++i) {
+          name += kHex[t.salt[i] >> 4];
+          name += kHex[t.salt[i] & 15];
+        }
+      }
+      out += "kvtier_tenant_bytes_used{tenant=\"" + name + "\"} " + std::to_string(t.bytesUsed) + "\n";
+    }
+  }
   gauge("kvtier_checkpoints", "Recurrent state checkpoints.", s.checkpoints);
   counter("kvtier_spilled_blocks_total", "Blocks written to the cold tier.", s.spilled);
   counter("kvtier_promoted_blocks_total", "Blocks read back from the cold tier.", s.promoted);

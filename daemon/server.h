@@ -12,7 +12,10 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "daemon/access.h"
 #include "daemon/cold_service.h"
 #include "daemon/remote_tier.h"
 #include "daemon/tier_service.h"
@@ -21,12 +24,6 @@
 #include "transport/host_pool.h"
 
 namespace kvtier {
-
-struct PeerCredentials {
-  int pid = -1;
-  int64_t uid = -1;
-  int64_t gid = -1;
-};
 
 // A GPU pool as clients see it: its device, its engine tier and its exported extents.
 struct GpuPoolExport {
@@ -58,6 +55,11 @@ class Server final : private kj::TaskSet::ErrorHandler {
   // SocketStream on `port` (the loop's own event port), which watches it for reading only.
   kj::Promise<void> acceptLoop(kj::ConnectionReceiver& listener, kj::UnixEventPort& port);
 
+  // Who is admitted and who maps the pools (daemon/access.h). Default: the daemon's effective uid
+  // and gid.
+  void setAccess(const AccessPolicy& policy) { access_ = policy; }
+  const AccessPolicy& access() const { return access_; }
+
   uint64_t sessions() const { return sessions_; }
   // Every counter, in Prometheus text format.
   std::string metricsText();
@@ -72,6 +74,8 @@ class Server final : private kj::TaskSet::ErrorHandler {
   OwnerId newOwner() { return nextOwner_++; }
   void sessionOpened() { ++sessions_; }
   void sessionClosed() { --sessions_; }
+  // Names a tenant for metrics ("uid:1000"), as hello assigned its salt.
+  void nameTenant(const Salt& salt, std::string name);
 
  private:
   void taskFailed(kj::Exception&& exception) override;
@@ -84,12 +88,11 @@ class Server final : private kj::TaskSet::ErrorHandler {
   TierService* tiers_;
   RemoteTier* remote_;
   std::vector<GpuPoolExport> gpus_;
+  AccessPolicy access_;
+  std::vector<std::pair<Salt, std::string>> tenantNames_;  // one per tenant that said hello
   uint64_t sessions_ = 0;
   OwnerId nextOwner_ = 1;
   kj::TaskSet tasks_;
 };
-
-// Peers allowed to talk to the daemon: root, the daemon's own user, or its group.
-bool peerAllowed(const PeerCredentials& peer, int64_t daemonUid, int64_t daemonGid);
 
 }  // namespace kvtier

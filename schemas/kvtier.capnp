@@ -109,7 +109,8 @@ struct Extent {
   # One exportable allocation of the pool. Host extents are POSIX shared-memory segments; GPU
   # extents are whole cudaMalloc allocations exported with CUDA IPC.
   id @0 :UInt32;
-  shmName @1 :Text;         # host extents
+  shmName @1 :Text;         # host extents; empty: not offered to this client (another user's
+                            # process, docs/security.md): it moves bytes inline
   bytes @2 :UInt64;
   device @3 :Int32 = -1;    # the CUDA device of a GPU extent; -1 for host extents
   ipcHandle @4 :Data;       # a GPU extent's cudaIpcMemHandle_t (64 bytes)
@@ -185,6 +186,8 @@ struct Stats {
   heldKeys @48 :UInt64;             # keys this node holds, as published
   directoryRehomed @49 :UInt64;     # keys re-sent to a new home after membership changes
   peerRttMicros @50 :UInt64;        # median round trip of the last heartbeats to live peers
+  tenantBytesUsed @51 :UInt64;      # host-pool bytes of the asking tenant's blocks
+  tenantQuotaBytes @52 :UInt64;     # the most one tenant may take (kvtierd --tenant-quota); 0: none
 }
 
 interface Daemon {

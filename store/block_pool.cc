@@ -75,7 +75,7 @@ BlockId BlockPool::carve(uint32_t cls) {
   return kNoBlock;
 }
 
-BlockId BlockPool::allocate(uint32_t cls) {
+BlockId BlockPool::allocate(uint32_t cls, TenantId tenant) {
   SizeClass& c = classes_[cls];
   BlockId id = c.freeHead;
   if (id != kNoBlock) {
@@ -91,12 +91,26 @@ BlockId BlockPool::allocate(uint32_t cls) {
   c.used++;
   used_++;
   bytesUsed_ += c.blockBytes;
+  setTenant(id, tenant);
   return id;
+}
+
+void BlockPool::setTenant(BlockId id, TenantId tenant) {
+  BlockMeta& m = blocks_[id];
+  const SizeClass& c = classes_[m.sizeClass];
+  if (c.tier != 0) return;  // tenants are charged for the host pool only
+  if (m.tenant != kNoTenant) tenantBytes_[m.tenant] -= c.blockBytes;
+  m.tenant = tenant;
+  if (tenant == kNoTenant) return;
+  if (tenant >= tenantBytes_.size()) tenantBytes_.resize(size_t{tenant} + 1, 0);
+  tenantBytes_[tenant] += c.blockBytes;
 }
 
 void BlockPool::release(BlockId id) {
   BlockMeta& m = blocks_[id];
   assert(m.state != BlockState::kFree && m.refs == 0 && m.pins == 0);
+  assert(!m.tenantLinked);
+  setTenant(id, kNoTenant);
   SizeClass& c = classes_[m.sizeClass];
   m.state = BlockState::kFree;
   m.generation++;

@@ -23,6 +23,9 @@ namespace kvtier {
 
 using BlockId = uint32_t;
 inline constexpr BlockId kNoBlock = std::numeric_limits<BlockId>::max();
+// A tenant (one salt: docs/security.md) that host-pool blocks are charged to; kNoTenant: none.
+using TenantId = uint32_t;
+inline constexpr TenantId kNoTenant = std::numeric_limits<TenantId>::max();
 
 enum class BlockState : uint8_t {
   kFree,     // on a free list
@@ -57,6 +60,10 @@ struct BlockMeta {
   // to the front of the eviction order (once after its fetch, once after the lookup that asked
   // for it), so a cluster keeps one copy of a block rather than one per node that read it.
   uint8_t replicaSettles = 0;
+  // The tenant a host-pool block is charged to (BlockPool::tenantBytes), kNoTenant for none (GPU
+  // blocks, scratch blocks); `tenantLinked`: the block is in its tenant's eviction order (Engine).
+  TenantId tenant = kNoTenant;
+  bool tenantLinked = false;
   BlockId nextFree = kNoBlock;
 };
 
@@ -86,11 +93,17 @@ class BlockPool {
   bool hasTier(uint8_t tier) const { return tier < cursors_.size() && cursors_[tier].present; }
 
   // A free block of class `cls` (state kWriting, refs 0, pins 0), or kNoBlock when the class has
-  // no free block and the extents have no room to carve one. Hot path: O(1), amortised no
-  // allocation.
-  BlockId allocate(uint32_t cls);
-  // Returns a block to its free list and bumps its generation. O(1).
+  // no free block and the extents have no room to carve one. A host-pool block is charged to
+  // `tenant` until released (GPU blocks never are). Hot path: O(1), amortised no allocation.
+  BlockId allocate(uint32_t cls, TenantId tenant = kNoTenant);
+  // Returns a block to its free list, uncharges its tenant and bumps its generation. O(1).
   void release(BlockId id);
+  // Moves the charge of allocated block `id` to `tenant` (kNoTenant: nobody). O(1).
+  void setTenant(BlockId id, TenantId tenant);
+  // Host-pool bytes of the blocks charged to `tenant`. O(1).
+  uint64_t tenantBytes(TenantId tenant) const {
+    return tenant < tenantBytes_.size() ? tenantBytes_[tenant] : 0;
+  }
 
   BlockMeta& operator[](BlockId id) { return blocks_[id]; }
   const BlockMeta& operator[](BlockId id) const { return blocks_[id]; }
@@ -133,6 +146,7 @@ class BlockPool {
   std::vector<BlockMeta> blocks_;
   std::unordered_map<uint64_t, BlockId> byLocation_;  // (extent << 48 | offset) -> block
   std::vector<Cursor> cursors_;                       // by tier
+  std::vector<uint64_t> tenantBytes_;                 // by tenant: host-pool bytes charged
   uint64_t used_ = 0;
   uint64_t bytesUsed_ = 0;
   uint64_t bytesTotal_ = 0;

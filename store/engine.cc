@@ -33,7 +33,11 @@ Result<SpaceId> Engine::openSpace(const Layout& layout, const Salt& salt) {
     return invalid("a block of ", layout.blockBytes(), " bytes does not fit in a pool extent of ",
                    largestExtent);
   }
+  TenantId tenant = 0;
+  while (tenant < tenants_.size() && !(tenants_[tenant].salt == salt)) ++tenant;
+  if (tenant == tenants_.size()) tenants_.push_back(Tenant{salt, {}});
   Space space;
+  space.info.tenant = tenant;
   space.info.layout = layout;
   space.info.fingerprint = fingerprint;
   space.info.salt = salt;
@@ -62,7 +66,7 @@ Engine::Sequence* Engine::findSeq(SpaceId space, std::string_view name) {
 void Engine::ref(BlockId id) {
   if (id == kNoBlock) return;  // a position a window released
   BlockMeta& m = pool_[id];
-  if (m.refs++ == 0 && m.pins == 0) policy_->erase(id);
+  if (m.refs++ == 0 && m.pins == 0) cacheErase(id);
 }
 
 void Engine::unref(BlockId id) {
@@ -76,7 +80,7 @@ void Engine::pin(BlockId id) {
   BlockMeta& m = pool_[id];
   if (m.pins++ == 0) {
     ++pinnedBlocks_;
-    if (m.refs == 0) policy_->erase(id);
+    if (m.refs == 0) cacheErase(id);
   }
 }
 
@@ -102,12 +106,47 @@ void Engine::settle(BlockId id) {
   if (m.state == BlockState::kSealed) {
     const bool replica = m.replicaSettles > 0;
     if (replica) --m.replicaSettles;
-    policy_->insert(id, m.sizeClass, replica, contentTag(m));
+    cacheInsert(id, replica);
     // The cold tier takes host blocks: GPU blocks reach it through the host pool.
     if (cold_ && !m.onDisk && !m.entry && pool_.tierOf(id) == 0) dirty_.push_back(id);
   } else {
     pool_.release(id);
   }
+}
+
+BlockLists::List& Engine::tenantOrder(TenantId tenant, uint32_t cls) {
+  auto& cached = tenants_[tenant].cached;
+  if (cached.size() <= cls) cached.resize(size_t{cls} + 1);
+  return cached[cls];
+}
+
+void Engine::cacheInsert(BlockId id, bool first) {
+  BlockMeta& m = pool_[id];
+  policy_->insert(id, m.sizeClass, first, contentTag(m));
+  if (m.tenant == kNoTenant) return;  // GPU blocks: not charged, never a quota's victim
+  BlockLists::List& order = tenantOrder(m.tenant, m.sizeClass);
+  if (m.tenantLinked) {
+    tenantLinks_.unlink(order, id);
+  } else {
+    tenantLinks_.reserve(id);
+  }
+  tenantLinks_.link(order, id, first);
+  m.tenantLinked = true;
+}
+
+void Engine::cacheErase(BlockId id) {
+  BlockMeta& m = pool_[id];
+  policy_->erase(id);
+  if (!m.tenantLinked) return;
+  tenantLinks_.unlink(tenantOrder(m.tenant, m.sizeClass), id);
+  m.tenantLinked = false;
+}
+
+uint64_t Engine::tenantBytesUsed(const Salt& salt) const {
+  for (TenantId t = 0; t < tenants_.size(); ++t) {
+    if (tenants_[t].salt == salt) return pool_.tenantBytes(t);
+  }
+  return 0;
 }
 
 uint32_t Engine::classOf(SpaceId space, uint8_t tier) {
@@ -117,7 +156,7 @@ uint32_t Engine::classOf(SpaceId space, uint8_t tier) {
 
 BlockId Engine::allocate(SpaceId space, uint8_t tier) {
   if (tier != 0 && !pool_.hasTier(tier)) return kNoBlock;
-  return allocateClass(classOf(space, tier));
+  return allocateClass(classOf(space, tier), spaces_[space].info.tenant);
 }
 
 bool Engine::mayEvict(BlockId victim, uint32_t cls) const {
@@ -132,21 +171,46 @@ bool Engine::mayEvict(BlockId victim, uint32_t cls) const {
 }
 
 bool Engine::victimsFor(uint32_t cls, size_t n, std::span<const BlockId> keep,
-                        std::vector<BlockId>& out) const {
+                        std::vector<BlockId>& out, TenantId tenant, size_t own) const {
   out.clear();
   if (n == 0) return true;
   // GPU blocks leave by demotion only (mayEvict): none may be dropped.
   if (pool_.classTier(cls) != 0 && demoteGpuBlocks_) return false;
+  std::span<const BlockId> skip = keep;
+  if (own > 0) {
+    // A tenant at its quota: its own blocks first, the oldest of its own order that may go.
+    // Bounded like the walk below: a tenant whose first kMaxEvictionSkip cached blocks may not
+    // go yet (being spilled) gets FULL until the spiller catches up.
+    size_t skipped = 0;
+    const bool listed = tenant < tenants_.size() && cls < tenants_[tenant].cached.size();
+    for (BlockId b = listed ? tenants_[tenant].cached[cls].head : kNoBlock;
+         b != kNoBlock && out.size() < own; b = tenantLinks_.next(b)) {
+      if (!mayEvict(b, cls) || std::binary_search(keep.begin(), keep.end(), b)) {
+        if (++skipped > kMaxEvictionSkip) return false;
+        continue;
+      }
+      out.push_back(b);
+    }
+    if (out.size() < own) return false;
+    if (out.size() == n) return true;
+    // The rest from the eviction order, the blocks just chosen left out.
+    skipScratch_.assign(keep.begin(), keep.end());
+    skipScratch_.insert(skipScratch_.end(), out.begin(), out.end());
+    std::sort(skipScratch_.begin(), skipScratch_.end());
+    skip = skipScratch_;
+  }
   // The eviction order's first blocks that may be dropped. Those that may not yet (being spilled,
   // not on disk yet: the spiller writes the blocks nearest eviction first) are passed over, at
   // most kMaxEvictionSkip of them, so that a put need not wait for the disk while memory holds
   // blocks that are on it already.
+  const size_t base = out.size();
+  const size_t more = n - base;
   std::vector<BlockId>& order = orderScratch_;
-  size_t span = n + 8;
+  size_t span = more + 8;
   for (;;) {
     order.clear();
-    policy_->oldest(cls, span, order, keep);
-    out.clear();
+    policy_->oldest(cls, span, order, skip);
+    out.resize(base);
     size_t skipped = 0;
     for (BlockId victim : order) {
       if (!mayEvict(victim, cls)) {
@@ -156,17 +220,35 @@ bool Engine::victimsFor(uint32_t cls, size_t n, std::span<const BlockId> keep,
       out.push_back(victim);
       if (out.size() == n) return true;
     }
-    if (order.size() < span || span >= n + kMaxEvictionSkip) return false;
-    span = std::min(span * 2, n + kMaxEvictionSkip);
+    if (order.size() < span || span >= more + kMaxEvictionSkip) return false;
+    span = std::min(span * 2, more + kMaxEvictionSkip);
   }
 }
 
-BlockId Engine::allocateClass(uint32_t cls) {
-  BlockId id = pool_.allocate(cls);
-  if (id != kNoBlock) return id;
-  if (!victimsFor(cls, 1, {}, victimScratch_)) return kNoBlock;
+size_t Engine::ownVictimsNeeded(uint32_t cls, size_t n, TenantId tenant) const {
+  if (tenantQuota_ == 0 || tenant == kNoTenant || n == 0 || pool_.classTier(cls) != 0) return 0;
+  const uint64_t bytes = pool_.classBytes(cls);
+  const uint64_t after = pool_.tenantBytes(tenant) + uint64_t{n} * bytes;
+  if (after <= tenantQuota_) return 0;
+  return static_cast<size_t>(std::min<uint64_t>(n, ceilDiv(after - tenantQuota_, bytes)));
+}
+
+bool Engine::planVictims(uint32_t cls, size_t n, TenantId tenant, std::span<const BlockId> keep,
+                         std::vector<BlockId>& out) const {
+  const uint64_t free = pool_.blocksTotal(cls) - pool_.blocksUsed(cls);
+  const size_t own = ownVictimsNeeded(cls, n, tenant);
+  const size_t need = std::max<size_t>(n > free ? static_cast<size_t>(n - free) : 0, own);
+  return victimsFor(cls, need, keep, out, tenant, own);
+}
+
+BlockId Engine::allocateClass(uint32_t cls, TenantId tenant) {
+  if (ownVictimsNeeded(cls, 1, tenant) == 0) {
+    const BlockId id = pool_.allocate(cls, tenant);
+    if (id != kNoBlock) return id;
+  }
+  if (!planVictims(cls, 1, tenant, {}, victimScratch_)) return kNoBlock;
   evictFor(cls, victimScratch_);
-  return pool_.allocate(cls);
+  return pool_.allocate(cls, tenant);
 }
 
 void Engine::evictFor(uint32_t cls, std::span<const BlockId> victims) {
@@ -177,19 +259,24 @@ void Engine::evictFor(uint32_t cls, std::span<const BlockId> victims) {
   }
 }
 
-bool Engine::canAllocate(uint32_t cls, size_t n, std::span<const BlockId> keep) const {
+bool Engine::canAllocate(uint32_t cls, size_t n, TenantId tenant,
+                         std::span<const BlockId> keep) const {
   const uint64_t free = pool_.blocksTotal(cls) - pool_.blocksUsed(cls);
-  if (n <= free) return true;
+  if (n <= free && ownVictimsNeeded(cls, n, tenant) == 0) return true;
   // What allocateMany will evict, in the order left once the blocks of `keep` are pinned.
   std::vector<BlockId> skip(keep.begin(), keep.end());
   std::sort(skip.begin(), skip.end());
   std::vector<BlockId> victims;
-  return victimsFor(cls, n - free, skip, victims);
+  return planVictims(cls, n, tenant, skip, victims);
 }
 
 void Engine::evict(BlockId victim) {
   BlockMeta& v = pool_[victim];
   assert(v.state == BlockState::kSealed && v.refs == 0 && v.pins == 0);
+  if (v.tenantLinked) {
+    tenantLinks_.unlink(tenantOrder(v.tenant, v.sizeClass), victim);
+    v.tenantLinked = false;
+  }
   policy_->evicted(victim, contentTag(v));
   if (v.entry) {
     entries_.erase(IndexKey{v.space, v.key});
@@ -206,15 +293,16 @@ bool Engine::allocateMany(SpaceId space, size_t n, std::vector<BlockId>& out, ui
   // Every mutation is atomic: a request that cannot be met must not evict on its way to FULL.
   // The victims are chosen once, all of them, before any is evicted.
   const uint32_t cls = classOf(space, tier);
+  const TenantId tenant = spaces_[space].info.tenant;
   const uint64_t free = pool_.blocksTotal(cls) - pool_.blocksUsed(cls);
-  if (n > free) {
+  if (n > free || ownVictimsNeeded(cls, n, tenant) > 0) {
     std::vector<BlockId> victims;
-    if (!victimsFor(cls, n - free, {}, victims)) return false;
+    if (!planVictims(cls, n, tenant, {}, victims)) return false;
     evictFor(cls, victims);
   }
   const size_t start = out.size();
   for (size_t i = 0; i < n; ++i) {
-    const BlockId id = pool_.allocate(cls);
+    const BlockId id = pool_.allocate(cls, tenant);
     if (id == kNoBlock) {  // not expected: the victims made room
       for (size_t j = start; j < out.size(); ++j) pool_.release(out[j]);
       out.resize(start);
@@ -461,7 +549,12 @@ Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name
   const bool newSink = !keep.empty() && sinks_[cls] == kNoBlock;
   const size_t fresh = blockCount - (inPlace ? 1 : 0) - keep.size() + (newSink ? 1 : 0);
   // Nothing is evicted unless the whole grant can be had (on error nothing changed).
-  if (!canAllocate(cls, fresh, keep)) {
+  if (!canAllocate(cls, fresh, sp.info.tenant, keep)) {
+    if (ownVictimsNeeded(cls, fresh, sp.info.tenant) > 0) {
+      return makeError(ErrorCode::kFull, "tenant quota of ", tenantQuota_, " bytes: this tenant ",
+                       "holds ", pool_.tenantBytes(sp.info.tenant), " and has too few cached ",
+                       "blocks of its own to evict for ", fresh, " of ", blockCount, " blocks");
+    }
     return makeError(ErrorCode::kFull, "pool has no free or evictable block of ",
                      sp.info.blockBytes, " bytes for ", fresh, " of ", blockCount, " blocks");
   }
@@ -475,6 +568,7 @@ Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name
   if (newSink) {
     sinks_[cls] = got.back();
     got.pop_back();
+    pool_.setTenant(sinks_[cls], kNoTenant);  // shared scratch: nobody's
   }
   // The lease pins every block it grants: never evicted, freed when the lease ends unless the
   // sequence took them.
@@ -957,6 +1051,14 @@ EngineStats Engine::stats() const {
   s.writeLeases = writeLeases_.size();
   s.bytesPut = bytesPut_;
   s.bytesGot = bytesGot_;
+  s.tenantQuotaBytes = tenantQuota_;
+  for (TenantId t = 0; t < tenants_.size(); ++t) {
+    EngineStats::Tenant x;
+    x.salt = tenants_[t].salt;
+    x.bytesUsed = pool_.tenantBytes(t);
+    for (const auto& order : tenants_[t].cached) x.blocksCached += order.size;
+    s.tenants.push_back(x);
+  }
   for (const auto& sp : spaces_) {
     EngineStats::Space x;
     x.fingerprint = sp.info.fingerprint;

@@ -169,6 +169,7 @@ struct SpaceInfo {
   Salt salt{};
   uint32_t sizeClass = 0;
   uint32_t blockBytes = 0;
+  TenantId tenant = 0;  // the namespace's tenant: one per salt
 };
 
 struct EngineStats {
@@ -188,6 +189,14 @@ struct EngineStats {
     uint64_t blocksTotal = 0, blocksUsed = 0, sequences = 0;
   };
   std::vector<Space> spaces;
+  // Tenants (one per salt), in the order they opened their first namespace.
+  uint64_t tenantQuotaBytes = 0;  // 0: no quota
+  struct Tenant {
+    Salt salt{};
+    uint64_t bytesUsed = 0;     // host-pool bytes of its blocks: held, pinned and cached
+    uint64_t blocksCached = 0;  // of those, evictable ones
+  };
+  std::vector<Tenant> tenants;
 };
 
 // Told when a sealed block enters or leaves the prefix index (the cluster's directory publishes
@@ -213,6 +222,20 @@ class Engine {
   // layout or one whose blocks are larger than an extent.
   Result<SpaceId> openSpace(const Layout& layout, const Salt& salt);
   const SpaceInfo& space(SpaceId id) const { return spaces_[id].info; }
+
+  // Tenant quota (docs/security.md): the most host-pool bytes the blocks of one tenant (one salt:
+  // every namespace of it; held, pinned and cached blocks alike) may take; 0: none. An allocation
+  // for a tenant that would take it beyond its quota evicts that tenant's own cached blocks, one
+  // for each block it takes beyond the quota (the oldest its own order holds, within
+  // kMaxEvictionSkip blocks that may not go yet), and never another tenant's for those; when it
+  // has too few, FULL and nothing changed. Within its quota a tenant's allocations evict any
+  // cached block, in the eviction policy's order, as without a quota. Blocks of GPU pools are
+  // not charged. Lowering the quota evicts nothing: a tenant above it only replaces its own
+  // blocks until it is back within.
+  void setTenantQuota(uint64_t bytes) { tenantQuota_ = bytes; }
+  uint64_t tenantQuota() const { return tenantQuota_; }
+  // Host-pool bytes charged to the tenant of `salt` (0 for a salt that opened no namespace).
+  uint64_t tenantBytesUsed(const Salt& salt) const;
 
   // Write lease for positions [begin, begin + tokens.size()) of `seq` (created at commit if absent;
   // owned by `owner` unless `detached`). `keys`, if not empty, are the client's own keys for the
@@ -523,21 +546,37 @@ class Engine {
   // Allocation with eviction: a fresh block of the space's class (or of `cls`), or kNoBlock when
   // the class is full and nothing is evictable.
   BlockId allocate(SpaceId space, uint8_t tier = 0);
-  BlockId allocateClass(uint32_t cls);
+  BlockId allocateClass(uint32_t cls, TenantId tenant);
   // The size class of the space's blocks in `tier` (which must exist).
   uint32_t classOf(SpaceId space, uint8_t tier);
   // Whether allocation may drop `victim`, a block of class `cls` in the eviction order.
   bool mayEvict(BlockId victim, uint32_t cls) const;
-  // The `n` blocks allocation evicts for class `cls`, into `out`: the first of the eviction order
-  // that may be dropped, the blocks of `keep` (sorted; about to be pinned) left out. False when
-  // there are fewer within kMaxEvictionSkip blocks that may not be dropped. Walks O(n + skipped).
-  bool victimsFor(uint32_t cls, size_t n, std::span<const BlockId> keep,
-                  std::vector<BlockId>& out) const;
+  // The `n` blocks allocation evicts for class `cls`, into `out`: first `own` of `tenant`'s own
+  // order, then the first of the eviction order, each one that may be dropped, the blocks of
+  // `keep` (sorted; about to be pinned) left out. False when there are fewer within
+  // kMaxEvictionSkip blocks that may not be dropped (in each walk). Walks O(n + skipped).
+  bool victimsFor(uint32_t cls, size_t n, std::span<const BlockId> keep, std::vector<BlockId>& out,
+                  TenantId tenant = kNoTenant, size_t own = 0) const;
+  // How many of the victims of an allocation of `n` blocks of `cls` for `tenant` must be the
+  // tenant's own, so that it stays within its quota (or, above it, does not grow): 0 without a
+  // quota or within it.
+  size_t ownVictimsNeeded(uint32_t cls, size_t n, TenantId tenant) const;
+  // The victims (victimsFor's) an allocation of `n` blocks of `cls` for `tenant` evicts first:
+  // none while the class has free blocks and the tenant stays within its quota.
+  bool planVictims(uint32_t cls, size_t n, TenantId tenant, std::span<const BlockId> keep,
+                   std::vector<BlockId>& out) const;
   // Evicts `victims` of class `cls` (victimsFor's), counting those the cold tier lacks.
   void evictFor(uint32_t cls, std::span<const BlockId> victims);
-  // Whether `n` blocks of class `cls` can be had — free, or by evicting — leaving the blocks of
-  // `keep` (about to be pinned) in place. Walks at most the blocks it would evict and skip.
-  bool canAllocate(uint32_t cls, size_t n, std::span<const BlockId> keep = {}) const;
+  // Whether `n` blocks of class `cls` can be had for `tenant` — free, or by evicting — leaving the
+  // blocks of `keep` (about to be pinned) in place. Walks at most the blocks it would evict and
+  // skip.
+  bool canAllocate(uint32_t cls, size_t n, TenantId tenant, std::span<const BlockId> keep = {}) const;
+  // The eviction order's bookkeeping, the policy's and the tenants' together: `id` became
+  // evictable (or was used while it is: it moves to the end), is no longer, or left memory.
+  void cacheInsert(BlockId id, bool first = false);
+  void cacheErase(BlockId id);
+  // The tenant's evictable blocks of class `cls`, in the order they became evictable.
+  BlockLists::List& tenantOrder(TenantId tenant, uint32_t cls);
   // The keys the commit of a put of `tokens` at `begin` will seal the blocks it completes with
   // (as sealFrom gives them), in order; empty when it will seal none.
   std::vector<Key128> putChain(SpaceId space, const Sequence* seq, uint64_t begin,
@@ -600,6 +639,15 @@ class Engine {
   BlockMemory& memory_;
   std::unique_ptr<EvictionPolicy> policy_;
   std::vector<Space> spaces_;
+  // Tenants, by TenantId: their salt, and by size class the order their evictable host blocks
+  // became evictable in (least recently first), linked through tenantLinks_.
+  struct Tenant {
+    Salt salt{};
+    std::vector<BlockLists::List> cached;
+  };
+  std::vector<Tenant> tenants_;
+  BlockLists tenantLinks_;
+  uint64_t tenantQuota_ = 0;
   std::unordered_map<IndexKey, BlockId, IndexKeyHash> index_;
   struct Entry {
     BlockId block;
@@ -626,6 +674,7 @@ class Engine {
   // blocks, the run the spiller may be writing at the head of the order.
   static constexpr size_t kMaxEvictionSkip = 4096;
   mutable std::vector<BlockId> orderScratch_;  // victimsFor's walk (no allocation per call)
+  mutable std::vector<BlockId> skipScratch_;   // victimsFor's: `keep` and the tenant's victims
   std::vector<BlockId> victimScratch_;         // allocateClass's victim
   uint64_t spilled_ = 0, promoted_ = 0, coldHits_ = 0, evictedUnspilled_ = 0;
   std::unordered_map<LeaseId, WriteLease> writeLeases_;

@@ -102,7 +102,7 @@ Result<std::vector<Engine::PlanStep>> Engine::lookupPlan(SpaceId space,
   for (size_t i = hotBlocks.size(); i-- > 0;) {
     const BlockMeta& m = pool_[hotBlocks[i]];
     if (m.refs == 0 && m.pins == 0) {
-      policy_->insert(hotBlocks[i], m.sizeClass, false, engine_util::contentTag(m));
+      cacheInsert(hotBlocks[i]);
     }
   }
   return plan;

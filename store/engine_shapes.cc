@@ -327,7 +327,8 @@ Result<BlobGrant> Engine::grantBlob(LeaseKind kind, SpaceId space, std::string s
     return invalid("a blob of ", bytes, " bytes is outside 1..",
                    std::min(kMaxBlockBytes, largestExtent));
   }
-  const BlockId b = allocateClass(pool_.sizeClass(blobClassBytes(bytes)));
+  const BlockId b =
+      allocateClass(pool_.sizeClass(blobClassBytes(bytes)), spaces_[space].info.tenant);
   if (b == kNoBlock)
     return makeError(ErrorCode::kFull, "pool has no block for a ", bytes, "-byte blob");
   pin(b);

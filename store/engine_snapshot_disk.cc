@@ -262,7 +262,8 @@ Result<SnapshotLoad> Engine::beginSnapshotLoad(SpaceId space, SnapshotManifest m
   }
   for (size_t j = 0; j < manifest.checkpoints.size(); ++j) {
     const uint32_t bytes = manifest.checkpoints[j].bytes;
-    const BlockId b = allocateClass(pool_.sizeClass(blobClassBytes(bytes)));
+    const BlockId b =
+        allocateClass(pool_.sizeClass(blobClassBytes(bytes)), spaces_[space].info.tenant);
     if (b == kNoBlock) return full("checkpoints");
     pin(b);
     pool_[b].blobBytes = bytes;

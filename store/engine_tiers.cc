@@ -30,7 +30,9 @@ std::vector<MoveTicket> Engine::takeDemoteBatch(uint8_t tier, size_t max, double
     for (BlockId from : candidates) {
       const BlockMeta& m = pool_[from];
       if (m.entry || m.spilling) continue;
-      const BlockId to = allocateClass(hostCls);
+      // Demotion is the daemon's, not a tenant's put: never limited by a quota. The block is
+      // charged to its tenant once the move completes (finishMoves).
+      const BlockId to = allocateClass(hostCls, kNoTenant);
       if (to == kNoBlock) return out;  // the host pool is full too: nothing to demote into
       out.push_back(beginMove(from, to));
     }
@@ -72,6 +74,7 @@ void Engine::finishMoves(std::span<const MoveTicket> tickets, bool copied) {
     dst.space = src.space;
     dst.key = src.key;
     dst.onDisk = src.onDisk;  // a record on disk still holds these bytes
+    pool_.setTenant(t.to, spaces_[src.space].info.tenant);  // host blocks only: GPU ones are not
     it->second = t.to;
     (pool_.tierOf(t.to) == 0 ? gpuDemoted_ : gpuPromoted_)++;
     // The old block leaves without passing through the eviction policy (a pinned block is not in

@@ -18,6 +18,9 @@ inline Status checkName(std::string_view name, const char* what) {
   if (name.size() > kMaxSeqNameBytes) {
     return invalid(what, " name of ", name.size(), " bytes exceeds ", kMaxSeqNameBytes);
   }
+  // Names travel as Cap'n Proto Text, which ends at its NUL: one inside is an ill-formed name
+  // (and the SDK's strings would cut it there), never a different one.
+  if (name.find('\0') != std::string_view::npos) return invalid(what, " name holds a NUL byte");
   return {};
 }
 

@@ -16,8 +16,21 @@
 //                                            print "PINNED <blocks>"; sleep until killed
 //   connect-as UID SOCKET                    setuid(UID), connect, print "CONNECT <error code
 //   name>"
+//   as-user UID GID COMMAND ...              drop to uid UID, group GID and no supplementary
+//                                            groups (as login would), then run COMMAND ...
+//   connect SOCKET                           connect; print "CONNECT OK" or "CONNECT <code>"
+//   put-entry SOCKET SEED                    put a 4 KiB entry under keyOf(SEED)
+//   probe SOCKET SEQ SNAPSHOT SEED           try to reach another tenant's sequence SEQ,
+//                                            snapshot SNAPSHOT, entry keyOf(SEED) and the first
+//                                            blocks of the pool by guessed reference; print one
+//                                            line per attempt ("GET NOT_FOUND", ...)
+//   flood SOCKET SEED COUNT N                put COUNT sequences of N tokens, each removed after
+//                                            (cached); print "FLOODED ok=.. full=.." and
+//                                            "TENANT <bytes used> <quota bytes>"
+#include <grp.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -45,6 +58,19 @@ std::unique_ptr<Client> connectTo(const std::string& socket) {
   return std::move(client).value();
 }
 
+// The 16-byte entry key of a seed.
+Key128 entryKey(uint64_t seed) {
+  Key128 k;
+  for (size_t i = 0; i < k.bytes.size(); ++i) k.bytes[i] = static_cast<uint8_t>(seed * 31 + i);
+  return k;
+}
+
+const char* codeOf(const Status& s) { return s ? "OK" : errorName(s.error().code()); }
+template <typename T>
+const char* codeOf(const Result<T>& r) {
+  return r ? "OK" : errorName(r.error().code());
+}
+
 [[noreturn]] void fail(const std::string& what, const Error& e) {
   std::printf("ERROR %s: %s\n", what.c_str(), e.toString().c_str());
   std::fflush(stdout);
@@ -63,6 +89,78 @@ int main(int argc, char** argv) {
   std::vector<std::string> a(argv + 1, argv + argc);
   if (a.empty()) return 2;
   const Layout layout = test::testLayout();
+  if (a[0] == "as-user" && a.size() >= 4) {
+    const auto uid = static_cast<uid_t>(std::stoul(a[1]));
+    const auto gid = static_cast<gid_t>(std::stoul(a[2]));
+    if (setgroups(1, &gid) != 0 || setgid(gid) != 0 || setuid(uid) != 0 || getuid() != uid ||
+        geteuid() != uid) {
+      std::printf("ERROR cannot become uid %s gid %s: %s\n", a[1].c_str(), a[2].c_str(),
+                  std::strerror(errno));
+      return 5;
+    }
+    a.erase(a.begin(), a.begin() + 3);
+  }
+  if (a[0] == "connect" && a.size() == 2) {
+    auto client = Client::connect({.socketPath = a[1], .clientName = "test-peer"});
+    std::printf("CONNECT %s\n", client ? "OK" : errorName(client.error().code()));
+    return 0;
+  }
+  if (a[0] == "put-entry" && a.size() == 3) {
+    auto client = connectTo(a[1]);
+    auto space = client->open(layout).value();
+    const std::vector<uint8_t> bytes(4096, 0x5a);
+    if (auto s = space->putEntry(entryKey(std::stoull(a[2])), bytes.data(), bytes.size()); !s) {
+      fail("putEntry", s.error());
+    }
+    std::printf("ENTRY OK\n");
+    return 0;
+  }
+  if (a[0] == "probe" && a.size() == 5) {
+    auto client = connectTo(a[1]);
+    auto space = client->open(layout).value();
+    std::printf("MAPPED %d\n", client->mapped() ? 1 : 0);
+    auto length = space->length(a[2]);
+    std::printf("LENGTH %s\n", !length ? errorName(length.error().code())
+                                        : length->has_value() ? "exists" : "absent");
+    std::printf("GET %s\n", codeOf(space->get(a[2])));
+    const uint64_t snap = std::stoull(a[3]);
+    std::printf("SNAPSHOT %s\n", codeOf(space->snapshotInfo(snap)));
+    std::printf("RESTORE %s\n", codeOf(space->restore("probe", snap, 16)));
+    std::printf("DROP %s\n", codeOf(space->dropSnapshot(snap)));
+    std::printf("ENTRY %s\n", codeOf(space->getEntry(entryKey(std::stoull(a[4])))));
+    // References to the first blocks of the pool, as a tenant could guess them: none may read.
+    int readable = 0;
+    for (uint64_t block = 0; block < 8; ++block) {
+      for (uint64_t generation = 1; generation <= 4; ++generation) {
+        const BlockRef ref{0, block * layout.blockBytes(), static_cast<uint32_t>(layout.blockBytes()),
+                           generation};
+        if (space->readRefs(std::span<const BlockRef>(&ref, 1))) ++readable;
+      }
+    }
+    std::printf("REFS readable=%d\n", readable);
+    return 0;
+  }
+  if (a[0] == "flood" && a.size() == 5) {
+    auto client = connectTo(a[1]);
+    auto space = client->open(layout).value();
+    const uint64_t seed = std::stoull(a[2]), count = std::stoull(a[3]), n = std::stoull(a[4]);
+    int ok = 0, full = 0;
+    for (uint64_t i = 0; i < count; ++i) {
+      const auto tokens = synthetic::tokens(seed + i, n);
+      const auto kv = synthetic::packedKv(layout, tokens, 0, tokens.size());
+      const std::string seq = "flood-" + std::to_string(i);
+      auto r = space->put(seq, 0, tokens, kv.data(), kv.size());
+      if (!r && r.error().code() != ErrorCode::kFull) fail("put", r.error());
+      (r ? ok : full)++;
+      if (auto s = space->remove(seq, 0); !s) fail("remove", s.error());
+    }
+    auto stats = client->stats();
+    if (!stats) fail("stats", stats.error());
+    std::printf("FLOODED ok=%d full=%d\n", ok, full);
+    std::printf("TENANT %lu %lu\n", static_cast<unsigned long>(stats->tenantBytesUsed),
+                static_cast<unsigned long>(stats->tenantQuotaBytes));
+    return 0;
+  }
   if (a[0] == "put" && a.size() >= 5) {
     auto client = connectTo(a[1]);
     auto space = client->open(layout).value();
@@ -192,7 +290,9 @@ int main(int argc, char** argv) {
   }
   if (a[0] == "connect-as" && a.size() == 3) {
     const auto id = static_cast<uid_t>(std::stoul(a[1]));
-    if (setgid(id) != 0 || setuid(id) != 0) {
+    // Root's supplementary groups go too: they would let the peer in (SO_PEERGROUPS).
+    const auto gid = static_cast<gid_t>(id);
+    if (setgroups(1, &gid) != 0 || setgid(id) != 0 || setuid(id) != 0) {
       std::printf("CONNECT setuid-failed\n");
       return 5;
     }

@@ -109,6 +109,9 @@ struct Stats {
   uint64_t fetchTimeouts = 0, fetchUnavailable = 0, fetchTransfer = 0, fetchChecksum = 0,
            fetchFull = 0, peerAuthFailures = 0;
   uint64_t peerRttMicros = 0;  // median heartbeat round trip to the live peers
+  // This client's tenant (its Unix user): host-pool bytes its blocks take, and the most they may
+  // (kvtierd --tenant-quota; 0: no quota).
+  uint64_t tenantBytesUsed = 0, tenantQuotaBytes = 0;
   std::vector<SpaceStats> spaces;
   std::string toJson() const;
 };
