@@ -213,13 +213,15 @@ void SegmentSweeper::watchReadyLine(std::string_view line) {
 
 Status BenchDaemon::start(const std::string& exe, const TempDir& dir, const std::string& socket,
                           const std::vector<std::string>& flags,
-                          const std::optional<std::vector<std::string>>& env) {
+                          const std::optional<std::vector<std::string>>& env,
+                          std::chrono::milliseconds timeout) {
+  process_.reset();
   std::vector<std::string> argv = {exe, "--data-dir", dir.path(), "--socket", socket};
   argv.insert(argv.end(), flags.begin(), flags.end());
   auto child = ChildProcess::spawn(argv, dir.file("kvtierd.log"), true, env);
   if (!child) return child.error();
   process_.emplace(std::move(child).value());
-  auto ready = process_->waitForLine("kvtierd ready", kStartTimeout);
+  auto ready = process_->waitForLine("kvtierd ready", timeout);
   if (!ready) {
     return unavailable(exe, ": ", ready.error().message(), "; its log:\n",
                        lastLines(process_->logPath()));
@@ -504,6 +506,8 @@ std::string human(double value, const std::string& unit) {
     std::snprintf(buf, sizeof buf, "%.2f GB/s", value / 1e9);
   } else if (unit == "blocks/s") {
     std::snprintf(buf, sizeof buf, "%.0f blocks/s", value);
+  } else if (unit == "count") {
+    std::snprintf(buf, sizeof buf, "%.0f", value);
   } else {
     std::snprintf(buf, sizeof buf, "%.1f us", value * 1e6);
   }

@@ -104,6 +104,7 @@ class ChildProcess {
   ~ChildProcess();
 
   const std::string& logPath() const { return log_; }
+  pid_t pid() const { return pid_; }
 
   // Reads the child's stdout until a line starting with `prefix`; returns that line. UNAVAILABLE
   // if the child closes its stdout (exits) first or `timeout` passes.
@@ -153,7 +154,12 @@ class BenchDaemon {
   // waits for its ready line; its log is dir/kvtierd.log.
   Status start(const std::string& exe, const TempDir& dir, const std::string& socket,
                const std::vector<std::string>& flags,
-               const std::optional<std::vector<std::string>>& env = {});
+               const std::optional<std::vector<std::string>>& env = {},
+               std::chrono::milliseconds timeout = kStartTimeout);
+  // SIGTERM and reap (ChildProcess::stop); start may be called again.
+  void stop() { process_.reset(); }
+  // The daemon's pid, -1 when it is not running.
+  pid_t pid() const { return process_ ? process_->pid() : -1; }
 
  private:
   SegmentSweeper sweeper_;  // declared first: destroyed after the process is stopped

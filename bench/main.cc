@@ -5,6 +5,7 @@
 //   kvtier-bench --suite local --json bench/results/local.json [--reps N] [--daemon PATH]
 //   kvtier-bench --suite cold --json bench/results/cold.json [--reps N] [--daemon PATH]
 //   kvtier-bench --suite cluster --json bench/results/cluster.json [--reps N] [--daemon PATH]
+//   kvtier-bench --suite scale --json bench/results/scale.json [--reps N] [--daemon PATH]
 //
 // This file parses the arguments and runs the suite asked for. Each suite is a bench/suite_NAME.cc
 // (what it starts, measures and reports is described there) over the shared harness
@@ -27,8 +28,9 @@ namespace kvtier::bench {
 
 // The suites, in the order --help lists them. A new suite: its bench/suite_NAME.cc, and its name
 // in these two lines and in bench/CMakeLists.txt.
-extern const Suite kLocalSuite, kColdSuite, kGpuSuite, kClusterSuite;
-const Suite* const kSuites[] = {&kLocalSuite, &kColdSuite, &kGpuSuite, &kClusterSuite};
+extern const Suite kLocalSuite, kColdSuite, kGpuSuite, kClusterSuite, kScaleSuite;
+const Suite* const kSuites[] = {&kLocalSuite, &kColdSuite, &kGpuSuite, &kClusterSuite,
+                                &kScaleSuite};
 
 namespace {
 
