@@ -55,7 +55,7 @@ Status Space::putCheckpoint(std::string_view seq, uint64_t pos, const void* stat
   return putBlob(
       [&] {
         auto req = impl_->space().putCheckpointRequest();
-        req.setSeq(std::string(seq));
+        req.setSeq(WireText(seq));
         req.setPos(pos);
         req.setBytes(bytes);
         return req;
@@ -108,7 +108,7 @@ Result<BlobHandle> Space::readBlob(MakeRequest&& makeRequest) {
 Result<BlobHandle> Space::getCheckpoint(std::string_view seq, uint64_t pos) {
   return readBlob([&] {
     auto req = impl_->space().getCheckpointRequest();
-    req.setSeq(std::string(seq));
+    req.setSeq(WireText(seq));
     req.setPos(pos);
     return req;
   });
@@ -125,7 +125,7 @@ Result<BlobHandle> Space::getEntry(const Key128& key) {
 Result<std::vector<uint64_t>> Space::checkpoints(std::string_view seq) {
   return client_.impl_->run([&] {
     auto req = impl_->space().checkpointsRequest();
-    req.setSeq(std::string(seq));
+    req.setSeq(WireText(seq));
     return req.send().then([](capnp::Response<rpc::Space::CheckpointsResults>&& r) {
       std::vector<uint64_t> out;
       for (uint64_t pos : r.getPositions()) out.push_back(pos);

@@ -34,7 +34,7 @@ Status Client::Impl::setup(kj::AsyncIoContext& context) {
                  auto daemon = rpcSystem->bootstrap(vatId).castAs<rpc::Daemon>();
                  auto req = daemon.helloRequest();
                  req.setProtocolVersion(rpc::PROTOCOL_VERSION);
-                 req.setClientName(options.clientName);
+                 req.setClientName(WireText(options.clientName));
                  auto resp = req.send().wait(context.waitScope);
                  daemonVersion = resp.getDaemonVersion().cStr();
                  for (int d : resp.getDevices()) devices.push_back(d);

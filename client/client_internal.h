@@ -10,6 +10,8 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <string>
+#include <string_view>
 #include <thread>
 
 #include "kernels/block_copy.h"
@@ -203,6 +205,18 @@ inline void setKeys(capnp::List<capnp::Data>::Builder out, std::span<const Key12
 }
 
 inline Error invalid(auto&&... args) { return makeError(ErrorCode::kInvalidArgument, args...); }
+
+// The whole of `s` as capnp Text, for names sent to the daemon. capnp's Text made from a
+// std::string takes its c_str() and so ends at the first NUL: a name holding one silently named
+// another sequence ("a\0b" was "a"). Sent whole, the daemon refuses it (INVALID_ARGUMENT).
+class WireText {
+ public:
+  explicit WireText(std::string_view s) : s_(s) {}
+  operator capnp::Text::Reader() const { return capnp::Text::Reader(s_.data(), s_.size()); }
+
+ private:
+  std::string s_;  // NUL-terminated after its size, as capnp::Text::Reader requires
+};
 
 // INVALID_ARGUMENT unless positions [from, to) lie within a handle's [begin, end). `what` names
 // the call, `holds` what the handle has ("held", "granted").

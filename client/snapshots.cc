@@ -7,7 +7,7 @@ namespace kvtier {
 Result<SnapshotInfo> Space::snapshot(std::string_view seq, uint64_t from) {
   return client_.impl_->run([&] {
     auto req = impl_->space().snapshotRequest();
-    req.setSeq(std::string(seq));
+    req.setSeq(WireText(seq));
     req.setFrom(from);
     return req.send().then([](capnp::Response<rpc::Space::SnapshotResults>&& r) {
       return snapshotFrom(r.getSnapshot());
@@ -20,11 +20,11 @@ Status Space::restore(std::string_view seq, uint64_t snapshotId, uint64_t target
   if (snapshotId == 0) return invalid("snapshot id 0 names no snapshot (use rewind)");
   return client_.impl_->run([&] {
     auto req = impl_->space().restoreRequest();
-    req.setSeq(std::string(seq));
+    req.setSeq(WireText(seq));
     req.setSnapshot(snapshotId);
     req.setTarget(target);
     setSeqOptions(req.initOptions(), options);
-    req.setNode(std::string(node));
+    req.setNode(WireText(node));
     return req.send().ignoreResult();
   });
 }
@@ -34,7 +34,7 @@ Result<SnapshotInfo> Space::copySnapshot(std::string_view node, uint64_t snapsho
   if (node.empty()) return invalid("copySnapshot needs the node that holds the snapshot");
   return client_.impl_->run([&] {
     auto req = impl_->space().copySnapshotRequest();
-    req.setNode(std::string(node));
+    req.setNode(WireText(node));
     req.setSnapshot(snapshotId);
     req.setMove(move);
     return req.send().then([](capnp::Response<rpc::Space::CopySnapshotResults>&& r) {
@@ -57,8 +57,8 @@ Result<BlockTransfer> Space::copyRange(std::string_view node, std::string_view s
   if (seq.empty()) return invalid("copyRange needs a sequence");
   return client_.impl_->run([&] {
     auto req = impl_->space().pushBlocksRequest();
-    req.setNode(std::string(node));
-    req.setSeq(std::string(seq));
+    req.setNode(WireText(node));
+    req.setSeq(WireText(seq));
     req.setBegin(begin);
     req.setEnd(end);
     req.setMove(move);
@@ -72,7 +72,7 @@ Result<BlockTransfer> Space::copyKeys(std::string_view node, std::span<const Key
   if (keys.empty()) return BlockTransfer{};
   return client_.impl_->run([&] {
     auto req = impl_->space().pushBlocksRequest();
-    req.setNode(std::string(node));
+    req.setNode(WireText(node));
     setKeys(req.initKeys(keys.size()), keys);
     req.setMove(move);
     return req.send().then([](auto&& r) { return transferFrom(r); });
@@ -84,7 +84,7 @@ Result<BlockTransfer> Space::copyPrompt(std::string_view node, std::span<const u
   if (node.empty()) return invalid("copyPrompt needs the node to copy to");
   return client_.impl_->run([&] {
     auto req = impl_->space().pushBlocksRequest();
-    req.setNode(std::string(node));
+    req.setNode(WireText(node));
     setTokens(req.initTokens(tokens.size()), tokens);
     req.setMove(move);
     return req.send().then([](auto&& r) { return transferFrom(r); });
@@ -94,7 +94,7 @@ Result<BlockTransfer> Space::copyPrompt(std::string_view node, std::span<const u
 Status Space::rewind(std::string_view seq, uint64_t target) {
   return client_.impl_->run([&] {
     auto req = impl_->space().restoreRequest();
-    req.setSeq(std::string(seq));
+    req.setSeq(WireText(seq));
     req.setTarget(target);
     return req.send().ignoreResult();
   });

@@ -33,7 +33,7 @@ Result<WriteHandle> Space::beginPut(std::string_view seq, uint64_t begin,
   };
   auto granted = client->run([&] {
     auto req = impl_->space().putRequest();
-    req.setSeq(std::string(seq));
+    req.setSeq(WireText(seq));
     req.setBegin(begin);
     setTokens(req.initTokens(tokens.size()), tokens);
     setKeys(req.initKeys(options.keys.size()), options.keys);
@@ -82,7 +82,7 @@ Result<ReadHandle> Space::get(std::string_view seq, uint64_t begin, uint64_t end
   ReadHandle handle(this, nullptr);
   auto status = client->run([&] {
     auto req = impl_->space().getRequest();
-    req.setSeq(std::string(seq));
+    req.setSeq(WireText(seq));
     req.setBegin(begin);
     req.setEnd(end);
     req.setInline(!client->mapped);
@@ -146,8 +146,8 @@ Result<ReadHandle> Space::lookupKeys(std::span<const Key128> keys, const LookupO
 Status Space::copyPrefix(std::string_view src, std::string_view dst, uint64_t len, bool detached) {
   return client_.impl_->run([&] {
     auto req = impl_->space().copyPrefixRequest();
-    req.setSrc(std::string(src));
-    req.setDst(std::string(dst));
+    req.setSrc(WireText(src));
+    req.setDst(WireText(dst));
     req.setLen(len);
     req.initOptions().setDetached(detached);
     return req.send().ignoreResult();
@@ -157,7 +157,7 @@ Status Space::copyPrefix(std::string_view src, std::string_view dst, uint64_t le
 Status Space::remove(std::string_view seq, uint64_t begin, uint64_t end) {
   return client_.impl_->run([&] {
     auto req = impl_->space().removeRequest();
-    req.setSeq(std::string(seq));
+    req.setSeq(WireText(seq));
     req.setBegin(begin);
     req.setEnd(end);
     return req.send().ignoreResult();
@@ -167,7 +167,7 @@ Status Space::remove(std::string_view seq, uint64_t begin, uint64_t end) {
 Status Space::truncate(std::string_view seq, uint64_t len) {
   return client_.impl_->run([&] {
     auto req = impl_->space().truncateRequest();
-    req.setSeq(std::string(seq));
+    req.setSeq(WireText(seq));
     req.setLen(len);
     return req.send().ignoreResult();
   });
@@ -176,7 +176,7 @@ Status Space::truncate(std::string_view seq, uint64_t len) {
 Result<bool> Space::canResume(std::string_view seq, uint64_t pos) {
   return client_.impl_->run([&] {
     auto req = impl_->space().canResumeRequest();
-    req.setSeq(std::string(seq));
+    req.setSeq(WireText(seq));
     req.setPos(pos);
     return req.send().then(
         [](capnp::Response<rpc::Space::CanResumeResults>&& r) { return r.getOk(); });
@@ -186,7 +186,7 @@ Result<bool> Space::canResume(std::string_view seq, uint64_t pos) {
 Result<std::optional<uint64_t>> Space::length(std::string_view seq) {
   return client_.impl_->run([&] {
     auto req = impl_->space().lengthRequest();
-    req.setSeq(std::string(seq));
+    req.setSeq(WireText(seq));
     return req.send().then([](capnp::Response<rpc::Space::LengthResults>&& r) {
       return r.getExists() ? std::optional<uint64_t>(r.getLength()) : std::nullopt;
     });

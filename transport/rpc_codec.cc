@@ -77,7 +77,8 @@ Layout layoutFromRpc(rpc::Layout::Reader in) {
 }
 
 void layoutToRpc(const Layout& in, rpc::Layout::Builder out) {
-  out.setModelId(in.modelId);
+  // All of it: Text made from a std::string would end at a NUL (it takes c_str()).
+  out.setModelId(capnp::Text::Reader(in.modelId.data(), in.modelId.size()));
   out.setNumLayers(in.numLayers);
   out.setNumKvHeads(in.numKvHeads);
   out.setHeadDim(in.headDim);

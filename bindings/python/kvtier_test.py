@@ -473,6 +473,11 @@ def test_bad_input_raises_and_changes_nothing(client, seq):
         (TypeError, lambda: space.put(7, 0, prompt(20), kv)),
         (TypeError, lambda: space.put(seq, -1, prompt(20), kv)),
         (kvtier.InvalidArgument, lambda: space.put("x" * 10000, 0, prompt(20), kv)),
+        # A NUL in a name: refused, never the name cut at the NUL (the put went to `seq`).
+        (kvtier.InvalidArgument, lambda: space.put(seq + "\0b", 0, prompt(20), kv)),
+        (kvtier.InvalidArgument, lambda: space.remove(seq + "\0b", 0)),
+        (kvtier.InvalidArgument, lambda: space.truncate(seq + "\0b", 0)),
+        (kvtier.InvalidArgument, lambda: space.copy_prefix(seq + "\0b", seq + "-copy", 16)),
         (kvtier.InvalidArgument, lambda: space.put(seq, 21, prompt(20), kv)),
         (kvtier.InvalidArgument, lambda: r.copy_to(0, 20, np.zeros(kv.shape, np.float64))),
         (kvtier.InvalidArgument, lambda: r.copy_to(0, 20, np.zeros((20,), np.float32))),
@@ -508,6 +513,7 @@ def test_bad_input_raises_and_changes_nothing(client, seq):
     with space.get(seq) as h:
         np.testing.assert_array_equal(h.copy_to(), kv)
     assert space.length(seq + "-w") is None
+    assert space.length(seq + "-copy") is None
 
 
 def test_error_messages_say_what_is_wrong(client, layout, seq):
