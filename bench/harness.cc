@@ -506,6 +506,8 @@ std::string human(double value, const std::string& unit) {
     std::snprintf(buf, sizeof buf, "%.2f GB/s", value / 1e9);
   } else if (unit == "blocks/s") {
     std::snprintf(buf, sizeof buf, "%.0f blocks/s", value);
+  } else if (unit == "tokens/s") {
+    std::snprintf(buf, sizeof buf, "%.1f M tokens/s", value / 1e6);
   } else if (unit == "count") {
     std::snprintf(buf, sizeof buf, "%.0f", value);
   } else {
