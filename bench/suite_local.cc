@@ -164,16 +164,16 @@ Result<double> timeRedisGet(redisContext* c, const Workload& w, bool verify) {
 
 // One repetition's figures: bytes/s for the bandwidths, median seconds for the round trips.
 struct RepFigures {
-  double memcpy = 0, get = 0, put = 0, lookupRtt = 0, echoRtt = 0;
+  double memcpy = 0, get = 0, put = 0, lookupRtt = 0, echoRtt = 0, pollingEchoRtt = 0;
   std::optional<double> redisSet, redisGet;
 };
 
 // One repetition is kRounds rounds of every measurement back to back, so a change in the shared
 // machine's load hits kvtier and its anchors alike instead of whichever ran at the time.
-Result<RepFigures> measureRepetition(Space& space, Workload& w, EchoPeer& echo, redisContext* redis,
-                                     bool verify) {
+Result<RepFigures> measureRepetition(Space& space, Workload& w, EchoPeer& echo,
+                                     EchoPeer& pollingEcho, redisContext* redis, bool verify) {
   double memcpySeconds = 0, getSeconds = 0, putSeconds = 0, setSeconds = 0, redisGetSeconds = 0;
-  std::vector<double> lookups, pings;
+  std::vector<double> lookups, pings, pollingPings;
   for (int round = 0; round < kRounds; ++round) {
     if (gInterrupted) return unavailable("interrupted");
     memcpySeconds += timeMemcpy(w, kBandwidthIterationsPerRound);
@@ -193,6 +193,9 @@ Result<RepFigures> measureRepetition(Space& space, Workload& w, EchoPeer& echo, 
     }
     if (auto s = sampleLookups(space, w, kRttIterationsPerRound, lookups); !s) return s.error();
     if (auto s = samplePings(echo, kRttIterationsPerRound, pings); !s) return s.error();
+    if (auto s = samplePings(pollingEcho, kRttIterationsPerRound, pollingPings); !s) {
+      return s.error();
+    }
   }
   const double bandwidthBytes = double(w.bytes()) * kBandwidthIterationsPerRound * kRounds;
   const double redisBytes = double(w.bytes()) * kRounds;
@@ -202,6 +205,7 @@ Result<RepFigures> measureRepetition(Space& space, Workload& w, EchoPeer& echo, 
   f.put = bandwidthBytes / putSeconds;
   f.lookupRtt = medianOf(std::move(lookups));
   f.echoRtt = medianOf(std::move(pings));
+  f.pollingEchoRtt = medianOf(std::move(pollingPings));
   if (redis) {
     f.redisSet = redisBytes / setSeconds;
     f.redisGet = redisBytes / redisGetSeconds;
@@ -387,6 +391,9 @@ Status run(const Options& options) {
       report("rpc_vs_uds_rtt", "lookup 1 block", "uds ping-pong 64 B", "s", false, 1.3);
   RatioReport sha = report("sha256_vs_openssl", "chained keys of 128k tokens",
                            "openssl speed -evp sha256 -bytes 64", "tokens/s", true, 0.8);
+  // The lookup polls as the SDK and the daemon do by default; so does this anchor's both ends.
+  RatioReport pollingRtt = report("rpc_vs_polling_rtt", "lookup 1 block",
+                                  "uds ping-pong 64 B, both ends polling", "s", false, 3.0);
   const auto openssl = findOnPath("openssl");
   if (!openssl) sha.skipped = "openssl is not on PATH";
   RatioReport getRedis =
@@ -399,7 +406,8 @@ Status run(const Options& options) {
   for (int rep = 0; rep <= options.reps; ++rep) {
     const bool warmup = rep == 0;
     const auto t0 = Clock::now();
-    auto f = measureRepetition(**space, w, *echo, redis ? redis->context() : nullptr, warmup);
+    auto f = measureRepetition(**space, w, *echo, *pollingEcho, redis ? redis->context() : nullptr,
+                               warmup);
     if (!f) return f.error();
     std::fprintf(stderr,
                  "%s %d: memcpy %s, get %s, put %s, redis GET %s SET %s, lookup rtt %s, uds rtt %s "
@@ -431,6 +439,8 @@ Status run(const Options& options) {
     putMem.anchor.perRep.push_back(f->memcpy);
     rtt.kvtier.perRep.push_back(f->lookupRtt);
     rtt.anchor.perRep.push_back(f->echoRtt);
+    pollingRtt.kvtier.perRep.push_back(f->lookupRtt);
+    pollingRtt.anchor.perRep.push_back(f->pollingEchoRtt);
     if (redis) {
       getRedis.kvtier.perRep.push_back(f->get);
       getRedis.anchor.perRep.push_back(*f->redisGet);
@@ -441,7 +451,8 @@ Status run(const Options& options) {
   auto breakdown = measureBreakdown(**space, w, *pollingEcho);
   if (!breakdown) return breakdown.error();
 
-  const std::vector<RatioReport> reports = {getMem, putMem, rtt, sha, getRedis, putRedis};
+  const std::vector<RatioReport> reports = {getMem, putMem, rtt, pollingRtt, sha, getRedis,
+                                            putRedis};
   printTable("local", reports, options.reps);
   printBreakdown(*breakdown);
   return writeReport(options, reports, *breakdown,
