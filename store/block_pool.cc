@@ -13,9 +13,6 @@ uint64_t alignmentFor(uint32_t blockBytes) { return blockBytes >= 4096 ? 4096 : 
 
 uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-// Extents are far smaller than 2^48 bytes (BlockPool's constructor checks).
-uint64_t locationKey(uint32_t extent, uint64_t offset) { return uint64_t{extent} << 48 | offset; }
-
 }  // namespace
 
 BlockPool::BlockPool(std::vector<Extent> extents) : extents_(std::move(extents)) {
@@ -30,10 +27,16 @@ BlockPool::BlockPool(std::vector<Extent> extents) : extents_(std::move(extents))
 }
 
 BlockId BlockPool::find(uint32_t extent, uint64_t offset) const {
-  // Out-of-range values would alias another location in the packed key.
-  if (extent >= (1u << 16) || offset >= (uint64_t{1} << 48)) return kNoBlock;
-  auto it = byLocation_.find(locationKey(extent, offset));
-  return it == byLocation_.end() ? kNoBlock : it->second;
+  if (extent >= runs_.size()) return kNoBlock;
+  const std::vector<Run>& runs = runs_[extent];
+  // The last run starting at or before `offset`.
+  auto it = std::upper_bound(runs.begin(), runs.end(), offset,
+                             [](uint64_t o, const Run& r) { return o < r.offset; });
+  if (it == runs.begin()) return kNoBlock;
+  const Run& r = *--it;
+  const uint64_t delta = offset - r.offset;
+  if (delta % r.stride != 0 || delta / r.stride >= r.count) return kNoBlock;
+  return r.first + static_cast<BlockId>(delta / r.stride);
 }
 
 uint32_t BlockPool::sizeClass(uint32_t blockBytes, uint8_t tier) {
@@ -58,14 +61,28 @@ BlockId BlockPool::carve(uint32_t cls) {
     const uint64_t offset = alignUp(cur.offset, align);
     if (offset + bytes <= extents_[cur.extent].bytes) {
       cur.offset = offset + bytes;
+      if (blocks_.size() >= kNoBlock) return kNoBlock;  // ids are 32-bit
+      const auto id = static_cast<BlockId>(blocks_.size());
+      const uint32_t extentId = extents_[cur.extent].id;
       BlockMeta meta;
-      meta.extent = extents_[cur.extent].id;
+      meta.extent = extentId;
       meta.offset = offset;
       meta.sizeClass = cls;
       blocks_.push_back(meta);
       classes_[cls].carved++;
-      const auto id = static_cast<BlockId>(blocks_.size() - 1);
-      byLocation_.emplace(locationKey(meta.extent, offset), id);
+      // Extend the extent's last run when this block follows its last one at its stride.
+      if (runs_.size() <= extentId) runs_.resize(size_t{extentId} + 1);
+      std::vector<Run>& runs = runs_[extentId];
+      const uint64_t stride = alignUp(bytes, align);
+      if (!runs.empty()) {
+        Run& last = runs.back();
+        if (last.stride == stride && last.first + last.count == id &&
+            last.offset + uint64_t{last.count} * stride == offset) {
+          ++last.count;
+          return id;
+        }
+      }
+      runs.push_back(Run{offset, stride, id, 1});
       return id;
     }
     // A block never straddles two extents: the tail of this one stays unused.
@@ -128,7 +145,8 @@ void BlockPool::release(BlockId id) {
 
 BlockLocation BlockPool::location(BlockId id) const {
   const BlockMeta& m = blocks_[id];
-  return BlockLocation{m.extent, m.offset, classes_[m.sizeClass].blockBytes, m.generation};
+  return BlockLocation{static_cast<uint32_t>(m.extent), m.offset, classes_[m.sizeClass].blockBytes,
+                       m.generation};
 }
 
 uint64_t BlockPool::carvableBlocks(uint32_t blockBytes, uint8_t tier) const {

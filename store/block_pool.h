@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <unordered_map>
 #include <vector>
 
 #include "kvtier/block_key.h"
@@ -42,30 +41,34 @@ struct BlockLocation {
   bool operator==(const BlockLocation&) const = default;
 };
 
+// One per block of the pool, 64 bytes (a cache line's worth: with 10 M blocks this array is most
+// of the daemon's memory, issue 18): the fields are ordered and the flags packed to that end.
 struct BlockMeta {
-  uint32_t extent = 0;
-  uint32_t sizeClass = 0;
-  uint64_t offset = 0;
+  Key128 key;  // key of a sealed block
   uint64_t generation = 1;
-  uint32_t refs = 0;  // sequences holding the block
-  uint32_t pins = 0;  // leases pinning the block: never evicted or reused while > 0
-  BlockState state = BlockState::kFree;
-  uint32_t space = 0;      // namespace of a sealed block
-  Key128 key;              // key of a sealed block
-  bool entry = false;      // a sealed position-independent entry (indexed apart from blocks)
+  uint64_t offset : 48 = 0;  // in its extent (extents are smaller than 2^48 bytes)
+  uint64_t extent : 16 = 0;  // extent ids are below 2^16 (BlockPool's constructor checks)
+  uint32_t refs = 0;         // sequences holding the block
+  uint32_t pins = 0;         // leases pinning the block: never evicted or reused while > 0
+  uint32_t space = 0;        // namespace of a sealed block
+  // The tenant a host-pool block is charged to (BlockPool::tenantBytes), kNoTenant for none (GPU
+  // blocks, scratch blocks).
+  TenantId tenant = kNoTenant;
   uint32_t blobBytes = 0;  // a checkpoint's or entry's own size (its block may be larger)
-  bool onDisk = false;     // a sealed block whose record the cold tier holds: free to drop
-  bool spilling = false;   // being written to the cold tier (pinned meanwhile)
+  BlockId nextFree = kNoBlock;
+  uint32_t sizeClass = 0;
+  BlockState state = BlockState::kFree;
   // A replica fetched from another node: the next this many times it becomes evictable it goes
   // to the front of the eviction order (once after its fetch, once after the lookup that asked
   // for it), so a cluster keeps one copy of a block rather than one per node that read it.
   uint8_t replicaSettles = 0;
-  // The tenant a host-pool block is charged to (BlockPool::tenantBytes), kNoTenant for none (GPU
-  // blocks, scratch blocks); `tenantLinked`: the block is in its tenant's eviction order (Engine).
-  TenantId tenant = kNoTenant;
-  bool tenantLinked = false;
-  BlockId nextFree = kNoBlock;
+  bool entry : 1 = false;     // a sealed position-independent entry (indexed apart from blocks)
+  bool onDisk : 1 = false;    // a sealed block whose record the cold tier holds: free to drop
+  bool spilling : 1 = false;  // being written to the cold tier (pinned meanwhile)
+  // The block is in its tenant's eviction order (Engine).
+  bool tenantLinked : 1 = false;
 };
+static_assert(sizeof(BlockMeta) == 64);
 
 class BlockPool {
  public:
@@ -144,7 +147,16 @@ class BlockPool {
   std::vector<Extent> extents_;
   std::vector<SizeClass> classes_;
   std::vector<BlockMeta> blocks_;
-  std::unordered_map<uint64_t, BlockId> byLocation_;  // (extent << 48 | offset) -> block
+  // Where blocks were carved, for find(): by extent id, runs of blocks of one size carved one
+  // after another (consecutive ids at a fixed stride), in offset order. One model per daemon makes
+  // one run per extent; this replaced a hash map of every block's location (40 bytes a block).
+  struct Run {
+    uint64_t offset;  // of its first block
+    uint64_t stride;  // bytes from one block to the next
+    BlockId first;    // id of its first block
+    uint32_t count;
+  };
+  std::vector<std::vector<Run>> runs_;
   std::vector<Cursor> cursors_;                       // by tier
   std::vector<uint64_t> tenantBytes_;                 // by tenant: host-pool bytes charged
   uint64_t used_ = 0;

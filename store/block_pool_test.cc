@@ -247,6 +247,34 @@ TEST(BlockPoolTest, FindByExtentAndOffset) {
   EXPECT_EQ(pool.find(7, 512), ids[3]);
 }
 
+TEST(BlockPoolTest, FindsBlocksOfClassesCarvedInTurns) {
+  // Two sizes carved alternately from one extent: every block is its own run of locations (the
+  // strides differ), and each is found at its place, the alignment gaps between them are not.
+  BlockPool pool({{2, 64 * 4096}});
+  const uint32_t small = pool.sizeClass(100);  // 64-byte alignment: stride 128
+  const uint32_t page = pool.sizeClass(4096);
+  std::vector<BlockId> ids;
+  for (int i = 0; i < 20; ++i) {
+    ids.push_back(pool.allocate(i % 3 == 0 ? page : small));
+    ASSERT_NE(ids.back(), kNoBlock);
+  }
+  for (BlockId id : ids) {
+    const BlockLocation loc = pool.location(id);
+    EXPECT_EQ(pool.find(loc.extent, loc.offset), id) << "block " << id;
+    EXPECT_EQ(pool.find(loc.extent, loc.offset + 64), kNoBlock) << "inside block " << id;
+  }
+  expectDisjointInsideExtents(pool, ids);
+  // A long run of one size after them: every block of it found, one past its end not.
+  std::vector<BlockId> run = allocateAll(pool, small);
+  ASSERT_GT(run.size(), 100u);
+  for (BlockId id : run) {
+    const BlockLocation loc = pool.location(id);
+    ASSERT_EQ(pool.find(loc.extent, loc.offset), id);
+  }
+  const BlockLocation last = pool.location(run.back());
+  EXPECT_EQ(pool.find(2, last.offset + 128), kNoBlock);
+}
+
 TEST(BlockPoolTest, FindRejectsExtentAndOffsetOutsideTheirBits) {
   // Locations are looked up by (extent << 48 | offset): an extent id of 2^16 or more, or an
   // offset of 2^48 or more, must not alias another block's location.

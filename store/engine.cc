@@ -13,6 +13,44 @@ using engine_util::checkName;
 using engine_util::contentTag;
 using engine_util::invalid;
 
+// The candidate keys of a lookup, in chain order: the client's own, or the chain hashed from its
+// tokens, the first `known.size()` taken from `known` (keys the SDK hashed already).
+class ChainKeys {
+ public:
+  ChainKeys(const SpaceInfo& info, std::span<const uint32_t> tokens, std::span<const Key128> keys,
+            std::span<const Key128> known)
+      : tokens_(tokens),
+        keys_(keys),
+        known_(known),
+        bt_(info.layout.blockTokens),
+        size_(keys.empty() ? std::min(tokens.size() / bt_, kMaxBlocksPerLease) : keys.size()),
+        hasher_(info.fingerprint, info.salt) {}
+
+  size_t size() const { return size_; }
+  size_t taken() const { return next_; }
+  // The next key (taken() < size()).
+  const Key128& next() {
+    const size_t i = next_++;
+    if (!keys_.empty()) {
+      last_ = keys_[i];
+    } else if (i < known_.size()) {
+      last_ = known_[i];
+    } else {
+      last_ = hasher_.next(i == 0 ? nullptr : &last_, tokens_.subspan(i * bt_, bt_));
+    }
+    return last_;
+  }
+
+ private:
+  std::span<const uint32_t> tokens_;
+  std::span<const Key128> keys_, known_;
+  uint32_t bt_;
+  size_t size_;
+  BlockKeyHasher hasher_;
+  size_t next_ = 0;
+  Key128 last_;
+};
+
 }  // namespace
 
 Engine::Engine(BlockPool& pool, BlockMemory& memory, std::unique_ptr<EvictionPolicy> policy,
@@ -20,6 +58,7 @@ Engine::Engine(BlockPool& pool, BlockMemory& memory, std::unique_ptr<EvictionPol
     : pool_(pool),
       memory_(memory),
       policy_(policy ? std::move(policy) : makeEvictionPolicy(kDefaultEviction)),
+      index_(pool),
       rotator_(rotator) {}
 
 Result<SpaceId> Engine::openSpace(const Layout& layout, const Salt& salt) {
@@ -93,12 +132,25 @@ void Engine::unpin(BlockId id) {
   }
 }
 
+void Engine::prefetchHold(BlockId id) const {
+  if (id == kNoBlock) return;
+  __builtin_prefetch(&pool_[id], 1);
+  policy_->prefetch(id);
+  tenantLinks_.prefetch(id);
+}
+
 void Engine::unrefTailFirst(std::span<const BlockId> blocks) {
-  for (size_t i = blocks.size(); i-- > 0;) unref(blocks[i]);
+  for (size_t i = blocks.size(); i-- > 0;) {
+    if (i >= kPrefetchAhead) prefetchHold(blocks[i - kPrefetchAhead]);
+    unref(blocks[i]);
+  }
 }
 
 void Engine::unpinTailFirst(std::span<const BlockId> blocks) {
-  for (size_t i = blocks.size(); i-- > 0;) unpin(blocks[i]);
+  for (size_t i = blocks.size(); i-- > 0;) {
+    if (i >= kPrefetchAhead) prefetchHold(blocks[i - kPrefetchAhead]);
+    unpin(blocks[i]);
+  }
 }
 
 void Engine::settle(BlockId id) {
@@ -281,7 +333,7 @@ void Engine::evict(BlockId victim) {
   if (v.entry) {
     entries_.erase(IndexKey{v.space, v.key});
   } else {
-    index_.erase(IndexKey{v.space, v.key});
+    index_.erase(v.space, v.key);
     if (observer_) observer_->blockUnindexed(v.space, v.key);
   }
   pool_.release(victim);
@@ -332,8 +384,8 @@ void Engine::copySlotRange(SpaceId space, BlockId from, BlockId to, uint32_t beg
 
 BlockId Engine::seal(SpaceId space, Sequence& seq, size_t index, const Key128& key) {
   const BlockId id = seq.blocks[index];
-  auto [it, inserted] = index_.try_emplace(IndexKey{space, key}, id);
-  if (inserted) {
+  const BlockId twin = index_.insert(space, key, id);
+  if (twin == kNoBlock) {
     BlockMeta& m = pool_[id];
     m.state = BlockState::kSealed;
     m.space = space;
@@ -342,7 +394,6 @@ BlockId Engine::seal(SpaceId space, Sequence& seq, size_t index, const Key128& k
     return id;
   }
   // The same prefix was sealed before (by this or another sequence): share it, drop ours.
-  const BlockId twin = it->second;
   ref(twin);
   seq.blocks[index] = twin;
   unref(id);
@@ -351,7 +402,10 @@ BlockId Engine::seal(SpaceId space, Sequence& seq, size_t index, const Key128& k
 
 void Engine::replaceBlocks(Sequence& seq, std::vector<BlockId> blocks) {
   // Take the new references before dropping the old ones: they may share blocks.
-  for (BlockId id : blocks) ref(id);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (i + kPrefetchAhead < blocks.size()) prefetchHold(blocks[i + kPrefetchAhead]);
+    ref(blocks[i]);
+  }
   unrefTailFirst(seq.blocks);
   seq.blocks = std::move(blocks);
 }
@@ -472,7 +526,10 @@ std::vector<Key128> Engine::putChain(SpaceId space, const Sequence* seq, uint64_
 
 LeaseId Engine::newReadLease(std::vector<BlockId> blocks) {
   if (blocks.empty()) return 0;
-  for (BlockId id : blocks) pin(id);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (i + kPrefetchAhead < blocks.size()) prefetchHold(blocks[i + kPrefetchAhead]);
+    pin(blocks[i]);
+  }
   const LeaseId id = nextLease_++;
   readLeases_.emplace(id, ReadLease{std::move(blocks)});
   return id;
@@ -539,10 +596,10 @@ Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name
   // `begin` falls inside (copied or appended) is always the lease's own.
   std::vector<BlockId> cached(blockCount, kNoBlock), keep;
   for (size_t j = slot0 != 0 ? 1 : 0; j < lease.chain.size(); ++j) {
-    auto it = index_.find(IndexKey{space, lease.chain[j]});
-    if (it == index_.end()) continue;
-    cached[j] = it->second;
-    keep.push_back(it->second);
+    const BlockId hit = index_.find(space, lease.chain[j]);
+    if (hit == kNoBlock) continue;
+    cached[j] = hit;
+    keep.push_back(hit);
   }
   const uint32_t cls = classOf(space, tier);
   if (sinks_.size() <= cls) sinks_.resize(cls + 1, kNoBlock);
@@ -798,23 +855,11 @@ Result<std::vector<Key128>> Engine::chainKeys(SpaceId space, std::span<const uin
 size_t Engine::walkKeys(SpaceId space, std::span<const uint32_t> tokens,
                         std::span<const Key128> keys, std::span<const Key128> known,
                         const std::function<bool(size_t, const Key128&)>& visit) const {
-  const SpaceInfo& info = spaces_[space].info;
-  const uint32_t bt = info.layout.blockTokens;
-  const size_t candidates =
-      keys.empty() ? std::min(tokens.size() / bt, kMaxBlocksPerLease) : keys.size();
-  BlockKeyHasher hasher(info.fingerprint, info.salt);
-  Key128 key;
-  for (size_t i = 0; i < candidates; ++i) {
-    if (!keys.empty()) {
-      key = keys[i];
-    } else if (i < known.size()) {
-      key = known[i];
-    } else {
-      key = hasher.next(i == 0 ? nullptr : &key, tokens.subspan(i * bt, bt));
-    }
-    if (!visit(i, key)) break;
+  ChainKeys chain(spaces_[space].info, tokens, keys, known);
+  for (size_t i = 0; i < chain.size(); ++i) {
+    if (!visit(i, chain.next())) break;
   }
-  return candidates;
+  return chain.size();
 }
 
 Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<const uint32_t> tokens,
@@ -829,17 +874,27 @@ Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<cons
     }
   }
   const uint32_t bt = blockTokens(space);
+  ChainKeys chain(spaces_[space].info, tokens, keys, knownKeys);
+  const size_t candidates = chain.size();
   std::vector<BlockId> blocks;
-  const size_t candidates =
-      walkKeys(space, tokens, keys, knownKeys, [&](size_t, const Key128& key) {
-        auto it = index_.find(IndexKey{space, key});
-        if (it == index_.end()) return false;
-        // A block the session cannot reach (another GPU's pool; any GPU's for a host session)
-        // ends the match: a miss, never a reference the client cannot read.
-        if (!reachable(it->second, servedTier)) return false;
-        blocks.push_back(it->second);
-        return true;
-      });
+  std::vector<Key128> batch;
+  // Keys are hashed and probed in batches, so that the probes of a long prefix overlap their
+  // cache misses (PrefixIndex::findRun); the batches double from 4, so that a lookup that misses
+  // early hashes at most about twice the keys it needed.
+  for (size_t want = 4; chain.taken() < candidates; want = std::min<size_t>(want * 2, 256)) {
+    batch.clear();
+    for (size_t n = std::min(want, candidates - chain.taken()); n > 0; --n) {
+      batch.push_back(chain.next());
+    }
+    const size_t before = blocks.size();
+    const size_t found = index_.findRun(space, batch, blocks);
+    // A block the session cannot reach (another GPU's pool; any GPU's for a host session) ends
+    // the match: a miss, never a reference the client cannot read.
+    size_t reached = 0;
+    while (reached < found && reachable(blocks[before + reached], servedTier)) ++reached;
+    blocks.resize(before + reached);
+    if (reached < batch.size()) break;
+  }
   hits_ += blocks.size();
   if (blocks.size() < candidates) ++misses_;
 
@@ -1110,11 +1165,11 @@ Result<std::vector<Key128>> Engine::sequenceKeys(SpaceId space, std::string_view
 size_t Engine::dropCached(SpaceId space, std::span<const Key128> keys) {
   size_t freed = 0;
   for (const Key128& key : keys) {
-    auto it = index_.find(IndexKey{space, key});
-    if (it == index_.end()) continue;
-    const BlockMeta& m = pool_[it->second];
+    const BlockId id = index_.find(space, key);
+    if (id == kNoBlock) continue;
+    const BlockMeta& m = pool_[id];
     if (m.state != BlockState::kSealed || m.refs != 0 || m.pins != 0 || m.spilling) continue;
-    evict(it->second);
+    evict(id);
     ++freed;
   }
   return freed;

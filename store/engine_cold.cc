@@ -87,11 +87,11 @@ Result<std::vector<Engine::PlanStep>> Engine::lookupPlan(SpaceId space,
   std::vector<PlanStep> plan;
   std::vector<BlockId> hotBlocks;
   walkKeys(space, tokens, keys, {}, [&](size_t, const Key128& key) {
-    auto it = index_.find(IndexKey{space, key});
-    const bool hot = it != index_.end();
+    const BlockId hit = index_.find(space, key);
+    const bool hot = hit != kNoBlock;
     if (!hot && !(cold_ && cold_->contains(info.fingerprint, info.salt, key))) return false;
     plan.push_back(PlanStep{key, hot});
-    if (hot) hotBlocks.push_back(it->second);
+    if (hot) hotBlocks.push_back(hit);
     return true;
   });
   // The promotes that follow allocate, and an allocation evicts the first block of the eviction
@@ -110,7 +110,7 @@ Result<std::vector<Engine::PlanStep>> Engine::lookupPlan(SpaceId space,
 
 Result<PromoteTicket> Engine::beginPromote(SpaceId space, const Key128& key) {
   if (auto s = checkSpace(space); !s) return s.error();
-  if (index_.count(IndexKey{space, key})) return PromoteTicket{};  // came back meanwhile
+  if (index_.find(space, key) != kNoBlock) return PromoteTicket{};  // came back meanwhile
   const BlockId b = allocate(space);
   if (b == kNoBlock) return makeError(ErrorCode::kFull, "pool has no block to promote into");
   pin(b);
@@ -122,7 +122,7 @@ Result<std::vector<PromoteTicket>> Engine::beginPromotes(SpaceId space,
   if (auto s = checkSpace(space); !s) return s.error();
   std::vector<size_t> wanted;
   for (size_t i = 0; i < keys.size(); ++i) {
-    if (!index_.count(IndexKey{space, keys[i]})) wanted.push_back(i);
+    if (index_.find(space, keys[i]) == kNoBlock) wanted.push_back(i);
   }
   std::vector<BlockId> blocks;
   if (!allocateMany(space, wanted.size(), blocks)) {
@@ -139,7 +139,7 @@ Result<std::vector<PromoteTicket>> Engine::beginPromotes(SpaceId space,
 
 bool Engine::indexPromoted(SpaceId space, const Key128& key, BlockId block, bool remote,
                            bool replica) {
-  if (!index_.emplace(IndexKey{space, key}, block).second) return false;
+  if (index_.insert(space, key, block) != kNoBlock) return false;
   BlockMeta& m = pool_[block];
   m.state = BlockState::kSealed;
   m.space = space;

@@ -40,7 +40,10 @@ std::vector<std::pair<SpaceId, SnapshotId>> Engine::snapshotList() const {
 std::vector<std::pair<SpaceId, Key128>> Engine::indexedBlocks() const {
   std::vector<std::pair<SpaceId, Key128>> out;
   out.reserve(index_.size());
-  for (const auto& [k, block] : index_) out.emplace_back(k.space, k.key);
+  index_.forEach([&](BlockId block) {
+    const BlockMeta& m = pool_[block];
+    out.emplace_back(m.space, m.key);
+  });
   return out;
 }
 
@@ -241,11 +244,11 @@ Result<SnapshotLoad> Engine::beginSnapshotLoad(SpaceId space, SnapshotManifest m
   for (size_t i = 0; i < manifest.blocks.size(); ++i) {
     const ManifestBlock& mb = manifest.blocks[i];
     if (mb.kind != ManifestBlock::Kind::kSealed) continue;
-    auto hit = index_.find(IndexKey{space, mb.key});
-    if (hit == index_.end()) continue;
-    pin(hit->second);
-    load.pinned.push_back(hit->second);
-    load.blocks[i] = hit->second;
+    const BlockId hit = index_.find(space, mb.key);
+    if (hit == kNoBlock) continue;
+    pin(hit);
+    load.pinned.push_back(hit);
+    load.blocks[i] = hit;
   }
   for (size_t i = 0; i < manifest.blocks.size(); ++i) {
     const ManifestBlock& mb = manifest.blocks[i];
@@ -288,7 +291,7 @@ Result<SnapshotInfo> Engine::finishSnapshotLoad(SnapshotLoad& load,
     // A block read back is a cold hit like any promote, whether the snapshot comes back or not.
     if (!indexPromoted(load.space, read.key, read.block, remote)) {
       // A twin came back meanwhile (a lookup's promote): share it; ours is freed when unpinned.
-      const BlockId twin = index_.at(IndexKey{load.space, read.key});
+      const BlockId twin = index_.find(load.space, read.key);
       pin(twin);
       load.pinned.push_back(twin);
       load.blocks[read.index] = twin;

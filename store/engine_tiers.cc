@@ -45,9 +45,8 @@ std::vector<MoveTicket> Engine::beginMovesTo(SpaceId space, std::span<const Key1
   std::vector<MoveTicket> out;
   if (!checkSpace(space) || !pool_.hasTier(tier)) return out;
   for (const Key128& key : keys) {
-    auto it = index_.find(IndexKey{space, key});
-    if (it == index_.end()) continue;
-    const BlockId from = it->second;
+    const BlockId from = index_.find(space, key);
+    if (from == kNoBlock) continue;
     const BlockMeta& m = pool_[from];
     if (pool_.tierOf(from) == tier || m.refs != 0 || m.pins != 0 || m.spilling || m.entry) continue;
     const BlockId to = allocate(space, tier);
@@ -62,9 +61,8 @@ void Engine::finishMoves(std::span<const MoveTicket> tickets, bool copied) {
     BlockMeta& src = pool_[t.from];
     BlockMeta& dst = pool_[t.to];
     assert(src.pins > 0 && dst.pins > 0 && dst.state == BlockState::kWriting);
-    auto it = index_.find(IndexKey{src.space, src.key});
     const bool take = copied && src.state == BlockState::kSealed && src.refs == 0 &&
-                      src.pins == 1 && it != index_.end() && it->second == t.from;
+                      src.pins == 1 && index_.find(src.space, src.key) == t.from;
     if (!take) {
       unpin(t.from);  // back to where it was (evictable again if nothing else holds it)
       unpin(t.to);    // never sealed: freed
@@ -75,7 +73,7 @@ void Engine::finishMoves(std::span<const MoveTicket> tickets, bool copied) {
     dst.key = src.key;
     dst.onDisk = src.onDisk;  // a record on disk still holds these bytes
     pool_.setTenant(t.to, spaces_[src.space].info.tenant);  // host blocks only: GPU ones are not
-    it->second = t.to;
+    index_.replace(src.space, src.key, t.to);
     (pool_.tierOf(t.to) == 0 ? gpuDemoted_ : gpuPromoted_)++;
     // The old block leaves without passing through the eviction policy (a pinned block is not in
     // it) and without counting as an eviction: its bytes live on in `to`.

@@ -57,6 +57,9 @@ class EvictionPolicy {
                       std::span<const BlockId> skip = {}) const = 0;
   // Blocks in the order (evictable now).
   virtual size_t size() const = 0;
+  // Brings what insert/erase of `id` read into the cache: a caller about to hold or release a run
+  // of blocks issues these a few blocks ahead, so that the misses of a large index overlap.
+  virtual void prefetch(BlockId /*id*/) const {}
 };
 
 // The policies `kvtierd --eviction` offers.
@@ -83,6 +86,9 @@ class BlockLists {
     if (id >= nodes_.size()) nodes_.resize(size_t{id} + 1);
   }
   BlockId next(BlockId id) const { return nodes_[id].next; }
+  void prefetch(BlockId id) const {
+    if (id < nodes_.size()) __builtin_prefetch(&nodes_[id], 1);
+  }
   // `id` (reserved, not linked) goes to the tail of `l` (or its head, with `atHead`).
   void link(List& l, BlockId id, bool atHead = false);
   void unlink(List& l, BlockId id);
@@ -106,6 +112,10 @@ class LruEvictionPolicy final : public EvictionPolicy {
   void oldest(uint32_t sizeClass, size_t max, std::vector<BlockId>& out,
               std::span<const BlockId> skip = {}) const override;
   size_t size() const override { return size_; }
+  void prefetch(BlockId id) const override {
+    links_.prefetch(id);
+    if (id < state_.size()) __builtin_prefetch(&state_[id], 1);
+  }
 
  private:
   struct State {
@@ -187,6 +197,10 @@ class ArcEvictionPolicy final : public EvictionPolicy {
   void oldest(uint32_t sizeClass, size_t max, std::vector<BlockId>& out,
               std::span<const BlockId> skip = {}) const override;
   size_t size() const override { return size_; }
+  void prefetch(BlockId id) const override {
+    links_.prefetch(id);
+    if (id < state_.size()) __builtin_prefetch(&state_[id], 1);
+  }
 
   // New blocks per reused one up to which a request's new blocks continue what it reused.
   static constexpr uint64_t kContinuationRatio = 4;
