@@ -4,6 +4,7 @@
 // sequences are then removed (the blocks stay cached, evictable). Every daemon's pool holds
 // its blocks and a few more, so that a later put evicts. KVTIER_SCALE_BLOCKS sets the largest size (at
 // least 20,000; default 10,000,000) for a quick run; the middle one is a tenth of it.
+// KVTIER_SCALE_COLD=0 leaves out the cold-tier daemon below.
 //
 // Reported (ratios in the same run, the smallest daemon the anchor):
 //   bytes_per_block    the largest daemon's private memory (RssAnon: its metadata, not the
@@ -298,12 +299,14 @@ Status runScale(const Options& options) {
   evictionGrowth.anchor.perRep = seconds(evictions[0].second);
   daemons.clear();  // their memory, before the cold-tier daemon takes as much again
 
-  // Restart of a daemon whose cold tier holds the largest size.
+  // Restart of a daemon whose cold tier holds the largest size (KVTIER_SCALE_COLD=0 skips it:
+  // minutes at 10 M blocks, for runs that look at the in-memory figures only).
   NamedSeries restart = {{"rss_anon_cold_on_bytes_per_block", {}},
                          {"spill_all_s", {}},
                          {"restart_ready_s", {}},
                          {"restart_first_hit_s", {}}};
-  {
+  const char* coldEnv = std::getenv("KVTIER_SCALE_COLD");
+  if (coldEnv == nullptr || std::string(coldEnv) != "0") {
     auto cold = startIndexed(large, options, true);
     if (!cold) return cold.error();
     ScaleDaemon& d = **cold;

@@ -20,6 +20,7 @@
 #include "store/limits.h"
 #include "transport/buffered_stream.h"
 #include "transport/busy_poll.h"
+#include "transport/cross_thread.h"
 #include "transport/rpc_codec.h"
 #include "transport/shm_segment.h"
 #include "transport/socket_stream.h"
@@ -126,13 +127,30 @@ struct Client::Impl {
         dropQueued();
         return f();
       };
+#ifdef KVTIER_TSAN
+      // The hand-offs through the executor, marked for ThreadSanitizer (transport/cross_thread.h):
+      // the caller's writes before the call are the loop's to read, the loop's writes until the
+      // answer settles the caller's (acquired before the answer is touched here, or the
+      // exception caught).
+      handoffRelease(this);
+      auto onLoop = [&]() {
+        handoffAcquire(this);
+        return onSettle<T>(kj::evalNow(afterDrops), [this]() { handoffRelease(this); });
+      };
+#else
+      auto& onLoop = afterDrops;
+#endif
       if constexpr (std::is_void_v<T>) {
-        executor->executeSync(afterDrops);
+        executor->executeSync(onLoop);
+        handoffAcquire(this);
         return {};
       } else {
-        return executor->executeSync(afterDrops);
+        T value = executor->executeSync(onLoop);
+        handoffAcquire(this);
+        return value;
       }
     } catch (const kj::Exception& e) {
+      handoffAcquire(this);
       return fromKjException(e);
     }
   }

@@ -4,6 +4,7 @@
 
 #include "daemon/log.h"
 #include "daemon/snapshot_codec.h"
+#include "transport/cross_thread.h"
 #include "transport/rpc_codec.h"
 
 namespace kvtier {
@@ -30,7 +31,7 @@ std::string loadKey(SpaceId space, SnapshotId id) {
 // that is gone, counts as a failure: whatever waits on it still finishes and unpins.
 template <typename F>
 kj::Promise<bool> attempt(WorkerThread& worker, F&& job) {
-  return worker.executor().executeAsync(kj::fwd<F>(job)).catch_([](kj::Exception&&) {
+  return executeOn(worker.executor(), kj::fwd<F>(job)).catch_([](kj::Exception&&) {
     return false;
   });
 }
@@ -184,17 +185,15 @@ kj::Promise<void> ColdService::promoteBatch(SpaceId space, std::vector<Key128> k
                        engine_.memory().extentBase(t.location.extent) + t.location.offset,
                        t.location.bytes});
     }
-    auto read = reader_->executor()
-                    .executeAsync([this, reads = std::move(reads)]() {
-                      // Missing, corrupt or of the wrong size: a miss (the lookup stops there).
-                      std::vector<Status> got = tier_->getManyInto(reads);
-                      std::vector<uint8_t> ok(got.size());
-                      for (size_t i = 0; i < got.size(); ++i) ok[i] = got[i].ok();
-                      return ok;
-                    })
-                    .catch_([n = tickets.size()](kj::Exception&&) {
-                      return std::vector<uint8_t>(n, 0);  // the worker is gone: all misses
-                    });
+    auto read = executeOn(reader_->executor(), [this, reads = std::move(reads)]() {
+                  // Missing, corrupt or of the wrong size: a miss (the lookup stops there).
+                  std::vector<Status> got = tier_->getManyInto(reads);
+                  std::vector<uint8_t> ok(got.size());
+                  for (size_t i = 0; i < got.size(); ++i) ok[i] = got[i].ok();
+                  return ok;
+                }).catch_([n = tickets.size()](kj::Exception&&) {
+      return std::vector<uint8_t>(n, 0);  // the worker is gone: all misses
+    });
     // The service owns one branch, so the reads always finish (and unpin their blocks) even when
     // every lookup waiting for them is cancelled; that branch, not the reads themselves, forgets
     // the entries, so no fork is destroyed while it runs.
@@ -397,7 +396,7 @@ kj::Promise<void> ColdService::loadSnapshot(SpaceId space, SnapshotId id) {
   const SnapshotKey key = snapshotKey(space, id);
   // Nowhere (or dropped, its deletion still queued): the engine answers NOT_FOUND.
   if (erasing_.count(name) || !tier_->hasSnapshot(key)) return kj::READY_NOW;
-  auto read = reader_->executor().executeAsync([this, key]() {
+  auto read = executeOn(reader_->executor(), [this, key]() {
     // A manifest that fails its checks is dropped (and counted) by the tier.
     auto manifest = tier_->getSnapshot(key);
     if (!manifest) throwRpcError(manifest.error());
@@ -482,7 +481,7 @@ kj::Promise<void> ColdService::loadBlocks(SpaceId space, SnapshotKey key,
     std::string message = {};
   };
   // The fresh blocks stay pinned until finishSnapshotLoad: the worker writes them in place.
-  auto read = reader_->executor().executeAsync([this, key, jobs = std::move(jobs)]() {
+  auto read = executeOn(reader_->executor(), [this, key, jobs = std::move(jobs)]() {
     Outcome out{std::vector<uint8_t>(jobs.size(), 0)};
     for (size_t i = 0; i < jobs.size(); ++i) {
       const Job& j = jobs[i];
@@ -523,8 +522,8 @@ kj::Promise<void> ColdService::loadBlocks(SpaceId space, SnapshotKey key,
 
 kj::Promise<void> ColdService::dropBroken(SnapshotKey key, Error why) {
   logWarn("snapshot_dropped", "id=" + std::to_string(key.id) + " reason=\"" + why.message() + "\"");
-  return reader_->executor()
-      .executeAsync([this, key]() { (void)tier_->eraseSnapshot(key, /*broken=*/true); })
+  return executeOn(reader_->executor(),
+                   [this, key]() { (void)tier_->eraseSnapshot(key, /*broken=*/true); })
       .then([why = std::move(why)]() -> kj::Promise<void> { return toKjException(why); });
 }
 
@@ -553,7 +552,7 @@ kj::Promise<void> ColdService::dropSnapshot(SpaceId space, SnapshotId id) {
   }
   if (erasing_.count(loadKey(space, id)) || !tier_->hasSnapshot(key))
     return toKjException(makeError(ErrorCode::kNotFound, "no snapshot ", id));
-  return reader_->executor().executeAsync([this, key, id]() {
+  return executeOn(reader_->executor(), [this, key, id]() {
     auto erased = tier_->eraseSnapshot(key, /*broken=*/false);
     if (!erased) throwRpcError(erased.error());
     if (!*erased) throwRpcError(makeError(ErrorCode::kNotFound, "no snapshot ", id));
@@ -569,7 +568,7 @@ kj::Promise<size_t> ColdService::eraseBlocks(SpaceId space, std::vector<Key128> 
   }
   if (held.empty()) return size_t{0};
   // On the writer, in order: after any batch in flight that might write one of them.
-  return writer_->executor().executeAsync([this, held = std::move(held)]() {
+  return executeOn(writer_->executor(), [this, held = std::move(held)]() {
     for (const ColdKey& key : held) {
       if (auto erased = tier_->erase(key); !erased) throwRpcError(erased.error());
     }
@@ -607,7 +606,7 @@ void ColdService::erasePending() {
 kj::Promise<std::string> ColdService::encodedManifest(uint64_t fingerprint, const Salt& salt,
                                                       SnapshotId id) {
   const SnapshotKey key{fingerprint, salt, id};
-  return reader_->executor().executeAsync([this, key]() {
+  return executeOn(reader_->executor(), [this, key]() {
     auto manifest = tier_->getSnapshot(key);
     if (!manifest) throwRpcError(manifest.error());
     return encodeManifest(*manifest);

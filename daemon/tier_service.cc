@@ -1,6 +1,7 @@
 #include "daemon/tier_service.h"
 
 #include "daemon/log.h"
+#include "transport/cross_thread.h"
 
 namespace kvtier {
 
@@ -29,8 +30,8 @@ kj::Promise<bool> TierService::copyOnWorker(const std::vector<MoveTicket>& ticke
   }
   // Both ends of every copy stay pinned until finishMoves: the worker reads and writes in place.
   // A copy that throws, or a worker that is gone, is a failed copy: the moves still finish.
-  return worker_->executor()
-      .executeAsync([this, copies = std::move(copies)]() { return copier_(copies); })
+  return executeOn(worker_->executor(),
+                   [this, copies = std::move(copies)]() { return copier_(copies); })
       .catch_([](kj::Exception&& e) {
         logWarn("tier_copy_failed", e.getDescription().cStr());
         return false;

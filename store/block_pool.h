@@ -157,8 +157,8 @@ class BlockPool {
     uint32_t count;
   };
   std::vector<std::vector<Run>> runs_;
-  std::vector<Cursor> cursors_;                       // by tier
-  std::vector<uint64_t> tenantBytes_;                 // by tenant: host-pool bytes charged
+  std::vector<Cursor> cursors_;        // by tier
+  std::vector<uint64_t> tenantBytes_;  // by tenant: host-pool bytes charged
   uint64_t used_ = 0;
   uint64_t bytesUsed_ = 0;
   uint64_t bytesTotal_ = 0;

@@ -304,10 +304,18 @@ BlockId Engine::allocateClass(uint32_t cls, TenantId tenant) {
 }
 
 void Engine::evictFor(uint32_t cls, std::span<const BlockId> victims) {
-  for (BlockId victim : victims) {
-    const BlockMeta& v = pool_[victim];
+  // The victims' metadata, and then their index slots, are prefetched ahead (a cache miss each
+  // with millions of blocks indexed): eviction's cost per block stays flat as the index grows.
+  constexpr size_t kSlotAhead = kPrefetchAhead / 2;
+  for (size_t i = 0; i < victims.size(); ++i) {
+    if (i + kPrefetchAhead < victims.size()) prefetchHold(victims[i + kPrefetchAhead]);
+    if (i + kSlotAhead < victims.size()) {
+      const BlockMeta& next = pool_[victims[i + kSlotAhead]];
+      if (!next.entry) index_.prefetch(index_.hash(next.space, next.key));
+    }
+    const BlockMeta& v = pool_[victims[i]];
     if (cold_ && !v.onDisk && !v.entry && pool_.classTier(cls) == 0) ++evictedUnspilled_;
-    evict(victim);
+    evict(victims[i]);
   }
 }
 

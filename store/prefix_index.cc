@@ -29,8 +29,8 @@ uint32_t PrefixIndex::hash(uint32_t space, const Key128& key) const {
   uint64_t lo, hi;
   std::memcpy(&lo, key.bytes.data(), sizeof lo);
   std::memcpy(&hi, key.bytes.data() + 8, sizeof hi);
-  const uint64_t h = mix(lo ^ seed_ ^ 0xa0761d6478bd642full,
-                         hi ^ (uint64_t{space} << 32) ^ 0xe7037ed1a0b428dbull);
+  const uint64_t h =
+      mix(lo ^ seed_ ^ 0xa0761d6478bd642full, hi ^ (uint64_t{space} << 32) ^ 0xe7037ed1a0b428dbull);
   return static_cast<uint32_t>(mix(h, seed_ ^ 0x8ebc6af09c88c6e3ull));
 }
 

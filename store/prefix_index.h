@@ -41,7 +41,9 @@ class PrefixIndex {
   }
 
   // The block indexed under (space, key), or kNoBlock.
-  BlockId find(uint32_t space, const Key128& key) const { return find(space, key, hash(space, key)); }
+  BlockId find(uint32_t space, const Key128& key) const {
+    return find(space, key, hash(space, key));
+  }
   BlockId find(uint32_t space, const Key128& key, uint32_t h) const;
   // The blocks of keys[0], keys[1], ... up to the first key not indexed, appended to `out`;
   // returns how many. Probes run a few keys behind prefetches of the slots and of the blocks'
@@ -82,7 +84,7 @@ class PrefixIndex {
   const BlockPool& pool_;
   uint64_t seed_;
   mutable std::vector<uint32_t> hashScratch_;  // findRun's
-  std::vector<Slot> slots_;  // a power of two in size, or empty
+  std::vector<Slot> slots_;                    // a power of two in size, or empty
   size_t mask_ = 0;
   size_t size_ = 0;
 };

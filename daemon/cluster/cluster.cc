@@ -22,6 +22,7 @@
 #include "daemon/worker_thread.h"
 #include "schemas/peer.capnp.h"
 #include "transport/buffered_stream.h"
+#include "transport/cross_thread.h"
 #include "transport/rpc_codec.h"
 #include "transport/socket_stream.h"
 #include "transport/ucx.h"
@@ -1130,8 +1131,8 @@ kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Ke
           for (size_t from = i; from < bestEnd; from += kPinPieceBlocks) {
             const size_t to = std::min(bestEnd, from + kPinPieceBlocks);
             std::vector<Key128> piece(keys.begin() + from, keys.begin() + to);
-            auto run = std::make_shared<kj::ForkedPromise<void>>(
-                fetchRun(space, best, piece).fork());
+            auto run =
+                std::make_shared<kj::ForkedPromise<void>>(fetchRun(space, best, piece).fork());
             for (const Key128& k : piece) fetching_[dirKey(space, k)] = run;
             // Once done (it never rejects), its blocks are no longer in flight.
             runs.add(run->addBranch().then([this, space, piece = std::move(piece), run]() {
@@ -1338,12 +1339,12 @@ kj::Promise<std::vector<uint64_t>> ClusterService::Impl::checksumsOf(
     job->data.push_back(pool_.extentBase(blocks[i].extent) + blocks[i].offset);
     job->bytes.push_back(blocks[i].bytes);
   }
-  return hasher_.executor()
-      .executeAsync([job] {
-        job->out.resize(job->data.size());
-        for (size_t i = 0; i < job->data.size(); ++i)
-          job->out[i] = XXH3_64bits(job->data[i], job->bytes[i]);
-      })
+  return executeOn(hasher_.executor(),
+                   [job] {
+                     job->out.resize(job->data.size());
+                     for (size_t i = 0; i < job->data.size(); ++i)
+                       job->out[i] = XXH3_64bits(job->data[i], job->bytes[i]);
+                   })
       .then([this, job, todo = std::move(todo), blocks = std::move(blocks), sums = std::move(sums),
              cache]() mutable {
         if (checksums_.size() > kMaxChecksumCache) checksums_.clear();
@@ -1431,10 +1432,10 @@ kj::Promise<SnapshotId> ClusterService::Impl::pullSnapshot(SpaceId space, std::s
         auto each = [this, pull, readOf](size_t g) {
           const SnapshotRead& read = pull->load->reads[readOf[g]];
           const uint8_t* data = pool_.extentBase(read.dest.extent) + read.dest.offset;
-          pull->hashing.add(hasher_.executor().executeAsync(
-              [sums = pull->sums, r = readOf[g], data, bytes = read.bytes] {
-                (*sums)[r] = XXH3_64bits(data, bytes);
-              }));
+          pull->hashing.add(executeOn(hasher_.executor(),
+                                      [sums = pull->sums, r = readOf[g], data, bytes = read.bytes] {
+                                        (*sums)[r] = XXH3_64bits(data, bytes);
+                                      }));
         };
         kj::Promise<std::vector<bool>> got = std::vector<bool>(gets.size(), false);
         if (link->ucx && !gets.empty()) {

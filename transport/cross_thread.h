@@ -1,0 +1,80 @@
+// Work and results handed between threads through KJ's cross-thread executor, made visible to
+// ThreadSanitizer.
+//
+// A kj::Executor runs a function on another thread's event loop and hands its result back. KJ
+// synchronises both hand-offs with its own mutex over raw futex calls, and Debian's libkj is not
+// built with TSAN: the sanitizer sees neither side of that synchronisation, and would report every
+// value that crosses (a request built here and read there, a result written there and read here)
+// as a data race. The helpers below mark each hand-off where it happens — a release on the thread
+// that gives data away, an acquire on the thread that takes it, on one token per executor — so
+// that TSAN knows the order KJ guarantees and still reports any access outside it.
+// (scripts/sanitize.sh tsan, docs/reliability.md.) Outside TSAN builds they compile to nothing.
+#pragma once
+
+#include <kj/async.h>
+
+#include <type_traits>
+
+#if defined(__SANITIZE_THREAD__)
+#define KVTIER_TSAN 1
+extern "C" {
+void __tsan_acquire(void* addr);
+void __tsan_release(void* addr);
+}
+#endif
+
+namespace kvtier {
+
+inline void handoffRelease([[maybe_unused]] const void* token) {
+#ifdef KVTIER_TSAN
+  __tsan_release(const_cast<void*>(token));
+#endif
+}
+
+inline void handoffAcquire([[maybe_unused]] const void* token) {
+#ifdef KVTIER_TSAN
+  __tsan_acquire(const_cast<void*>(token));
+#endif
+}
+
+// `promise`, calling `g()` when it settles (with a value or an exception), before the result
+// moves on.
+template <typename T, typename G>
+kj::Promise<T> onSettle(kj::Promise<T>&& promise, G g) {
+  if constexpr (std::is_void_v<T>) {
+    return promise.then([g]() mutable { g(); },
+                        [g](kj::Exception&& e) mutable {
+                          g();
+                          kj::throwFatalException(kj::mv(e));
+                        });
+  } else {
+    return promise.then(
+        [g](T&& v) mutable -> T {
+          g();
+          return kj::mv(v);
+        },
+        [g](kj::Exception&& e) mutable -> T {
+          g();
+          kj::throwFatalException(kj::mv(e));
+        });
+  }
+}
+
+// executor.executeAsync(job), with the hand-offs marked for TSAN (the same call otherwise).
+template <typename F>
+kj::PromiseForResult<F, void> executeOn(const kj::Executor& executor, F&& job) {
+#ifdef KVTIER_TSAN
+  using T = kj::_::UnwrapPromise<kj::PromiseForResult<F, void>>;
+  const void* token = &executor;
+  handoffRelease(token);
+  auto done = executor.executeAsync([token, job = kj::fwd<F>(job)]() mutable {
+    handoffAcquire(token);
+    return onSettle<T>(kj::evalNow(job), [token]() { handoffRelease(token); });
+  });
+  return onSettle<T>(kj::mv(done), [token]() { handoffAcquire(token); });
+#else
+  return executor.executeAsync(kj::fwd<F>(job));
+#endif
+}
+
+}  // namespace kvtier
