@@ -172,12 +172,12 @@ bool ChildProcess::waitExit(std::chrono::milliseconds timeout) {
   return true;
 }
 
-void ChildProcess::stop() {
+void ChildProcess::stop(std::chrono::milliseconds timeout) {
   if (pid_ < 0 || poll()) return;
   ::kill(pid_, SIGTERM);
-  if (waitExit(kStopTimeout)) return;
-  std::fprintf(stderr, "kvtier-bench: pid %d ignored SIGTERM for %lld s, killing it\n", pid_,
-               static_cast<long long>(kStopTimeout.count()));
+  if (waitExit(timeout)) return;
+  std::fprintf(stderr, "kvtier-bench: pid %d ignored SIGTERM for %.1f s, killing it\n", pid_,
+               std::chrono::duration<double>(timeout).count());
   ::kill(pid_, SIGKILL);
   int status = 0;
   ::waitpid(pid_, &status, 0);

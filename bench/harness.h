@@ -116,8 +116,8 @@ class ChildProcess {
   // Waits up to `timeout` for the child to exit on its own (after a shutdown request).
   bool waitExit(std::chrono::milliseconds timeout);
 
-  // SIGTERM, then reap; SIGKILL if it has not exited within kStopTimeout. Idempotent.
-  void stop();
+  // SIGTERM, then reap; SIGKILL if it has not exited within `timeout`. Idempotent.
+  void stop(std::chrono::milliseconds timeout = kStopTimeout);
 
  private:
   ChildProcess(pid_t pid, int stdoutFd, std::string log)
@@ -156,8 +156,11 @@ class BenchDaemon {
                const std::vector<std::string>& flags,
                const std::optional<std::vector<std::string>>& env = {},
                std::chrono::milliseconds timeout = kStartTimeout);
-  // SIGTERM and reap (ChildProcess::stop); start may be called again.
-  void stop() { process_.reset(); }
+  // SIGTERM and reap (ChildProcess::stop, SIGKILL after `timeout`); start may be called again.
+  void stop(std::chrono::milliseconds timeout = kStopTimeout) {
+    if (process_) process_->stop(timeout);
+    process_.reset();
+  }
   // The daemon's pid, -1 when it is not running.
   pid_t pid() const { return process_ ? process_->pid() : -1; }
 

@@ -2,8 +2,8 @@
 // 10 M cached blocks of a tiny layout (one layer, one KV head of dimension 1, fp16: 64-byte
 // blocks, so 10 M of them take a 640 MB pool), indexed by puts of 1,000-block prompts whose
 // sequences are then removed (the blocks stay cached, evictable). Every daemon's pool holds
-// its blocks and a few more, so that a later put evicts. KVTIER_SCALE_BLOCKS sets the largest size (at
-// least 20,000; default 10,000,000) for a quick run; the middle one is a tenth of it.
+// its blocks and a few more, so that a later put evicts. KVTIER_SCALE_BLOCKS sets the largest size
+// (at least 20,000; default 10,000,000) for a quick run; the middle one is a tenth of it.
 // KVTIER_SCALE_COLD=0 leaves out the cold-tier daemon below.
 //
 // Reported (ratios in the same run, the smallest daemon the anchor):
@@ -18,9 +18,9 @@
 //   eviction_growth_10m the time of a put of a fresh 1,000-block prompt into the full pool (it
 //                      evicts 1,000 cached blocks) on the largest over the smallest (reported).
 // Then a fourth kvtierd with the cold tier on indexes the largest size, waits until all of it is
-// on disk, is stopped and started again on its data directory: the seconds until it is ready and
-// until its first lookup has hit 1,000 blocks from disk, and its memory per block with the cold
-// tier's directory (reported).
+// on disk, is stopped (the seconds SIGTERM takes to exit: flush and close) and started again on its
+// data directory: the seconds until it is ready and until its first lookup has hit 1,000 blocks
+// from disk, and its memory per block with the cold tier's directory (reported).
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -49,6 +49,9 @@ constexpr int kPrefixLookups = 40;
 // How long the cold-tier daemon may take to write its blocks, and to start again.
 constexpr auto kSpillTimeout = std::chrono::minutes(15);
 constexpr auto kRestartTimeout = std::chrono::minutes(5);
+// How long the cold-tier daemon may take to stop cleanly (SIGTERM to exit: its database flushed
+// and closed), reported; past it, it is killed and the restart replays the log instead.
+constexpr auto kColdStopTimeout = std::chrono::minutes(3);
 
 Layout scaleLayout() { return Layout{"bench/scale", 1, 1, 1, DType::kFloat16, 16, {}}; }
 
@@ -123,9 +126,9 @@ struct ScaleDaemon {
     client.reset();
   }
 
-  void stop() {
+  void stop(std::chrono::milliseconds timeout = kStopTimeout) {
     disconnect();
-    daemon.stop();
+    daemon.stop(timeout);
   }
 
   // Puts prompts 0 .. blocks/1000 - 1, each in a sequence removed at once (its blocks stay
@@ -190,8 +193,8 @@ Result<std::unique_ptr<ScaleDaemon>> startIndexed(uint64_t blocks, const Options
   if (auto s = d->index(); !s) return s.error();
   if (!cold) d->disconnect();
   std::printf("  indexed %llu blocks in %.1f s (%.0f blocks/s)%s\n",
-              static_cast<unsigned long long>(blocks), secondsSince(t0),
-              blocks / secondsSince(t0), cold ? ", cold tier on" : "");
+              static_cast<unsigned long long>(blocks), secondsSince(t0), blocks / secondsSince(t0),
+              cold ? ", cold tier on" : "");
   std::fflush(stdout);
   return d;
 }
@@ -231,15 +234,15 @@ Status runScale(const Options& options) {
     rss.push_back(*r);
   }
 
-  auto bytesPerBlock = newReport("bytes_per_block",
-                                 "private memory of the largest daemon over the smallest's",
-                                 "blocks it holds more", "count", false, 128.0);
+  auto bytesPerBlock =
+      newReport("bytes_per_block", "private memory of the largest daemon over the smallest's",
+                "blocks it holds more", "count", false, 128.0);
   bytesPerBlock.kvtier.perRep = {rss[2] - rss[0]};
   bytesPerBlock.anchor.perRep = {static_cast<double>(sizes[2] - sizes[0])};
 
   std::mt19937_64 rng(2026);
-  NamedSeries lookups = {{"lookup_1_small_us", {}}, {"lookup_1_middle_us", {}},
-                         {"lookup_1_large_us", {}}, {"lookup_1000_small_us", {}},
+  NamedSeries lookups = {{"lookup_1_small_us", {}},     {"lookup_1_middle_us", {}},
+                         {"lookup_1_large_us", {}},     {"lookup_1000_small_us", {}},
                          {"lookup_1000_middle_us", {}}, {"lookup_1000_large_us", {}}};
   // One warm-up repetition, then options.reps measured ones; the daemons in turn in each.
   for (int rep = 0; rep <= options.reps; ++rep) {
@@ -276,13 +279,15 @@ Status runScale(const Options& options) {
                           "the same lookup, smallest daemon", "s", false, 1.25);
   for (size_t r = 0; r < growthOne.ratios().size(); ++r) {
     const bool prefixGrowsMore = growthPrefix.ratios()[r] > growthOne.ratios()[r];
-    growth.kvtier.perRep.push_back(1e-6 * (prefixGrowsMore ? lookups[5].second[r] : lookups[2].second[r]));
-    growth.anchor.perRep.push_back(1e-6 * (prefixGrowsMore ? lookups[3].second[r] : lookups[0].second[r]));
+    growth.kvtier.perRep.push_back(1e-6 *
+                                   (prefixGrowsMore ? lookups[5].second[r] : lookups[2].second[r]));
+    growth.anchor.perRep.push_back(1e-6 *
+                                   (prefixGrowsMore ? lookups[3].second[r] : lookups[0].second[r]));
   }
 
   // Eviction: after the lookups, which must still find every indexed prompt.
-  NamedSeries evictions = {{"evicting_put_small_us", {}}, {"evicting_put_middle_us", {}},
-                           {"evicting_put_large_us", {}}};
+  NamedSeries evictions = {
+      {"evicting_put_small_us", {}}, {"evicting_put_middle_us", {}}, {"evicting_put_large_us", {}}};
   for (int rep = 0; rep <= options.reps; ++rep) {
     if (gInterrupted) return unavailable("interrupted");
     for (size_t i = 0; i < daemons.size(); ++i) {
@@ -303,6 +308,7 @@ Status runScale(const Options& options) {
   // minutes at 10 M blocks, for runs that look at the in-memory figures only).
   NamedSeries restart = {{"rss_anon_cold_on_bytes_per_block", {}},
                          {"spill_all_s", {}},
+                         {"stop_s", {}},
                          {"restart_ready_s", {}},
                          {"restart_first_hit_s", {}}};
   const char* coldEnv = std::getenv("KVTIER_SCALE_COLD");
@@ -325,19 +331,22 @@ Status runScale(const Options& options) {
     auto r = rssAnonBytes(d.daemon.pid());
     if (!r) return r.error();
     restart[0].second.push_back(*r / large);
-    d.stop();
+    const auto stopAt = Clock::now();
+    d.stop(kColdStopTimeout);
+    restart[2].second.push_back(secondsSince(stopAt));
     const auto t1 = Clock::now();
     if (auto s = d.start(options, true,
                          std::chrono::duration_cast<std::chrono::milliseconds>(kRestartTimeout));
         !s) {
       return s;
     }
-    restart[2].second.push_back(secondsSince(t1));
+    restart[3].second.push_back(secondsSince(t1));
     if (auto s = d.connect(options); !s) return s;
     std::mt19937_64 one(7);
     auto hit = d.timeLookup(one, kPromptBlocks);
     if (!hit) return hit.error();
-    restart[3].second.push_back(secondsSince(t1));
+    restart[4].second.push_back(secondsSince(t1));
+    d.stop(kColdStopTimeout);
   }
 
   std::vector<RatioReport> reports = {bytesPerBlock, growth, growthOne, growthPrefix,

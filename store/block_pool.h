@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kvtier/block_key.h"
+#include "store/huge_pages.h"
 
 namespace kvtier {
 
@@ -146,7 +147,7 @@ class BlockPool {
 
   std::vector<Extent> extents_;
   std::vector<SizeClass> classes_;
-  std::vector<BlockMeta> blocks_;
+  std::vector<BlockMeta, HugePageAllocator<BlockMeta>> blocks_;
   // Where blocks were carved, for find(): by extent id, runs of blocks of one size carved one
   // after another (consecutive ids at a fixed stride), in offset order. One model per daemon makes
   // one run per extent; this replaced a hash map of every block's location (40 bytes a block).

@@ -18,6 +18,7 @@
 
 #include "kvtier/error.h"
 #include "store/block_pool.h"
+#include "store/huge_pages.h"
 
 namespace kvtier {
 
@@ -98,7 +99,7 @@ class BlockLists {
     BlockId prev = kNoBlock;
     BlockId next = kNoBlock;
   };
-  std::vector<Node> nodes_;
+  std::vector<Node, HugePageAllocator<Node>> nodes_;
 };
 
 // Least recently used first.
@@ -123,7 +124,7 @@ class LruEvictionPolicy final : public EvictionPolicy {
     bool linked = false;
   };
   BlockLists links_;
-  std::vector<State> state_;  // by block id
+  std::vector<State, HugePageAllocator<State>> state_;  // by block id
   std::vector<BlockLists::List> lists_;
   size_t size_ = 0;
 };
@@ -239,7 +240,7 @@ class ArcEvictionPolicy final : public EvictionPolicy {
   void trimGhosts(Class& c);
 
   BlockLists links_;
-  std::vector<State> state_;
+  std::vector<State, HugePageAllocator<State>> state_;
   std::vector<Class> classes_;
   size_t size_ = 0;
 };

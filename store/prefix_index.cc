@@ -116,7 +116,7 @@ bool PrefixIndex::replace(uint32_t space, const Key128& key, BlockId block) {
 }
 
 void PrefixIndex::grow() {
-  std::vector<Slot> old = std::move(slots_);
+  auto old = std::move(slots_);
   const size_t n = old.empty() ? kMinSlots : old.size() * 2;
   slots_.assign(n, Slot{});
   mask_ = n - 1;

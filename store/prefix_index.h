@@ -24,6 +24,7 @@
 
 #include "kvtier/block_key.h"
 #include "store/block_pool.h"
+#include "store/huge_pages.h"
 
 namespace kvtier {
 
@@ -84,7 +85,7 @@ class PrefixIndex {
   const BlockPool& pool_;
   uint64_t seed_;
   mutable std::vector<uint32_t> hashScratch_;  // findRun's
-  std::vector<Slot> slots_;                    // a power of two in size, or empty
+  std::vector<Slot, HugePageAllocator<Slot>> slots_;                    // a power of two in size, or empty
   size_t mask_ = 0;
   size_t size_ = 0;
 };
