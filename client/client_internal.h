@@ -135,7 +135,7 @@ struct Client::Impl {
       handoffRelease(this);
       auto onLoop = [&]() {
         handoffAcquire(this);
-        return onSettle<T>(kj::evalNow(afterDrops), [this]() { handoffRelease(this); });
+        return onSettle<T>(callNow(afterDrops), [this]() { handoffRelease(this); });
       };
 #else
       auto& onLoop = afterDrops;

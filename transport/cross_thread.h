@@ -37,6 +37,20 @@ inline void handoffAcquire([[maybe_unused]] const void* token) {
 #endif
 }
 
+// f() as a promise, an exception it throws as a broken one (kj::evalNow, which in KJ 0.9 does not
+// take a function that returns void).
+template <typename F>
+kj::PromiseForResult<F&, void> callNow(F& f) {
+  if constexpr (std::is_void_v<decltype(f())>) {
+    KJ_IF_MAYBE (e, kj::runCatchingExceptions([&]() { f(); })) {
+      return kj::mv(*e);
+    }
+    return kj::READY_NOW;
+  } else {
+    return kj::evalNow(f);
+  }
+}
+
 // `promise`, calling `g()` when it settles (with a value or an exception), before the result
 // moves on.
 template <typename T, typename G>
@@ -69,7 +83,7 @@ kj::PromiseForResult<F, void> executeOn(const kj::Executor& executor, F&& job) {
   handoffRelease(token);
   auto done = executor.executeAsync([token, job = kj::fwd<F>(job)]() mutable {
     handoffAcquire(token);
-    return onSettle<T>(kj::evalNow(job), [token]() { handoffRelease(token); });
+    return onSettle<T>(callNow(job), [token]() { handoffRelease(token); });
   });
   return onSettle<T>(kj::mv(done), [token]() { handoffAcquire(token); });
 #else
