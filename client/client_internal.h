@@ -129,26 +129,38 @@ struct Client::Impl {
       };
 #ifdef KVTIER_TSAN
       // The hand-offs through the executor, marked for ThreadSanitizer (transport/cross_thread.h):
-      // the caller's writes before the call are the loop's to read, the loop's writes until the
-      // answer settles the caller's (acquired before the answer is touched here, or the
-      // exception caught).
+      // the caller's writes before the call are the loop's to read; the loop's writes until KJ
+      // drops the call's promise (its result stored) are the caller's once executeSync returns.
+      // The result comes back through `out`, not through KJ's event on this stack: the caller
+      // touches nothing the loop wrote before it has acquired.
       handoffRelease(this);
-      auto onLoop = [&]() {
-        handoffAcquire(this);
-        return onSettle<T>(callNow(afterDrops), [this]() { handoffRelease(this); });
-      };
-#else
-      auto& onLoop = afterDrops;
-#endif
       if constexpr (std::is_void_v<T>) {
+        auto onLoop = [&]() {
+          handoffAcquire(this);
+          return releaseWhenDropped(callNow(afterDrops), this);
+        };
         executor->executeSync(onLoop);
         handoffAcquire(this);
         return {};
       } else {
-        T value = executor->executeSync(onLoop);
+        std::optional<T> out;
+        auto onLoop = [&]() {
+          handoffAcquire(this);
+          return releaseWhenDropped(
+              callNow(afterDrops).then([&out](T&& v) { out.emplace(kj::mv(v)); }), this);
+        };
+        executor->executeSync(onLoop);
         handoffAcquire(this);
-        return value;
+        return std::move(*out);
       }
+#else
+      if constexpr (std::is_void_v<T>) {
+        executor->executeSync(afterDrops);
+        return {};
+      } else {
+        return executor->executeSync(afterDrops);
+      }
+#endif
     } catch (const kj::Exception& e) {
       handoffAcquire(this);
       return fromKjException(e);
@@ -238,8 +250,8 @@ class WireText {
 
 // INVALID_ARGUMENT unless positions [from, to) lie within a handle's [begin, end). `what` names
 // the call, `holds` what the handle has ("held", "granted").
-inline Status checkRange(const char* what, const char* holds, uint64_t from, uint64_t to, uint64_t begin,
-                  uint64_t end) {
+inline Status checkRange(const char* what, const char* holds, uint64_t from, uint64_t to,
+                         uint64_t begin, uint64_t end) {
   if (from > to || from < begin || to > end) {
     return invalid(what, " range [", from, ", ", to, ") is outside the ", holds, " [", begin, ", ",
                    end, ")");
@@ -255,11 +267,10 @@ void setSeqOptions(rpc::SeqOptions::Builder out, const Options& options) {
   out.setChunk(options.chunk);
 }
 
-
 // Fills a ReadHandle's views from refs, mapped or inline.
 inline Status attachViews(Client::Impl& client, std::vector<BlockRef>& refs,
-                   std::vector<std::vector<uint8_t>>& inlineData,
-                   std::vector<std::span<const uint8_t>>& views) {
+                          std::vector<std::vector<uint8_t>>& inlineData,
+                          std::vector<std::span<const uint8_t>>& views) {
   if (!inlineData.empty()) {
     for (auto& d : inlineData) views.emplace_back(d.data(), d.size());
     return {};
@@ -278,13 +289,10 @@ void readBlocks(Response& r, std::vector<BlockRef>& refs, std::vector<std::vecto
   for (auto d : r.getData()) data.emplace_back(d.begin(), d.end());
 }
 
-
-
 inline SnapshotInfo snapshotFrom(rpc::SnapshotInfo::Reader r) {
   SnapshotInfo info{r.getId(), r.getFrom(), r.getTo(), {}, r.getNode()};
   for (uint64_t pos : r.getCheckpoints()) info.checkpoints.push_back(pos);
   return info;
 }
-
 
 }  // namespace kvtier

@@ -74,6 +74,14 @@ kj::Promise<T> onSettle(kj::Promise<T>&& promise, G g) {
   }
 }
 
+// On the thread that runs a function for an executor: `promise` (what the function returned),
+// releasing `token` when KJ drops it. KJ drops it after storing its result in the cross-thread
+// event and before waking the requesting thread, so the release covers that store too.
+template <typename T>
+kj::Promise<T> releaseWhenDropped(kj::Promise<T>&& promise, const void* token) {
+  return promise.attach(kj::defer([token]() { handoffRelease(token); }));
+}
+
 // executor.executeAsync(job), with the hand-offs marked for TSAN (the same call otherwise).
 template <typename F>
 kj::PromiseForResult<F, void> executeOn(const kj::Executor& executor, F&& job) {
@@ -83,7 +91,7 @@ kj::PromiseForResult<F, void> executeOn(const kj::Executor& executor, F&& job) {
   handoffRelease(token);
   auto done = executor.executeAsync([token, job = kj::fwd<F>(job)]() mutable {
     handoffAcquire(token);
-    return onSettle<T>(callNow(job), [token]() { handoffRelease(token); });
+    return releaseWhenDropped(callNow(job), token);
   });
   return onSettle<T>(kj::mv(done), [token]() { handoffAcquire(token); });
 #else
