@@ -194,7 +194,13 @@ Client::~Client() {
     impl_->ownedIo.reset();
     return;
   }
-  (void)impl_->run([this] { impl_->stop->fulfill(); });
+  // Not through run(): its TSAN build finishes a call on a later turn of the loop, which this
+  // call ends. Joining the thread orders everything it did before what follows here.
+  try {
+    impl_->executor->executeSync([this] { impl_->stop->fulfill(); });
+  } catch (const kj::Exception&) {
+    // The loop is gone already: there is nothing to stop.
+  }
   impl_->thread.join();
 }
 
@@ -388,16 +394,15 @@ Result<Stats> Client::stats() {
 
 Result<std::pair<std::string, std::vector<ClusterMember>>> Client::cluster() {
   return impl_->run([&] {
-    return impl_->sessionCap().clusterRequest().send().then(
-        [](capnp::Response<rpc::Session::ClusterResults>&& r) {
-          std::pair<std::string, std::vector<ClusterMember>> out;
-          out.first = r.getNodeId();
-          for (auto m : r.getMembers()) {
-            out.second.push_back(
-                ClusterMember{m.getNodeId(), m.getAddress(), m.getUp(), m.getSelf()});
-          }
-          return out;
-        });
+    return impl_->sessionCap().clusterRequest().send().then([](capnp::Response<
+                                                                rpc::Session::ClusterResults>&& r) {
+      std::pair<std::string, std::vector<ClusterMember>> out;
+      out.first = r.getNodeId();
+      for (auto m : r.getMembers()) {
+        out.second.push_back(ClusterMember{m.getNodeId(), m.getAddress(), m.getUp(), m.getSelf()});
+      }
+      return out;
+    });
   });
 }
 
@@ -432,16 +437,18 @@ std::string Stats::toJson() const {
     << ", \"snapshots\": " << coldSnapshots << ", \"snapshots_dropped\": " << coldSnapshotsDropped
     << "}, \"gpu\": {\"blocks_total\": " << gpuBlocksTotal << ", \"blocks_used\": " << gpuBlocksUsed
     << ", \"demoted\": " << gpuDemoted << ", \"promoted\": " << gpuPromoted
-    << "}, \"cluster\": {\"members\": " << clusterMembers << ", \"members_up\": " << clusterMembersUp
-    << ", \"directory_entries\": " << directoryEntries << ", \"held_keys\": " << heldKeys
-    << ", \"publish_backlog\": " << publishBacklog << ", \"rehomed\": " << directoryRehomed << ", \"remote_lookups\": " << remoteLookups
-    << ", \"remote_hit_blocks\": " << remoteHitBlocks << ", \"remote_hit_bytes\": " << remoteHitBytes
-    << ", \"served_blocks\": " << servedBlocks << ", \"fetch_errors\": {\"timeout\": " << fetchTimeouts
+    << "}, \"cluster\": {\"members\": " << clusterMembers
+    << ", \"members_up\": " << clusterMembersUp << ", \"directory_entries\": " << directoryEntries
+    << ", \"held_keys\": " << heldKeys << ", \"publish_backlog\": " << publishBacklog
+    << ", \"rehomed\": " << directoryRehomed << ", \"remote_lookups\": " << remoteLookups
+    << ", \"remote_hit_blocks\": " << remoteHitBlocks
+    << ", \"remote_hit_bytes\": " << remoteHitBytes << ", \"served_blocks\": " << servedBlocks
+    << ", \"fetch_errors\": {\"timeout\": " << fetchTimeouts
     << ", \"unavailable\": " << fetchUnavailable << ", \"transfer\": " << fetchTransfer
     << ", \"checksum\": " << fetchChecksum << ", \"full\": " << fetchFull
     << "}, \"auth_failures\": " << peerAuthFailures << ", \"peer_rtt_us\": " << peerRttMicros
-    << "}, \"tenant\": {\"bytes_used\": " << tenantBytesUsed << ", \"quota_bytes\": "
-    << tenantQuotaBytes << "}, \"spaces\": [";
+    << "}, \"tenant\": {\"bytes_used\": " << tenantBytesUsed
+    << ", \"quota_bytes\": " << tenantQuotaBytes << "}, \"spaces\": [";
   for (size_t i = 0; i < spaces.size(); ++i) {
     const auto& s = spaces[i];
     o << (i ? ", " : "") << "{\"fingerprint\": \"" << std::hex << s.fingerprint << std::dec

@@ -49,6 +49,12 @@ export ASAN_OPTIONS="$common:detect_leaks=1"
 export LSAN_OPTIONS="suppressions=$root/scripts/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="$common:print_stacktrace=1:halt_on_error=1"
 export TSAN_OPTIONS="$common:halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/tsan.supp"
+# UCX's memory hooks (libucm patches mmap, madvise and friends to keep its registration cache
+# right) run inside TSAN's interceptors and crash at thread exit; kvtier registers its pools
+# explicitly and needs none of them. Daemons and peers the tests start inherit these.
+if [ "$kind" = tsan ]; then
+  export UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no
+fi
 
 cd "$build"
 set +e
