@@ -9,6 +9,7 @@
 #include <future>
 #include <map>
 #include <optional>
+#include <type_traits>
 #include <set>
 #include <string>
 #include <string_view>
@@ -131,26 +132,34 @@ struct Client::Impl {
       // The hand-offs through the executor, marked for ThreadSanitizer (transport/cross_thread.h):
       // the caller's writes before the call are the loop's to read; the loop's writes until KJ
       // drops the call's promise (its result stored) are the caller's once executeSync returns.
-      // The result comes back through `out`, not through KJ's event on this stack: the caller
-      // touches nothing the loop wrote before it has acquired.
-      handoffRelease(this);
-      if constexpr (std::is_void_v<T>) {
-        auto onLoop = [&]() {
-          handoffAcquire(this);
-          return releaseWhenDropped(callNow(afterDrops), this);
-        };
-        executor->executeSync(onLoop);
+      // The result, or the exception, comes back through `out` and `failed`, not through KJ's
+      // event on this stack: the caller touches nothing the loop wrote before it has acquired.
+      using Out = std::conditional_t<std::is_void_v<T>, kj::_::Void, T>;
+      std::optional<Out> out;
+      kj::Maybe<kj::Exception> failed;
+      auto onLoop = [&]() {
         handoffAcquire(this);
+        kj::Promise<void> settled = nullptr;
+        if constexpr (std::is_void_v<T>) {
+          settled = callNow(afterDrops)
+                        .then([&out]() { out.emplace(); },
+                              [&failed](kj::Exception&& e) { failed = kj::mv(e); });
+        } else {
+          settled = callNow(afterDrops)
+                        .then([&out](T&& v) { out.emplace(kj::mv(v)); },
+                              [&failed](kj::Exception&& e) { failed = kj::mv(e); });
+        }
+        return releaseWhenDropped(kj::mv(settled), this);
+      };
+      handoffRelease(this);
+      executor->executeSync(onLoop);
+      handoffAcquire(this);
+      KJ_IF_MAYBE (e, failed) {
+        return fromKjException(*e);
+      }
+      if constexpr (std::is_void_v<T>) {
         return {};
       } else {
-        std::optional<T> out;
-        auto onLoop = [&]() {
-          handoffAcquire(this);
-          return releaseWhenDropped(
-              callNow(afterDrops).then([&out](T&& v) { out.emplace(kj::mv(v)); }), this);
-        };
-        executor->executeSync(onLoop);
-        handoffAcquire(this);
         return std::move(*out);
       }
 #else
