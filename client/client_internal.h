@@ -9,11 +9,11 @@
 #include <future>
 #include <map>
 #include <optional>
-#include <type_traits>
 #include <set>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 
 #include "kernels/block_copy.h"
 #include "kvtier/client.h"
@@ -138,7 +138,7 @@ struct Client::Impl {
       std::optional<Out> out;
       kj::Maybe<kj::Exception> failed;
       auto onLoop = [&]() {
-        handoffAcquire(this);
+        handoffAcquire(currentExecutorToken());  // before reading anything the caller wrote
         kj::Promise<void> settled = nullptr;
         if constexpr (std::is_void_v<T>) {
           settled = callNow(afterDrops)
@@ -149,11 +149,11 @@ struct Client::Impl {
                         .then([&out](T&& v) { out.emplace(kj::mv(v)); },
                               [&failed](kj::Exception&& e) { failed = kj::mv(e); });
         }
-        return releaseWhenDropped(kj::mv(settled), this);
+        return releaseWhenDropped(kj::mv(settled));
       };
-      handoffRelease(this);
+      handoffRelease(executor);
       executor->executeSync(onLoop);
-      handoffAcquire(this);
+      handoffAcquire(executor);
       KJ_IF_MAYBE (e, failed) {
         return fromKjException(*e);
       }
@@ -171,7 +171,7 @@ struct Client::Impl {
       }
 #endif
     } catch (const kj::Exception& e) {
-      handoffAcquire(this);
+      handoffAcquire(executor);
       return fromKjException(e);
     }
   }

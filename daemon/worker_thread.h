@@ -32,7 +32,7 @@ class WorkerThread {
  private:
   std::thread thread_;
   const kj::Executor* executor_ = nullptr;
-  kj::Own<kj::CrossThreadPromiseFulfiller<void>> stop_;
+  kj::Own<kj::PromiseFulfiller<void>> stop_;  // the thread's own: fulfilled on it
 };
 
 }  // namespace kvtier

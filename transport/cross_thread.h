@@ -74,13 +74,29 @@ kj::Promise<T> onSettle(kj::Promise<T>&& promise, G g) {
   }
 }
 
+// On the thread that runs a function for an executor: the token of that thread's executor (the
+// one the requesting thread names). Read from KJ's thread-local state, not from anything the
+// requesting thread wrote: the acquire must come before this thread reads any of that.
+inline const void* currentExecutorToken() { return &kj::getCurrentThreadExecutor(); }
+
 // On the thread that runs a function for an executor: `promise` (what the function returned),
-// releasing `token` when KJ drops it. KJ drops it after storing its result in the cross-thread
-// event and before waking the requesting thread, so the release covers that store too.
+// releasing this thread's token when KJ drops it. KJ drops it after storing its result in the
+// cross-thread event and before waking the requesting thread, so the release covers that store.
 template <typename T>
-kj::Promise<T> releaseWhenDropped(kj::Promise<T>&& promise, const void* token) {
-  return promise.attach(kj::defer([token]() { handoffRelease(token); }));
+kj::Promise<T> releaseWhenDropped(kj::Promise<T>&& promise) {
+  return promise.attach(kj::defer([token = currentExecutorToken()]() { handoffRelease(token); }));
 }
+
+// A capture that releases `token` when it is moved: the last capture of a function handed to
+// executeAsync, which moves the function into its event, so that the release follows the move of
+// every other capture (what KJ writes after it is done inside executeAsync: scripts/tsan.supp).
+struct ReleaseOnMove {
+  const void* token;
+  explicit ReleaseOnMove(const void* t) : token(t) {}
+  ReleaseOnMove(ReleaseOnMove&& other) noexcept : token(other.token) { handoffRelease(token); }
+  ReleaseOnMove(const ReleaseOnMove&) = delete;
+  ReleaseOnMove& operator=(const ReleaseOnMove&) = delete;
+};
 
 // executor.executeAsync(job), with the hand-offs marked for TSAN (the same call otherwise).
 template <typename F>
@@ -88,11 +104,11 @@ kj::PromiseForResult<F, void> executeOn(const kj::Executor& executor, F&& job) {
 #ifdef KVTIER_TSAN
   using T = kj::_::UnwrapPromise<kj::PromiseForResult<F, void>>;
   const void* token = &executor;
-  handoffRelease(token);
-  auto done = executor.executeAsync([token, job = kj::fwd<F>(job)]() mutable {
-    handoffAcquire(token);
-    return releaseWhenDropped(callNow(job), token);
-  });
+  auto done =
+      executor.executeAsync([job = kj::fwd<F>(job), release = ReleaseOnMove(token)]() mutable {
+        handoffAcquire(currentExecutorToken());
+        return releaseWhenDropped(callNow(job));
+      });
   return onSettle<T>(kj::mv(done), [token]() { handoffAcquire(token); });
 #else
   return executor.executeAsync(kj::fwd<F>(job));
