@@ -45,7 +45,11 @@ rm -rf "$reports"
 mkdir -p "$reports"
 # Each process writes its reports to <reports>/<kind>.<pid>; the first one aborts it.
 common="log_path=$reports/$kind:abort_on_error=1:print_summary=1"
-export ASAN_OPTIONS="$common:detect_leaks=1"
+# verify_asan_link_order=0: the Go bindings' test program (cgo) is not instrumented and loads the
+# runtime with libkvtier.so, after libc; kvtier's own code is still checked.
+export ASAN_OPTIONS="$common:detect_leaks=1:verify_asan_link_order=0"
+# The SDK package test builds a consumer project against the installed (instrumented) library.
+export KVTIER_CONSUMER_FLAGS="$flags"
 export LSAN_OPTIONS="suppressions=$root/scripts/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="$common:print_stacktrace=1:halt_on_error=1"
 export TSAN_OPTIONS="$common:halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/tsan.supp"

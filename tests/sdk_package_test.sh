@@ -80,9 +80,14 @@ echo "#include <kvtier/kvtier.h>" |
   "$cc" -std=c99 -pedantic-errors -fsyntax-only -Wall -Wextra -Werror -I"$prefix/include" -x c - ||
   fail "kvtier.h is not strict C99"
 
+# A sanitizer build's library needs the sanitizer's runtime in every program that links it:
+# scripts/sanitize.sh passes its flags in KVTIER_CONSUMER_FLAGS (empty otherwise).
+extra=${KVTIER_CONSUMER_FLAGS:-}
+
 # 3. find_package(kvtier).
 cmake -S "$here/consumer" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
   -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_C_FLAGS="$extra" -DCMAKE_CXX_FLAGS="$extra" -DCMAKE_EXE_LINKER_FLAGS="$extra" \
   >"$tmp/consumer.log" 2>&1 || { cat "$tmp/consumer.log" >&2; fail "configuring tests/consumer"; }
 cmake --build "$tmp/consumer" -j 1 >>"$tmp/consumer.log" 2>&1 ||
   { cat "$tmp/consumer.log" >&2; fail "building tests/consumer"; }
@@ -97,13 +102,13 @@ export PKG_CONFIG_PATH=$libdir/pkgconfig
 [ "$(pkg-config --modversion kvtier)" = "$(sed -n 's/^Version: //p' "$pc")" ] ||
   fail "pkg-config does not find kvtier.pc"
 mkdir "$tmp/pc"
-# shellcheck disable=SC2046 # the flags are words
+# shellcheck disable=SC2046,SC2086 # the flags are words
 {
-  "$cxx" -std=c++20 "$here/consumer/consumer.cc" -o "$tmp/pc/consumer" \
+  "$cxx" -std=c++20 $extra "$here/consumer/consumer.cc" -o "$tmp/pc/consumer" \
     $(pkg-config --cflags --libs kvtier) -Wl,-rpath,"$libdir" &&
-    "$cc" -std=c99 "$here/consumer/consumer_c.c" -o "$tmp/pc/consumer_c" \
+    "$cc" -std=c99 $extra "$here/consumer/consumer_c.c" -o "$tmp/pc/consumer_c" \
       $(pkg-config --cflags --libs kvtier) -Wl,-rpath,"$libdir" &&
-    "$cxx" -std=c++20 "$here/consumer/consumer.cc" -o "$tmp/pc/consumer_static" \
+    "$cxx" -std=c++20 $extra "$here/consumer/consumer.cc" -o "$tmp/pc/consumer_static" \
       $(pkg-config --cflags --static --libs kvtier | sed 's/-lkvtier\b/-l:libkvtier.a/') \
       $(pkg-config --static --libs-only-L kvtier | sed 's/-L/-Wl,-rpath,/g')
 } || fail "building with pkg-config"
