@@ -63,7 +63,7 @@ fi
 cd "$build"
 set +e
 ctest -j "${KVTIER_CTEST_JOBS:-2}" --timeout "${KVTIER_CTEST_TIMEOUT:-900}" --output-on-failure \
-  "$@" | tee ctest-$kind.log
+  "$@" | tee "ctest-$kind.log"
 set -e
 summary=$(grep -E "tests passed, [0-9]+ tests failed out of [0-9]+" "ctest-$kind.log" | tail -n 1)
 total=$(sed -E 's/.* out of ([0-9]+).*/\1/' <<<"$summary")
