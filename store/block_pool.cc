@@ -60,8 +60,8 @@ BlockId BlockPool::carve(uint32_t cls) {
     }
     const uint64_t offset = alignUp(cur.offset, align);
     if (offset + bytes <= extents_[cur.extent].bytes) {
-      cur.offset = offset + bytes;
       if (blocks_.size() >= kNoBlock) return kNoBlock;  // ids are 32-bit
+      cur.offset = offset + bytes;
       const auto id = static_cast<BlockId>(blocks_.size());
       const uint32_t extentId = extents_[cur.extent].id;
       BlockMeta meta;

@@ -139,18 +139,23 @@ void Engine::prefetchHold(BlockId id) const {
   tenantLinks_.prefetch(id);
 }
 
-void Engine::unrefTailFirst(std::span<const BlockId> blocks) {
-  for (size_t i = blocks.size(); i-- > 0;) {
-    if (i >= kPrefetchAhead) prefetchHold(blocks[i - kPrefetchAhead]);
-    unref(blocks[i]);
+template <typename Op>
+void Engine::forEachPrefetched(std::span<const BlockId> blocks, bool tailFirst, Op op) {
+  const size_t n = blocks.size();
+  for (size_t k = 0; k < n; ++k) {
+    if (k + kPrefetchAhead < n) {
+      prefetchHold(blocks[tailFirst ? n - 1 - k - kPrefetchAhead : k + kPrefetchAhead]);
+    }
+    op(blocks[tailFirst ? n - 1 - k : k]);
   }
 }
 
+void Engine::unrefTailFirst(std::span<const BlockId> blocks) {
+  forEachPrefetched(blocks, true, [this](BlockId id) { unref(id); });
+}
+
 void Engine::unpinTailFirst(std::span<const BlockId> blocks) {
-  for (size_t i = blocks.size(); i-- > 0;) {
-    if (i >= kPrefetchAhead) prefetchHold(blocks[i - kPrefetchAhead]);
-    unpin(blocks[i]);
-  }
+  forEachPrefetched(blocks, true, [this](BlockId id) { unpin(id); });
 }
 
 void Engine::settle(BlockId id) {
@@ -410,10 +415,7 @@ BlockId Engine::seal(SpaceId space, Sequence& seq, size_t index, const Key128& k
 
 void Engine::replaceBlocks(Sequence& seq, std::vector<BlockId> blocks) {
   // Take the new references before dropping the old ones: they may share blocks.
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    if (i + kPrefetchAhead < blocks.size()) prefetchHold(blocks[i + kPrefetchAhead]);
-    ref(blocks[i]);
-  }
+  forEachPrefetched(blocks, false, [this](BlockId id) { ref(id); });
   unrefTailFirst(seq.blocks);
   seq.blocks = std::move(blocks);
 }
@@ -534,10 +536,7 @@ std::vector<Key128> Engine::putChain(SpaceId space, const Sequence* seq, uint64_
 
 LeaseId Engine::newReadLease(std::vector<BlockId> blocks) {
   if (blocks.empty()) return 0;
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    if (i + kPrefetchAhead < blocks.size()) prefetchHold(blocks[i + kPrefetchAhead]);
-    pin(blocks[i]);
-  }
+  forEachPrefetched(blocks, false, [this](BlockId id) { pin(id); });
   const LeaseId id = nextLease_++;
   readLeases_.emplace(id, ReadLease{std::move(blocks)});
   return id;

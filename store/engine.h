@@ -571,7 +571,8 @@ class Engine {
   // Whether `n` blocks of class `cls` can be had for `tenant` — free, or by evicting — leaving the
   // blocks of `keep` (about to be pinned) in place. Walks at most the blocks it would evict and
   // skip.
-  bool canAllocate(uint32_t cls, size_t n, TenantId tenant, std::span<const BlockId> keep = {}) const;
+  bool canAllocate(uint32_t cls, size_t n, TenantId tenant,
+                   std::span<const BlockId> keep = {}) const;
   // The eviction order's bookkeeping, the policy's and the tenants' together: `id` became
   // evictable (or was used while it is: it moves to the end), is no longer, or left memory.
   void cacheInsert(BlockId id, bool first = false);
@@ -629,6 +630,10 @@ class Engine {
   // cost about one (issue 18: lookup latency flat from 10 k to 10 M blocks).
   void prefetchHold(BlockId id) const;
   static constexpr size_t kPrefetchAhead = 8;
+  // op(id) for each block of `blocks`, first to last (or last to first with `tailFirst`),
+  // prefetching the block kPrefetchAhead further on (prefetchHold).
+  template <typename Op>
+  void forEachPrefetched(std::span<const BlockId> blocks, bool tailFirst, Op op);
   void unpinTailFirst(std::span<const BlockId> blocks);
   // Frees a block that nothing holds any more, or hands a sealed one to the eviction policy.
   void settle(BlockId id);

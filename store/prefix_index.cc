@@ -80,10 +80,19 @@ size_t PrefixIndex::findRun(uint32_t space, std::span<const Key128> keys,
 
 BlockId PrefixIndex::insert(uint32_t space, const Key128& key, BlockId block) {
   const uint32_t h = hash(space, key);
-  if (const size_t i = slotOf(space, key, h); i < slots_.size()) return slots_[i].block;
-  if ((size_ + 1) * 4 > slots_.size() * 3) grow();
+  // One probe: it ends at the entry for (space, key), or at the empty slot a new entry goes in
+  // (unless the table has to grow first).
   size_t i = h & mask_;
-  while (slots_[i].block != kNoBlock) i = (i + 1) & mask_;
+  if (!slots_.empty()) {
+    for (; slots_[i].block != kNoBlock; i = (i + 1) & mask_) {
+      if (matches(slots_[i], space, key, h)) return slots_[i].block;
+    }
+  }
+  if ((size_ + 1) * 4 > slots_.size() * 3) {
+    grow();
+    for (i = h & mask_; slots_[i].block != kNoBlock; i = (i + 1) & mask_) {
+    }
+  }
   slots_[i] = Slot{h, block};
   ++size_;
   return kNoBlock;
