@@ -111,6 +111,7 @@ class GpuPools {
     // Pinned host memory: host<->device moves are asynchronous DMA (best effort: pageable copies
     // still work, slower).
     for (uint32_t i = 0; i < host.extentCount(); ++i) {
+      hostExtents_.push_back({host.segment(i).data(), host.segment(i).size()});
       auto reg = HostRegistration::create(host.segment(i).data(), host.segment(i).size());
       if (reg) {
         registrations_.push_back(std::move(reg).value());
@@ -153,7 +154,7 @@ class GpuPools {
   std::unique_ptr<TierService> tierService(Engine& engine) {
 #ifdef KVTIER_HAVE_CUDA
     if (devices_.empty()) return nullptr;
-    auto mover = std::make_shared<CudaBlockMover>();
+    auto mover = std::make_shared<CudaBlockMover>(hostExtents_, devices_);
     std::vector<uint8_t> tiers;
     for (size_t i = 0; i < devices_.size(); ++i) tiers.push_back(BlockPool::gpuTier(i));
     return std::make_unique<TierService>(
@@ -188,6 +189,7 @@ class GpuPools {
   // Freed only when run() returns: the engine, tier service and server (declared after this
   // object) are gone by then, and so is every client connection that could hold a mapping.
   std::vector<std::unique_ptr<DevicePool>> devices_;
+  std::vector<MemoryRange> hostExtents_;  // for the tier mover: copies never cross extents
   std::vector<std::unique_ptr<HostRegistration>> registrations_;
 #endif
 };

@@ -9,6 +9,8 @@
 
 namespace kvtier::kernels::gpu {
 
+static_assert(kInlineTableBytes <= detail::kMaxInlineTableBytes);
+
 int deviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -61,6 +63,7 @@ cudaError_t PagedCopier::run(bool scatter, const PagedKv& kv, const PagedCopy& c
   if (c.begin == c.end) return cudaSuccess;
   int previous = 0;
   if (auto e = cudaGetDevice(&previous); e != cudaSuccess) return e;
+  if (previous == device_) return launch(scatter, kv, c, stream);  // the common case: no switch
   if (auto e = cudaSetDevice(device_); e != cudaSuccess) return e;
   const cudaError_t e = launch(scatter, kv, c, stream);
   cudaSetDevice(previous);  // the caller's current device is theirs
@@ -69,6 +72,22 @@ cudaError_t PagedCopier::run(bool scatter, const PagedKv& kv, const PagedCopy& c
 
 cudaError_t PagedCopier::launch(bool scatter, const PagedKv& kv, const PagedCopy& c,
                                 cudaStream_t stream) {
+  // The tables, packed: tensor bases, then pool block bases (both pointers), then the block table.
+  const size_t tensorBytes = 2ull * kv.numLayers * sizeof(uint8_t*);
+  const uint64_t poolCount = poolBlockCount(c);
+  const size_t poolBytes = poolCount * sizeof(uint8_t*);
+  const uint64_t tableCount = (c.end - 1) / kv.blockTokens + 1;
+  const size_t tableBytes = tableCount * sizeof(int32_t);
+  const size_t total = tensorBytes + poolBytes + tableBytes;
+  if (total <= inlineTableBytes_) {
+    inline_.resize(total);
+    std::memcpy(inline_.data(), c.tensors, tensorBytes);
+    std::memcpy(inline_.data() + tensorBytes, c.poolBlocks, poolBytes);
+    std::memcpy(inline_.data() + tensorBytes + poolBytes, c.blockTable, tableBytes);
+    const detail::InlineLayout layout{0, tensorBytes, tensorBytes + poolBytes, total};
+    return detail::pagedCopyInline(scatter, kv, c, inline_.data(), layout,
+                                   pagedCopyAlignment(kv, c), stream);
+  }
   for (cudaEvent_t* ev : {&staged_, &done_}) {
     if (!*ev) {
       if (auto e = cudaEventCreateWithFlags(ev, cudaEventDisableTiming); e != cudaSuccess) {
@@ -76,19 +95,12 @@ cudaError_t PagedCopier::launch(bool scatter, const PagedKv& kv, const PagedCopy
       }
     }
   }
-  // Staged tables: tensor bases, then pool block bases (both pointers), then the block table.
-  const size_t tensorBytes = 2ull * kv.numLayers * sizeof(uint8_t*);
-  const uint64_t poolCount = poolBlockCount(c);
-  const size_t poolBytes = poolCount * sizeof(uint8_t*);
-  const uint64_t tableCount = (c.end - 1) / kv.blockTokens + 1;
-  const size_t tableBytes = tableCount * sizeof(int32_t);
-  if (auto e = reserve(tensorBytes + poolBytes + tableBytes); e != cudaSuccess) return e;
+  if (auto e = reserve(total); e != cudaSuccess) return e;
   // The previous call's tables must have left the staging buffer before it is overwritten.
   if (auto e = cudaEventSynchronize(staged_); e != cudaSuccess) return e;
   std::memcpy(hostStage_, c.tensors, tensorBytes);
   std::memcpy(hostStage_ + tensorBytes, c.poolBlocks, poolBytes);
   std::memcpy(hostStage_ + tensorBytes + poolBytes, c.blockTable, tableBytes);
-  const size_t total = tensorBytes + poolBytes + tableBytes;
   // The device copy of the tables is rewritten only after the previous kernel read it, even when
   // that kernel ran on another stream.
   if (auto e = cudaStreamWaitEvent(stream, done_, 0); e != cudaSuccess) return e;

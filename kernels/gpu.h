@@ -19,14 +19,20 @@ int deviceCount();
 // Why no device is usable ("" when one is): for logs and for GPU tests that skip.
 std::string noDeviceReason();
 
+// Tables up to this size travel in the kernel's launch parameters (see PagedCopier).
+inline constexpr size_t kInlineTableBytes = 31 * 1024;
+
 // Launches paged copies whose pointer tables the caller holds in host memory (the pointers in
-// them are device pointers, or host memory mapped for the device). Each call stages the tables
-// into pinned memory, copies them to the device and launches one kernel on `stream`, all
-// asynchronously: the call returns once the work is queued. Staging is reused once the previous
-// call's copy of the tables has finished. One copier per thread (not thread-safe).
+// them are device pointers, or host memory mapped for the device): one kernel on `stream`,
+// asynchronously (the call returns once the work is queued). Tables of up to `inlineTableBytes`
+// (a 4k-token prompt of a 80-layer model needs ~4 KiB) are passed in the launch itself; larger
+// ones are staged into pinned memory and copied to the device ahead of the kernel, the staging
+// reused once the previous call's copy of the tables has finished. One copier per thread (not
+// thread-safe).
 class PagedCopier {
  public:
-  explicit PagedCopier(int device) : device_(device) {}
+  explicit PagedCopier(int device, size_t inlineTableBytes = kInlineTableBytes)
+      : device_(device), inlineTableBytes_(inlineTableBytes) {}
   ~PagedCopier();
   PagedCopier(const PagedCopier&) = delete;
   PagedCopier& operator=(const PagedCopier&) = delete;
@@ -46,6 +52,8 @@ class PagedCopier {
   cudaError_t reserve(size_t bytes);
 
   int device_;
+  size_t inlineTableBytes_;
+  std::vector<uint8_t> inline_;     // tables packed for a launch
   uint8_t* hostStage_ = nullptr;    // pinned
   uint8_t* deviceStage_ = nullptr;  // device copy of the tables
   size_t capacity_ = 0;

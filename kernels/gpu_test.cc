@@ -64,15 +64,14 @@ struct DeviceMirror {
   }
 };
 
-void runBothWays(const testing::PagedCase& pc, uint64_t skew) {
-  SCOPED_TRACE(pc.name + " skew " + std::to_string(skew));
+void runBothWays(const testing::PagedCase& pc, uint64_t skew, size_t inlineBytes) {
   for (bool scatter : {true, false}) {
     PagedBuffers expected(pc, 7), actual(pc, 7);
     DeviceMirror dev;
     dev.upload(actual, skew);
     auto host = testing::hostTables(expected);
     testing::PagedTables devTables{dev.tensors, dev.pool};
-    gpu::PagedCopier copier(0);
+    gpu::PagedCopier copier(0, inlineBytes);
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreate(&stream));
     if (scatter) {
@@ -90,6 +89,16 @@ void runBothWays(const testing::PagedCase& pc, uint64_t skew) {
   }
 }
 
+// Each copy both ways, with its tables in the launch parameters (when they fit) and staged
+// through device memory.
+void runBothWays(const testing::PagedCase& pc, uint64_t skew) {
+  for (size_t inlineBytes : {gpu::kInlineTableBytes, size_t{0}}) {
+    SCOPED_TRACE(pc.name + " skew " + std::to_string(skew) +
+                 (inlineBytes ? " inline tables" : " staged tables"));
+    runBothWays(pc, skew, inlineBytes);
+  }
+}
+
 TEST(GpuKernels, ScatterAndGatherEqualTheCpuReference) {
   SKIP_WITHOUT_GPU();
   for (const auto& pc : pagedCases()) runBothWays(pc, 0);
@@ -100,31 +109,35 @@ TEST(GpuKernels, MisalignedRowsTakeNarrowerAccessesAndStillMatch) {
   for (uint64_t skew : {8u, 4u, 2u, 1u}) runBothWays(pagedCases()[1], skew);
 }
 
-// Many calls in a row on one copier and stream: staging is reused only after its tables left.
+// Many calls in a row on one copier and stream: staging is reused only after its tables left, and
+// tables passed in the launch are each call's own.
 TEST(GpuKernels, BackToBackCopiesReuseStagingSafely) {
   SKIP_WITHOUT_GPU();
-  testing::PagedCase pc{"chain", 2, 16, 16, 2, 64, 2, 0, 16 * 8, true};
-  PagedBuffers b(pc, 3);
-  DeviceMirror dev;
-  dev.upload(b, 0);
-  testing::PagedTables devTables{dev.tensors, dev.pool};
-  gpu::PagedCopier copier(0);
-  cudaStream_t stream;
-  CUDA_OK(cudaStreamCreate(&stream));
-  // Scatter block by block, each call with its own range: all of them must land.
-  for (uint64_t blk = 0; blk < 8; ++blk) {
-    auto c = devTables.copy(b);
-    c.begin = blk * 16;
-    c.end = c.begin + 16;
-    CUDA_OK(copier.scatter(b.kv(), c, stream));
+  for (size_t inlineBytes : {size_t{0}, gpu::kInlineTableBytes}) {
+    SCOPED_TRACE(inlineBytes ? "inline tables" : "staged tables");
+    testing::PagedCase pc{"chain", 2, 16, 16, 2, 64, 2, 0, 16 * 8, true};
+    PagedBuffers b(pc, 3);
+    DeviceMirror dev;
+    dev.upload(b, 0);
+    testing::PagedTables devTables{dev.tensors, dev.pool};
+    gpu::PagedCopier copier(0, inlineBytes);
+    cudaStream_t stream;
+    CUDA_OK(cudaStreamCreate(&stream));
+    // Scatter block by block, each call with its own range: all of them must land.
+    for (uint64_t blk = 0; blk < 8; ++blk) {
+      auto c = devTables.copy(b);
+      c.begin = blk * 16;
+      c.end = c.begin + 16;
+      CUDA_OK(copier.scatter(b.kv(), c, stream));
+    }
+    CUDA_OK(cudaStreamSynchronize(stream));
+    PagedBuffers expected(pc, 3);
+    auto host = testing::hostTables(expected);
+    scatterCpu(expected.kv(), host.copy(expected));
+    dev.download(b);
+    EXPECT_EQ(b.pool, expected.pool);
+    CUDA_OK(cudaStreamDestroy(stream));
   }
-  CUDA_OK(cudaStreamSynchronize(stream));
-  PagedBuffers expected(pc, 3);
-  auto host = testing::hostTables(expected);
-  scatterCpu(expected.kv(), host.copy(expected));
-  dev.download(b);
-  EXPECT_EQ(b.pool, expected.pool);
-  CUDA_OK(cudaStreamDestroy(stream));
 }
 
 TEST(GpuKernels, RotateKMatchesTheCpuKernelBitForBit) {

@@ -32,6 +32,11 @@ inline std::vector<PagedCase> pagedCases() {
       {"int8_odd_row", 3, 16, 16, 3, 5, 1, 0, 33, true},  // 15-byte rows: byte accesses
       {"fp32_many_blocks", 4, 16, 16, 2, 32, 4, 0, 16 * 40, true},
       {"empty_range", 1, 16, 16, 1, 8, 2, 7, 7, false},
+      // 2 KiB rows: a tile (16 rows of a plane) takes two rounds of a thread block's loads.
+      {"large_rows", 2, 16, 16, 8, 128, 2, 3, 16 * 50 + 5, true},
+      // 64-byte rows over 1,500 tiles: each GPU thread block copies several tiles in turn, and
+      // the tables (18 KiB) take the GPU copier's larger launch-parameter block.
+      {"many_small_tiles", 1, 16, 16, 1, 32, 2, 5, 16 * 1500 + 7, true},
   };
 }
 

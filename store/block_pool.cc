@@ -175,4 +175,33 @@ HeapBlockMemory::HeapBlockMemory(const std::vector<BlockPool::Extent>& extents) 
   for (const auto& e : extents) extents_[e.id].resize(e.bytes);
 }
 
+std::vector<BlockCopy> coalesceCopies(std::vector<BlockCopy> copies,
+                                      std::span<const MemoryRange> ranges) {
+  auto rangeOf = [&](const uint8_t* p, uint64_t bytes) -> size_t {
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const MemoryRange& r = ranges[i];
+      if (p >= r.base && p + bytes <= r.base + r.bytes) return i;
+    }
+    return ranges.size();  // in none
+  };
+  std::sort(copies.begin(), copies.end(),
+            [](const BlockCopy& a, const BlockCopy& b) { return a.src < b.src; });
+  std::vector<BlockCopy> out;
+  out.reserve(copies.size());
+  size_t lastSrc = ranges.size(), lastDst = ranges.size();
+  for (const BlockCopy& c : copies) {
+    const size_t src = rangeOf(c.src, c.bytes), dst = rangeOf(c.dst, c.bytes);
+    if (!out.empty() && src < ranges.size() && dst < ranges.size() && src == lastSrc &&
+        dst == lastDst && out.back().src + out.back().bytes == c.src &&
+        out.back().dst + out.back().bytes == c.dst) {
+      out.back().bytes += c.bytes;
+    } else {
+      out.push_back(c);
+    }
+    lastSrc = src;
+    lastDst = dst;
+  }
+  return out;
+}
+
 }  // namespace kvtier

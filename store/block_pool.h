@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "kvtier/block_key.h"
@@ -190,6 +191,21 @@ struct BlockCopy {
   const uint8_t* src = nullptr;
   uint64_t bytes = 0;
 };
+
+// A range of addresses: one extent's memory (a separate allocation or registration).
+struct MemoryRange {
+  const uint8_t* base = nullptr;
+  uint64_t bytes = 0;
+};
+
+// The same bytes moved by fewer copies: `copies` (disjoint, so their order does not matter) sorted
+// by source, and every copy that continues the previous one on both sides merged into it, as long
+// as each side stays inside one of `ranges` (a copy must not cross from one allocation into
+// another even where their addresses happen to meet; a copy outside every range is left alone).
+// Blocks of a prefix often sit side by side in both pools: one DMA per run instead of one per
+// block keeps the copy engine streaming instead of waiting for the next call.
+std::vector<BlockCopy> coalesceCopies(std::vector<BlockCopy> copies,
+                                      std::span<const MemoryRange> ranges);
 
 // Heap-backed extents: for in-process engines and unit tests.
 class HeapBlockMemory final : public BlockMemory {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -316,6 +317,39 @@ TEST(HeapBlockMemoryTest, ExtentsAreSizedAndDistinct) {
   const BlockId id = pool.allocate(cls);
   ASSERT_NE(id, kNoBlock);
   EXPECT_EQ(mem.blockData(pool[id]), mem.extentBase(pool[id].extent) + pool[id].offset);
+}
+
+// Tier moves: runs contiguous on both sides become one copy, in any input order; a run broken on
+// either side, or crossing from one range (allocation) into the next, stays two copies; every byte
+// is moved exactly once.
+TEST(BlockPoolTest, CoalescedCopiesMoveTheSameBytesInFewerRuns) {
+  std::vector<uint8_t> src(64 * 10), dst(64 * 10);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 7 + 1);
+  // Source blocks 0-7 are one allocation, 8-9 another that happens to follow it; dst is one.
+  const std::vector<MemoryRange> ranges = {
+      {src.data(), 8 * 64}, {src.data() + 8 * 64, 2 * 64}, {dst.data(), dst.size()}};
+  auto copy = [&](size_t from, size_t to) { return BlockCopy{&dst[to * 64], &src[from * 64], 64}; };
+  // 0-2 -> 5-7 (a run, given out of order); 3 -> 9 (breaks the run on the destination); 4 -> 0
+  // (the source continues, the destination does not); 6-7 -> 1-2 (a run); 8 -> 3 (contiguous
+  // with 7 -> 2 on both sides, but in the source's second allocation).
+  const std::vector<BlockCopy> copies = {copy(2, 7), copy(0, 5), copy(4, 0), copy(1, 6),
+                                         copy(3, 9), copy(6, 1), copy(8, 3), copy(7, 2)};
+  const auto merged = coalesceCopies(copies, ranges);
+  ASSERT_EQ(merged.size(), 5u);
+  EXPECT_EQ(merged[0].src, &src[0]);
+  EXPECT_EQ(merged[0].dst, &dst[5 * 64]);
+  const std::vector<uint64_t> runs = {3 * 64, 64, 64, 2 * 64, 64};
+  uint64_t total = 0;
+  for (size_t i = 0; i < merged.size(); ++i) {
+    EXPECT_EQ(merged[i].bytes, runs[i]) << "run " << i;
+    std::memcpy(merged[i].dst, merged[i].src, merged[i].bytes);
+    total += merged[i].bytes;
+  }
+  EXPECT_EQ(total, copies.size() * 64);
+  for (const auto& c : copies) EXPECT_EQ(std::memcmp(c.dst, c.src, c.bytes), 0);
+  // Outside every range nothing is merged.
+  EXPECT_EQ(coalesceCopies({copy(0, 0), copy(1, 1)}, {}).size(), 2u);
+  EXPECT_TRUE(coalesceCopies({}, ranges).empty());
 }
 
 }  // namespace

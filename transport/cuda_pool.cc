@@ -125,28 +125,48 @@ CudaBlockMover::~CudaBlockMover() {
   }
 }
 
-cudaStream_t CudaBlockMover::streamFor(const void* p) {
+CudaBlockMover::CudaBlockMover(std::vector<MemoryRange> host,
+                               std::span<const std::unique_ptr<DevicePool>> devices)
+    : extents_(std::move(host)) {
+  for (const auto& d : devices) {
+    for (const auto& x : d->extents()) {
+      ranges_.push_back({x.base, x.bytes, d->device()});
+      extents_.push_back({x.base, x.bytes});
+    }
+  }
+}
+
+int CudaBlockMover::deviceOf(const void* p) const {
+  const auto* a = static_cast<const uint8_t*>(p);
+  for (const Range& r : ranges_) {
+    if (a >= r.base && a < r.base + r.bytes) return r.device;
+  }
   cudaPointerAttributes attributes{};
   if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
     cudaGetLastError();
-    return nullptr;
+    return -1;
   }
-  if (attributes.type != cudaMemoryTypeDevice || attributes.device < 0) return nullptr;
-  const auto device = static_cast<size_t>(attributes.device);
-  if (streams_.size() <= device) streams_.resize(device + 1, nullptr);
-  if (!streams_[device]) {
-    if (cudaSetDevice(attributes.device) != cudaSuccess ||
-        cudaStreamCreateWithFlags(&streams_[device], cudaStreamNonBlocking) != cudaSuccess) {
+  return attributes.type == cudaMemoryTypeDevice ? attributes.device : -1;
+}
+
+cudaStream_t CudaBlockMover::streamFor(const void* p) {
+  const int device = deviceOf(p);
+  if (device < 0) return nullptr;
+  const auto i = static_cast<size_t>(device);
+  if (streams_.size() <= i) streams_.resize(i + 1, nullptr);
+  if (!streams_[i]) {
+    if (cudaSetDevice(device) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&streams_[i], cudaStreamNonBlocking) != cudaSuccess) {
       cudaGetLastError();
-      streams_[device] = nullptr;
+      streams_[i] = nullptr;
     }
   }
-  return streams_[device];
+  return streams_[i];
 }
 
 bool CudaBlockMover::copy(std::span<const BlockCopy> copies) {
   bool ok = true;
-  for (const BlockCopy& c : copies) {
+  for (const BlockCopy& c : coalesceCopies({copies.begin(), copies.end()}, extents_)) {
     // Host <-> GPU moves: the GPU side names the stream (and the copy engine doing the work).
     cudaStream_t stream = streamFor(c.dst);
     if (!stream) stream = streamFor(c.src);

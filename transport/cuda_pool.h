@@ -105,13 +105,28 @@ class TieredMemory final : public BlockMemory {
 // stream of the GPU whose memory it touches): for the tier service's worker thread.
 class CudaBlockMover {
  public:
+  // `host` are the host pool's extents and `devices` the daemon's device pools (borrowed,
+  // outliving the mover): runs are merged within them, and the device of an address is looked up
+  // in them (any other address asks CUDA).
+  CudaBlockMover(std::vector<MemoryRange> host,
+                 std::span<const std::unique_ptr<DevicePool>> devices);
   ~CudaBlockMover();
-  // Enqueues every copy, then waits for them. False on any CUDA error.
+  // Enqueues every copy (runs contiguous on both sides as one copy), then waits for them. False on
+  // any CUDA error.
   bool copy(std::span<const BlockCopy> copies);
 
  private:
-  // The stream of the device that owns `p` (device memory), or -1 / nullptr for host memory.
+  struct Range {
+    const uint8_t* base;
+    uint64_t bytes;
+    int device;
+  };
+  // The device whose memory `p` is, or -1 for host memory.
+  int deviceOf(const void* p) const;
+  // That device's stream (created on first use), or nullptr for host memory or on failure.
   cudaStream_t streamFor(const void* p);
+  std::vector<Range> ranges_;         // device extents
+  std::vector<MemoryRange> extents_;  // host and device extents, for coalesceCopies
   std::vector<cudaStream_t> streams_;  // by device
 };
 

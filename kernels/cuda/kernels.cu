@@ -2,13 +2,16 @@
 // kernels/paged_copy.cc and kernels/rope.cc byte for byte (kernels/gpu_test.cc checks): both sides
 // address rows with pagedRow (paged_copy.h) and rotate with rope_math.h.
 //
-// Paged copy: one launch moves every row of a copy. blockIdx.y is the plane (layer * 2 + K|V),
-// threadIdx.y picks a row (position) and threadIdx.x walks the row's bytes in vectors of V, so a
-// warp reads and writes consecutive 16-byte words (coalesced, vectorised) whenever the rows are
-// 16-byte aligned; narrower vectors are used only when alignment forces them.
+// Paged copy: one launch moves every row of a copy. Positions are cut into tiles of
+// g = gcd(engine block, pool block) tokens: every block boundary on either side is a multiple of g,
+// so within a tile the rows of one plane (layer * 2 + K|V) are contiguous bytes on both sides. A
+// thread block takes a run of tiles of one plane (blockIdx.y), reads its three table entries once
+// per tile and copies the tile as one contiguous range in vectors of V, each thread holding kUnroll
+// loads in flight before it stores. V is 16 bytes whenever the rows and bases allow it.
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/gpu_launch.h"
 #include "kernels/rope_math.h"
@@ -17,35 +20,131 @@ namespace kvtier::kernels::gpu::detail {
 namespace {
 
 constexpr unsigned kThreads = 256;
+constexpr unsigned kUnroll = 4;
+// Bytes a thread block moves before it ends: enough to hide the table reads and the block's start.
+constexpr uint64_t kBytesPerThreadBlock = 32 * 1024;
+
+uint64_t gcd(uint64_t a, uint64_t b) {
+  while (b != 0) {
+    const uint64_t t = a % b;
+    a = b;
+    b = t;
+  }
+  return a;
+}
+
+// One thread block's share of a copy: tiles t0 .. t0 + tilesPerBlock - 1 of plane blockIdx.y.
+template <typename V, bool kScatter>
+__device__ void copyTiles(const PagedKv& kv, const PagedCopy& c, uint64_t tileTokens,
+                          uint64_t tilesPerBlock) {
+  const uint32_t plane = blockIdx.y;
+  const uint64_t lastTile = (c.end - 1) / tileTokens;
+  const uint64_t t0 = c.begin / tileTokens + static_cast<uint64_t>(blockIdx.x) * tilesPerBlock;
+  for (uint64_t t = t0; t < t0 + tilesPerBlock && t <= lastTile; ++t) {
+    const uint64_t from = t * tileTokens > c.begin ? t * tileTokens : c.begin;
+    const uint64_t to = (t + 1) * tileTokens < c.end ? (t + 1) * tileTokens : c.end;
+    const PagedRow r = pagedRow(kv, c, plane, from);
+    const V* __restrict__ src = reinterpret_cast<const V*>(kScatter ? r.engine : r.pool);
+    V* __restrict__ dst = reinterpret_cast<V*>(kScatter ? r.pool : r.engine);
+    const uint64_t n = (to - from) * kv.tokenBytes / sizeof(V);
+    for (uint64_t i = threadIdx.x; i < n; i += kUnroll * kThreads) {
+      V v[kUnroll];
+#pragma unroll
+      for (unsigned k = 0; k < kUnroll; ++k) {
+        if (i + k * kThreads < n) v[k] = src[i + k * kThreads];
+      }
+#pragma unroll
+      for (unsigned k = 0; k < kUnroll; ++k) {
+        if (i + k * kThreads < n) dst[i + k * kThreads] = v[k];
+      }
+    }
+  }
+}
 
 template <typename V, bool kScatter>
-__global__ void pagedCopyKernel(PagedKv kv, PagedCopy c, uint64_t rows) {
-  const uint64_t row = static_cast<uint64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-  if (row >= rows) return;
-  const uint32_t plane = blockIdx.y;
-  const PagedRow r = pagedRow(kv, c, plane, c.begin + row);
-  const V* src = reinterpret_cast<const V*>(kScatter ? r.engine : r.pool);
-  V* dst = reinterpret_cast<V*>(kScatter ? r.pool : r.engine);
-  const uint64_t n = kv.tokenBytes / sizeof(V);
-  for (uint64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+__global__ void __launch_bounds__(kThreads)
+    pagedCopyKernel(PagedKv kv, PagedCopy c, uint64_t tileTokens, uint64_t tilesPerBlock) {
+  copyTiles<V, kScatter>(kv, c, tileTokens, tilesPerBlock);
+}
+
+// The tables in the launch parameters; __grid_constant__ lets the kernel index them in place. Two
+// sizes: the launch sends the whole block, so the common small copy sends 4 KiB, not 31.
+template <size_t kBytes>
+struct ParamTables {
+  alignas(8) uint8_t bytes[kBytes];
+};
+constexpr size_t kSmallInlineTableBytes = 4096;
+
+template <typename V, bool kScatter, size_t kBytes>
+__global__ void __launch_bounds__(kThreads)
+    pagedCopyInlineKernel(PagedKv kv, PagedCopy c, InlineLayout layout, uint64_t tileTokens,
+                          uint64_t tilesPerBlock, const __grid_constant__ ParamTables<kBytes> tables) {
+  c.tensors = reinterpret_cast<uint8_t* const*>(tables.bytes + layout.tensors);
+  c.poolBlocks = reinterpret_cast<uint8_t* const*>(tables.bytes + layout.poolBlocks);
+  c.blockTable = reinterpret_cast<const int32_t*>(tables.bytes + layout.blockTable);
+  copyTiles<V, kScatter>(kv, c, tileTokens, tilesPerBlock);
+}
+
+// The launch shape of a copy: tiles of gcd(engine block, pool block) tokens, several per thread
+// block when tiles are small, never fewer thread blocks than the chip can use well.
+struct Shape {
+  dim3 grid;
+  uint64_t tileTokens = 0, tilesPerBlock = 0;
+  bool ok = false;
+};
+Shape shapeOf(const PagedKv& kv, const PagedCopy& c) {
+  Shape s;
+  s.tileTokens = gcd(kv.blockTokens, c.poolTokens);
+  const uint64_t tiles = (c.end - 1) / s.tileTokens - c.begin / s.tileTokens + 1;
+  const uint64_t tileBytes = s.tileTokens * kv.tokenBytes;
+  s.tilesPerBlock = tileBytes >= kBytesPerThreadBlock ? 1 : kBytesPerThreadBlock / tileBytes;
+  const uint64_t planes = 2ull * kv.numLayers;
+  while (s.tilesPerBlock > 1 && planes * ((tiles + s.tilesPerBlock - 1) / s.tilesPerBlock) < 1024) {
+    s.tilesPerBlock /= 2;
+  }
+  const uint64_t gridX = (tiles + s.tilesPerBlock - 1) / s.tilesPerBlock;
+  s.ok = gridX <= 0x7fffffffull && planes <= 65535;
+  s.grid = dim3(static_cast<unsigned>(s.ok ? gridX : 1), static_cast<unsigned>(planes));
+  return s;
 }
 
 template <typename V>
 cudaError_t launchCopy(bool scatter, const PagedKv& kv, const PagedCopy& c, cudaStream_t stream) {
-  const uint64_t rows = c.end - c.begin;
-  const uint64_t vecs = kv.tokenBytes / sizeof(V);
-  unsigned x = 1;
-  while (x < vecs && x < kThreads) x <<= 1;
-  const dim3 block(x, kThreads / x);
-  const uint64_t gridX = (rows + block.y - 1) / block.y;
-  if (gridX > 0x7fffffffull || 2ull * kv.numLayers > 65535) return cudaErrorInvalidConfiguration;
-  const dim3 grid(static_cast<unsigned>(gridX), 2 * kv.numLayers);
+  const Shape s = shapeOf(kv, c);
+  if (!s.ok) return cudaErrorInvalidConfiguration;
   if (scatter) {
-    pagedCopyKernel<V, true><<<grid, block, 0, stream>>>(kv, c, rows);
+    pagedCopyKernel<V, true><<<s.grid, kThreads, 0, stream>>>(kv, c, s.tileTokens,
+                                                               s.tilesPerBlock);
   } else {
-    pagedCopyKernel<V, false><<<grid, block, 0, stream>>>(kv, c, rows);
+    pagedCopyKernel<V, false><<<s.grid, kThreads, 0, stream>>>(kv, c, s.tileTokens,
+                                                                s.tilesPerBlock);
   }
   return cudaGetLastError();
+}
+
+template <typename V, size_t kBytes>
+cudaError_t launchInline(bool scatter, const PagedKv& kv, const PagedCopy& c, const void* tables,
+                         const InlineLayout& layout, cudaStream_t stream) {
+  const Shape s = shapeOf(kv, c);
+  if (!s.ok) return cudaErrorInvalidConfiguration;
+  ParamTables<kBytes> params;  // only the used bytes are copied in
+  std::memcpy(params.bytes, tables, layout.bytes);
+  if (scatter) {
+    pagedCopyInlineKernel<V, true, kBytes>
+        <<<s.grid, kThreads, 0, stream>>>(kv, c, layout, s.tileTokens, s.tilesPerBlock, params);
+  } else {
+    pagedCopyInlineKernel<V, false, kBytes>
+        <<<s.grid, kThreads, 0, stream>>>(kv, c, layout, s.tileTokens, s.tilesPerBlock, params);
+  }
+  return cudaGetLastError();
+}
+
+template <typename V>
+cudaError_t launchInline(bool scatter, const PagedKv& kv, const PagedCopy& c, const void* tables,
+                         const InlineLayout& layout, cudaStream_t stream) {
+  return layout.bytes <= kSmallInlineTableBytes
+             ? launchInline<V, kSmallInlineTableBytes>(scatter, kv, c, tables, layout, stream)
+             : launchInline<V, kMaxInlineTableBytes>(scatter, kv, c, tables, layout, stream);
 }
 
 __global__ void rotateKernel(RotateArgs a) {
@@ -78,6 +177,25 @@ cudaError_t pagedCopy(bool scatter, const PagedKv& kv, const PagedCopy& c, uint3
       return launchCopy<uint16_t>(scatter, kv, c, stream);
     default:
       return launchCopy<uint8_t>(scatter, kv, c, stream);
+  }
+}
+
+cudaError_t pagedCopyInline(bool scatter, const PagedKv& kv, const PagedCopy& c,
+                            const void* tables, const InlineLayout& layout, uint32_t alignment,
+                            cudaStream_t stream) {
+  if (c.begin >= c.end) return cudaSuccess;
+  if (layout.bytes > kMaxInlineTableBytes) return cudaErrorInvalidValue;
+  switch (alignment) {
+    case 16:
+      return launchInline<uint4>(scatter, kv, c, tables, layout, stream);
+    case 8:
+      return launchInline<uint2>(scatter, kv, c, tables, layout, stream);
+    case 4:
+      return launchInline<uint32_t>(scatter, kv, c, tables, layout, stream);
+    case 2:
+      return launchInline<uint16_t>(scatter, kv, c, tables, layout, stream);
+    default:
+      return launchInline<uint8_t>(scatter, kv, c, tables, layout, stream);
   }
 }
 
