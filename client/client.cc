@@ -60,57 +60,124 @@ void Client::Impl::teardown() {
   io = nullptr;
 }
 
-void Client::Impl::dropLater(capnp::Capability::Client&& cap) {
-  std::lock_guard<std::mutex> lock(dropMutex);
-  dropped.push_back(kj::mv(cap));
-  if (dropWake.get() != nullptr) {
-    dropWake->fulfill();  // wakes the loop thread without waiting for it
-    dropWake = nullptr;   // the loop thread arms a new one when it drains the queue
+namespace {
+
+// The calls' tasks catch their own errors; anything else is a bug worth a log line.
+struct LogTaskErrors final : kj::TaskSet::ErrorHandler {
+  void taskFailed(kj::Exception&& e) override { KJ_LOG(ERROR, "client call task failed", e); }
+};
+LogTaskErrors logTaskErrors;
+
+}  // namespace
+
+void Client::Impl::ring() {
+  if (doorbell.get() != nullptr) {
+    doorbell->fulfill();  // wakes the loop thread without waiting for it
+    doorbell = nullptr;   // the loop thread arms a new one before it takes what is queued
   }
+}
+
+void Client::Impl::dropLater(capnp::Capability::Client&& cap) {
+  std::lock_guard<std::mutex> lock(inboxMutex);
+  dropped.push_back(kj::mv(cap));
+  ring();
 }
 
 void Client::Impl::dropQueued() {
   std::vector<capnp::Capability::Client> batch;
   {
-    std::lock_guard<std::mutex> lock(dropMutex);
+    std::lock_guard<std::mutex> lock(inboxMutex);
     batch.swap(dropped);
   }
   batch.clear();  // here, on the loop thread: each sends its release
 }
 
-kj::Promise<void> Client::Impl::dropWhenWoken() {
+void Client::Impl::callOnLoop(PendingCall& call) {
+  {
+    std::lock_guard<std::mutex> lock(inboxMutex);
+    if (stopRequested) return;  // the loop is ending: no result (run() says UNAVAILABLE)
+    calls.push_back(&call);
+    ring();
+  }
+  std::unique_lock<std::mutex> lock(call.mutex);
+  call.settled.wait(lock, [&call] { return call.done; });
+}
+
+void Client::Impl::requestStop() {
+  std::lock_guard<std::mutex> lock(inboxMutex);
+  stopRequested = true;
+  ring();
+}
+
+namespace {
+
+// Tells the thread waiting in callOnLoop that `call` has settled. Under the call's mutex, so the
+// caller cannot return (and free `call`) before this is done with it.
+void settle(PendingCall* call) {
+  std::lock_guard<std::mutex> lock(call->mutex);
+  call->done = true;
+  call->settled.notify_one();
+}
+
+}  // namespace
+
+kj::Promise<void> Client::Impl::serveInbox() {
   auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
   {
-    std::lock_guard<std::mutex> lock(dropMutex);
-    dropWake = kj::mv(paf.fulfiller);
+    std::lock_guard<std::mutex> lock(inboxMutex);
+    doorbell = kj::mv(paf.fulfiller);
+    if (!calls.empty() || !dropped.empty()) ring();  // queued while no doorbell was armed
   }
   return paf.promise.then([this]() {
-    // Armed again before the queue is taken: a handle dropped meanwhile either is in what is
-    // taken or fulfils the new wake.
-    auto next = dropWhenWoken();
+    // Armed again before the inbox is taken: whatever is queued meanwhile either is in what is
+    // taken or rings the new doorbell.
+    auto next = serveInbox();
+    std::deque<PendingCall*> taken;
+    bool stopping = false;
+    {
+      std::lock_guard<std::mutex> lock(inboxMutex);
+      taken.swap(calls);
+      stopping = stopRequested;
+    }
     KJ_IF_MAYBE (e, kj::runCatchingExceptions([this] { dropQueued(); })) {
       KJ_LOG(ERROR, "dropping released leases failed", *e);
     }
+    for (PendingCall* call : taken) {
+      // The caller is told once the call's promise is gone, settled or cancelled (with the loop):
+      // the attachment goes after everything the call's promise held.
+      auto told = kj::defer([call]() { settle(call); });
+      kj::Promise<void> started = nullptr;
+      KJ_IF_MAYBE (e, kj::runCatchingExceptions([&]() { started = call->start(); })) {
+        started = kj::mv(*e);
+      }
+      callTasks->add(started.attach(kj::mv(told)));
+    }
+    if (stopping) stop->fulfill();
     return next;
   });
 }
 
 void Client::Impl::loop(std::promise<Status>& ready) {
   auto context = kj::setupAsyncIo();
-  executor = &kj::getCurrentThreadExecutor();
   const Status status = setup(context);
   auto paf = kj::newPromiseAndFulfiller<void>();
   stop = kj::mv(paf.fulfiller);
+  callTasks = kj::heap<kj::TaskSet>(logTaskErrors);
   ready.set_value(status);
   if (status) {
-    auto dropping = dropWhenWoken().eagerlyEvaluate(nullptr);
+    auto serving = serveInbox().eagerlyEvaluate(nullptr);
     paf.promise.wait(context.waitScope);
+    std::deque<PendingCall*> left;
     {
-      std::lock_guard<std::mutex> lock(dropMutex);
-      dropWake = nullptr;  // handles do not outlive their client: nothing is queued after this
+      std::lock_guard<std::mutex> lock(inboxMutex);
+      stopRequested = true;  // nothing is queued after this
+      doorbell = nullptr;
+      left.swap(calls);
     }
+    for (PendingCall* call : left) settle(call);  // never started: no result
     dropQueued();
   }
+  callTasks = nullptr;  // cancels calls under way; each one's caller is told
   teardown();
 }
 
@@ -194,13 +261,8 @@ Client::~Client() {
     impl_->ownedIo.reset();
     return;
   }
-  // Not through run(): its TSAN build finishes a call on a later turn of the loop, which this
-  // call ends. Joining the thread orders everything it did before what follows here.
-  try {
-    impl_->executor->executeSync([this] { impl_->stop->fulfill(); });
-  } catch (const kj::Exception&) {
-    // The loop is gone already: there is nothing to stop.
-  }
+  // Joining the thread orders everything it did before what follows here.
+  impl_->requestStop();
   impl_->thread.join();
 }
 

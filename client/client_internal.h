@@ -6,7 +6,10 @@
 #include <kj/async-io.h>
 #include <kj/debug.h>
 
+#include <condition_variable>
+#include <deque>
 #include <future>
+#include <mutex>
 #include <map>
 #include <optional>
 #include <set>
@@ -35,33 +38,56 @@
 namespace kvtier {
 
 // ---------------------------------------------------------------------------------------------
-// The client's event-loop thread. Every capnp object lives there; other threads reach it through
-// the loop's kj::Executor, which runs a function on the loop and blocks until its promise resolves.
+// The client's event-loop thread. Every capnp object lives there. In own-thread mode other threads
+// reach it through an inbox: a caller queues its call under a mutex, rings the loop thread's
+// doorbell (a KJ cross-thread fulfiller) and waits on a condition variable for the loop thread to
+// say its call has settled. (Not kj::Executor: its hand-offs go through KJ's futex-based mutex,
+// which ThreadSanitizer cannot see; these go through std::mutex, which it can.)
+
+// One call from another thread, on that thread's stack until the loop thread says it is done.
+struct PendingCall {
+  // On the loop thread: starts the call; the promise settles once its result is stored.
+  kj::Function<kj::Promise<void>()> start;
+  std::mutex mutex;
+  std::condition_variable settled;
+  bool done = false;  // guarded by mutex
+};
 
 struct Client::Impl {
   ClientOptions options;
   std::thread thread;
-  const kj::Executor* executor = nullptr;
   bool callerThread = false;
   std::thread::id callerThreadId;
   std::optional<kj::AsyncIoContext> ownedIo;  // caller-thread mode: the caller's event loop
   // Caller-thread mode: when the daemon's answers came, to poll for the next one while hot.
   std::optional<Conversation> answers;
 
-  // Own-thread mode: lease capabilities dropped by callers, for the loop thread to drop. A caller
-  // that drops a handle queues its lease and wakes the loop thread (at most one wake per batch)
-  // instead of waiting for a round trip through the executor: the release goes out as soon as the
-  // loop thread runs, and always before any later call of this client (run() drops what is queued
-  // first). Guarded by dropMutex.
-  std::mutex dropMutex;
+  // Own-thread mode: the inbox, guarded by inboxMutex. Calls from other threads; lease
+  // capabilities dropped by callers (a caller that drops a handle queues its lease and rings
+  // instead of waiting for a round trip: the release goes out as soon as the loop thread runs, and
+  // always before any later call of this client, as run() drops what is queued first); and the
+  // request to stop. The doorbell is the loop thread's while it waits; whoever queues something
+  // takes it and rings it, and the loop thread arms a new one before it takes what is queued.
+  std::mutex inboxMutex;
+  std::deque<PendingCall*> calls;
   std::vector<capnp::Capability::Client> dropped;
-  kj::Own<kj::CrossThreadPromiseFulfiller<void>> dropWake;  // the loop thread's, while it runs
+  bool stopRequested = false;
+  kj::Own<kj::CrossThreadPromiseFulfiller<void>> doorbell;
   // Queues `cap` for the loop thread to drop (own-thread mode; any thread).
   void dropLater(capnp::Capability::Client&& cap);
   // On the loop thread: drops what callers queued.
   void dropQueued();
-  // On the loop thread: drops what is queued each time a caller wakes it, until cancelled.
-  kj::Promise<void> dropWhenWoken();
+  // Queues `call` and waits until the loop thread has settled it (own-thread mode; any thread but
+  // the loop's).
+  void callOnLoop(PendingCall& call);
+  // Asks the loop thread to stop (own-thread mode; any thread).
+  void requestStop();
+  // On the loop thread: serves the inbox each time the doorbell rings, until cancelled.
+  kj::Promise<void> serveInbox();
+  // Rings the doorbell if the loop thread waits on it. Requires inboxMutex.
+  void ring();
+  // On the loop thread: the calls started from the inbox, until they settle.
+  kj::Own<kj::TaskSet> callTasks;
 
   // Loop-thread state (touched only inside run()).
   kj::AsyncIoContext* io = nullptr;
@@ -123,55 +149,37 @@ struct Client::Impl {
           return value;
         }
       }
-      // Leases dropped before this call are released before it.
+      // Leases dropped before this call are released before it. The result, or the exception,
+      // comes back through `out` and `failed`, written on the loop thread before it says the call
+      // is done (under the call's mutex, which orders them before this thread reads them).
+      using Out = std::conditional_t<std::is_void_v<T>, kj::_::Void, T>;
+      std::optional<Out> out;
+      kj::Maybe<kj::Exception> failed;
       auto afterDrops = [&]() {
         dropQueued();
         return f();
       };
-#ifdef KVTIER_TSAN
-      // The hand-offs through the executor, marked for ThreadSanitizer (transport/cross_thread.h):
-      // the caller's writes before the call are the loop's to read; the loop's writes until KJ
-      // drops the call's promise (its result stored) are the caller's once executeSync returns.
-      // The result, or the exception, comes back through `out` and `failed`, not through KJ's
-      // event on this stack: the caller touches nothing the loop wrote before it has acquired.
-      using Out = std::conditional_t<std::is_void_v<T>, kj::_::Void, T>;
-      std::optional<Out> out;
-      kj::Maybe<kj::Exception> failed;
-      auto onLoop = [&]() {
-        handoffAcquire(currentExecutorToken());  // before reading anything the caller wrote
-        kj::Promise<void> settled = nullptr;
+      PendingCall call;
+      call.start = [&]() -> kj::Promise<void> {
         if constexpr (std::is_void_v<T>) {
-          settled = callNow(afterDrops)
-                        .then([&out]() { out.emplace(); },
-                              [&failed](kj::Exception&& e) { failed = kj::mv(e); });
+          return callNow(afterDrops).then([&out]() { out.emplace(); },
+                                          [&failed](kj::Exception&& e) { failed = kj::mv(e); });
         } else {
-          settled = callNow(afterDrops)
-                        .then([&out](T&& v) { out.emplace(kj::mv(v)); },
-                              [&failed](kj::Exception&& e) { failed = kj::mv(e); });
+          return callNow(afterDrops).then([&out](T&& v) { out.emplace(kj::mv(v)); },
+                                          [&failed](kj::Exception&& e) { failed = kj::mv(e); });
         }
-        return releaseWhenDropped(kj::mv(settled));
       };
-      handoffRelease(executor);
-      executor->executeSync(onLoop);
-      handoffAcquire(executor);
+      callOnLoop(call);
       KJ_IF_MAYBE (e, failed) {
         return fromKjException(*e);
       }
+      if (!out) return makeError(ErrorCode::kUnavailable, "the client's event loop has stopped");
       if constexpr (std::is_void_v<T>) {
         return {};
       } else {
         return std::move(*out);
       }
-#else
-      if constexpr (std::is_void_v<T>) {
-        executor->executeSync(afterDrops);
-        return {};
-      } else {
-        return executor->executeSync(afterDrops);
-      }
-#endif
     } catch (const kj::Exception& e) {
-      handoffAcquire(executor);
       return fromKjException(e);
     }
   }

@@ -31,7 +31,7 @@ std::string loadKey(SpaceId space, SnapshotId id) {
 // that is gone, counts as a failure: whatever waits on it still finishes and unpins.
 template <typename F>
 kj::Promise<bool> attempt(WorkerThread& worker, F&& job) {
-  return executeOn(worker.executor(), kj::fwd<F>(job)).catch_([](kj::Exception&&) {
+  return worker.run(kj::fwd<F>(job)).catch_([](kj::Exception&&) {
     return false;
   });
 }
@@ -185,7 +185,7 @@ kj::Promise<void> ColdService::promoteBatch(SpaceId space, std::vector<Key128> k
                        engine_.memory().extentBase(t.location.extent) + t.location.offset,
                        t.location.bytes});
     }
-    auto read = executeOn(reader_->executor(), [this, reads = std::move(reads)]() {
+    auto read = reader_->run([this, reads = std::move(reads)]() {
                   // Missing, corrupt or of the wrong size: a miss (the lookup stops there).
                   std::vector<Status> got = tier_->getManyInto(reads);
                   std::vector<uint8_t> ok(got.size());
@@ -396,7 +396,7 @@ kj::Promise<void> ColdService::loadSnapshot(SpaceId space, SnapshotId id) {
   const SnapshotKey key = snapshotKey(space, id);
   // Nowhere (or dropped, its deletion still queued): the engine answers NOT_FOUND.
   if (erasing_.count(name) || !tier_->hasSnapshot(key)) return kj::READY_NOW;
-  auto read = executeOn(reader_->executor(), [this, key]() {
+  auto read = reader_->run([this, key]() {
     // A manifest that fails its checks is dropped (and counted) by the tier.
     auto manifest = tier_->getSnapshot(key);
     if (!manifest) throwRpcError(manifest.error());
@@ -481,7 +481,7 @@ kj::Promise<void> ColdService::loadBlocks(SpaceId space, SnapshotKey key,
     std::string message = {};
   };
   // The fresh blocks stay pinned until finishSnapshotLoad: the worker writes them in place.
-  auto read = executeOn(reader_->executor(), [this, key, jobs = std::move(jobs)]() {
+  auto read = reader_->run([this, key, jobs = std::move(jobs)]() {
     Outcome out{std::vector<uint8_t>(jobs.size(), 0)};
     for (size_t i = 0; i < jobs.size(); ++i) {
       const Job& j = jobs[i];
@@ -522,7 +522,7 @@ kj::Promise<void> ColdService::loadBlocks(SpaceId space, SnapshotKey key,
 
 kj::Promise<void> ColdService::dropBroken(SnapshotKey key, Error why) {
   logWarn("snapshot_dropped", "id=" + std::to_string(key.id) + " reason=\"" + why.message() + "\"");
-  return executeOn(reader_->executor(),
+  return reader_->run(
                    [this, key]() { (void)tier_->eraseSnapshot(key, /*broken=*/true); })
       .then([why = std::move(why)]() -> kj::Promise<void> { return toKjException(why); });
 }
@@ -552,7 +552,7 @@ kj::Promise<void> ColdService::dropSnapshot(SpaceId space, SnapshotId id) {
   }
   if (erasing_.count(loadKey(space, id)) || !tier_->hasSnapshot(key))
     return toKjException(makeError(ErrorCode::kNotFound, "no snapshot ", id));
-  return executeOn(reader_->executor(), [this, key, id]() {
+  return reader_->run([this, key, id]() {
     auto erased = tier_->eraseSnapshot(key, /*broken=*/false);
     if (!erased) throwRpcError(erased.error());
     if (!*erased) throwRpcError(makeError(ErrorCode::kNotFound, "no snapshot ", id));
@@ -568,7 +568,7 @@ kj::Promise<size_t> ColdService::eraseBlocks(SpaceId space, std::vector<Key128> 
   }
   if (held.empty()) return size_t{0};
   // On the writer, in order: after any batch in flight that might write one of them.
-  return executeOn(writer_->executor(), [this, held = std::move(held)]() {
+  return writer_->run([this, held = std::move(held)]() {
     for (const ColdKey& key : held) {
       if (auto erased = tier_->erase(key); !erased) throwRpcError(erased.error());
     }
@@ -606,7 +606,7 @@ void ColdService::erasePending() {
 kj::Promise<std::string> ColdService::encodedManifest(uint64_t fingerprint, const Salt& salt,
                                                       SnapshotId id) {
   const SnapshotKey key{fingerprint, salt, id};
-  return executeOn(reader_->executor(), [this, key]() {
+  return reader_->run([this, key]() {
     auto manifest = tier_->getSnapshot(key);
     if (!manifest) throwRpcError(manifest.error());
     return encodeManifest(*manifest);

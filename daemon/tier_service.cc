@@ -30,7 +30,7 @@ kj::Promise<bool> TierService::copyOnWorker(const std::vector<MoveTicket>& ticke
   }
   // Both ends of every copy stay pinned until finishMoves: the worker reads and writes in place.
   // A copy that throws, or a worker that is gone, is a failed copy: the moves still finish.
-  return executeOn(worker_->executor(),
+  return worker_->run(
                    [this, copies = std::move(copies)]() { return copier_(copies); })
       .catch_([](kj::Exception&& e) {
         logWarn("tier_copy_failed", e.getDescription().cStr());

@@ -5,43 +5,49 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <future>
-
 #include "daemon/scheduling.h"
-#include "transport/cross_thread.h"
 
 namespace kvtier {
 
-WorkerThread::WorkerThread(const char* name, Priority priority) {
-  std::promise<void> ready;
-  thread_ = std::thread([this, name, priority, &ready] {
-    (void)::pthread_setname_np(::pthread_self(), name);
-    if (priority == Priority::kBackground) {
-      // Niceness is per thread on Linux; lowering it is always allowed.
-      (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
-      (void)requestSlice(kBackgroundSlice);  // any thread that wakes preempts it at once
-    }
-    kj::EventLoop loop;
-    kj::WaitScope waitScope(loop);
-    auto paf = kj::newPromiseAndFulfiller<void>();
-    executor_ = &kj::getCurrentThreadExecutor();
-    stop_ = kj::mv(paf.fulfiller);
-    ready.set_value();
-    paf.promise.wait(waitScope);
-  });
-  ready.get_future().wait();
-}
+WorkerThread::WorkerThread(const char* name, Priority priority)
+    : thread_([this, name, priority] { loop(name, priority); }) {}
 
 WorkerThread::~WorkerThread() {
-  // Stopped through the executor, on the thread itself (a cross-thread fulfiller would do the
-  // same, but its hand-off is one ThreadSanitizer cannot see: transport/cross_thread.h).
-  auto stop = [this]() {
-    handoffAcquire(currentExecutorToken());
-    stop_->fulfill();
-  };
-  handoffRelease(executor_);
-  executor_->executeSync(stop);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_one();
   thread_.join();
+}
+
+void WorkerThread::post(kj::Function<void()> job) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_) return;  // dropped: its fulfiller breaks the promise
+    jobs_.push_back(kj::mv(job));
+  }
+  wake_.notify_one();
+}
+
+void WorkerThread::loop(const char* name, Priority priority) {
+  (void)::pthread_setname_np(::pthread_self(), name);
+  if (priority == Priority::kBackground) {
+    // Niceness is per thread on Linux; lowering it is always allowed.
+    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
+    (void)requestSlice(kBackgroundSlice);  // any thread that wakes preempts it at once
+  }
+  while (true) {
+    kj::Function<void()> job;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;  // stopping, and nothing left
+      job = kj::mv(jobs_.front());
+      jobs_.pop_front();
+    }
+    job();  // catches what the job throws; its captures go with `job`, here
+  }
 }
 
 }  // namespace kvtier

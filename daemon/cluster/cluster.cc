@@ -1339,7 +1339,7 @@ kj::Promise<std::vector<uint64_t>> ClusterService::Impl::checksumsOf(
     job->data.push_back(pool_.extentBase(blocks[i].extent) + blocks[i].offset);
     job->bytes.push_back(blocks[i].bytes);
   }
-  return executeOn(hasher_.executor(),
+  return hasher_.run(
                    [job] {
                      job->out.resize(job->data.size());
                      for (size_t i = 0; i < job->data.size(); ++i)
@@ -1432,7 +1432,7 @@ kj::Promise<SnapshotId> ClusterService::Impl::pullSnapshot(SpaceId space, std::s
         auto each = [this, pull, readOf](size_t g) {
           const SnapshotRead& read = pull->load->reads[readOf[g]];
           const uint8_t* data = pool_.extentBase(read.dest.extent) + read.dest.offset;
-          pull->hashing.add(executeOn(hasher_.executor(),
+          pull->hashing.add(hasher_.run(
                                       [sums = pull->sums, r = readOf[g], data, bytes = read.bytes] {
                                         (*sums)[r] = XXH3_64bits(data, bytes);
                                       }));
