@@ -11,7 +11,8 @@
 # instrumented extension cannot load into an uninstrumented python3). Every finding aborts the
 # process that made it (daemons and peers included, so the test that started them fails) and is
 # also written to build-<kind>/sanitizer-reports/. Extra arguments go to ctest (e.g. -R Protocol).
-# The last line is one JSON object: tests, passed, failed, reports (report files written).
+# The last line is one JSON object: tests, passed, failed, reports (report files written), and
+# the tests left out under this sanitizer (tsan: two that TSAN cannot host, below).
 #
 # Environment: KVTIER_JOBS (build jobs, default 1: sanitizer builds are memory-hungry),
 # KVTIER_CTEST_JOBS (default 2), KVTIER_CTEST_TIMEOUT (per test, default 900 s).
@@ -43,6 +44,7 @@ cmake --build "$build" -j "${KVTIER_JOBS:-1}"
 reports=$build/sanitizer-reports
 rm -rf "$reports"
 mkdir -p "$reports"
+chmod 1777 "$reports"  # peers run as nobody (AccessControl) write their reports here too
 # Each process writes its reports to <reports>/<kind>.<pid>; the first one aborts it.
 common="log_path=$reports/$kind:abort_on_error=1:print_summary=1"
 # verify_asan_link_order=0: the Go bindings' test program (cgo) is not instrumented and loads the
@@ -60,10 +62,18 @@ if [ "$kind" = tsan ]; then
   export UCX_MEM_MMAP_HOOK_MODE=none UCX_MEM_MALLOC_HOOKS=no
 fi
 
+# Left out under TSAN, because TSAN cannot run them, not because of what they find:
+#  - CApi.Fork forks a process with threads and starts a client (its threads) in the child, which
+#    TSAN does not support ("starting new threads after multi-threaded fork"; with
+#    die_after_fork=0 it fails with "dup thread with used id");
+#  - Go.Bindings loads the instrumented libkvtier.so into a Go program not built with -race: the
+#    TSAN runtime cannot run under Go's runtime (it crashes at once, SEGV at address 0).
+excluded=()
+[ "$kind" = tsan ] && excluded=(-E '^(CApi\.Fork|Go\.Bindings)$')
 cd "$build"
 set +e
 ctest -j "${KVTIER_CTEST_JOBS:-2}" --timeout "${KVTIER_CTEST_TIMEOUT:-900}" --output-on-failure \
-  "$@" | tee "ctest-$kind.log"
+  "${excluded[@]}" "$@" | tee "ctest-$kind.log"
 set -e
 summary=$(grep -E "tests passed, [0-9]+ tests failed out of [0-9]+" "ctest-$kind.log" | tail -n 1)
 total=$(sed -E 's/.* out of ([0-9]+).*/\1/' <<<"$summary")
@@ -76,5 +86,6 @@ if [ "$count" -gt 0 ]; then
     grep -m 3 -E "ERROR|WARNING|runtime error|SUMMARY" "$f" || head -n 3 "$f"
   done
 fi
-echo "{\"sanitizer\": \"$kind\", \"tests\": ${total:-0}, \"passed\": $((${total:-0} - ${failed:-0})), \"failed\": ${failed:-0}, \"reports\": $count}"
+left_out=$([ "$kind" = tsan ] && echo '["CApi.Fork", "Go.Bindings"]' || echo '[]')
+echo "{\"sanitizer\": \"$kind\", \"tests\": ${total:-0}, \"passed\": $((${total:-0} - ${failed:-0})), \"failed\": ${failed:-0}, \"reports\": $count, \"left_out\": $left_out}"
 [ "${failed:-1}" -eq 0 ] && [ "$count" -eq 0 ]
