@@ -126,7 +126,9 @@ kj::Promise<void> Client::Impl::serveInbox() {
   {
     std::lock_guard<std::mutex> lock(inboxMutex);
     doorbell = kj::mv(paf.fulfiller);
-    if (!calls.empty() || !dropped.empty()) ring();  // queued while no doorbell was armed
+    // Queued while no doorbell was armed (a stop too: a client destroyed right after connect()
+    // asks before the loop first arms one).
+    if (!calls.empty() || !dropped.empty() || stopRequested) ring();
   }
   return paf.promise.then([this]() {
     // Armed again before the inbox is taken: whatever is queued meanwhile either is in what is
@@ -152,7 +154,7 @@ kj::Promise<void> Client::Impl::serveInbox() {
       }
       callTasks->add(started.attach(kj::mv(told)));
     }
-    if (stopping) stop->fulfill();
+    if (stopping && stop->isWaiting()) stop->fulfill();
     return next;
   });
 }
@@ -163,9 +165,10 @@ void Client::Impl::loop(std::promise<Status>& ready) {
   auto paf = kj::newPromiseAndFulfiller<void>();
   stop = kj::mv(paf.fulfiller);
   callTasks = kj::heap<kj::TaskSet>(logTaskErrors);
+  // The doorbell is armed before connect() returns, so the first call or stop finds it.
+  kj::Promise<void> serving = status ? serveInbox().eagerlyEvaluate(nullptr) : kj::READY_NOW;
   ready.set_value(status);
   if (status) {
-    auto serving = serveInbox().eagerlyEvaluate(nullptr);
     paf.promise.wait(context.waitScope);
     std::deque<PendingCall*> left;
     {

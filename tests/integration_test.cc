@@ -397,6 +397,31 @@ TEST(Integration, HandlesDroppedOnManyThreadsAtOnceAreAllReleasedWithoutALaterCa
   }
 }
 
+// Own-thread clients destroyed right after connect(), or right after one call, and calls racing
+// from several threads into a fresh client: every destructor returns (the stop is never missed
+// by a loop thread that has not armed its wake-up yet) and every call gets its answer.
+TEST(Integration, OwnThreadClientsStopWhateverTheyWereDoing) {
+  test::DaemonProcess daemon;
+  for (int i = 0; i < 100; ++i) {
+    auto client = daemon.connect();
+    if (i % 2) {
+      EXPECT_TRUE(client->stats().ok());
+    }
+  }
+  for (int i = 0; i < 10; ++i) {
+    auto client = daemon.connect();
+    std::vector<std::thread> threads;
+    std::atomic<int> answered{0};
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&] {
+        for (int j = 0; j < 5; ++j) answered += client->stats().ok() ? 1 : 0;
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    EXPECT_EQ(answered.load(), 20);
+  }
+}
+
 TEST(Integration, CallerThreadClientWorksOnItsThreadAndRefusesOthers) {
   test::DaemonProcess daemon;
   auto client =
