@@ -70,17 +70,28 @@ LogTaskErrors logTaskErrors;
 
 }  // namespace
 
-void Client::Impl::ring() {
-  if (doorbell.get() != nullptr) {
-    doorbell->fulfill();  // wakes the loop thread without waiting for it
-    doorbell = nullptr;   // the loop thread arms a new one before it takes what is queued
-  }
+kj::Own<kj::CrossThreadPromiseFulfiller<void>> Client::Impl::takeDoorbell() {
+  // The loop thread arms a new one before it takes what is queued.
+  return kj::mv(doorbell);
 }
 
+namespace {
+
+// Wakes the loop thread without waiting for it.
+void ring(kj::Own<kj::CrossThreadPromiseFulfiller<void>> doorbell) {
+  if (doorbell.get() != nullptr) doorbell->fulfill();
+}
+
+}  // namespace
+
 void Client::Impl::dropLater(capnp::Capability::Client&& cap) {
-  std::lock_guard<std::mutex> lock(inboxMutex);
-  dropped.push_back(kj::mv(cap));
-  ring();
+  kj::Own<kj::CrossThreadPromiseFulfiller<void>> bell;
+  {
+    std::lock_guard<std::mutex> lock(inboxMutex);
+    dropped.push_back(kj::mv(cap));
+    bell = takeDoorbell();
+  }
+  ring(kj::mv(bell));
 }
 
 void Client::Impl::dropQueued() {
@@ -92,31 +103,38 @@ void Client::Impl::dropQueued() {
   batch.clear();  // here, on the loop thread: each sends its release
 }
 
-void Client::Impl::callOnLoop(PendingCall& call) {
+void Client::Impl::callOnLoop(const std::shared_ptr<PendingCall>& call) {
+  kj::Own<kj::CrossThreadPromiseFulfiller<void>> bell;
   {
     std::lock_guard<std::mutex> lock(inboxMutex);
     if (stopRequested) return;  // the loop is ending: no result (run() says UNAVAILABLE)
-    calls.push_back(&call);
-    ring();
+    calls.push_back(call);
+    bell = takeDoorbell();
   }
-  std::unique_lock<std::mutex> lock(call.mutex);
-  call.settled.wait(lock, [&call] { return call.done; });
+  ring(kj::mv(bell));
+  std::unique_lock<std::mutex> lock(call->mutex);
+  call->settled.wait(lock, [&call] { return call->done; });
 }
 
 void Client::Impl::requestStop() {
-  std::lock_guard<std::mutex> lock(inboxMutex);
-  stopRequested = true;
-  ring();
+  kj::Own<kj::CrossThreadPromiseFulfiller<void>> bell;
+  {
+    std::lock_guard<std::mutex> lock(inboxMutex);
+    stopRequested = true;
+    bell = takeDoorbell();
+  }
+  ring(kj::mv(bell));
 }
 
 namespace {
 
-// Tells the thread waiting in callOnLoop that `call` has settled. Under the call's mutex, so the
-// caller cannot return (and free `call`) before this is done with it.
-void settle(PendingCall* call) {
-  std::lock_guard<std::mutex> lock(call->mutex);
-  call->done = true;
-  call->settled.notify_one();
+// Tells the thread waiting in callOnLoop that `call` has settled (its result stored before).
+void settle(const std::shared_ptr<PendingCall>& call) {
+  {
+    std::lock_guard<std::mutex> lock(call->mutex);
+    call->done = true;
+  }
+  call->settled.notify_one();  // `call` is ours too: the caller may be gone already
 }
 
 }  // namespace
@@ -125,16 +143,19 @@ kj::Promise<void> Client::Impl::serveInbox() {
   auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
   {
     std::lock_guard<std::mutex> lock(inboxMutex);
-    doorbell = kj::mv(paf.fulfiller);
     // Queued while no doorbell was armed (a stop too: a client destroyed right after connect()
-    // asks before the loop first arms one).
-    if (!calls.empty() || !dropped.empty() || stopRequested) ring();
+    // asks before the loop first arms one): rung at once.
+    if (!calls.empty() || !dropped.empty() || stopRequested) {
+      paf.fulfiller->fulfill();
+    } else {
+      doorbell = kj::mv(paf.fulfiller);
+    }
   }
   return paf.promise.then([this]() {
     // Armed again before the inbox is taken: whatever is queued meanwhile either is in what is
     // taken or rings the new doorbell.
     auto next = serveInbox();
-    std::deque<PendingCall*> taken;
+    std::deque<std::shared_ptr<PendingCall>> taken;
     bool stopping = false;
     {
       std::lock_guard<std::mutex> lock(inboxMutex);
@@ -144,7 +165,7 @@ kj::Promise<void> Client::Impl::serveInbox() {
     KJ_IF_MAYBE (e, kj::runCatchingExceptions([this] { dropQueued(); })) {
       KJ_LOG(ERROR, "dropping released leases failed", *e);
     }
-    for (PendingCall* call : taken) {
+    for (auto& call : taken) {
       // The caller is told once the call's promise is gone, settled or cancelled (with the loop):
       // the attachment goes after everything the call's promise held.
       auto told = kj::defer([call]() { settle(call); });
@@ -170,14 +191,14 @@ void Client::Impl::loop(std::promise<Status>& ready) {
   ready.set_value(status);
   if (status) {
     paf.promise.wait(context.waitScope);
-    std::deque<PendingCall*> left;
+    std::deque<std::shared_ptr<PendingCall>> left;
     {
       std::lock_guard<std::mutex> lock(inboxMutex);
       stopRequested = true;  // nothing is queued after this
       doorbell = nullptr;
       left.swap(calls);
     }
-    for (PendingCall* call : left) settle(call);  // never started: no result
+    for (const auto& call : left) settle(call);  // never started: no result
     dropQueued();
   }
   callTasks = nullptr;  // cancels calls under way; each one's caller is told

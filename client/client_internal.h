@@ -11,6 +11,7 @@
 #include <future>
 #include <mutex>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -44,7 +45,9 @@ namespace kvtier {
 // say its call has settled. (Not kj::Executor: its hand-offs go through KJ's futex-based mutex,
 // which ThreadSanitizer cannot see; these go through std::mutex, which it can.)
 
-// One call from another thread, on that thread's stack until the loop thread says it is done.
+// One call from another thread. Shared by the caller and the loop thread, so that the loop thread
+// can wake the caller after it has let go of the call's mutex (a caller woken under the mutex
+// would only block on it again) without the caller freeing the call under it.
 struct PendingCall {
   // On the loop thread: starts the call; the promise settles once its result is stored.
   kj::Function<kj::Promise<void>()> start;
@@ -69,7 +72,7 @@ struct Client::Impl {
   // request to stop. The doorbell is the loop thread's while it waits; whoever queues something
   // takes it and rings it, and the loop thread arms a new one before it takes what is queued.
   std::mutex inboxMutex;
-  std::deque<PendingCall*> calls;
+  std::deque<std::shared_ptr<PendingCall>> calls;
   std::vector<capnp::Capability::Client> dropped;
   bool stopRequested = false;
   kj::Own<kj::CrossThreadPromiseFulfiller<void>> doorbell;
@@ -79,13 +82,15 @@ struct Client::Impl {
   void dropQueued();
   // Queues `call` and waits until the loop thread has settled it (own-thread mode; any thread but
   // the loop's).
-  void callOnLoop(PendingCall& call);
+  void callOnLoop(const std::shared_ptr<PendingCall>& call);
   // Asks the loop thread to stop (own-thread mode; any thread).
   void requestStop();
   // On the loop thread: serves the inbox each time the doorbell rings, until cancelled.
   kj::Promise<void> serveInbox();
-  // Rings the doorbell if the loop thread waits on it. Requires inboxMutex.
-  void ring();
+  // The doorbell, if the loop thread waits on it, for the caller to ring once it has let go of
+  // inboxMutex (rung under it, the woken loop thread would block on the mutex). Requires
+  // inboxMutex.
+  kj::Own<kj::CrossThreadPromiseFulfiller<void>> takeDoorbell();
   // On the loop thread: the calls started from the inbox, until they settle.
   kj::Own<kj::TaskSet> callTasks;
 
@@ -159,8 +164,8 @@ struct Client::Impl {
         dropQueued();
         return f();
       };
-      PendingCall call;
-      call.start = [&]() -> kj::Promise<void> {
+      auto call = std::make_shared<PendingCall>();
+      call->start = [&]() -> kj::Promise<void> {
         if constexpr (std::is_void_v<T>) {
           return callNow(afterDrops).then([&out]() { out.emplace(); },
                                           [&failed](kj::Exception&& e) { failed = kj::mv(e); });
