@@ -5,7 +5,6 @@
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/env.h>
 #include <rocksdb/listener.h>
-#include <rocksdb/slice_transform.h>
 #include <rocksdb/sst_file_manager.h>
 #include <rocksdb/table.h>
 #include <rocksdb/utilities/options_util.h>
@@ -327,10 +326,6 @@ Status ColdTier::openDb(bool reopening) {
   // family with entries in it is flushed, so the rarely written families (the tier's metadata)
   // are flushed once the logs hold this much, rather than keeping every log until a restart.
   dbOptions.max_total_wal_size = uint64_t{256} << 20;
-  // One writer at a time fills the memtables (the spill thread; other writes are few), so nothing
-  // is lost by inserting a write group's batches one after another, and the blocks family's insert
-  // hints (below) only work that way.
-  dbOptions.allow_concurrent_memtable_write = false;
   // The manager empties its trash (truncate, fsync, unlink) on a thread it starts as it is made,
   // and RocksDB has no priority setting for that thread: it ran at the event loop's priority,
   // traced holding a core while hot lookups waited. So the manager is made on a short-lived
@@ -359,13 +354,6 @@ Status ColdTier::openDb(bool reopening) {
   rocksdb::BlockBasedTableOptions table;
   table.filter_policy.reset(rocksdb::NewBloomFilterPolicy(10));
   blocks.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
-  // A spill batch goes into the memtable in key order (putBatch): with a hint per key prefix, each
-  // insert into the skip list starts from where the last one of its prefix ended instead of from
-  // the head. The first 24 bytes of a record key are its namespace (fingerprint and salt), of a
-  // size entry the same behind its marker, so a batch's records share one hint and its size
-  // entries another. (RocksDB keeps hints only for inserts that are not concurrent: see
-  // allow_concurrent_memtable_write above.)
-  blocks.memtable_insert_with_hint_prefix_extractor.reset(rocksdb::NewFixedPrefixTransform(24));
   // Snapshots hold their own records (blocks, checkpoints) and manifests: large values too.
   const rocksdb::ColumnFamilyOptions& snapshots = blocks;
   std::vector<rocksdb::ColumnFamilyDescriptor> families = {
