@@ -1200,6 +1200,10 @@ class Run:
         if ok:
             self.start_times.append(info)
             return True
+        # Counted here (a refusal or a failed start): check_alive must not count the same exit
+        # again as a daemon that died by itself.
+        if daemon.proc is not None:
+            self.crashed.add(daemon.proc.pid)
         if refusal_ok is not None and refusal_ok(info):
             self.counts["clear_refusals"] += 1
             self.note(f"{what} refused, as expected, on {daemon.data_dir}: {info.splitlines()[0]}")
