@@ -80,13 +80,8 @@ cudaError_t PagedCopier::launch(bool scatter, const PagedKv& kv, const PagedCopy
   const size_t tableBytes = tableCount * sizeof(int32_t);
   const size_t total = tensorBytes + poolBytes + tableBytes;
   if (total <= inlineTableBytes_) {
-    inline_.resize(total);
-    std::memcpy(inline_.data(), c.tensors, tensorBytes);
-    std::memcpy(inline_.data() + tensorBytes, c.poolBlocks, poolBytes);
-    std::memcpy(inline_.data() + tensorBytes + poolBytes, c.blockTable, tableBytes);
     const detail::InlineLayout layout{0, tensorBytes, tensorBytes + poolBytes, total};
-    return detail::pagedCopyInline(scatter, kv, c, inline_.data(), layout,
-                                   pagedCopyAlignment(kv, c), stream);
+    return detail::pagedCopyInline(scatter, kv, c, layout, pagedCopyAlignment(kv, c), stream);
   }
   for (cudaEvent_t* ev : {&staged_, &done_}) {
     if (!*ev) {

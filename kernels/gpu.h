@@ -53,7 +53,6 @@ class PagedCopier {
 
   int device_;
   size_t inlineTableBytes_;
-  std::vector<uint8_t> inline_;     // tables packed for a launch
   uint8_t* hostStage_ = nullptr;    // pinned
   uint8_t* deviceStage_ = nullptr;  // device copy of the tables
   size_t capacity_ = 0;

@@ -14,19 +14,19 @@ namespace kvtier::kernels::gpu::detail {
 cudaError_t pagedCopy(bool scatter, const PagedKv& kv, const PagedCopy& c, uint32_t alignment,
                       cudaStream_t stream);
 
-// The tables of a copy packed in one host buffer, small enough to travel in the kernel's launch
+// Where a copy's tables go when they are small enough to travel in the kernel's launch
 // parameters instead of through a staging copy (CUDA 12.1+ takes 32,764 bytes of parameters on
 // Volta and later): no host-to-device copy to wait for before the kernel starts, and every thread
-// block reads its table entries through the constant cache. Offsets are into `tables`.
+// block reads its table entries through the constant cache. Byte offsets of the three tables in
+// the parameter block, each table running to the next offset (the last to `bytes`).
 inline constexpr size_t kMaxInlineTableBytes = 32 * 1024 - 1024;
 struct InlineLayout {
-  size_t tensors = 0, poolBlocks = 0, blockTable = 0;  // byte offsets, 8-byte aligned
+  size_t tensors = 0, poolBlocks = 0, blockTable = 0;  // 8-byte aligned
   size_t bytes = 0;                                    // <= kMaxInlineTableBytes
 };
-// As pagedCopy, with `c`'s table pointers ignored: they are `tables` at `layout`'s offsets.
-cudaError_t pagedCopyInline(bool scatter, const PagedKv& kv, const PagedCopy& c,
-                            const void* tables, const InlineLayout& layout, uint32_t alignment,
-                            cudaStream_t stream);
+// As pagedCopy, with `hostTables`' tables in host memory: packed into the launch at `layout`.
+cudaError_t pagedCopyInline(bool scatter, const PagedKv& kv, const PagedCopy& hostTables,
+                            const InlineLayout& layout, uint32_t alignment, cudaStream_t stream);
 
 struct RotateArgs {
   uint8_t* k = nullptr;               // [heads][headDim] elements, in device memory

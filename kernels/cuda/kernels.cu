@@ -78,7 +78,8 @@ constexpr size_t kSmallInlineTableBytes = 4096;
 template <typename V, bool kScatter, size_t kBytes>
 __global__ void __launch_bounds__(kThreads)
     pagedCopyInlineKernel(PagedKv kv, PagedCopy c, InlineLayout layout, uint64_t tileTokens,
-                          uint64_t tilesPerBlock, const __grid_constant__ ParamTables<kBytes> tables) {
+                          uint64_t tilesPerBlock,
+                          const __grid_constant__ ParamTables<kBytes> tables) {
   c.tensors = reinterpret_cast<uint8_t* const*>(tables.bytes + layout.tensors);
   c.poolBlocks = reinterpret_cast<uint8_t* const*>(tables.bytes + layout.poolBlocks);
   c.blockTable = reinterpret_cast<const int32_t*>(tables.bytes + layout.blockTable);
@@ -108,43 +109,48 @@ Shape shapeOf(const PagedKv& kv, const PagedCopy& c) {
   return s;
 }
 
-template <typename V>
-cudaError_t launchCopy(bool scatter, const PagedKv& kv, const PagedCopy& c, cudaStream_t stream) {
-  const Shape s = shapeOf(kv, c);
+// Launches the scatter or the gather instance of a kernel over a copy's shape.
+template <typename... Args>
+cudaError_t launchEither(bool scatter, void (*scatterKernel)(Args...),
+                         void (*gatherKernel)(Args...), const Shape& s, cudaStream_t stream,
+                         Args... args) {
   if (!s.ok) return cudaErrorInvalidConfiguration;
-  if (scatter) {
-    pagedCopyKernel<V, true><<<s.grid, kThreads, 0, stream>>>(kv, c, s.tileTokens,
-                                                               s.tilesPerBlock);
-  } else {
-    pagedCopyKernel<V, false><<<s.grid, kThreads, 0, stream>>>(kv, c, s.tileTokens,
-                                                                s.tilesPerBlock);
-  }
+  (scatter ? scatterKernel : gatherKernel)<<<s.grid, kThreads, 0, stream>>>(args...);
   return cudaGetLastError();
 }
 
+// launch(V{}) with the widest vector type V that `alignment` allows.
+template <typename Launch>
+cudaError_t byAlignment(uint32_t alignment, Launch&& launch) {
+  switch (alignment) {
+    case 16:
+      return launch(uint4{});
+    case 8:
+      return launch(uint2{});
+    case 4:
+      return launch(uint32_t{});
+    case 2:
+      return launch(uint16_t{});
+    default:
+      return launch(uint8_t{});
+  }
+}
+
+// The copy with its host tables packed into a parameter block of kBytes.
 template <typename V, size_t kBytes>
-cudaError_t launchInline(bool scatter, const PagedKv& kv, const PagedCopy& c, const void* tables,
+cudaError_t launchInline(bool scatter, const PagedKv& kv, const PagedCopy& hostTables,
                          const InlineLayout& layout, cudaStream_t stream) {
-  const Shape s = shapeOf(kv, c);
-  if (!s.ok) return cudaErrorInvalidConfiguration;
-  ParamTables<kBytes> params;  // only the used bytes are copied in
-  std::memcpy(params.bytes, tables, layout.bytes);
-  if (scatter) {
-    pagedCopyInlineKernel<V, true, kBytes>
-        <<<s.grid, kThreads, 0, stream>>>(kv, c, layout, s.tileTokens, s.tilesPerBlock, params);
-  } else {
-    pagedCopyInlineKernel<V, false, kBytes>
-        <<<s.grid, kThreads, 0, stream>>>(kv, c, layout, s.tileTokens, s.tilesPerBlock, params);
-  }
-  return cudaGetLastError();
-}
-
-template <typename V>
-cudaError_t launchInline(bool scatter, const PagedKv& kv, const PagedCopy& c, const void* tables,
-                         const InlineLayout& layout, cudaStream_t stream) {
-  return layout.bytes <= kSmallInlineTableBytes
-             ? launchInline<V, kSmallInlineTableBytes>(scatter, kv, c, tables, layout, stream)
-             : launchInline<V, kMaxInlineTableBytes>(scatter, kv, c, tables, layout, stream);
+  ParamTables<kBytes> params;  // only the used bytes are written
+  std::memcpy(params.bytes + layout.tensors, hostTables.tensors,
+              layout.poolBlocks - layout.tensors);
+  std::memcpy(params.bytes + layout.poolBlocks, hostTables.poolBlocks,
+              layout.blockTable - layout.poolBlocks);
+  std::memcpy(params.bytes + layout.blockTable, hostTables.blockTable,
+              layout.bytes - layout.blockTable);
+  const Shape s = shapeOf(kv, hostTables);
+  return launchEither(scatter, &pagedCopyInlineKernel<V, true, kBytes>,
+                      &pagedCopyInlineKernel<V, false, kBytes>, s, stream, kv, hostTables, layout,
+                      s.tileTokens, s.tilesPerBlock, params);
 }
 
 __global__ void rotateKernel(RotateArgs a) {
@@ -166,37 +172,24 @@ __global__ void rotateKernel(RotateArgs a) {
 cudaError_t pagedCopy(bool scatter, const PagedKv& kv, const PagedCopy& c, uint32_t alignment,
                       cudaStream_t stream) {
   if (c.begin >= c.end) return cudaSuccess;
-  switch (alignment) {
-    case 16:
-      return launchCopy<uint4>(scatter, kv, c, stream);
-    case 8:
-      return launchCopy<uint2>(scatter, kv, c, stream);
-    case 4:
-      return launchCopy<uint32_t>(scatter, kv, c, stream);
-    case 2:
-      return launchCopy<uint16_t>(scatter, kv, c, stream);
-    default:
-      return launchCopy<uint8_t>(scatter, kv, c, stream);
-  }
+  return byAlignment(alignment, [&](auto vector) {
+    using V = decltype(vector);
+    const Shape s = shapeOf(kv, c);
+    return launchEither(scatter, &pagedCopyKernel<V, true>, &pagedCopyKernel<V, false>, s, stream,
+                        kv, c, s.tileTokens, s.tilesPerBlock);
+  });
 }
 
-cudaError_t pagedCopyInline(bool scatter, const PagedKv& kv, const PagedCopy& c,
-                            const void* tables, const InlineLayout& layout, uint32_t alignment,
-                            cudaStream_t stream) {
-  if (c.begin >= c.end) return cudaSuccess;
+cudaError_t pagedCopyInline(bool scatter, const PagedKv& kv, const PagedCopy& hostTables,
+                            const InlineLayout& layout, uint32_t alignment, cudaStream_t stream) {
+  if (hostTables.begin >= hostTables.end) return cudaSuccess;
   if (layout.bytes > kMaxInlineTableBytes) return cudaErrorInvalidValue;
-  switch (alignment) {
-    case 16:
-      return launchInline<uint4>(scatter, kv, c, tables, layout, stream);
-    case 8:
-      return launchInline<uint2>(scatter, kv, c, tables, layout, stream);
-    case 4:
-      return launchInline<uint32_t>(scatter, kv, c, tables, layout, stream);
-    case 2:
-      return launchInline<uint16_t>(scatter, kv, c, tables, layout, stream);
-    default:
-      return launchInline<uint8_t>(scatter, kv, c, tables, layout, stream);
-  }
+  return byAlignment(alignment, [&](auto vector) {
+    using V = decltype(vector);
+    return layout.bytes <= kSmallInlineTableBytes
+               ? launchInline<V, kSmallInlineTableBytes>(scatter, kv, hostTables, layout, stream)
+               : launchInline<V, kMaxInlineTableBytes>(scatter, kv, hostTables, layout, stream);
+  });
 }
 
 cudaError_t rotateK(const RotateArgs& args, cudaStream_t stream) {
