@@ -71,7 +71,7 @@ LogTaskErrors logTaskErrors;
 }  // namespace
 
 kj::Own<kj::CrossThreadPromiseFulfiller<void>> Client::Impl::takeDoorbell() {
-  // The loop thread arms a new one before it takes what is queued.
+  // The loop thread arms a new one once it has taken what is queued.
   return kj::mv(doorbell);
 }
 
@@ -152,9 +152,6 @@ kj::Promise<void> Client::Impl::serveInbox() {
     }
   }
   return paf.promise.then([this]() {
-    // Armed again before the inbox is taken: whatever is queued meanwhile either is in what is
-    // taken or rings the new doorbell.
-    auto next = serveInbox();
     std::deque<std::shared_ptr<PendingCall>> taken;
     bool stopping = false;
     {
@@ -165,6 +162,9 @@ kj::Promise<void> Client::Impl::serveInbox() {
     KJ_IF_MAYBE (e, kj::runCatchingExceptions([this] { dropQueued(); })) {
       KJ_LOG(ERROR, "dropping released leases failed", *e);
     }
+    // Armed again after the inbox is taken (armed before, it would find it still full and ring
+    // itself for nothing): what was queued meanwhile makes serveInbox() ring at once.
+    auto next = serveInbox();
     for (auto& call : taken) {
       // The caller is told once the call's promise is gone, settled or cancelled (with the loop):
       // the attachment goes after everything the call's promise held.

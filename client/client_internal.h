@@ -9,9 +9,9 @@
 #include <condition_variable>
 #include <deque>
 #include <future>
-#include <mutex>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -70,7 +70,8 @@ struct Client::Impl {
   // instead of waiting for a round trip: the release goes out as soon as the loop thread runs, and
   // always before any later call of this client, as run() drops what is queued first); and the
   // request to stop. The doorbell is the loop thread's while it waits; whoever queues something
-  // takes it and rings it, and the loop thread arms a new one before it takes what is queued.
+  // takes it and rings it; the loop thread arms a new one once it has taken what is queued, and
+  // rings it at once if more came meanwhile.
   std::mutex inboxMutex;
   std::deque<std::shared_ptr<PendingCall>> calls;
   std::vector<capnp::Capability::Client> dropped;
@@ -167,11 +168,13 @@ struct Client::Impl {
       auto call = std::make_shared<PendingCall>();
       call->start = [&]() -> kj::Promise<void> {
         if constexpr (std::is_void_v<T>) {
-          return callNow(afterDrops).then([&out]() { out.emplace(); },
-                                          [&failed](kj::Exception&& e) { failed = kj::mv(e); });
+          return callNow(afterDrops)
+              .then([&out]() { out.emplace(); },
+                    [&failed](kj::Exception&& e) { failed = kj::mv(e); });
         } else {
-          return callNow(afterDrops).then([&out](T&& v) { out.emplace(kj::mv(v)); },
-                                          [&failed](kj::Exception&& e) { failed = kj::mv(e); });
+          return callNow(afterDrops)
+              .then([&out](T&& v) { out.emplace(kj::mv(v)); },
+                    [&failed](kj::Exception&& e) { failed = kj::mv(e); });
         }
       };
       callOnLoop(call);
