@@ -40,6 +40,8 @@ Status Client::Impl::setup(kj::AsyncIoContext& context) {
                  for (int d : resp.getDevices()) devices.push_back(d);
                  for (auto pci : resp.getDevicePciBusIds()) devicePciBusIds.push_back(pci.cStr());
                  session = resp.getSession();
+                 auto token = resp.getLaneToken();
+                 laneToken.assign(token.begin(), token.end());
                })) {
     Error error = fromKjException(*e);
     if (error.code() == ErrorCode::kInternal || error.code() == ErrorCode::kUnavailable) {
@@ -274,6 +276,12 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
   // Polling longer than a scheduler slice only burns CPU; negative is off.
   impl->options.busyPoll = std::clamp(options.busyPoll, std::chrono::microseconds(0), kMaxBusyPoll);
   if (auto s = impl->connect(); !s) return s.error();
+  if (options.lane && !impl->laneToken.empty()) {
+    // Without a lane every call goes over Cap'n Proto, as with a daemon that offers none.
+    auto lane = ClientLane::attach(options.socketPath, impl->laneToken, impl->options.busyPoll,
+                                   std::chrono::seconds(5));
+    if (lane) impl->lane = std::move(lane).value();
+  }
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
@@ -339,6 +347,7 @@ Result<std::unique_ptr<Space>> Client::open(const Layout& layout, const OpenOpti
     return req.send().then([](capnp::Response<rpc::Session::OpenResults>&& r) {
       Opened o{kj::heap<Space::Impl>(), r.getFingerprint(), {}, {}};
       o.impl->cap = r.getSpace();
+      o.impl->lane = r.getLane();
       for (auto e : r.getExtents()) {
         if (e.getDevice() >= 0) {
           auto h = e.getIpcHandle();
@@ -378,6 +387,7 @@ Result<std::unique_ptr<Space>> Client::open(const Layout& layout, const OpenOpti
   auto spaceImpl = std::make_unique<Space::Impl>();
   (void)impl_->run([&] {
     spaceImpl->cap = kj::mv(opened->impl->cap);
+    spaceImpl->lane = opened->impl->lane;
     opened->impl = nullptr;
   });
   return std::unique_ptr<Space>(
@@ -468,6 +478,9 @@ Result<Stats> Client::stats() {
           out.peerRttMicros = s.getPeerRttMicros();
           out.tenantBytesUsed = s.getTenantBytesUsed();
           out.tenantQuotaBytes = s.getTenantQuotaBytes();
+          out.laneLookups = s.getLaneLookups();
+          out.lanesAttached = s.getLanesAttached();
+          out.lanesRefused = s.getLanesRefused();
           for (auto sp : s.getSpaces()) {
             out.spaces.push_back(SpaceStats{sp.getFingerprint(), sp.getBlockBytes(),
                                             sp.getBlocksTotal(), sp.getBlocksUsed(),
@@ -534,7 +547,9 @@ std::string Stats::toJson() const {
     << ", \"checksum\": " << fetchChecksum << ", \"full\": " << fetchFull
     << "}, \"auth_failures\": " << peerAuthFailures << ", \"peer_rtt_us\": " << peerRttMicros
     << "}, \"tenant\": {\"bytes_used\": " << tenantBytesUsed
-    << ", \"quota_bytes\": " << tenantQuotaBytes << "}, \"spaces\": [";
+    << ", \"quota_bytes\": " << tenantQuotaBytes << "}, \"lanes\": {\"lookups\": " << laneLookups
+    << ", \"attached\": " << lanesAttached << ", \"refused\": " << lanesRefused
+    << "}, \"spaces\": [";
   for (size_t i = 0; i < spaces.size(); ++i) {
     const auto& s = spaces[i];
     o << (i ? ", " : "") << "{\"fingerprint\": \"" << std::hex << s.fingerprint << std::dec

@@ -19,6 +19,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "client/lane.h"
 #include "kernels/block_copy.h"
 #include "kvtier/client.h"
 #include "schemas/kvtier.capnp.h"
@@ -102,6 +103,10 @@ struct Client::Impl {
   kj::Own<capnp::TwoPartyVatNetwork> network;
   kj::Own<capnp::RpcSystem<capnp::rpc::twoparty::VatId>> rpcSystem;
   kj::Maybe<rpc::Session::Client> session;
+  // The session's fast lane for lookups (client/lane.h); null without one (ClientOptions::lane
+  // off, or a daemon that offered none or refused the attach).
+  std::shared_ptr<ClientLane> lane;
+  std::vector<uint8_t> laneToken;  // from hello
 
   // Written once during open() under the loop, read by handles: the loop serialises both.
   std::map<uint32_t, std::unique_ptr<ShmSegment>> mappings;
@@ -133,6 +138,8 @@ struct Client::Impl {
       return makeError(ErrorCode::kInvalidArgument,
                        "a caller-thread kvtier::Client was used from another thread");
     }
+    // Releases sent over the lane are served before this call (another connection).
+    if (lane) lane->sync();
     try {
       if (callerThread) {
         using R = decltype(f());
@@ -209,6 +216,7 @@ struct Client::Impl {
 // A namespace's capability (lives on the loop thread).
 struct Space::Impl {
   kj::Maybe<rpc::Space::Client> cap;
+  uint32_t lane = 0;  // the lane's number for the space; 0: none
   rpc::Space::Client& space() { return KJ_ASSERT_NONNULL(cap); }
 };
 
@@ -218,7 +226,11 @@ struct Space::Impl {
 struct LeaseState {
   Client::Impl* client = nullptr;
   kj::Maybe<capnp::Capability::Client> cap;
+  // A lease granted over the fast lane instead: released over it.
+  std::shared_ptr<ClientLane> lane;
+  uint64_t laneLease = 0;
   ~LeaseState() {
+    if (lane && laneLease != 0) lane->release(laneLease);
     // Dropping the capability sends the daemon a release without waiting for it. A caller-thread
     // client drops it here; an own-thread one hands it to its loop thread without waiting.
     KJ_IF_MAYBE (c, cap) {

@@ -8,7 +8,9 @@
 
 #include <cstdio>
 
+#include "daemon/lane.h"
 #include "daemon/log.h"
+#include "daemon/lookup.h"
 #include "daemon/metrics.h"
 #include "kernels/block_copy.h"
 #include "schemas/kvtier.capnp.h"
@@ -331,58 +333,19 @@ class SpaceImpl final : public rpc::Space::Server {
     const SeqOptions options = optionsFrom(p.getOptions());
     const bool inlineData = p.getInline();
     std::vector<Key128> chain;  // the prompt's keys the plan hashed: the lookup reuses them
-    // With GPU pools, every lookup brings its prefix to the session's tier: a GPU session's to
-    // its GPU, a host session's to the host pool (which it can read).
-    const bool moveTiers = tiers_ != nullptr;
-    const rpc::RemoteMode mode = p.getRemote();
-    const bool askCluster =
-        remote_ != nullptr && remote_->active() && mode != rpc::RemoteMode::LOCAL_ONLY;
-    if (cold_ || moveTiers || askCluster) {
-      // Blocks of the prefix held only on disk come back into the pool before the answer, a GPU
-      // session's prefix comes to its GPU, and the blocks past the local prefix are asked of
-      // the cluster.
-      const auto plan = orThrow(engine_.lookupPlan(space_, tokens, keys));
-      std::vector<Key128> cold;
-      for (const auto& step : plan) {
-        chain.push_back(step.key);
-        if (!step.hot) cold.push_back(step.key);
-      }
-      kj::Vector<kj::Promise<void>> waits;
-      if (askCluster) {
-        const size_t bt = engine_.space(space_).layout.blockTokens;
-        const size_t candidates =
-            keys.empty() ? std::min(tokens.size() / bt, kMaxBlocksPerLease) : keys.size();
-        if (plan.size() < candidates) {
-          auto all = orThrow(engine_.chainKeys(space_, tokens, keys, chain));
-          std::vector<Key128> rest(all.begin() + plan.size(), all.end());
-          kj::Promise<void> fetched = remote_->fetch(space_, std::move(rest));
-          if (mode == rpc::RemoteMode::FETCH) waits.add(kj::mv(fetched));
-        }
-      }
-      if (!cold.empty()) waits.add(cold_->promote(space_, std::move(cold)));
-      kj::Maybe<kj::Promise<void>> waitFor;
-      if (!waits.empty()) {
-        kj::Promise<void> ready = kj::joinPromises(waits.releaseAsArray());
-        if (moveTiers) {
-          ready = ready.then([this, chain]() -> kj::Promise<void> {
-            KJ_IF_MAYBE (moving, tiers_->bringTo(space_, chain, tier_)) return kj::mv(*moving);
-            return kj::READY_NOW;
-          });
-        }
-        waitFor = kj::mv(ready);
-      } else if (moveTiers && !chain.empty()) {
-        waitFor = tiers_->bringTo(space_, chain, tier_);  // nothing when all is in place
-      }
-      KJ_IF_MAYBE (ready, waitFor) {
-        return ready->then([this, context = kj::mv(context), tokens = std::move(tokens),
-                            keys = std::move(keys), bindSeq = std::move(bindSeq), options,
-                            inlineData, chain = std::move(chain)]() mutable {
-          answerLookup(context, tokens, keys, bindSeq, options, inlineData, chain);
-        });
-      }
+    KJ_IF_MAYBE (ready, prepareLookup(site(), tokens, keys, p.getRemote(), chain)) {
+      return ready->then([this, context = kj::mv(context), tokens = std::move(tokens),
+                          keys = std::move(keys), bindSeq = std::move(bindSeq), options, inlineData,
+                          chain = std::move(chain)]() mutable {
+        answerLookup(context, tokens, keys, bindSeq, options, inlineData, chain);
+      });
     }
     answerLookup(context, tokens, keys, bindSeq, options, inlineData, chain);
     return kj::READY_NOW;
+  }
+
+  LookupSite site() const {
+    return LookupSite{engine_, cold_, tiers_, remote_, owner_, space_, tier_};
   }
 
   void answerLookup(LookupContext& context, const std::vector<uint32_t>& tokens,
@@ -476,14 +439,15 @@ class SpaceImpl final : public rpc::Space::Server {
       if (id == 0) throwRpcError(makeError(ErrorCode::kInvalidArgument, "a rewind is local"));
       // Pulled here as a snapshot of this node's (its bytes checked), restored from, then
       // dropped: the sequence shares its blocks.
-      return remote_->pullSnapshot(space_, node, id).then([this, context](SnapshotId local) mutable {
-        auto p = context.getParams();
-        Status s = engine_.restore(owner_, space_, text(p.getSeq()), local, p.getTarget(),
-                                   optionsFrom(p.getOptions()));
-        (void)engine_.dropSnapshot(space_, local);
-        kickSpill(cold_);
-        orThrow(std::move(s));
-      });
+      return remote_->pullSnapshot(space_, node, id)
+          .then([this, context](SnapshotId local) mutable {
+            auto p = context.getParams();
+            Status s = engine_.restore(owner_, space_, text(p.getSeq()), local, p.getTarget(),
+                                       optionsFrom(p.getOptions()));
+            (void)engine_.dropSnapshot(space_, local);
+            kickSpill(cold_);
+            orThrow(std::move(s));
+          });
     }
     return whenRoomWithSnapshots({id}, [this, context]() mutable {
       auto p = context.getParams();
@@ -592,7 +556,8 @@ class SpaceImpl final : public rpc::Space::Server {
   kj::Promise<void> snapshotInfo(SnapshotInfoContext context) override {
     return withSnapshots({context.getParams().getSnapshot()}, [this, context]() mutable {
       setSnapshot(context.getResults().initSnapshot(),
-                  orThrow(engine_.snapshotInfo(space_, context.getParams().getSnapshot())), remote_);
+                  orThrow(engine_.snapshotInfo(space_, context.getParams().getSnapshot())),
+                  remote_);
       return kj::Promise<void>(kj::READY_NOW);
     });
   }
@@ -727,11 +692,20 @@ class SpaceImpl final : public rpc::Space::Server {
 class SessionImpl final : public rpc::Session::Server {
  public:
   // `mapsPool`: the peer may be handed the pools' handles (peerMapsPool, daemon/access.h).
-  SessionImpl(kvtier::Server& server, OwnerId owner, Salt salt, bool mapsPool)
-      : server_(server), owner_(owner), salt_(salt), mapsPool_(mapsPool) {
+  SessionImpl(kvtier::Server& server, OwnerId owner, Salt salt, bool mapsPool,
+              const PeerCredentials& peer)
+      : server_(server),
+        owner_(owner),
+        salt_(salt),
+        mapsPool_(mapsPool),
+        lane_(LookupSite{server.engine(), server.cold(), server.tiers(), server.remote(), owner},
+              peer, server.laneStats()) {
     server_.sessionOpened();
+    server_.addLane(lane_);
   }
   ~SessionImpl() noexcept(false) {
+    server_.removeLane(lane_);
+    lane_.close();  // its leases go before the owner's sequences
     server_.engine().endOwner(owner_);
     kickSpill(server_.cold());
     server_.sessionClosed();
@@ -752,9 +726,9 @@ class SessionImpl final : public rpc::Session::Server {
     // A CUDA IPC handle maps the whole GPU pool, every tenant's blocks: only root and the
     // daemon's own user get one (GPU blocks never travel inline).
     if (gpu && !mapsPool_) {
-      throwRpcError(makeError(ErrorCode::kPermissionDenied, "GPU pools are mapped only by root and ",
-                              "the daemon's user: open the space with device -1 (host pool, ",
-                              "bytes inline)"));
+      throwRpcError(makeError(
+          ErrorCode::kPermissionDenied, "GPU pools are mapped only by root and ",
+          "the daemon's user: open the space with device -1 (host pool, ", "bytes inline)"));
     }
     const SpaceId space = orThrow(server_.engine().openSpace(layout, salt_));
     auto out = context.getResults();
@@ -778,9 +752,10 @@ class SessionImpl final : public rpc::Session::Server {
       x.setIpcHandle(
           capnp::Data::Reader(gpu->extents[i].ipcHandle.data(), gpu->extents[i].ipcHandle.size()));
     }
+    const uint8_t tier = gpu ? gpu->tier : uint8_t{0};
     out.setSpace(kj::heap<SpaceImpl>(server_.engine(), owner_, space, server_.cold(),
-                                     server_.tiers(), gpu ? gpu->tier : uint8_t{0},
-                                     server_.remote()));
+                                     server_.tiers(), tier, server_.remote()));
+    out.setLane(lane_.addSpace(space, tier));
     return kj::READY_NOW;
   }
 
@@ -817,6 +792,8 @@ class SessionImpl final : public rpc::Session::Server {
         });
   }
 
+  const Lane::Token& laneToken() const { return lane_.token(); }
+
   kj::Promise<void> stats(StatsContext context) override {
     const EngineStats s = server_.engine().stats();
     auto out = context.getResults().initStats();
@@ -848,6 +825,10 @@ class SessionImpl final : public rpc::Session::Server {
     // The asking tenant's own usage only: other tenants' are for the operator (metrics).
     out.setTenantBytesUsed(server_.engine().tenantBytesUsed(salt_));
     out.setTenantQuotaBytes(s.tenantQuotaBytes);
+    const LaneStats& lanes = server_.laneStats();
+    out.setLaneLookups(lanes.lookups);
+    out.setLanesAttached(lanes.attached);
+    out.setLanesRefused(lanes.refused);
     if (auto* cold = server_.cold()) {
       const ColdServiceStats c = cold->stats();
       out.setColdRecords(c.tier.records);
@@ -895,6 +876,7 @@ class SessionImpl final : public rpc::Session::Server {
   OwnerId owner_;
   Salt salt_;
   bool mapsPool_;
+  Lane lane_;
 };
 
 class DaemonImpl final : public rpc::Daemon::Server {
@@ -929,8 +911,11 @@ class DaemonImpl final : public rpc::Daemon::Server {
     auto out = context.getResults();
     out.setProtocolVersion(rpc::PROTOCOL_VERSION);
     out.setDaemonVersion(kDaemonVersion);
-    out.setSession(
-        kj::heap<SessionImpl>(server_, owner, salt, peerMapsPool(peer_, server_.access())));
+    auto session =
+        kj::heap<SessionImpl>(server_, owner, salt, peerMapsPool(peer_, server_.access()), peer_);
+    const Lane::Token& token = session->laneToken();
+    out.setLaneToken(capnp::Data::Reader(token.data(), token.size()));
+    out.setSession(kj::mv(session));
     auto devices = out.initDevices(server_.gpus().size());
     auto pci = out.initDevicePciBusIds(server_.gpus().size());
     for (uint32_t i = 0; i < server_.gpus().size(); ++i) {
@@ -948,8 +933,8 @@ class DaemonImpl final : public rpc::Daemon::Server {
 
 // One client connection: its stream, its two-party network and its RPC system.
 struct Connection {
-  Connection(kj::Own<kj::AsyncIoStream> s, BusyPoller* poller, rpc::Daemon::Client bootstrap)
-      : stream(kj::heap<BufferedIoStream>(kj::mv(s), poller)),
+  Connection(kj::Own<kj::AsyncIoStream> s, rpc::Daemon::Client bootstrap)
+      : stream(kj::mv(s)),
         network(*stream, capnp::rpc::twoparty::Side::SERVER, readerOptions()),
         rpcSystem(capnp::makeRpcServer(network, kj::mv(bootstrap))) {}
   kj::Own<kj::AsyncIoStream> stream;
@@ -1009,10 +994,72 @@ void Server::accept(kj::Own<kj::AsyncIoStream> stream) {
     logWarn("peer_refused",
             describePeer(peer) + " allowed_gid=" + std::to_string(access_.allowedGid));
   }
+  // A session's fast lane starts with lane::kMagic, a Cap'n Proto connection with its first
+  // message's segment count (never that large): the first four bytes tell which this is, and
+  // a Cap'n Proto connection gets them back.
+  auto buffered = kj::heap<BufferedIoStream>(kj::mv(stream), poller_);
+  auto first = kj::heap<uint32_t>(0);
+  auto read = buffered->tryRead(first.get(), sizeof(uint32_t), sizeof(uint32_t));
+  tasks_.add(read.then([this, buffered = kj::mv(buffered), first = kj::mv(first), peer,
+                        allowed](size_t n) mutable -> kj::Promise<void> {
+    if (n == sizeof(uint32_t) && *first == lane::kMagic && allowed) {
+      return attachLane(kj::mv(buffered), peer);
+    }
+    buffered->unread(n);
+    serveRpc(kj::mv(buffered), peer, allowed);
+    return kj::READY_NOW;
+  }));
+}
+
+void Server::serveRpc(kj::Own<kj::AsyncIoStream> stream, const PeerCredentials& peer,
+                      bool allowed) {
   auto connection =
-      kj::heap<Connection>(kj::mv(stream), poller_, kj::heap<DaemonImpl>(*this, peer, allowed));
+      kj::heap<Connection>(kj::mv(stream), kj::heap<DaemonImpl>(*this, peer, allowed));
   auto done = connection->network.onDisconnect();
   tasks_.add(done.attach(kj::mv(connection)));
+}
+
+kj::Promise<void> Server::attachLane(kj::Own<kj::AsyncIoStream> stream,
+                                     const PeerCredentials& peer) {
+  // The rest of the Attach: version and token.
+  auto attach = kj::heap<lane::Attach>();
+  auto* rest = reinterpret_cast<kj::byte*>(attach.get()) + sizeof(uint32_t);
+  const size_t restBytes = sizeof(lane::Attach) - sizeof(uint32_t);
+  auto read = stream->tryRead(rest, restBytes, restBytes);
+  return read.then([this, stream = kj::mv(stream), attach = kj::mv(attach), peer,
+                    restBytes](size_t n) mutable -> kj::Promise<void> {
+    Lane::Token token;
+    std::memcpy(token.data(), attach->token, token.size());
+    auto found = lanes_.find(token);
+    Lane* lane = found == lanes_.end() ? nullptr : found->second;
+    const char* refused = nullptr;
+    if (n < restBytes) {
+      refused = "the connection ended inside the attach";
+    } else if (attach->version != lane::kVersion) {
+      refused = "unknown lane version";
+    } else if (!lane) {
+      refused = "no session has this token";
+    } else if (lane->attached()) {
+      refused = "the session's lane is attached already";
+    } else if (lane->peer().pid != peer.pid || lane->peer().uid != peer.uid) {
+      refused = "the peer is not the session's process";
+    }
+    if (refused) {
+      ++laneStats_.refused;
+      logWarn("lane_refused", describePeer(peer) + " why=\"" + refused + "\"");
+      return kj::READY_NOW;  // closes the connection
+    }
+    static constexpr uint32_t kAccepted = static_cast<uint32_t>(lane::AttachStatus::kAccepted);
+    auto* s = stream.get();
+    return s->write(&kAccepted, sizeof kAccepted)
+        .then([this, token, stream = kj::mv(stream)]() mutable {
+          // The session may have ended, or attached another lane, while this one was answered.
+          auto again = lanes_.find(token);
+          if (again != lanes_.end() && !again->second->attached()) {
+            again->second->attach(kj::mv(stream));
+          }
+        });
+  });
 }
 
 std::string Server::metricsText() {
@@ -1048,6 +1095,10 @@ std::string Server::metricsText() {
   counter("kvtier_gpu_promoted_total", "Blocks moved from the host pool to a GPU pool.",
           s.gpuPromoted);
   gauge("kvtier_entries", "Position-independent entries cached.", s.entries);
+  counter("kvtier_lane_lookups_total", "Lookups served over sessions' fast lanes.",
+          laneStats_.lookups);
+  gauge("kvtier_lanes_attached", "Sessions whose fast lane is attached.", laneStats_.attached);
+  counter("kvtier_lanes_refused_total", "Fast-lane attaches refused.", laneStats_.refused);
   gauge("kvtier_tenant_quota_bytes", "The most host-pool bytes one tenant may take (0: none).",
         s.tenantQuotaBytes);
   if (!s.tenants.empty()) {
@@ -1066,7 +1117,8 @@ std::string Server::metricsText() {
           name += kHex[t.salt[i] & 15];
         }
       }
-      out += "kvtier_tenant_bytes_used{tenant=\"" + name + "\"} " + std::to_string(t.bytesUsed) + "\n";
+      out +=
+          "kvtier_tenant_bytes_used{tenant=\"" + name + "\"} " + std::to_string(t.bytesUsed) + "\n";
     }
   }
   gauge("kvtier_checkpoints", "Recurrent state checkpoints.", s.checkpoints);
@@ -1109,10 +1161,8 @@ std::string Server::metricsText() {
     counter("kvtier_remote_hit_bytes_total", "Bytes fetched from other nodes.", r.remoteHitBytes);
     counter("kvtier_served_blocks_total", "Blocks pinned for other nodes' fetches.",
             r.servedBlocks);
-    counter("kvtier_pins_expired_total", "Pins whose lease ran out before release.",
-            r.pinsExpired);
-    counter("kvtier_peer_auth_failures_total", "Peers refused for a wrong token.",
-            r.authFailures);
+    counter("kvtier_pins_expired_total", "Pins whose lease ran out before release.", r.pinsExpired);
+    counter("kvtier_peer_auth_failures_total", "Peers refused for a wrong token.", r.authFailures);
     gauge("kvtier_peer_rtt_microseconds", "Median heartbeat round trip to live peers.",
           r.peerRttMicros);
     const std::pair<const char*, uint64_t> kinds[] = {{"timeout", r.fetchTimeouts},
@@ -1123,8 +1173,8 @@ std::string Server::metricsText() {
     out += "# HELP kvtier_fetch_errors_total Remote fetch errors by kind.\n";
     out += "# TYPE kvtier_fetch_errors_total counter\n";
     for (const auto& [kind, v] : kinds) {
-      out += std::string("kvtier_fetch_errors_total{kind=\"") + kind + "\"} " +
-             std::to_string(v) + "\n";
+      out += std::string("kvtier_fetch_errors_total{kind=\"") + kind + "\"} " + std::to_string(v) +
+             "\n";
     }
   }
   return out;

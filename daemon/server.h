@@ -11,12 +11,14 @@
 #include <kj/async-unix.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "daemon/access.h"
 #include "daemon/cold_service.h"
+#include "daemon/lane.h"
 #include "daemon/remote_tier.h"
 #include "daemon/tier_service.h"
 #include "store/engine.h"
@@ -76,10 +78,16 @@ class Server final : private kj::TaskSet::ErrorHandler {
   void sessionClosed() { --sessions_; }
   // Names a tenant for metrics ("uid:1000"), as hello assigned its salt.
   void nameTenant(const Salt& salt, std::string name);
+  // Each session's fast lane, while the session lives, for its client to attach to by token.
+  void addLane(Lane& lane) { lanes_[lane.token()] = &lane; }
+  void removeLane(const Lane& lane) { lanes_.erase(lane.token()); }
+  LaneStats& laneStats() { return laneStats_; }
 
  private:
   void taskFailed(kj::Exception&& exception) override;
   void accept(kj::Own<kj::AsyncIoStream> stream);
+  void serveRpc(kj::Own<kj::AsyncIoStream> stream, const PeerCredentials& peer, bool allowed);
+  kj::Promise<void> attachLane(kj::Own<kj::AsyncIoStream> stream, const PeerCredentials& peer);
 
   Engine& engine_;
   HostPool& pool_;
@@ -90,6 +98,8 @@ class Server final : private kj::TaskSet::ErrorHandler {
   std::vector<GpuPoolExport> gpus_;
   AccessPolicy access_;
   std::vector<std::pair<Salt, std::string>> tenantNames_;  // one per tenant that said hello
+  std::map<Lane::Token, Lane*> lanes_;
+  LaneStats laneStats_;
   uint64_t sessions_ = 0;
   OwnerId nextOwner_ = 1;
   kj::TaskSet tasks_;

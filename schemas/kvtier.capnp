@@ -188,19 +188,25 @@ struct Stats {
   peerRttMicros @50 :UInt64;        # median round trip of the last heartbeats to live peers
   tenantBytesUsed @51 :UInt64;      # host-pool bytes of the asking tenant's blocks
   tenantQuotaBytes @52 :UInt64;     # the most one tenant may take (kvtierd --tenant-quota); 0: none
+  laneLookups @53 :UInt64;          # lookups served over sessions' fast lanes
+  lanesAttached @54 :UInt64;        # sessions whose fast lane is attached now
+  lanesRefused @55 :UInt64;         # lane attaches refused (bad token, another process, twice)
 }
 
 interface Daemon {
-  hello @0 (protocolVersion :UInt32, clientName :Text) -> (session :Session, protocolVersion :UInt32, daemonVersion :Text, devices :List(Int32), devicePciBusIds :List(Text));
+  hello @0 (protocolVersion :UInt32, clientName :Text) -> (session :Session, protocolVersion :UInt32, daemonVersion :Text, devices :List(Int32), devicePciBusIds :List(Text), laneToken :Data);
   # `devices`: the CUDA devices (the daemon's ordinals) that have a GPU pool, empty without one;
   # `devicePciBusIds`: their PCI bus ids, so that a client that sees the devices under other
   # ordinals (CUDA_VISIBLE_DEVICES) opens the right one.
   # The daemon checks the peer's Unix credentials (SO_PEERCRED) and assigns its tenant.
+  # `laneToken`: attaches the session's fast lane, a second connection from the same process for
+  # the hottest calls (transport/lane_codec.h).
 }
 
 interface Session {
   # Dropping the session (or the connection) removes every sequence it opened that is not detached.
-  open @0 (layout :Layout, device :Int32 = -1) -> (space :Space, extents :List(Extent), fingerprint :UInt64, blockBytes :UInt32);
+  open @0 (layout :Layout, device :Int32 = -1) -> (space :Space, extents :List(Extent), fingerprint :UInt64, blockBytes :UInt32, lane :UInt32);
+  # `lane`: the number the session's fast lane knows the space by.
   # With a device (a CUDA ordinal with a GPU pool), the space's puts allocate in that GPU's pool
   # and its lookups bring host-pool blocks of the prefix there first; the extents then include
   # that GPU's (and only that GPU's) with their IPC handles. -1: the host pool only.

@@ -125,6 +125,7 @@ TEST(Integration, ClientKilledWithLeasesReleasesPinsAndFreesUncommittedBlocks) {
   PeerProcess holder({"hold", daemon.socket(), "3", "64"});
   ASSERT_EQ(holder.waitForLine("READY"), "READY 4") << holder.output();
   const Stats holding = client->stats().value();
+  EXPECT_EQ(holding.laneLookups, before.laneLookups + 1);  // its read lease is the lane's
   EXPECT_EQ(holding.blocksPinned, 4u + 4u);  // 4 read-pinned, 4 granted to the open write lease
   EXPECT_EQ(holding.readLeases, 1u);
   EXPECT_EQ(holding.writeLeases, 1u);
@@ -420,6 +421,61 @@ TEST(Integration, OwnThreadClientsStopWhateverTheyWereDoing) {
     for (auto& thread : threads) thread.join();
     EXPECT_EQ(answered.load(), 20);
   }
+}
+
+// Lookups take the session's fast lane (ClientOptions::lane, on by default) in both threading
+// modes: the same blocks and bytes as over Cap'n Proto, and a dropped handle's release is served
+// before the client's next Cap'n Proto call although it went over the other connection.
+TEST(Integration, LookupsTakeTheFastLaneAndAnswerWhatCapnProtoAnswers) {
+  test::DaemonProcess daemon;
+  const auto t = synthetic::tokens(63, 70);
+  const auto kv = synthetic::packedKv(test::testLayout(), t, 0, 64);
+  auto writer = daemon.connect();
+  auto writerSpace = writer->open(test::testLayout()).value();
+  ASSERT_TRUE(writerSpace
+                  ->put("p", 0, t, synthetic::packedKv(test::testLayout(), t, 0, 70).data(),
+                        70 * test::testLayout().tokenKvBytes())
+                  .ok());
+  auto plain = Client::connect({.socketPath = daemon.socket(), .lane = false}).value();
+  auto plainSpace = plain->open(test::testLayout()).value();
+  const std::vector<BlockRef> refs = plainSpace->lookup(t).value().refs();
+  ASSERT_EQ(refs.size(), 4u);
+  const Stats start = plain->stats().value();
+  EXPECT_EQ(start.lanesAttached, 1u);  // the writer's; `plain` asked for none
+
+  for (auto threading : {ClientThreading::kOwnThread, ClientThreading::kCallerThread}) {
+    auto client = Client::connect({.socketPath = daemon.socket(), .threading = threading}).value();
+    auto space = client->open(test::testLayout()).value();
+    const uint64_t laneLookups = client->stats().value().laneLookups;
+    for (int i = 0; i < 20; ++i) {
+      {
+        auto hit = space->lookup(t).value();
+        ASSERT_EQ(hit.matchedTokens(), 64u);
+        EXPECT_EQ(readAll(hit), kv);
+        ASSERT_EQ(hit.refs().size(), refs.size());
+        for (size_t b = 0; b < refs.size(); ++b) {
+          EXPECT_EQ(hit.refs()[b].extent, refs[b].extent);
+          EXPECT_EQ(hit.refs()[b].offset, refs[b].offset);
+          EXPECT_EQ(hit.refs()[b].generation, refs[b].generation);
+        }
+      }
+      // The drop's release went over the lane; this call goes over Cap'n Proto and sees it.
+      const Stats s = client->stats().value();
+      ASSERT_EQ(s.readLeases, 0u) << "lookup " << i;
+      ASSERT_EQ(s.blocksPinned, 0u) << "lookup " << i;
+    }
+    const Stats after = client->stats().value();
+    EXPECT_EQ(after.laneLookups, laneLookups + 20);
+    EXPECT_EQ(after.lanesAttached, 2u);
+    // A miss grants nothing to release.
+    EXPECT_EQ(space->lookup(synthetic::tokens(64, 32)).value().matchedTokens(), 0u);
+    EXPECT_EQ(client->stats().value().readLeases, 0u);
+  }
+  // The lane-less client's lookups stay on Cap'n Proto.
+  const uint64_t before = plain->stats().value().laneLookups;
+  EXPECT_EQ(readAll(plainSpace->lookup(t).value()), kv);
+  EXPECT_EQ(plain->stats().value().laneLookups, before);
+  EXPECT_EQ(plain->stats().value().lanesAttached, 1u);
 }
 
 TEST(Integration, CallerThreadClientWorksOnItsThreadAndRefusesOthers) {

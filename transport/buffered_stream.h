@@ -8,6 +8,7 @@
 #pragma once
 
 #include <kj/async-io.h>
+#include <kj/debug.h>
 
 #include "transport/busy_poll.h"
 
@@ -22,6 +23,12 @@ class BufferedIoStream final : public kj::AsyncIoStream {
                             size_t bufferBytes = kDefaultBufferBytes);
 
   kj::Promise<size_t> tryRead(void* buffer, size_t minBytes, size_t maxBytes) override;
+  // Gives back the last `n` bytes read, for the next read to return again: at most the bytes the
+  // last read took from the buffer (a small read; large ones bypass it).
+  void unread(size_t n) {
+    KJ_REQUIRE(n <= begin_, "unread more than the buffer holds");
+    begin_ -= n;
+  }
   kj::Promise<void> write(const void* buffer, size_t size) override {
     return inner_->write(buffer, size);
   }

@@ -66,6 +66,11 @@ struct ClientOptions {
   // Clamped to [0, 10 ms]. (Own-thread mode never polls: its loop thread would hold the core the
   // caller it wakes is placed on.)
   std::chrono::microseconds busyPoll{50};
+  // Lookups (and their releases) over the session's fast lane: a second connection with
+  // hand-framed messages, one each way per lookup, from the calling thread in either threading
+  // mode (transport/lane_codec.h). Off: every call goes over Cap'n Proto. Calls the lane cannot
+  // take (binding a sequence, inline bytes, another thread's lookup under way) always do.
+  bool lane = true;
 };
 
 struct BlockRef {
@@ -112,6 +117,9 @@ struct Stats {
   // This client's tenant (its Unix user): host-pool bytes its blocks take, and the most they may
   // (kvtierd --tenant-quota; 0: no quota).
   uint64_t tenantBytesUsed = 0, tenantQuotaBytes = 0;
+  // Fast lanes (ClientOptions::lane): lookups served over them, lanes attached now, attaches
+  // refused.
+  uint64_t laneLookups = 0, lanesAttached = 0, lanesRefused = 0;
   std::vector<SpaceStats> spaces;
   std::string toJson() const;
 };

@@ -1,0 +1,235 @@
+#include "client/lane.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace kvtier {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Waits until `fd` is readable, at most until `deadline`.
+bool waitReadable(int fd, Clock::time_point deadline) {
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{fd, POLLIN, 0};
+    const int n = ::poll(&p, 1, static_cast<int>(left) + 1);
+    if (n > 0) return true;
+    if (n < 0 && errno != EINTR) return false;
+  }
+}
+
+}  // namespace
+
+Result<std::shared_ptr<ClientLane>> ClientLane::attach(const std::string& socketPath,
+                                                       std::span<const uint8_t> token,
+                                                       std::chrono::microseconds busyPoll,
+                                                       std::chrono::milliseconds timeout) {
+  if (token.size() != lane::kTokenBytes) {
+    return makeError(ErrorCode::kProtocolMismatch, "lane token of ", token.size(), " bytes");
+  }
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socketPath.size() >= sizeof addr.sun_path) {
+    return makeError(ErrorCode::kInvalidArgument, "socket path too long: ", socketPath);
+  }
+  std::memcpy(addr.sun_path, socketPath.data(), socketPath.size());
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return makeError(ErrorCode::kUnavailable, "socket: ", std::strerror(errno));
+  std::shared_ptr<ClientLane> lane(new ClientLane(fd, busyPoll));
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+    return makeError(ErrorCode::kUnavailable, "connect ", socketPath, ": ", std::strerror(errno));
+  }
+  lane::Attach hello;
+  std::memcpy(hello.token, token.data(), token.size());
+  std::vector<uint8_t> bytes(sizeof hello);
+  std::memcpy(bytes.data(), &hello, sizeof hello);
+  std::lock_guard lock(lane->mutex_);
+  if (!lane->sendAll(bytes)) {
+    return makeError(ErrorCode::kUnavailable, "the daemon closed the lane before its attach");
+  }
+  uint32_t status = 1;
+  size_t got = 0;
+  const auto deadline = Clock::now() + timeout;
+  while (got < sizeof status) {
+    if (!waitReadable(fd, deadline)) {
+      return makeError(ErrorCode::kUnavailable, "the daemon did not accept the lane within ",
+                       timeout.count(), " ms");
+    }
+    const ssize_t n = ::recv(fd, reinterpret_cast<uint8_t*>(&status) + got, sizeof status - got, 0);
+    if (n == 0) return makeError(ErrorCode::kUnavailable, "the daemon refused the lane");
+    if (n < 0 && errno != EINTR) {
+      return makeError(ErrorCode::kUnavailable, "lane attach: ", std::strerror(errno));
+    }
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  if (status != static_cast<uint32_t>(lane::AttachStatus::kAccepted)) {
+    return makeError(ErrorCode::kUnavailable, "the daemon refused the lane (", status, ")");
+  }
+  return lane;
+}
+
+ClientLane::ClientLane(int fd, std::chrono::microseconds busyPoll)
+    : fd_(fd), pid_(::getpid()), answers_(busyPoll) {}
+
+ClientLane::~ClientLane() { ::close(fd_); }
+
+bool ClientLane::usable() const { return !ended() && ::getpid() == pid_; }
+
+bool ClientLane::sendAll(const std::vector<uint8_t>& bytes) {
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    const ssize_t n = ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+    } else if (n < 0 && errno != EINTR) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool ClientLane::fill(size_t want, bool poll) {
+  // Reads until `want` unconsumed bytes are buffered; while `poll`, without sleeping for up to the
+  // busy-poll window.
+  const auto deadline = Clock::now() + answers_.window();
+  while (in_.size() - inBegin_ < want) {
+    if (inBegin_ > 0) {
+      in_.erase(in_.begin(), in_.begin() + static_cast<ptrdiff_t>(inBegin_));
+      inBegin_ = 0;
+    }
+    const size_t have = in_.size();
+    in_.resize(std::max(have + 4096, want));
+    const int flags = poll ? MSG_DONTWAIT : 0;
+    const ssize_t n = ::recv(fd_, in_.data() + have, in_.size() - have, flags);
+    in_.resize(have + static_cast<size_t>(std::max<ssize_t>(n, 0)));
+    if (n > 0) continue;
+    if (n == 0) return false;  // the daemon ended the lane
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+    if (Clock::now() >= deadline) poll = false;
+  }
+  return true;
+}
+
+bool ClientLane::receive(uint16_t op, uint64_t id, std::vector<uint8_t>& body) {
+  bool poll = answers_.hot();
+  if (!fill(sizeof(lane::Header), poll)) return false;
+  lane::Header h;
+  std::memcpy(&h, in_.data() + inBegin_, sizeof h);
+  if (!lane::checkHeader(h) || h.op != (op | lane::kReply) || h.id != id) return false;
+  inBegin_ += sizeof h;
+  if (!fill(h.bodyBytes, poll)) return false;
+  body.assign(in_.begin() + static_cast<ptrdiff_t>(inBegin_),
+              in_.begin() + static_cast<ptrdiff_t>(inBegin_ + h.bodyBytes));
+  inBegin_ += h.bodyBytes;
+  answers_.arrived();
+  // The daemon serves a lane's frames in order: every release sent before has been served.
+  unsynced_.store(false, std::memory_order_relaxed);
+  return true;
+}
+
+void ClientLane::appendPendingReleases(std::vector<uint8_t>& out) {
+  std::vector<uint64_t> leases;
+  {
+    std::lock_guard lock(releasesMutex_);
+    leases.swap(releases_);
+  }
+  if (leases.empty()) return;
+  lane::appendRelease(out, leases);
+}
+
+void ClientLane::sendPendingReleases() {
+  std::vector<uint8_t> out;
+  appendPendingReleases(out);
+  if (out.empty()) return;
+  if (!sendAll(out)) return endLane();
+  unsynced_.store(true, std::memory_order_relaxed);
+}
+
+void ClientLane::endLane() { ended_.store(true, std::memory_order_relaxed); }
+
+std::optional<Result<lane::LookupReply>> ClientLane::lookup(uint32_t space, uint32_t remote,
+                                                            std::span<const uint32_t> tokens,
+                                                            std::span<const Key128> keys) {
+  std::optional<Result<lane::LookupReply>> answer;
+  {
+    std::unique_lock lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock() || !usable()) return std::nullopt;
+    std::vector<uint8_t> out;
+    appendPendingReleases(out);
+    const uint64_t id = nextId_++;
+    lane::appendLookup(out, id, space, remote, tokens, keys);
+    std::vector<uint8_t> body;
+    if (!sendAll(out) || !receive(lane::kLookup, id, body)) {
+      endLane();
+      return std::nullopt;
+    }
+    auto reply = lane::decodeLookupReply(body);
+    // A malformed answer (not the daemon's typed error) ends the lane; the call goes over
+    // Cap'n Proto. Any lease it granted stays pinned until the client closes.
+    if (!reply) {
+      endLane();
+      return std::nullopt;
+    }
+    answer = std::move(reply).value();
+  }
+  // Releases queued while this call held the lane: their threads left them to this one.
+  flushReleases();
+  return answer;
+}
+
+void ClientLane::release(uint64_t lease) {
+  if (::getpid() != pid_) return;  // a forked child: the leases are its parent's
+  {
+    std::lock_guard lock(releasesMutex_);
+    releases_.push_back(lease);
+  }
+  flushReleases();
+}
+
+void ClientLane::flushReleases() {
+  // Sent now unless another thread's call holds the lane: that thread comes here once it has let
+  // go of it, and finds what was queued meanwhile.
+  for (;;) {
+    {
+      std::lock_guard lock(releasesMutex_);
+      if (releases_.empty()) return;
+    }
+    std::unique_lock lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock() || !usable()) return;
+    sendPendingReleases();
+  }
+}
+
+void ClientLane::sync() {
+  if (::getpid() != pid_) return;
+  const auto pending = [this] {
+    std::lock_guard lock(releasesMutex_);
+    return !releases_.empty();
+  };
+  // Nothing to wait for: no release went out since the lane's last answer, and none is queued
+  // (one another thread's call left for later).
+  if (!unsynced_.load(std::memory_order_relaxed) && !pending()) return;
+  std::unique_lock lock(mutex_);
+  if (!usable()) return;
+  std::vector<uint8_t> out;
+  appendPendingReleases(out);
+  if (out.empty() && !unsynced_.load(std::memory_order_relaxed)) return;
+  const uint64_t id = nextId_++;
+  lane::appendSync(out, id);
+  std::vector<uint8_t> body;
+  if (!sendAll(out) || !receive(lane::kSync, id, body)) endLane();
+  lock.unlock();
+  flushReleases();
+}
+
+}  // namespace kvtier

@@ -1,0 +1,79 @@
+// The SDK's end of a session's fast lane (transport/lane_codec.h; the daemon's end is
+// daemon/lane.h): a blocking Unix socket, used from the calling thread (either threading mode),
+// one call at a time. A call that finds the lane busy with another thread's call, or ended, or
+// in a forked child, goes over Cap'n Proto instead — the lane is a shortcut, never the only way.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvtier/error.h"
+#include "transport/busy_poll.h"
+#include "transport/lane_codec.h"
+
+namespace kvtier {
+
+class ClientLane {
+ public:
+  // Connects to `socketPath` and attaches with the session's `token`; waits at most `timeout` for
+  // the daemon to accept. `busyPoll`: how long a call polls for its answer while calls come within
+  // that window of each other (transport/busy_poll.h).
+  static Result<std::shared_ptr<ClientLane>> attach(const std::string& socketPath,
+                                                    std::span<const uint8_t> token,
+                                                    std::chrono::microseconds busyPoll,
+                                                    std::chrono::milliseconds timeout);
+  ~ClientLane();
+  ClientLane(const ClientLane&) = delete;
+  ClientLane& operator=(const ClientLane&) = delete;
+
+  // A lookup over the lane: the daemon's answer (or its typed error); nothing when the lane
+  // cannot take the call now (another thread's call holds it, it ended, this is a forked child).
+  std::optional<Result<lane::LookupReply>> lookup(uint32_t space, uint32_t remote,
+                                                  std::span<const uint32_t> tokens,
+                                                  std::span<const Key128> keys);
+  // Releases a lease a lookup over the lane granted (any thread; does not wait for the daemon).
+  void release(uint64_t lease);
+  // Before a Cap'n Proto call: returns once the daemon has served every release sent over the
+  // lane, so that the call sees them (the two connections are read independently).
+  void sync();
+  bool ended() const { return ended_.load(std::memory_order_relaxed); }
+
+ private:
+  ClientLane(int fd, std::chrono::microseconds busyPoll);
+  bool usable() const;
+  // Both with mutex_ held.
+  bool sendAll(const std::vector<uint8_t>& bytes);
+  // Reads the answer to request `id` of `op`; false ends the lane.
+  bool receive(uint16_t op, uint64_t id, std::vector<uint8_t>& body);
+  bool fill(size_t want, bool poll);
+  void appendPendingReleases(std::vector<uint8_t>& out);
+  void sendPendingReleases();
+  // Sends what release() queued, unless another thread holds the lane (it sends it when done).
+  void flushReleases();
+  // The lane cannot be trusted any more: calls go over Cap'n Proto. Its leases stay pinned until
+  // the client closes (the daemon lets go of them when the descriptor closes).
+  void endLane();
+
+  const int fd_;
+  const pid_t pid_;
+  std::mutex mutex_;  // one call at a time; guards everything below but releases_
+  uint64_t nextId_ = 1;
+  Conversation answers_;
+  std::vector<uint8_t> in_;  // bytes read, [inBegin_, in_.size()) not yet consumed
+  size_t inBegin_ = 0;
+  std::atomic<bool> ended_{false};
+  std::atomic<bool> unsynced_{false};  // releases were sent and no answer came after them
+  std::mutex releasesMutex_;
+  std::vector<uint64_t> releases_;  // guarded by releasesMutex_
+};
+
+}  // namespace kvtier

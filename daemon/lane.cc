@@ -1,0 +1,220 @@
+#include "daemon/lane.h"
+
+#include <sys/random.h>
+
+#include <cstring>
+
+#include "daemon/log.h"
+#include "transport/rpc_codec.h"
+
+namespace kvtier {
+
+namespace {
+
+Lane::Token randomToken() {
+  Lane::Token token;
+  size_t got = 0;
+  while (got < token.size()) {
+    const ssize_t n = ::getrandom(token.data() + got, token.size() - got, 0);
+    if (n > 0) {
+      got += static_cast<size_t>(n);
+    } else if (errno != EINTR) {
+      KJ_FAIL_SYSCALL("getrandom", errno);
+    }
+  }
+  return token;
+}
+
+}  // namespace
+
+Lane::Lane(const LookupSite& site, const PeerCredentials& peer, LaneStats& stats)
+    : site_(site), peer_(peer), stats_(stats), token_(randomToken()), tasks_(*this) {}
+
+Lane::~Lane() noexcept(false) { releaseAll(); }
+
+uint32_t Lane::addSpace(SpaceId space, uint8_t tier) {
+  for (uint32_t i = 0; i < spaces_.size(); ++i) {
+    if (spaces_[i] == std::make_pair(space, tier)) return i + 1;
+  }
+  spaces_.emplace_back(space, tier);
+  return static_cast<uint32_t>(spaces_.size());
+}
+
+void Lane::attach(kj::Own<kj::AsyncIoStream> stream) {
+  attached_ = true;
+  ++stats_.attached;
+  stream_ = kj::mv(stream);
+  tasks_.add(readMore());
+}
+
+void Lane::taskFailed(kj::Exception&& e) { end(e.getDescription().cStr()); }
+
+kj::Promise<void> Lane::readMore() {
+  if (ended_) return kj::READY_NOW;
+  // Keep what is unread at the front, with room for a whole frame (the one under way, or any that
+  // fits kReadBytes): reads of at least the BufferedIoStream's buffer go straight into in_.
+  if (inBegin_ > 0) {
+    std::memmove(in_.data(), in_.data() + inBegin_, inEnd_ - inBegin_);
+    inEnd_ -= inBegin_;
+    inBegin_ = 0;
+  }
+  const size_t want = std::max(frameBytes_, kReadBytes);
+  if (in_.size() < want || (inEnd_ == 0 && in_.size() > 4 * kReadBytes)) in_.resize(want);
+  return stream_->tryRead(in_.data() + inEnd_, 1, in_.size() - inEnd_)
+      .then([this](size_t n) -> kj::Promise<void> {
+        if (n == 0) {
+          // The client closed its lane.
+          end(inEnd_ > 0 ? "the connection ended inside a frame" : "");
+          return kj::READY_NOW;
+        }
+        inEnd_ += n;
+        serveBuffered();
+        flush();
+        return readMore();
+      });
+}
+
+void Lane::serveBuffered() {
+  // Every whole frame of the burst, in order, in this turn of the loop.
+  while (!ended_ && inEnd_ - inBegin_ >= sizeof(lane::Header)) {
+    lane::Header header;
+    std::memcpy(&header, in_.data() + inBegin_, sizeof header);
+    if (auto s = lane::checkHeader(header); !s || (header.op & lane::kReply) != 0) {
+      return end(s ? "a reply sent to the daemon" : s.error().message());
+    }
+    frameBytes_ = sizeof header + header.bodyBytes;
+    if (inEnd_ - inBegin_ < frameBytes_) return;  // the rest of it comes later
+    serve(header, std::span(in_.data() + inBegin_ + sizeof header, header.bodyBytes));
+    inBegin_ += frameBytes_;
+    frameBytes_ = 0;
+  }
+}
+
+void Lane::serve(const lane::Header& header, std::span<const uint8_t> body) {
+  switch (header.op) {
+    case lane::kLookup: {
+      auto req = lane::decodeLookup(body);
+      if (!req) return reply(req.error(), header.op, header.id);
+      return lookup(header.id, std::move(req).value());
+    }
+    case lane::kRelease: {
+      auto leases = lane::decodeRelease(body);
+      if (!leases) return end(leases.error().message());
+      bool released = false;
+      for (uint64_t id : *leases) {
+        // Only the lane's own leases: another session's are not a client's to release.
+        if (leases_.erase(id) == 0) {
+          logWarn("lane_release_unknown",
+                  "owner=" + std::to_string(site_.owner) + " lease=" + std::to_string(id));
+          continue;
+        }
+        (void)site_.engine.releaseRead(id);
+        released = true;
+      }
+      if (released && site_.cold) site_.cold->kick();
+      return;
+    }
+    case lane::kSync:
+      return lane::appendSyncReply(out_, header.id);
+  }
+}
+
+void Lane::lookup(uint64_t id, lane::LookupRequest req) {
+  if (req.space == 0 || req.space > spaces_.size()) {
+    return reply(makeError(ErrorCode::kInvalidArgument, "the lane has no space ", req.space),
+                 lane::kLookup, id);
+  }
+  if (req.remote > static_cast<uint32_t>(rpc::RemoteMode::PREFETCH)) {
+    return reply(makeError(ErrorCode::kInvalidArgument, "unknown remote mode ", req.remote),
+                 lane::kLookup, id);
+  }
+  const auto [space, tier] = spaces_[req.space - 1];
+  LookupSite site = site_;
+  site.space = space;
+  site.tier = tier;
+  std::vector<Key128> chain;
+  kj::Maybe<kj::Promise<void>> waitFor;
+  try {
+    waitFor =
+        prepareLookup(site, req.tokens, req.keys, static_cast<rpc::RemoteMode>(req.remote), chain);
+  } catch (const kj::Exception& e) {
+    return reply(fromKjException(e), lane::kLookup, id);
+  }
+  KJ_IF_MAYBE (ready, waitFor) {
+    // Blocks come from disk, another tier or the cluster first: answer when they are in place
+    // (the lane goes on reading; answers carry their request's id).
+    tasks_.add(ready->then(
+        [this, id, space = space, tier = tier, req = std::move(req), chain = std::move(chain)]() {
+          answer(id, space, tier, req, chain);
+          flush();
+        },
+        [this, id](kj::Exception&& e) {
+          reply(fromKjException(e), lane::kLookup, id);
+          flush();
+        }));
+    return;
+  }
+  answer(id, space, tier, req, chain);
+}
+
+void Lane::answer(uint64_t id, SpaceId space, uint8_t tier, const lane::LookupRequest& req,
+                  const std::vector<Key128>& chain) {
+  auto result =
+      site_.engine.lookup(site_.owner, space, req.tokens, req.keys, "", SeqOptions{}, chain, tier);
+  if (!result) return reply(result.error(), lane::kLookup, id);
+  if (ended_) {
+    // Nobody is left to release it.
+    if (result->lease != 0) (void)site_.engine.releaseRead(result->lease);
+    return;
+  }
+  if (result->lease != 0) leases_.insert(result->lease);
+  ++stats_.lookups;
+  lane::appendLookupReply(out_, id, {result->matchedTokens, result->lease, result->blocks});
+}
+
+void Lane::reply(const Error& error, uint16_t op, uint64_t id) {
+  lane::appendErrorReply(out_, op, id, error);
+}
+
+void Lane::flush() {
+  if (writing_ || out_.empty() || ended_) return;
+  writing_ = true;
+  auto bytes = kj::heap<std::vector<uint8_t>>(std::move(out_));
+  out_.clear();
+  auto* data = bytes.get();
+  tasks_.add(stream_->write(data->data(), data->size()).attach(kj::mv(bytes)).then([this]() {
+    writing_ = false;
+    if (ended_) return shutdown();
+    flush();
+  }));
+}
+
+void Lane::end(const std::string& why) {
+  if (ended_) return;
+  ended_ = true;
+  if (attached_) --stats_.attached;
+  if (!why.empty()) {
+    logWarn("lane_closed", "owner=" + std::to_string(site_.owner) + " why=\"" + why + "\"");
+  }
+  releaseAll();
+  if (!writing_) shutdown();  // else once the write under way is done
+}
+
+void Lane::shutdown() {
+  // The client sees the lane end (and goes on over Cap'n Proto); the descriptor stays open until
+  // the session ends, and nothing more is read from it.
+  if (!stream_) return;
+  try {
+    stream_->shutdownWrite();
+  } catch (const kj::Exception&) {
+  }
+}
+
+void Lane::releaseAll() {
+  for (LeaseId id : leases_) (void)site_.engine.releaseRead(id);
+  const bool any = !leases_.empty();
+  leases_.clear();
+  if (any && site_.cold) site_.cold->kick();
+}
+
+}  // namespace kvtier

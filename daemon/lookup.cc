@@ -1,0 +1,62 @@
+#include "daemon/lookup.h"
+
+#include "store/limits.h"
+#include "transport/rpc_codec.h"
+
+namespace kvtier {
+
+namespace {
+
+template <typename T>
+T orThrow(Result<T>&& r) {
+  if (!r) throwRpcError(r.error());
+  return std::move(r).value();
+}
+
+}  // namespace
+
+kj::Maybe<kj::Promise<void>> prepareLookup(const LookupSite& site,
+                                           const std::vector<uint32_t>& tokens,
+                                           const std::vector<Key128>& keys, rpc::RemoteMode mode,
+                                           std::vector<Key128>& chain) {
+  // With GPU pools, every lookup brings its prefix to the session's tier: a GPU session's to its
+  // GPU, a host session's to the host pool (which it can read).
+  const bool moveTiers = site.tiers != nullptr;
+  const bool askCluster =
+      site.remote != nullptr && site.remote->active() && mode != rpc::RemoteMode::LOCAL_ONLY;
+  if (!site.cold && !moveTiers && !askCluster) return nullptr;
+  const auto plan = orThrow(site.engine.lookupPlan(site.space, tokens, keys));
+  std::vector<Key128> cold;
+  for (const auto& step : plan) {
+    chain.push_back(step.key);
+    if (!step.hot) cold.push_back(step.key);
+  }
+  kj::Vector<kj::Promise<void>> waits;
+  if (askCluster) {
+    const size_t bt = site.engine.space(site.space).layout.blockTokens;
+    const size_t candidates =
+        keys.empty() ? std::min(tokens.size() / bt, kMaxBlocksPerLease) : keys.size();
+    if (plan.size() < candidates) {
+      auto all = orThrow(site.engine.chainKeys(site.space, tokens, keys, chain));
+      std::vector<Key128> rest(all.begin() + plan.size(), all.end());
+      kj::Promise<void> fetched = site.remote->fetch(site.space, std::move(rest));
+      if (mode == rpc::RemoteMode::FETCH) waits.add(kj::mv(fetched));
+    }
+  }
+  if (!cold.empty()) waits.add(site.cold->promote(site.space, std::move(cold)));
+  if (!waits.empty()) {
+    kj::Promise<void> ready = kj::joinPromises(waits.releaseAsArray());
+    if (moveTiers) {
+      ready = ready.then(
+          [tiers = site.tiers, space = site.space, tier = site.tier, chain]() -> kj::Promise<void> {
+            KJ_IF_MAYBE (moving, tiers->bringTo(space, chain, tier)) return kj::mv(*moving);
+            return kj::READY_NOW;
+          });
+    }
+    return kj::mv(ready);
+  }
+  if (moveTiers && !chain.empty()) return site.tiers->bringTo(site.space, chain, site.tier);
+  return nullptr;
+}
+
+}  // namespace kvtier

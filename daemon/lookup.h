@@ -1,0 +1,40 @@
+// What kvtierd's two front ends for lookups share — the Cap'n Proto Space (daemon/server.cc) and
+// the fast lane (daemon/lane.h): bringing a prompt's prefix into place before the engine answers.
+#pragma once
+
+#include <kj/async.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "daemon/cold_service.h"
+#include "daemon/remote_tier.h"
+#include "daemon/tier_service.h"
+#include "schemas/kvtier.capnp.h"
+#include "store/engine.h"
+
+namespace kvtier {
+
+// Where a lookup runs: the daemon's services (borrowed; null when absent) and the asking
+// session's owner, namespace and tier (0 host, 1 + d GPU d).
+struct LookupSite {
+  Engine& engine;
+  ColdService* cold = nullptr;
+  TierService* tiers = nullptr;
+  RemoteTier* remote = nullptr;
+  OwnerId owner = 0;
+  SpaceId space = 0;
+  uint8_t tier = 0;
+};
+
+// Before Engine::lookup: blocks of the prefix held only on disk come back into the pool, a GPU
+// session's prefix comes to its GPU, and the blocks past the local prefix are asked of the
+// cluster (`mode`). Returns the promise to wait for before answering, or nothing when the engine
+// can answer now. `chain` receives the prompt's keys the plan hashed, for Engine::lookup to
+// reuse. Errors are thrown as RPC errors (transport/rpc_codec.h).
+kj::Maybe<kj::Promise<void>> prepareLookup(const LookupSite& site,
+                                           const std::vector<uint32_t>& tokens,
+                                           const std::vector<Key128>& keys, rpc::RemoteMode mode,
+                                           std::vector<Key128>& chain);
+
+}  // namespace kvtier

@@ -1,0 +1,357 @@
+// The fast lane on the wire (transport/lane_codec.h), without the SDK: a lookup over it answers
+// what the Cap'n Proto lookup answers; bad frames get a typed error or end the lane, never the
+// session, and change nothing; an attach without the session's token, from another process or a
+// second time is refused; the lane's leases go when the lane does.
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <capnp/rpc-twoparty.h>
+#include <gtest/gtest.h>
+#include <kj/async-io.h>
+
+#include <cstring>
+#include <optional>
+
+#include "schemas/kvtier.capnp.h"
+#include "tests/test_support.h"
+#include "transport/lane_codec.h"
+#include "transport/rpc_codec.h"
+
+namespace kvtier {
+namespace {
+
+using lane::Header;
+
+// One process's sessions over raw Cap'n Proto: each hello is a session of its own, with its own
+// lane token; each opens the test layout's space.
+class RawSession {
+ public:
+  explicit RawSession(const std::string& socket) : io_(kj::setupAsyncIo()) {
+    auto address = io_.provider->getNetwork()
+                       .parseAddress(kj::str("unix:", socket.c_str()))
+                       .wait(io_.waitScope);
+    stream_ = address->connect().wait(io_.waitScope);
+    rpc_ = kj::heap<capnp::TwoPartyClient>(*stream_);
+    daemon_ = rpc_->bootstrap().castAs<rpc::Daemon>();
+    hello();
+  }
+
+  // Starts another session on the same connection; the calls below are then the new session's
+  // (the earlier ones stay open, with their sequences).
+  void hello() {
+    if (!token_.empty()) kept_.emplace_back(kj::mv(session_), kj::mv(space_));
+    auto hello = daemon_.helloRequest();
+    hello.setProtocolVersion(rpc::PROTOCOL_VERSION);
+    hello.setClientName("raw-lane");
+    auto said = hello.send().wait(io_.waitScope);
+    session_ = said.getSession();
+    auto token = said.getLaneToken();
+    token_.assign(token.begin(), token.end());
+    auto open = session_.openRequest();
+    layoutToRpc(test::testLayout(), open.initLayout());
+    auto opened = open.send().wait(io_.waitScope);
+    space_ = opened.getSpace();
+    laneSpace_ = opened.getLane();
+  }
+
+  kj::WaitScope& ws() { return io_.waitScope; }
+  const std::vector<uint8_t>& token() const { return token_; }
+  uint32_t laneSpace() const { return laneSpace_; }
+
+  struct Counts {
+    uint64_t blocksUsed, readLeases, pinned, hits;
+    bool operator==(const Counts&) const = default;
+  };
+  Counts counts() {
+    auto response = session_.statsRequest().send().wait(ws());
+    auto s = response.getStats();
+    return {s.getBlocksUsed(), s.getReadLeases(), s.getBlocksPinned(), s.getHits()};
+  }
+  uint64_t lanesRefused() {
+    return session_.statsRequest().send().wait(ws()).getStats().getLanesRefused();
+  }
+
+  // The Cap'n Proto lookup's answer, its lease released.
+  std::pair<uint64_t, std::vector<BlockLocation>> lookup(const std::vector<uint32_t>& tokens) {
+    auto req = space_.lookupRequest();
+    auto list = req.initTokens(tokens.size());
+    for (uint32_t i = 0; i < tokens.size(); ++i) list.set(i, tokens[i]);
+    auto r = req.send().wait(ws());
+    std::vector<BlockLocation> blocks;
+    for (auto b : r.getBlocks()) blocks.push_back(blockFromRpc(b));
+    r.getLease().releaseRequest().send().wait(ws());
+    return {r.getMatchedTokens(), blocks};
+  }
+
+  // Puts and commits `tokens` as sequence `seq`.
+  void put(const std::string& seq, const std::vector<uint32_t>& tokens) {
+    auto req = space_.putRequest();
+    req.setSeq(seq);
+    auto list = req.initTokens(tokens.size());
+    for (uint32_t i = 0; i < tokens.size(); ++i) list.set(i, tokens[i]);
+    auto lease = req.send().wait(ws()).getLease();
+    lease.commitRequest().send().wait(ws());
+  }
+
+ private:
+  kj::AsyncIoContext io_;
+  kj::Own<kj::AsyncIoStream> stream_;
+  kj::Own<capnp::TwoPartyClient> rpc_;
+  rpc::Daemon::Client daemon_ = nullptr;
+  rpc::Session::Client session_ = nullptr;
+  rpc::Space::Client space_ = nullptr;
+  std::vector<std::pair<rpc::Session::Client, rpc::Space::Client>> kept_;
+  std::vector<uint8_t> token_;
+  uint32_t laneSpace_ = 0;
+};
+
+// A lane connection driven by hand. Every wait has a deadline.
+class RawLane {
+ public:
+  explicit RawLane(const std::string& socket) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, socket.c_str(), sizeof addr.sun_path - 1);
+    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  }
+  ~RawLane() { ::close(fd_); }
+
+  void send(const void* p, size_t n) {
+    ASSERT_TRUE(connected_);
+    ASSERT_EQ(::send(fd_, p, n, MSG_NOSIGNAL), static_cast<ssize_t>(n));
+  }
+  void send(const std::vector<uint8_t>& bytes) { send(bytes.data(), bytes.size()); }
+
+  // Sends an Attach; true when the daemon accepts it, false when it closes the connection.
+  bool attach(const std::vector<uint8_t>& token, uint32_t version = lane::kVersion) {
+    lane::Attach a;
+    a.version = version;
+    std::memcpy(a.token, token.data(), std::min(token.size(), sizeof a.token));
+    send(&a, sizeof a);
+    uint32_t status = 1;
+    return readExactly(&status, sizeof status) && status == 0;
+  }
+
+  // The next frame, or nothing once the daemon has closed the lane.
+  std::optional<std::pair<Header, std::vector<uint8_t>>> frame() {
+    Header h;
+    if (!readExactly(&h, sizeof h)) return std::nullopt;
+    std::vector<uint8_t> body(h.bodyBytes);
+    if (!readExactly(body.data(), body.size())) return std::nullopt;
+    return std::make_pair(h, std::move(body));
+  }
+
+  // Sends a sync and waits for its answer: everything sent before has been served.
+  bool sync(uint64_t id) {
+    std::vector<uint8_t> f;
+    lane::appendSync(f, id);
+    send(f);
+    auto answer = frame();
+    return answer && answer->first.op == (lane::kSync | lane::kReply) && answer->first.id == id;
+  }
+
+  Result<lane::LookupReply> lookup(uint64_t id, uint32_t space, const std::vector<uint32_t>& tokens,
+                                   uint32_t remote = 1) {
+    std::vector<uint8_t> f;
+    lane::appendLookup(f, id, space, remote, tokens, {});
+    send(f);
+    return answer(id);
+  }
+  Result<lane::LookupReply> answer(uint64_t id) {
+    auto got = frame();
+    if (!got) return makeError(ErrorCode::kUnavailable, "lane closed");
+    EXPECT_EQ(got->first.op, lane::kLookup | lane::kReply);
+    EXPECT_EQ(got->first.id, id);
+    auto decoded = lane::decodeLookupReply(got->second);
+    if (!decoded) return decoded.error();
+    return std::move(decoded).value();
+  }
+
+  // True once the daemon has closed the lane (within the deadline).
+  bool closedByDaemon() {
+    uint8_t byte;
+    return !readExactly(&byte, 1);
+  }
+
+ private:
+  bool readExactly(void* p, size_t n) {
+    auto* out = static_cast<uint8_t*>(p);
+    size_t got = 0;
+    while (got < n) {
+      pollfd pfd{fd_, POLLIN, 0};
+      if (::poll(&pfd, 1, 10000) <= 0) {
+        ADD_FAILURE() << "the daemon said nothing for 10 s";
+        return false;
+      }
+      const ssize_t r = ::recv(fd_, out + got, n - got, 0);
+      if (r <= 0) return false;
+      got += static_cast<size_t>(r);
+    }
+    return true;
+  }
+
+  int fd_ = -1;
+  bool connected_ = false;
+};
+
+std::vector<uint32_t> promptTokens(uint32_t seed, uint32_t n) {
+  std::vector<uint32_t> t(n);
+  for (uint32_t i = 0; i < n; ++i) t[i] = seed * 7919 + i;
+  return t;
+}
+
+class LaneTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    raw = std::make_unique<RawSession>(daemon.socket());
+    raw->put("s", prompt);
+    before = raw->counts();
+  }
+  test::DaemonProcess daemon;
+  // Held by pointer: capnp objects have throwing destructors, gtest fixtures may not.
+  std::unique_ptr<RawSession> raw;
+  const std::vector<uint32_t> prompt = promptTokens(1, 40);  // 2 full blocks, 8 tokens more
+  RawSession::Counts before{};
+
+  // The counts as they were, but for the lookups' hits.
+  void expectUnchanged() {
+    auto now = raw->counts();
+    now.hits = before.hits;
+    EXPECT_EQ(now, before);
+  }
+};
+
+TEST_F(LaneTest, ALookupOverTheLaneAnswersWhatCapnProtoAnswers) {
+  const auto [matched, blocks] = raw->lookup(prompt);
+  ASSERT_EQ(matched, 32u);
+  RawLane l(daemon.socket());
+  ASSERT_TRUE(l.attach(raw->token()));
+  auto reply = l.lookup(1, raw->laneSpace(), prompt);
+  ASSERT_TRUE(reply.ok()) << reply.error();
+  EXPECT_EQ(reply->matchedTokens, 32u);
+  EXPECT_EQ(reply->blocks, blocks);
+  EXPECT_NE(reply->lease, 0u);
+  // The lane's lease pins the two blocks until released.
+  ASSERT_TRUE(l.sync(2));
+  EXPECT_EQ(raw->counts().readLeases, before.readLeases + 1);
+  EXPECT_EQ(raw->counts().pinned, before.pinned + 2);
+  // A miss grants no lease.
+  auto miss = l.lookup(3, raw->laneSpace(), promptTokens(2, 40));
+  ASSERT_TRUE(miss.ok());
+  EXPECT_EQ(miss->matchedTokens, 0u);
+  EXPECT_EQ(miss->lease, 0u);
+  std::vector<uint8_t> release;
+  lane::appendRelease(release, std::vector<uint64_t>{reply->lease});
+  l.send(release);
+  ASSERT_TRUE(l.sync(4));
+  expectUnchanged();
+}
+
+TEST_F(LaneTest, BadRequestsGetTypedErrorsAndChangeNothing) {
+  RawLane l(daemon.socket());
+  ASSERT_TRUE(l.attach(raw->token()));
+  auto codeOf = [](const Result<lane::LookupReply>& r) {
+    return r.ok() ? ErrorCode::kOk : r.error().code();
+  };
+  EXPECT_EQ(codeOf(l.lookup(1, 0, prompt)), ErrorCode::kInvalidArgument);   // no space 0
+  EXPECT_EQ(codeOf(l.lookup(2, 99, prompt)), ErrorCode::kInvalidArgument);  // nor 99
+  EXPECT_EQ(codeOf(l.lookup(3, raw->laneSpace(), prompt, 7)), ErrorCode::kInvalidArgument);
+  // Counts that do not match the body's size, and counts past the limits.
+  std::vector<uint8_t> f;
+  lane::appendLookup(f, 4, raw->laneSpace(), 1, prompt, {});
+  uint32_t tokens = 41;
+  std::memcpy(f.data() + sizeof(Header) + 8, &tokens, 4);
+  l.send(f);
+  EXPECT_EQ(codeOf(l.answer(4)), ErrorCode::kInvalidArgument);
+  tokens = static_cast<uint32_t>(kMaxTokensPerCall + 1);
+  std::memcpy(f.data() + sizeof(Header) + 8, &tokens, 4);
+  reinterpret_cast<Header*>(f.data())->id = 5;
+  l.send(f);
+  EXPECT_EQ(codeOf(l.answer(5)), ErrorCode::kInvalidArgument);
+  // A release of a lease the lane does not hold (another's, or made up) releases nothing.
+  const auto [matched, blocks] = raw->lookup(prompt);
+  ASSERT_EQ(matched, 32u);
+  std::vector<uint8_t> release;
+  lane::appendRelease(release, std::vector<uint64_t>{1, 2, 3, 12345});
+  l.send(release);
+  // The lane goes on: a good lookup still works, and its release is served.
+  auto good = l.lookup(6, raw->laneSpace(), prompt);
+  ASSERT_TRUE(good.ok()) << good.error();
+  EXPECT_EQ(good->matchedTokens, 32u);
+  release.clear();
+  lane::appendRelease(release, std::vector<uint64_t>{good->lease});
+  l.send(release);
+  ASSERT_TRUE(l.sync(7));
+  expectUnchanged();
+}
+
+TEST_F(LaneTest, BadFramingEndsTheLaneAndItsLeasesButNotTheSession) {
+  auto badFrames = std::vector<Header>{
+      {0, 9, 0, 1},                                              // unknown op
+      {0, lane::kSync, 1, 1},                                    // flags
+      {0, lane::kLookup | lane::kReply, 0, 1},                   // a reply, sent to the daemon
+      {uint32_t(lane::kMaxBodyBytes) + 1, lane::kLookup, 0, 1},  // too large to read
+  };
+  for (const Header& bad : badFrames) {
+    RawLane l(daemon.socket());
+    // A fresh session for each lane: a session attaches one lane in its life. (The counts are
+    // the daemon's, whichever session asks.)
+    raw->hello();
+    ASSERT_TRUE(l.attach(raw->token()));
+    auto held = l.lookup(1, raw->laneSpace(), prompt);
+    ASSERT_TRUE(held.ok()) << held.error();
+    ASSERT_EQ(held->matchedTokens, 32u);
+    EXPECT_EQ(raw->counts().readLeases, before.readLeases + 1);
+    l.send(&bad, sizeof bad);
+    EXPECT_TRUE(l.closedByDaemon()) << "op " << bad.op;
+    // The lane's lease went with it; the session still answers over Cap'n Proto.
+    EXPECT_EQ(raw->counts().readLeases, before.readLeases) << "op " << bad.op;
+    EXPECT_EQ(raw->lookup(prompt).first, 32u);
+  }
+  expectUnchanged();
+}
+
+TEST_F(LaneTest, AttachIsRefusedWithoutTheTokenInAnotherVersionOrTwice) {
+  const uint64_t refused = raw->lanesRefused();
+  std::vector<uint8_t> wrong = raw->token();
+  wrong[0] ^= 1;
+  EXPECT_FALSE(RawLane(daemon.socket()).attach(wrong));
+  EXPECT_FALSE(RawLane(daemon.socket()).attach(raw->token(), lane::kVersion + 1));
+  RawLane first(daemon.socket());
+  ASSERT_TRUE(first.attach(raw->token()));
+  EXPECT_FALSE(RawLane(daemon.socket()).attach(raw->token()));
+  EXPECT_EQ(raw->lanesRefused(), refused + 3);
+  // The attached lane is untouched by the refusals.
+  auto reply = first.lookup(1, raw->laneSpace(), prompt);
+  ASSERT_TRUE(reply.ok()) << reply.error();
+  EXPECT_EQ(reply->matchedTokens, 32u);
+  std::vector<uint8_t> release;
+  lane::appendRelease(release, std::vector<uint64_t>{reply->lease});
+  first.send(release);
+  ASSERT_TRUE(first.sync(2));
+  expectUnchanged();
+}
+
+TEST_F(LaneTest, AttachFromAnotherProcessIsRefused) {
+  // A child that learned the token (fork) is not the session's process.
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    RawLane l(daemon.socket());
+    _exit(l.attach(raw->token()) ? 1 : 0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the daemon accepted another process's attach";
+  // The session's own process still can.
+  RawLane l(daemon.socket());
+  EXPECT_TRUE(l.attach(raw->token()));
+}
+
+}  // namespace
+}  // namespace kvtier
