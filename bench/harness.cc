@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -174,8 +175,25 @@ bool ChildProcess::waitExit(std::chrono::milliseconds timeout) {
 
 void ChildProcess::stop(std::chrono::milliseconds timeout) {
   if (pid_ < 0 || poll()) return;
+  const pid_t pid = pid_;
   ::kill(pid_, SIGTERM);
-  if (waitExit(timeout)) return;
+  if (waitExit(timeout)) {
+    // A clean stop is exit 0: anything else is worth a line (and the log says why).
+    const int status = *exitStatus_;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      std::fprintf(stderr, "kvtier-bench: pid %d stopped with %s %d; the end of its log:\n", pid,
+                   WIFSIGNALED(status) ? "signal" : "exit status",
+                   WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+      std::ifstream in(log_);
+      std::deque<std::string> tail;
+      for (std::string line; std::getline(in, line);) {
+        tail.push_back(line);
+        if (tail.size() > 8) tail.pop_front();
+      }
+      for (const auto& line : tail) std::fprintf(stderr, "  %s\n", line.c_str());
+    }
+    return;
+  }
   std::fprintf(stderr, "kvtier-bench: pid %d ignored SIGTERM for %.1f s, killing it\n", pid_,
                std::chrono::duration<double>(timeout).count());
   ::kill(pid_, SIGKILL);
@@ -188,14 +206,17 @@ SegmentSweeper::~SegmentSweeper() {
   if (prefix_.empty()) return;
   std::error_code ec;
   size_t removed = 0;
+  std::string names;
   for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
-    if (entry.path().filename().string().starts_with(prefix_)) {
-      removed += std::filesystem::remove(entry.path(), ec) ? 1 : 0;
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with(prefix_) && std::filesystem::remove(entry.path(), ec)) {
+      ++removed;
+      names += " " + name;
     }
   }
   if (removed > 0) {
-    std::fprintf(stderr, "kvtier-bench: removed %zu shared-memory segment(s) kvtierd left\n",
-                 removed);
+    std::fprintf(stderr, "kvtier-bench: removed %zu shared-memory segment(s) kvtierd left:%s\n",
+                 removed, names.c_str());
   }
 }
 

@@ -217,6 +217,12 @@ std::string randomNodeId() {
 }
 
 int run(const DaemonConfig& config) {
+  // SIGTERM and SIGINT are blocked now, before anything starts a thread: a thread inherits the
+  // mask it starts with, and one started earlier (the CUDA driver's, when GPU pools open) would
+  // take the signal with its default action and end the process without the clean stop that
+  // removes the socket and the pool's segments.
+  kj::UnixEventPort::captureSignal(SIGTERM);
+  kj::UnixEventPort::captureSignal(SIGINT);
   // A cluster listener off loopback without a strong token is refused before anything starts.
   auto token = readClusterToken(config.clusterTokenFile);
   if (!token) {
@@ -274,8 +280,6 @@ int run(const DaemonConfig& config) {
   const std::string socketPath = config.effectiveSocketPath();
   ::unlink(socketPath.c_str());  // we hold the lock: any socket file here is a dead daemon's
 
-  kj::UnixEventPort::captureSignal(SIGTERM);
-  kj::UnixEventPort::captureSignal(SIGINT);
   auto io = kj::setupAsyncIo();
   kj::Own<kj::ConnectionReceiver> listener;
   KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] {
@@ -294,9 +298,8 @@ int run(const DaemonConfig& config) {
   // The socket's group is the allowed group: its members can connect (rw-rw----), and are then
   // admitted by SO_PEERCRED / SO_PEERGROUPS (Server::accept). Changing it needs root or
   // membership of the group.
-  if (!config.allowGroup.empty() &&
-      ::chown(socketPath.c_str(), static_cast<uid_t>(-1), static_cast<gid_t>(access.allowedGid)) !=
-          0) {
+  if (!config.allowGroup.empty() && ::chown(socketPath.c_str(), static_cast<uid_t>(-1),
+                                            static_cast<gid_t>(access.allowedGid)) != 0) {
     const std::string why = std::strerror(errno);
     ::unlink(socketPath.c_str());
     logWarn("startup_failed", "reason=\"cannot give " + socketPath + " to group " +
@@ -345,8 +348,7 @@ int run(const DaemonConfig& config) {
   }
   // Before the server, which borrows it: destroyed after it.
   BusyPoller poller(io.provider->getTimer(), std::chrono::microseconds(config.busyPollMicros));
-  Server server(engine, **pool, cold.get(), tiers.get(), gpus.exports(), &poller,
-                cluster.get());
+  Server server(engine, **pool, cold.get(), tiers.get(), gpus.exports(), &poller, cluster.get());
   server.setAccess(access);
   // See daemon/scheduling.h. Measured on the 2-vCPU development VM: hot lookup p99 while spilling
   // 0.6 ms against 1.6-1.8 ms with the default slice.
@@ -355,9 +357,8 @@ int run(const DaemonConfig& config) {
           "socket=" + socketPath + " host_pool_bytes=" + std::to_string(config.hostPoolBytes) +
               " extents=" + std::to_string((*pool)->extentCount()) +
               " gpus=" + std::to_string(gpus.count()) + " pid=" + std::to_string(::getpid()) +
-              " busy_poll_us=" + std::to_string(config.busyPollMicros) +
-              " eviction=" + evictionName(config.eviction) +
-              " allowed_gid=" + std::to_string(access.allowedGid) +
+              " busy_poll_us=" + std::to_string(config.busyPollMicros) + " eviction=" +
+              evictionName(config.eviction) + " allowed_gid=" + std::to_string(access.allowedGid) +
               " tenant_quota_bytes=" + std::to_string(config.effectiveTenantQuota()) +
               " short_slice=" + (shortSlice ? "yes" : "no"));
   // Prometheus metrics over HTTP, when asked for.

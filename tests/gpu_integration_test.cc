@@ -2,6 +2,9 @@
 // (tests/gpu_peer.cc). Needs a GPU: without one every test skips and says why.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
+
+#include <filesystem>
 
 #include "kernels/gpu.h"
 #include "tests/test_support.h"
@@ -102,6 +105,25 @@ TEST(GpuIntegration, DemotionToHostAndPromotionBackKeepTheBytes) {
         runPeer({"verify", daemon.socket(), std::to_string(100 + p), "256", "256", "256"}, &out), 0)
         << "host read of prompt " << p << ": " << out;
   }
+}
+
+// SIGTERM stops a daemon with GPU pools cleanly (exit 0: socket and segments removed) after GPU
+// clients came and went. Before, the CUDA driver's threads, started before the daemon blocked
+// the signal, took it with its default action and ended the process, leaving the host pool's
+// segment behind.
+TEST(GpuIntegration, SigtermStopsAGpuDaemonCleanly) {
+  SKIP_WITHOUT_GPU();
+  DaemonProcess daemon(64 << 20, "", gpuDaemonArgs("64M"));
+  std::string out;
+  ASSERT_EQ(runGpuPeer({"put-paged", daemon.socket(), "a", "7", "64"}, &out), 0) << out;
+  ASSERT_EQ(runGpuPeer({"verify-paged", daemon.socket(), "7", "64", "64"}, &out), 0) << out;
+  const std::string prefix = daemon.segmentPrefix();
+  const std::string socket = daemon.socket();
+  ASSERT_FALSE(shmSegments(prefix).empty());
+  const int status = daemon.stop(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "wait status " << status;
+  EXPECT_FALSE(std::filesystem::exists(socket));
+  EXPECT_TRUE(shmSegments(prefix).empty());
 }
 
 }  // namespace
