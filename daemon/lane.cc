@@ -201,13 +201,15 @@ void Lane::end(const std::string& why) {
 }
 
 void Lane::shutdown() {
-  // The client sees the lane end (and goes on over Cap'n Proto); the descriptor stays open until
-  // the session ends, and nothing more is read from it.
+  // The client sees the lane end (and goes on over Cap'n Proto): reads find its end, writes fail
+  // (nothing more is read: a client still writing must not block on a full socket). The
+  // descriptor stays open until the session ends.
   if (!stream_) return;
   try {
     stream_->shutdownWrite();
   } catch (const kj::Exception&) {
   }
+  stream_->abortRead();
 }
 
 void Lane::releaseAll() {

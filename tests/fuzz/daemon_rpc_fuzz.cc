@@ -5,7 +5,11 @@
 // - even: a conversation of calls (tests/fuzz/rpc_calls.h) on Daemon, Session, Space, WriteLease
 //   and ReadLease, with the capabilities the answers hand out;
 // - odd: raw bytes written to the socket as they are (Cap'n Proto RPC framing included), then the
-//   connection is closed: what a broken or hostile client can send.
+//   connection is closed: what a broken or hostile client can send;
+// - 0xF0 and above (before the two above): a session's fast lane (transport/lane_codec.h). The
+//   harness says hello, opens the test layout, commits a 40-token sequence (tokens as the seeds'
+//   fillTokens(1)), attaches the session's lane and writes the rest of the input to it as it is,
+//   then closes the lane and the session.
 // Each input gets a fresh engine and server over one host pool. After the client is gone the
 // daemon must hold no lease, pin or write block for it: a leak aborts (a finding).
 #include <sys/stat.h>
@@ -17,6 +21,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -29,6 +34,8 @@
 #include "tests/fuzz/fuzz_env.h"
 #include "tests/fuzz/rpc_calls.h"
 #include "transport/host_pool.h"
+#include "transport/lane_codec.h"
+#include "transport/rpc_codec.h"
 
 namespace kvtier::fuzz {
 namespace {
@@ -109,6 +116,8 @@ void playCalls(Harness& h, kj::AsyncIoStream& stream, const uint8_t* data, size_
   driver.play(data, size);
 }
 
+void drainUntilClosed(Harness& h, kj::AsyncIoStream& stream);
+
 void playRaw(Harness& h, kj::AsyncIoStream& stream, const uint8_t* data, size_t size) {
   size = std::min(size, kMaxRawBytes);
   // The daemon may close first (it refuses the bytes): a failed write is an answer too.
@@ -116,7 +125,11 @@ void playRaw(Harness& h, kj::AsyncIoStream& stream, const uint8_t* data, size_t 
     stream.write(data, size).wait(h.io.waitScope);
     stream.shutdownWrite();
   });
-  // Read until the daemon closes its side: it answers or closes within the deadline.
+  drainUntilClosed(h, stream);
+}
+
+// Reads until the daemon closes its side: it answers or closes within the deadline.
+void drainUntilClosed(Harness& h, kj::AsyncIoStream& stream) {
   auto& timer = h.io.provider->getTimer();
   const kj::TimePoint deadline = timer.now() + CallDriver::kCallDeadline;
   kj::byte buffer[4096];
@@ -139,6 +152,44 @@ void playRaw(Harness& h, kj::AsyncIoStream& stream, const uint8_t* data, size_t 
   }
 }
 
+void playLane(Harness& h, kj::AsyncIoStream& stream, const uint8_t* data, size_t size) {
+  capnp::TwoPartyClient client(stream);
+  auto& ws = h.io.waitScope;
+  auto hello = client.bootstrap().castAs<rpc::Daemon>().helloRequest();
+  hello.setProtocolVersion(rpc::PROTOCOL_VERSION);
+  auto said = hello.send().wait(ws);
+  auto session = said.getSession();
+  auto token = said.getLaneToken();
+  auto open = session.openRequest();
+  layoutToRpc(Layout{"test/tiny", 4, 2, 32, DType::kFloat16, 16, {}}, open.initLayout());
+  auto space = open.send().wait(ws).getSpace();
+  auto put = space.putRequest();
+  put.setSeq("s");
+  auto tokens = put.initTokens(40);
+  for (uint32_t i = 0; i < tokens.size(); ++i) tokens.set(i, 7919 + i);
+  put.send().wait(ws).getLease().commitRequest().send().wait(ws);
+
+  auto lane = h.connectAddress->connect().wait(ws);
+  lane::Attach attach;
+  if (token.size() != sizeof attach.token) std::abort();
+  std::memcpy(attach.token, token.begin(), sizeof attach.token);
+  lane->write(&attach, sizeof attach).wait(ws);
+  uint32_t status = 1;
+  if (lane->tryRead(&status, sizeof status, sizeof status).wait(ws) != sizeof status ||
+      status != 0) {
+    std::fprintf(stderr, "kvtier fuzz: the daemon refused the session's own lane\n");
+    std::abort();
+  }
+  size = std::min(size, kMaxRawBytes);
+  kj::runCatchingExceptions([&] {
+    lane->write(data, size).wait(ws);
+    lane->shutdownWrite();
+  });
+  drainUntilClosed(h, *lane);
+  // The session still answers over Cap'n Proto, whatever the lane was sent.
+  session.statsRequest().send().wait(ws);
+}
+
 }  // namespace
 }  // namespace kvtier::fuzz
 
@@ -155,7 +206,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         server.acceptLoop(*h.listener, h.io.unixEventPort).eagerlyEvaluate(nullptr);
     {
       auto stream = h.connectAddress->connect().wait(h.io.waitScope);
-      if (data[0] % 2 == 0) {
+      if (data[0] >= 0xF0) {
+        playLane(h, *stream, data + 1, size - 1);
+      } else if (data[0] % 2 == 0) {
         playCalls(h, *stream, data + 1, size - 1);
       } else {
         playRaw(h, *stream, data + 1, size - 1);

@@ -22,6 +22,7 @@
 #include "tests/fuzz/cold_fuzz_keys.h"
 #include "tests/fuzz/peer_fuzz_world.h"
 #include "tests/fuzz/rpc_calls.h"
+#include "transport/lane_codec.h"
 #include "transport/rpc_codec.h"
 
 namespace kvtier::fuzz {
@@ -542,6 +543,41 @@ void traceSeeds() {
         "{\"timestamp\": 1, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": []}\n");
 }
 
+// daemon_rpc's lane mode (first byte 0xF0): frames written to the session's fast lane after the
+// harness committed the 40 tokens of fillTokens(1) as space 1's sequence "s".
+void laneSeeds() {
+  const std::string harness = "daemon_rpc";
+  const auto frames = [](std::vector<uint8_t> bytes) {
+    return std::string(1, '\xF0') + std::string(bytes.begin(), bytes.end());
+  };
+  std::vector<uint32_t> tokens(40);
+  for (uint32_t i = 0; i < tokens.size(); ++i) tokens[i] = 7919 + i;
+  {
+    // A hit, its release (leases are numbered from 1 in a fresh engine), a miss, a sync.
+    std::vector<uint8_t> f;
+    lane::appendLookup(f, 1, 1, 1, tokens, {});
+    lane::appendRelease(f, std::vector<uint64_t>{1});
+    lane::appendLookup(f, 2, 1, 0, std::vector<uint32_t>(tokens.begin(), tokens.begin() + 20), {});
+    lane::appendSync(f, 3);
+    write(harness, "lane_lookup_release_sync", frames(f));
+  }
+  {
+    // Lookups by keys, of an unknown space, with a bad remote mode; a release of leases the lane
+    // does not hold; then a frame with an unknown op, which ends the lane.
+    std::vector<uint8_t> f;
+    Key128 k;
+    for (size_t i = 0; i < k.bytes.size(); ++i) k.bytes[i] = static_cast<uint8_t>(i);
+    lane::appendLookup(f, 1, 1, 1, {}, std::vector<Key128>{k, k});
+    lane::appendLookup(f, 2, 9, 1, tokens, {});
+    lane::appendLookup(f, 3, 1, 7, tokens, {});
+    lane::appendRelease(f, std::vector<uint64_t>{77, 1u << 31});
+    lane::Header bad{0, 0x7f, 0, 4};
+    const auto* b = reinterpret_cast<const uint8_t*>(&bad);
+    f.insert(f.end(), b, b + sizeof bad);
+    write(harness, "lane_bad_requests", frames(f));
+  }
+}
+
 }  // namespace
 }  // namespace kvtier::fuzz
 
@@ -558,6 +594,7 @@ int main(int argc, char** argv) {
   int rc = 0;
   try {
     daemonSeeds();
+    laneSeeds();
     peerSeeds();
     coldSeeds(scratch);
     configSeeds();
