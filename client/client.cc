@@ -231,6 +231,8 @@ Status Client::Impl::connect() {
 Status Client::Impl::mapExtents(
     const std::vector<std::pair<uint32_t, std::pair<std::string, uint64_t>>>& extents) {
   if (!options.mapPool) return {};
+  // Streaming stores or memcpy into the pool, as this machine copies faster (measured once).
+  kernels::chooseCopyMethodsOnce();
   for (const auto& [id, e] : extents) {
     if (mappings.count(id)) continue;
     if (e.first.empty()) {

@@ -1,7 +1,18 @@
 #include "kernels/block_copy.h"
 
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
 
 #if defined(__x86_64__)
 #include <emmintrin.h>
@@ -10,16 +21,16 @@
 namespace kvtier::kernels {
 namespace {
 
-// Runs of at least this many bytes are copied with non-temporal (streaming) stores: the
-// destination of a block copy is not read back soon by the copying core (another process, a DMA
-// to the GPU), and skipping the read-for-ownership of every destination line roughly doubles the
-// bandwidth of a single core over memcpy (docs/performance.md).
-constexpr size_t kStreamingThreshold = 4096;
+std::atomic<CopyMethod> gMethods[2] = {CopyMethod::kStreaming, CopyMethod::kStreaming};
 
-// Hot path: no allocation, no syscall.
-void copyRun(uint8_t* dst, const uint8_t* src, size_t n) {
+// Runs of at least kStreamingThreshold bytes are copied with non-temporal (streaming) stores
+// unless the machine measured memcpy faster: the destination of a block copy is not read back
+// soon by the copying core (another process, a DMA to the GPU), and where skipping the
+// read-for-ownership of every destination line pays, it roughly doubles a single core's bandwidth
+// over memcpy (docs/performance.md).
+void streamRun(uint8_t* dst, const uint8_t* src, size_t n) {
 #if defined(__x86_64__)
-  if (n >= kStreamingThreshold) {
+  {
     // Align the destination to 16 bytes, stream the middle, copy the tail.
     const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
     std::memcpy(dst, src, head);
@@ -44,6 +55,12 @@ void copyRun(uint8_t* dst, const uint8_t* src, size_t n) {
   std::memcpy(dst, src, n);
 }
 
+// Hot path: no allocation, no syscall.
+void copyRun(uint8_t* dst, const uint8_t* src, size_t n, CopyMethod method) {
+  if (n >= kStreamingThreshold && method == CopyMethod::kStreaming) return streamRun(dst, src, n);
+  std::memcpy(dst, src, n);
+}
+
 // Orders the streaming stores before whatever publishes the bytes (a commit, a return).
 void fence() {
 #if defined(__x86_64__)
@@ -53,12 +70,112 @@ void fence() {
 
 }  // namespace
 
+CopyMethod copyMethod(CopyDirection direction) {
+  return gMethods[static_cast<int>(direction)].load(std::memory_order_relaxed);
+}
+void setCopyMethod(CopyDirection direction, CopyMethod method) {
+  gMethods[static_cast<int>(direction)].store(method, std::memory_order_relaxed);
+}
+const char* copyMethodName(CopyMethod method) {
+  return method == CopyMethod::kStreaming ? "streaming" : "cached";
+}
+
+namespace {
+
+constexpr size_t kCalibrationRun = 16 << 10, kCalibrationPrivate = 4 << 20,
+                 kCalibrationShared = 16 << 20;
+
+// The buffers a calibration copies between: a private one, and a shared mapping of its own as the
+// pool's side (memfd, MAP_SHARED: no name, nothing to remove after). Faulted in up front: a first
+// touch costs what the kernel makes it, not what the copy does.
+struct CalibrationBuffers {
+  CalibrationBuffers() {
+    const int fd = static_cast<int>(::syscall(SYS_memfd_create, "kvtier-copy-calibration", 0));
+    if (fd < 0) return;
+    void* map = ::ftruncate(fd, kCalibrationShared) == 0
+                    ? ::mmap(nullptr, kCalibrationShared, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                    : MAP_FAILED;
+    ::close(fd);
+    if (map == MAP_FAILED) return;
+    shared = static_cast<uint8_t*>(map);
+    own = std::make_unique<uint8_t[]>(kCalibrationPrivate);
+    std::memset(own.get(), 0x5a, kCalibrationPrivate);
+    std::memset(shared, 0xa5, kCalibrationShared);
+  }
+  ~CalibrationBuffers() {
+    if (shared) ::munmap(shared, kCalibrationShared);
+  }
+  std::unique_ptr<uint8_t[]> own;
+  uint8_t* shared = nullptr;
+  size_t at = 0;  // where in the shared mapping the next pass goes: on from the last one
+};
+
+CopyCalibration calibrate(CopyDirection direction, CalibrationBuffers& b) {
+  CopyCalibration c;
+  if (!b.shared) return c;  // no memory for it: keep streaming
+  const bool into = direction == CopyDirection::kIntoPool;
+  const auto pass = [&](CopyMethod method) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (size_t off = 0; off < kCalibrationPrivate; off += kCalibrationRun) {
+      if (into) {
+        copyRun(b.shared + b.at + off, b.own.get() + off, kCalibrationRun, method);
+      } else {
+        copyRun(b.own.get() + off, b.shared + b.at + off, kCalibrationRun, method);
+      }
+    }
+    fence();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    b.at = (b.at + kCalibrationPrivate) % kCalibrationShared;
+    return double(kCalibrationPrivate) / std::max(seconds, 1e-9);
+  };
+  for (int round = 0; round < 3; ++round) {
+    const bool streamingFirst = round % 2 == 0;
+    const double first = pass(streamingFirst ? CopyMethod::kStreaming : CopyMethod::kCached);
+    const double second = pass(streamingFirst ? CopyMethod::kCached : CopyMethod::kStreaming);
+    c.streamingBytesPerSecond =
+        std::max(c.streamingBytesPerSecond, streamingFirst ? first : second);
+    c.cachedBytesPerSecond = std::max(c.cachedBytesPerSecond, streamingFirst ? second : first);
+  }
+  c.chosen = c.cachedBytesPerSecond >= 1.1 * c.streamingBytesPerSecond ? CopyMethod::kCached
+                                                                       : CopyMethod::kStreaming;
+  return c;
+}
+
+}  // namespace
+
+CopyCalibration calibrateCopyMethod(CopyDirection direction) {
+  CalibrationBuffers buffers;
+  return calibrate(direction, buffers);
+}
+
+void chooseCopyMethodsOnce() {
+  static const bool chosen = [] {
+    const char* env = std::getenv("KVTIER_COPY_METHOD");
+    const std::string asked = env ? env : "auto";
+    std::optional<CalibrationBuffers> buffers;
+    for (CopyDirection d : {CopyDirection::kIntoPool, CopyDirection::kOutOfPool}) {
+      if (asked == "streaming") {
+        setCopyMethod(d, CopyMethod::kStreaming);
+      } else if (asked == "cached") {
+        setCopyMethod(d, CopyMethod::kCached);
+      } else {
+        if (!buffers) buffers.emplace();
+        setCopyMethod(d, calibrate(d, *buffers).chosen);
+      }
+    }
+    return true;
+  }();
+  (void)chosen;
+}
+
 void packSlots(const BlockGeometry& g, const uint8_t* block, uint32_t firstSlot, uint32_t slots,
                uint8_t* packed, uint64_t packedTokens, uint64_t packedFirst) {
   const uint64_t run = uint64_t{slots} * g.tokenBytes;
+  const CopyMethod method = copyMethod(CopyDirection::kOutOfPool);
   for (uint64_t lkv = 0; lkv < 2ull * g.numLayers; ++lkv) {
     copyRun(packed + (lkv * packedTokens + packedFirst) * g.tokenBytes,
-            block + (lkv * g.blockTokens + firstSlot) * g.tokenBytes, run);
+            block + (lkv * g.blockTokens + firstSlot) * g.tokenBytes, run, method);
   }
   fence();
 }
@@ -66,9 +183,10 @@ void packSlots(const BlockGeometry& g, const uint8_t* block, uint32_t firstSlot,
 void unpackSlots(const BlockGeometry& g, uint8_t* block, uint32_t firstSlot, uint32_t slots,
                  const uint8_t* packed, uint64_t packedTokens, uint64_t packedFirst) {
   const uint64_t run = uint64_t{slots} * g.tokenBytes;
+  const CopyMethod method = copyMethod(CopyDirection::kIntoPool);
   for (uint64_t lkv = 0; lkv < 2ull * g.numLayers; ++lkv) {
     copyRun(block + (lkv * g.blockTokens + firstSlot) * g.tokenBytes,
-            packed + (lkv * packedTokens + packedFirst) * g.tokenBytes, run);
+            packed + (lkv * packedTokens + packedFirst) * g.tokenBytes, run, method);
   }
   fence();
 }

@@ -6,6 +6,7 @@
 // `packedFirst`: 2 * numLayers memcpy calls of slots * tokenBytes bytes each.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace kvtier::kernels {
@@ -15,6 +16,39 @@ struct BlockGeometry {
   uint32_t blockTokens;
   uint64_t tokenBytes;  // one token's K (or V) for one layer
 };
+
+// How runs of at least kStreamingThreshold bytes are copied. Streaming (non-temporal) stores skip
+// the read-for-ownership of each destination line and win on CPUs where that read is dear (2x on
+// the development VM); on others glibc's memcpy is faster (issue 18: a 2-core machine whose memcpy
+// ran at twice the development VM's, where the streaming write into the pool was slower than
+// memcpy of the same bytes). It can differ by direction on one machine (the 2026-11-27 VM: into
+// the shared pool memcpy wrote 16 MiB in 1.5 ms against 2.1 ms streaming, out of it streaming was
+// faster), so each direction's method is measured, not assumed: see calibrateCopyMethod.
+enum class CopyMethod : uint8_t { kStreaming, kCached };
+// Into the pool: a put's write (unpackSlots). Out of the pool: a get's copy (packSlots).
+enum class CopyDirection : uint8_t { kIntoPool, kOutOfPool };
+inline constexpr size_t kStreamingThreshold = 4096;
+
+// The method in use for a direction (kStreaming until set).
+CopyMethod copyMethod(CopyDirection direction);
+void setCopyMethod(CopyDirection direction, CopyMethod method);
+const char* copyMethodName(CopyMethod method);
+
+struct CopyCalibration {
+  CopyMethod chosen = CopyMethod::kStreaming;
+  double streamingBytesPerSecond = 0, cachedBytesPerSecond = 0;
+};
+// Times both methods for `direction` on this machine — 16 KiB runs (a block's run for a common
+// layout) between a private 4 MiB buffer and a 16 MiB shared mapping (memfd, MAP_SHARED: the pool
+// is one), each pass on a part of the mapping the last one did not touch, best of 3 each,
+// alternating — and chooses memcpy only where it beats streaming by at least 10% (noise must not
+// flip a machine to the slower method). No effect on copyMethod() (setCopyMethod does).
+CopyCalibration calibrateCopyMethod(CopyDirection direction);
+// Once per process (later calls return at once): KVTIER_COPY_METHOD=streaming or cached sets both
+// directions; unset (or auto) measures each with calibrateCopyMethod (~15 ms for both on a 2-core
+// VM). The SDK calls it when it first maps a pool (kvtierd's own copies — inline writes of clients
+// that do not map the pool — stream).
+void chooseCopyMethodsOnce();
 
 // Hot path: no allocation, no syscall.
 void packSlots(const BlockGeometry& g, const uint8_t* block, uint32_t firstSlot, uint32_t slots,
