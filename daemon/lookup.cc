@@ -5,16 +5,6 @@
 
 namespace kvtier {
 
-namespace {
-
-template <typename T>
-T orThrow(Result<T>&& r) {
-  if (!r) throwRpcError(r.error());
-  return std::move(r).value();
-}
-
-}  // namespace
-
 kj::Maybe<kj::Promise<void>> prepareLookup(const LookupSite& site,
                                            const std::vector<uint32_t>& tokens,
                                            const std::vector<Key128>& keys, rpc::RemoteMode mode,

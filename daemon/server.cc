@@ -55,16 +55,6 @@ capnp::ReaderOptions readerOptions() {
   return options;
 }
 
-template <typename T>
-T orThrow(Result<T>&& r) {
-  if (!r) throwRpcError(r.error());
-  return std::move(r).value();
-}
-
-void orThrow(Status&& s) {
-  if (!s) throwRpcError(s.error());
-}
-
 std::string_view text(capnp::Text::Reader t) { return std::string_view(t.cStr(), t.size()); }
 
 std::vector<uint32_t> tokensFrom(capnp::List<uint32_t>::Reader list) {

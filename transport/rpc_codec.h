@@ -8,6 +8,8 @@
 
 #include <kj/exception.h>
 
+#include <utility>
+
 #include "kvtier/error.h"
 #include "kvtier/layout.h"
 #include "schemas/kvtier.capnp.h"
@@ -17,6 +19,15 @@ namespace kvtier {
 
 kj::Exception toKjException(const Error& error);
 [[noreturn]] void throwRpcError(const Error& error);
+// A result's value, or its error thrown as throwRpcError does (in RPC handlers).
+template <typename T>
+T orThrow(Result<T>&& r) {
+  if (!r) throwRpcError(r.error());
+  return std::move(r).value();
+}
+inline void orThrow(Status&& s) {
+  if (!s) throwRpcError(s.error());
+}
 // The kvtier error inside a kj::Exception; an exception without one (a broken connection, a bug)
 // maps to UNAVAILABLE (DISCONNECTED) or INTERNAL.
 Error fromKjException(const kj::Exception& exception);

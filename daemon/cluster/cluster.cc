@@ -73,12 +73,6 @@ capnp::ReaderOptions peerReaderOptions() {
   return o;
 }
 
-template <typename T>
-T orThrow(Result<T>&& r) {
-  if (!r) throwRpcError(r.error());
-  return std::move(r).value();
-}
-
 Error invalid(std::string what) { return makeError(ErrorCode::kInvalidArgument, what); }
 
 Salt saltFrom(capnp::Data::Reader in) {
