@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "schemas/kvtier.capnp.h"
+#include "tests/raw_connection.h"
 #include "tests/test_support.h"
 #include "transport/lane_codec.h"
 #include "transport/rpc_codec.h"
@@ -29,35 +30,27 @@ using lane::Header;
 // lane token; each opens the test layout's space.
 class RawSession {
  public:
-  explicit RawSession(const std::string& socket) : io_(kj::setupAsyncIo()) {
-    auto address = io_.provider->getNetwork()
-                       .parseAddress(kj::str("unix:", socket.c_str()))
-                       .wait(io_.waitScope);
-    stream_ = address->connect().wait(io_.waitScope);
-    rpc_ = kj::heap<capnp::TwoPartyClient>(*stream_);
-    daemon_ = rpc_->bootstrap().castAs<rpc::Daemon>();
-    hello();
-  }
+  explicit RawSession(const std::string& socket) : conn_(socket) { hello(); }
 
   // Starts another session on the same connection; the calls below are then the new session's
   // (the earlier ones stay open, with their sequences).
   void hello() {
     if (!token_.empty()) kept_.emplace_back(kj::mv(session_), kj::mv(space_));
-    auto hello = daemon_.helloRequest();
+    auto hello = conn_.daemon().helloRequest();
     hello.setProtocolVersion(rpc::PROTOCOL_VERSION);
     hello.setClientName("raw-lane");
-    auto said = hello.send().wait(io_.waitScope);
+    auto said = hello.send().wait(ws());
     session_ = said.getSession();
     auto token = said.getLaneToken();
     token_.assign(token.begin(), token.end());
     auto open = session_.openRequest();
     layoutToRpc(test::testLayout(), open.initLayout());
-    auto opened = open.send().wait(io_.waitScope);
+    auto opened = open.send().wait(ws());
     space_ = opened.getSpace();
     laneSpace_ = opened.getLane();
   }
 
-  kj::WaitScope& ws() { return io_.waitScope; }
+  kj::WaitScope& ws() { return conn_.ws(); }
   const std::vector<uint8_t>& token() const { return token_; }
   uint32_t laneSpace() const { return laneSpace_; }
 
@@ -97,10 +90,7 @@ class RawSession {
   }
 
  private:
-  kj::AsyncIoContext io_;
-  kj::Own<kj::AsyncIoStream> stream_;
-  kj::Own<capnp::TwoPartyClient> rpc_;
-  rpc::Daemon::Client daemon_ = nullptr;
+  test::RawConnection conn_;
   rpc::Session::Client session_ = nullptr;
   rpc::Space::Client space_ = nullptr;
   std::vector<std::pair<rpc::Session::Client, rpc::Space::Client>> kept_;
@@ -143,6 +133,14 @@ class RawLane {
     std::vector<uint8_t> body(h.bodyBytes);
     if (!readExactly(body.data(), body.size())) return std::nullopt;
     return std::make_pair(h, std::move(body));
+  }
+
+  // Releases `leases` and waits until the daemon has served it (a sync with id `syncId`).
+  bool release(std::vector<uint64_t> leases, uint64_t syncId) {
+    std::vector<uint8_t> f;
+    lane::appendRelease(f, leases);
+    send(f);
+    return sync(syncId);
   }
 
   // Sends a sync and waits for its answer: everything sent before has been served.
@@ -244,10 +242,7 @@ TEST_F(LaneTest, ALookupOverTheLaneAnswersWhatCapnProtoAnswers) {
   ASSERT_TRUE(miss.ok());
   EXPECT_EQ(miss->matchedTokens, 0u);
   EXPECT_EQ(miss->lease, 0u);
-  std::vector<uint8_t> release;
-  lane::appendRelease(release, std::vector<uint64_t>{reply->lease});
-  l.send(release);
-  ASSERT_TRUE(l.sync(4));
+  ASSERT_TRUE(l.release({reply->lease}, 4));
   expectUnchanged();
 }
 
@@ -282,10 +277,7 @@ TEST_F(LaneTest, BadRequestsGetTypedErrorsAndChangeNothing) {
   auto good = l.lookup(6, raw->laneSpace(), prompt);
   ASSERT_TRUE(good.ok()) << good.error();
   EXPECT_EQ(good->matchedTokens, 32u);
-  release.clear();
-  lane::appendRelease(release, std::vector<uint64_t>{good->lease});
-  l.send(release);
-  ASSERT_TRUE(l.sync(7));
+  ASSERT_TRUE(l.release({good->lease}, 7));
   expectUnchanged();
 }
 
@@ -329,10 +321,7 @@ TEST_F(LaneTest, AttachIsRefusedWithoutTheTokenInAnotherVersionOrTwice) {
   auto reply = first.lookup(1, raw->laneSpace(), prompt);
   ASSERT_TRUE(reply.ok()) << reply.error();
   EXPECT_EQ(reply->matchedTokens, 32u);
-  std::vector<uint8_t> release;
-  lane::appendRelease(release, std::vector<uint64_t>{reply->lease});
-  first.send(release);
-  ASSERT_TRUE(first.sync(2));
+  ASSERT_TRUE(first.release({reply->lease}, 2));
   expectUnchanged();
 }
 

@@ -6,6 +6,7 @@
 
 #include "schemas/kvtier.capnp.h"
 #include "store/limits.h"
+#include "tests/raw_connection.h"
 #include "tests/test_support.h"
 #include "transport/rpc_codec.h"
 
@@ -14,20 +15,13 @@ namespace {
 
 class RawClient {
  public:
-  explicit RawClient(const std::string& socket) : io_(kj::setupAsyncIo()) {
-    auto address = io_.provider->getNetwork()
-                       .parseAddress(kj::str("unix:", socket.c_str()))
-                       .wait(io_.waitScope);
-    stream_ = address->connect().wait(io_.waitScope);
-    rpc_ = kj::heap<capnp::TwoPartyClient>(*stream_);
-    daemon_ = rpc_->bootstrap().castAs<rpc::Daemon>();
-  }
+  explicit RawClient(const std::string& socket) : conn_(socket) {}
 
-  kj::WaitScope& ws() { return io_.waitScope; }
-  rpc::Daemon::Client& daemon() { return daemon_; }
+  kj::WaitScope& ws() { return conn_.ws(); }
+  rpc::Daemon::Client& daemon() { return conn_.daemon(); }
 
   rpc::Session::Client hello() {
-    auto req = daemon_.helloRequest();
+    auto req = daemon().helloRequest();
     req.setProtocolVersion(rpc::PROTOCOL_VERSION);
     req.setClientName("raw");
     return req.send().wait(ws()).getSession();
@@ -61,10 +55,7 @@ class RawClient {
   }
 
  private:
-  kj::AsyncIoContext io_;
-  kj::Own<kj::AsyncIoStream> stream_;
-  kj::Own<capnp::TwoPartyClient> rpc_;
-  rpc::Daemon::Client daemon_ = nullptr;
+  test::RawConnection conn_;
 };
 
 void setTokens(capnp::List<uint32_t>::Builder out, uint32_t seed) {
