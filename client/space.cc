@@ -113,7 +113,12 @@ Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span
       options.remote == RemoteMode::kLocal      ? uint32_t(rpc::RemoteMode::LOCAL_ONLY)
       : options.remote == RemoteMode::kPrefetch ? uint32_t(rpc::RemoteMode::PREFETCH)
                                                 : uint32_t(rpc::RemoteMode::FETCH);
+  // A lookup's answer is the matched prefix from position 0; whichever way it came, the handle
+  // takes its lease and maps its blocks below.
+  handle.begin_ = 0;
+  handle.firstPosition_ = 0;
   // The fast lane takes a plain lookup of a client that maps the pool.
+  bool answered = false;
   if (client->lane && impl_->lane != 0 && client->mapped && options.bindSeq.empty() &&
       (!client->callerThread || std::this_thread::get_id() == client->callerThreadId)) {
     if (auto answer = client->lane->lookup(impl_->lane, remote, tokens, keys)) {
@@ -121,36 +126,31 @@ Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span
       lane::LookupReply& r = answer->value();
       lease->lane = client->lane;
       lease->laneLease = r.lease;
-      handle.begin_ = 0;
       handle.end_ = r.matchedTokens;
-      handle.firstPosition_ = 0;
       handle.refs_.reserve(r.blocks.size());
       for (const auto& b : r.blocks) {
         handle.refs_.push_back(BlockRef{b.extent, b.offset, b.bytes, b.generation});
       }
-      handle.lease_ = std::move(lease);
-      if (auto s = attachViews(*client, handle.refs_, handle.inline_, handle.views_); !s)
-        return s.error();
-      return handle;
+      answered = true;
     }
   }
-  auto status = client->run([&] {
-    auto req = impl_->space().lookupRequest();
-    setTokens(req.initTokens(tokens.size()), tokens);
-    setKeys(req.initKeys(keys.size()), keys);
-    req.setBindSeq(options.bindSeq);
-    setSeqOptions(req.initOptions(), options);
-    req.setInline(!client->mapped);
-    req.setRemote(static_cast<rpc::RemoteMode>(remote));
-    return req.send().then([&](capnp::Response<rpc::Space::LookupResults>&& r) {
-      lease->cap = r.getLease();
-      handle.begin_ = 0;
-      handle.end_ = r.getMatchedTokens();
-      handle.firstPosition_ = 0;
-      readBlocks(r, handle.refs_, handle.inline_);
+  if (!answered) {
+    auto status = client->run([&] {
+      auto req = impl_->space().lookupRequest();
+      setTokens(req.initTokens(tokens.size()), tokens);
+      setKeys(req.initKeys(keys.size()), keys);
+      req.setBindSeq(options.bindSeq);
+      setSeqOptions(req.initOptions(), options);
+      req.setInline(!client->mapped);
+      req.setRemote(static_cast<rpc::RemoteMode>(remote));
+      return req.send().then([&](capnp::Response<rpc::Space::LookupResults>&& r) {
+        lease->cap = r.getLease();
+        handle.end_ = r.getMatchedTokens();
+        readBlocks(r, handle.refs_, handle.inline_);
+      });
     });
-  });
-  if (!status) return status.error();
+    if (!status) return status.error();
+  }
   handle.lease_ = std::move(lease);
   if (auto s = attachViews(*client, handle.refs_, handle.inline_, handle.views_); !s)
     return s.error();
