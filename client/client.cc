@@ -483,6 +483,7 @@ Result<Stats> Client::stats() {
           out.laneLookups = s.getLaneLookups();
           out.lanesAttached = s.getLanesAttached();
           out.lanesRefused = s.getLanesRefused();
+          out.lanePuts = s.getLanePuts();
           for (auto sp : s.getSpaces()) {
             out.spaces.push_back(SpaceStats{sp.getFingerprint(), sp.getBlockBytes(),
                                             sp.getBlocksTotal(), sp.getBlocksUsed(),
@@ -550,7 +551,8 @@ std::string Stats::toJson() const {
     << "}, \"auth_failures\": " << peerAuthFailures << ", \"peer_rtt_us\": " << peerRttMicros
     << "}, \"tenant\": {\"bytes_used\": " << tenantBytesUsed
     << ", \"quota_bytes\": " << tenantQuotaBytes << "}, \"lanes\": {\"lookups\": " << laneLookups
-    << ", \"attached\": " << lanesAttached << ", \"refused\": " << lanesRefused
+    << ", \"puts\": " << lanePuts << ", \"attached\": " << lanesAttached
+    << ", \"refused\": " << lanesRefused
     << "}, \"spaces\": [";
   for (size_t i = 0; i < spaces.size(); ++i) {
     const auto& s = spaces[i];

@@ -103,10 +103,17 @@ struct Client::Impl {
   kj::Own<capnp::TwoPartyVatNetwork> network;
   kj::Own<capnp::RpcSystem<capnp::rpc::twoparty::VatId>> rpcSystem;
   kj::Maybe<rpc::Session::Client> session;
-  // The session's fast lane for lookups (client/lane.h); null without one (ClientOptions::lane
-  // off, or a daemon that offered none or refused the attach).
+  // The session's fast lane for lookups and puts (client/lane.h); null without one
+  // (ClientOptions::lane off, or a daemon that offered none or refused the attach).
   std::shared_ptr<ClientLane> lane;
   std::vector<uint8_t> laneToken;  // from hello
+  // The lane, when this call may take it: the client maps the pool (the lane carries no bytes),
+  // and a caller-thread client is called from its own thread. Null otherwise.
+  ClientLane* laneHere() const {
+    if (!lane || !mapped) return nullptr;
+    if (callerThread && std::this_thread::get_id() != callerThreadId) return nullptr;
+    return lane.get();
+  }
 
   // Written once during open() under the loop, read by handles: the loop serialises both.
   std::map<uint32_t, std::unique_ptr<ShmSegment>> mappings;
@@ -226,11 +233,19 @@ struct Space::Impl {
 struct LeaseState {
   Client::Impl* client = nullptr;
   kj::Maybe<capnp::Capability::Client> cap;
-  // A lease granted over the fast lane instead: released over it.
+  // A lease granted over the fast lane instead: released (a read lease) or aborted (a write
+  // lease) over it, unless committed.
   std::shared_ptr<ClientLane> lane;
   uint64_t laneLease = 0;
+  bool laneWrite = false;
   ~LeaseState() {
-    if (lane && laneLease != 0) lane->release(laneLease);
+    if (lane && laneLease != 0) {
+      if (laneWrite) {
+        lane->abort(laneLease);
+      } else {
+        lane->release(laneLease);
+      }
+    }
     // Dropping the capability sends the daemon a release without waiting for it. A caller-thread
     // client drops it here; an own-thread one hands it to its loop thread without waiting.
     KJ_IF_MAYBE (c, cap) {

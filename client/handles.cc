@@ -66,7 +66,8 @@ Status WriteHandle::write(uint64_t from, uint64_t to, const void* kv, size_t byt
   const uint32_t bt = layout.blockTokens;
   const auto g = geometry(layout);
   const auto* packed = static_cast<const uint8_t*>(kv);
-  if (!views_.empty()) {
+  // A lease the fast lane granted always has views: the lane serves clients that map the pool.
+  if (!views_.empty() || lease_->lane) {
     for (uint64_t pos = from; pos < to;) {
       const uint64_t block = (pos - firstPosition_) / bt;
       const uint32_t slot = static_cast<uint32_t>((pos - firstPosition_) % bt);
@@ -107,15 +108,27 @@ Status WriteHandle::write(uint64_t from, uint64_t to, const void* kv, size_t byt
 
 Result<CommitInfo> WriteHandle::commit(uint64_t upTo) {
   if (!lease_) return makeError(ErrorCode::kReleased, "write handle was committed or aborted");
-  auto result = lease_->client->run([&] {
-    auto req = KJ_ASSERT_NONNULL(lease_->cap).castAs<rpc::WriteLease>().commitRequest();
-    req.setUpTo(upTo);
-    return req.send().then([](capnp::Response<rpc::WriteLease::CommitResults>&& r) {
-      return CommitInfo{r.getLength(), r.getSealedBlocks()};
+  Result<CommitInfo> result = makeError(ErrorCode::kInternal, "commit not sent");
+  if (lease_->lane) {
+    auto r = lease_->lane->commit(lease_->laneLease, upTo);
+    if (r) {
+      result = CommitInfo{r->length, r->sealedBlocks};
+    } else {
+      result = r.error();
+    }
+  } else {
+    result = lease_->client->run([&] {
+      auto req = KJ_ASSERT_NONNULL(lease_->cap).castAs<rpc::WriteLease>().commitRequest();
+      req.setUpTo(upTo);
+      return req.send().then([](capnp::Response<rpc::WriteLease::CommitResults>&& r) {
+        return CommitInfo{r.getLength(), r.getSealedBlocks()};
+      });
     });
-  });
-  // A bad upTo leaves the lease open for another try; anything else ends it.
+  }
+  // A bad upTo leaves the lease open for another try; anything else ends it (the daemon's end of
+  // a lane lease too: nothing is left to abort).
   if (result || result.code() != ErrorCode::kInvalidArgument) {
+    if (lease_->lane) lease_->laneLease = 0;
     lease_.reset();
     views_.clear();
   }
@@ -124,6 +137,12 @@ Result<CommitInfo> WriteHandle::commit(uint64_t upTo) {
 
 Status WriteHandle::abort() {
   if (!lease_) return makeError(ErrorCode::kReleased, "write handle was committed or aborted");
+  if (lease_->lane) {
+    // Over the lane an abort is one-way: the lease's state sends it as it goes.
+    lease_.reset();
+    views_.clear();
+    return {};
+  }
   auto status = lease_->client->run([&] {
     return KJ_ASSERT_NONNULL(lease_->cap)
         .castAs<rpc::WriteLease>()
@@ -135,7 +154,6 @@ Status WriteHandle::abort() {
   views_.clear();
   return status;
 }
-
 
 BlobHandle::BlobHandle(BlobHandle&&) noexcept = default;
 BlobHandle& BlobHandle::operator=(BlobHandle&&) noexcept = default;

@@ -138,13 +138,14 @@ bool ClientLane::receive(uint16_t op, uint64_t id, std::vector<uint8_t>& body) {
 }
 
 void ClientLane::appendPendingReleases(std::vector<uint8_t>& out) {
-  std::vector<uint64_t> leases;
+  std::vector<uint64_t> releases, aborts;
   {
     std::lock_guard lock(releasesMutex_);
-    leases.swap(releases_);
+    releases.swap(releases_);
+    aborts.swap(aborts_);
   }
-  if (leases.empty()) return;
-  lane::appendRelease(out, leases);
+  if (!releases.empty()) lane::appendRelease(out, releases);
+  if (!aborts.empty()) lane::appendAbort(out, aborts);
 }
 
 void ClientLane::sendPendingReleases() {
@@ -157,6 +158,27 @@ void ClientLane::sendPendingReleases() {
 
 void ClientLane::endLane() { ended_.store(true, std::memory_order_relaxed); }
 
+template <typename Reply, typename Append, typename Decode>
+std::optional<Result<Reply>> ClientLane::exchange(uint16_t op, Append append, Decode decode) {
+  std::vector<uint8_t> out;
+  appendPendingReleases(out);
+  const uint64_t id = nextId_++;
+  append(out, id);
+  std::vector<uint8_t> body;
+  if (!sendAll(out) || !receive(op, id, body)) {
+    endLane();
+    return std::nullopt;
+  }
+  auto reply = decode(std::span<const uint8_t>(body));
+  // A malformed answer (not the daemon's typed error) ends the lane: any lease it granted stays
+  // pinned until the client closes.
+  if (!reply) {
+    endLane();
+    return std::nullopt;
+  }
+  return std::move(reply).value();
+}
+
 std::optional<Result<lane::LookupReply>> ClientLane::lookup(uint32_t space, uint32_t remote,
                                                             std::span<const uint32_t> tokens,
                                                             std::span<const Key128> keys) {
@@ -164,27 +186,50 @@ std::optional<Result<lane::LookupReply>> ClientLane::lookup(uint32_t space, uint
   {
     std::unique_lock lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock() || !usable()) return std::nullopt;
-    std::vector<uint8_t> out;
-    appendPendingReleases(out);
-    const uint64_t id = nextId_++;
-    lane::appendLookup(out, id, space, remote, tokens, keys);
-    std::vector<uint8_t> body;
-    if (!sendAll(out) || !receive(lane::kLookup, id, body)) {
-      endLane();
-      return std::nullopt;
-    }
-    auto reply = lane::decodeLookupReply(body);
-    // A malformed answer (not the daemon's typed error) ends the lane; the call goes over
-    // Cap'n Proto. Any lease it granted stays pinned until the client closes.
-    if (!reply) {
-      endLane();
-      return std::nullopt;
-    }
-    answer = std::move(reply).value();
+    answer = exchange<lane::LookupReply>(
+        lane::kLookup,
+        [&](std::vector<uint8_t>& out, uint64_t id) {
+          lane::appendLookup(out, id, space, remote, tokens, keys);
+        },
+        lane::decodeLookupReply);
   }
   // Releases queued while this call held the lane: their threads left them to this one.
   flushReleases();
   return answer;
+}
+
+std::optional<Result<lane::PutReply>> ClientLane::put(const lane::PutArgs& args) {
+  std::optional<Result<lane::PutReply>> answer;
+  {
+    std::unique_lock lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock() || !usable()) return std::nullopt;
+    answer = exchange<lane::PutReply>(
+        lane::kPut, [&](std::vector<uint8_t>& out, uint64_t id) { lane::appendPut(out, id, args); },
+        lane::decodePutReply);
+  }
+  flushReleases();
+  return answer;
+}
+
+Result<lane::CommitReply> ClientLane::commit(uint64_t lease, uint64_t upTo) {
+  std::optional<Result<lane::CommitReply>> answer;
+  {
+    std::unique_lock lock(mutex_);
+    if (usable()) {
+      answer = exchange<lane::CommitReply>(
+          lane::kCommit,
+          [&](std::vector<uint8_t>& out, uint64_t id) {
+            lane::appendCommit(out, id, {lease, upTo});
+          },
+          lane::decodeCommitReply);
+    }
+  }
+  flushReleases();
+  if (!answer) {
+    return makeError(ErrorCode::kUnavailable,
+                     "the fast lane ended before the commit: its write lease is lost");
+  }
+  return std::move(*answer);
 }
 
 void ClientLane::release(uint64_t lease) {
@@ -196,13 +241,22 @@ void ClientLane::release(uint64_t lease) {
   flushReleases();
 }
 
+void ClientLane::abort(uint64_t lease) {
+  if (::getpid() != pid_) return;
+  {
+    std::lock_guard lock(releasesMutex_);
+    aborts_.push_back(lease);
+  }
+  flushReleases();
+}
+
 void ClientLane::flushReleases() {
   // Sent now unless another thread's call holds the lane: that thread comes here once it has let
   // go of it, and finds what was queued meanwhile.
   for (;;) {
     {
       std::lock_guard lock(releasesMutex_);
-      if (releases_.empty()) return;
+      if (releases_.empty() && aborts_.empty()) return;
     }
     std::unique_lock lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock() || !usable()) return;
@@ -214,21 +268,21 @@ void ClientLane::sync() {
   if (::getpid() != pid_) return;
   const auto pending = [this] {
     std::lock_guard lock(releasesMutex_);
-    return !releases_.empty();
+    return !releases_.empty() || !aborts_.empty();
   };
-  // Nothing to wait for: no release went out since the lane's last answer, and none is queued
-  // (one another thread's call left for later).
+  // Nothing to wait for: no release or abort went out since the lane's last answer, and none is
+  // queued (one another thread's call left for later).
   if (!unsynced_.load(std::memory_order_relaxed) && !pending()) return;
-  std::unique_lock lock(mutex_);
-  if (!usable()) return;
-  std::vector<uint8_t> out;
-  appendPendingReleases(out);
-  if (out.empty() && !unsynced_.load(std::memory_order_relaxed)) return;
-  const uint64_t id = nextId_++;
-  lane::appendSync(out, id);
-  std::vector<uint8_t> body;
-  if (!sendAll(out) || !receive(lane::kSync, id, body)) endLane();
-  lock.unlock();
+  {
+    std::unique_lock lock(mutex_);
+    if (!usable() || (!unsynced_.load(std::memory_order_relaxed) && !pending())) return;
+    (void)exchange<bool>(
+        lane::kSync, [](std::vector<uint8_t>& out, uint64_t id) { lane::appendSync(out, id); },
+        [](std::span<const uint8_t> body) -> Result<Result<bool>> {
+          if (!body.empty()) return makeError(ErrorCode::kInvalidArgument, "sync reply body");
+          return Result<bool>(true);
+        });
+  }
   flushReleases();
 }
 

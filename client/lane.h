@@ -1,7 +1,8 @@
 // The SDK's end of a session's fast lane (transport/lane_codec.h; the daemon's end is
 // daemon/lane.h): a blocking Unix socket, used from the calling thread (either threading mode),
-// one call at a time. A call that finds the lane busy with another thread's call, or ended, or
-// in a forked child, goes over Cap'n Proto instead — the lane is a shortcut, never the only way.
+// one call at a time. A lookup or put that finds the lane busy with another thread's call, or
+// ended, or in a forked child, goes over Cap'n Proto instead — the lane is a shortcut, never the
+// only way. A write lease the lane granted is committed over the lane.
 #pragma once
 
 #include <sys/types.h>
@@ -40,8 +41,16 @@ class ClientLane {
   std::optional<Result<lane::LookupReply>> lookup(uint32_t space, uint32_t remote,
                                                   std::span<const uint32_t> tokens,
                                                   std::span<const Key128> keys);
+  // A put's write lease over the lane: the daemon's grant (or its typed error); nothing when the
+  // lane cannot take the call now, as for lookup.
+  std::optional<Result<lane::PutReply>> put(const lane::PutArgs& args);
+  // Commits a write lease put() granted. The lease lives on the lane, so this waits for a call
+  // another thread has under way; UNAVAILABLE when the lane has ended (the lease with it).
+  Result<lane::CommitReply> commit(uint64_t lease, uint64_t upTo);
   // Releases a lease a lookup over the lane granted (any thread; does not wait for the daemon).
   void release(uint64_t lease);
+  // Ends a write lease put() granted without a trace (any thread; does not wait).
+  void abort(uint64_t lease);
   // Before a Cap'n Proto call: returns once the daemon has served every release sent over the
   // lane, so that the call sees them (the two connections are read independently).
   void sync();
@@ -50,7 +59,12 @@ class ClientLane {
  private:
   ClientLane(int fd, std::chrono::microseconds busyPoll);
   bool usable() const;
-  // Both with mutex_ held.
+  // One request and its answer, with mutex_ held: what release() and abort() queued goes first,
+  // in the same write. `append` adds the request's frame given its id; `decode` reads the answer's
+  // body. Nothing when the lane ended on the way (no answer, or one that does not parse).
+  template <typename Reply, typename Append, typename Decode>
+  std::optional<Result<Reply>> exchange(uint16_t op, Append append, Decode decode);
+  // With mutex_ held.
   bool sendAll(const std::vector<uint8_t>& bytes);
   // Reads the answer to request `id` of `op`; false ends the lane.
   bool receive(uint16_t op, uint64_t id, std::vector<uint8_t>& body);
@@ -74,6 +88,7 @@ class ClientLane {
   std::atomic<bool> unsynced_{false};  // releases were sent and no answer came after them
   std::mutex releasesMutex_;
   std::vector<uint64_t> releases_;  // guarded by releasesMutex_
+  std::vector<uint64_t> aborts_;    // guarded by releasesMutex_
 };
 
 }  // namespace kvtier

@@ -31,26 +31,46 @@ Result<WriteHandle> Space::beginPut(std::string_view seq, uint64_t begin,
     uint64_t firstPosition;
     std::vector<BlockRef> refs;
   };
-  auto granted = client->run([&] {
-    auto req = impl_->space().putRequest();
-    req.setSeq(WireText(seq));
-    req.setBegin(begin);
-    setTokens(req.initTokens(tokens.size()), tokens);
-    setKeys(req.initKeys(options.keys.size()), options.keys);
-    setSeqOptions(req.initOptions(), options);
-    return req.send().then([&lease](capnp::Response<rpc::Space::PutResults>&& r) {
-      lease->cap = r.getLease();
-      Granted g{r.getFirstPosition(), {}};
-      for (auto b : r.getBlocks()) g.refs.push_back(refFrom(b));
-      return g;
+  std::optional<Result<Granted>> granted;
+  // The fast lane takes the put of a client that maps the pool; its write lease is the lane's.
+  if (ClientLane* lane = client->laneHere(); lane && impl_->lane != 0) {
+    lane::PutArgs args{impl_->lane,    seq,          begin, tokens, options.keys, options.detached,
+                       options.window, options.chunk};
+    if (auto answer = lane->put(args)) {
+      if (!*answer) return answer->error();
+      lane::PutReply& r = answer->value();
+      lease->lane = client->lane;
+      lease->laneLease = r.lease;
+      lease->laneWrite = true;
+      Granted g{r.firstPosition, {}};
+      g.refs.reserve(r.blocks.size());
+      for (const auto& b : r.blocks)
+        g.refs.push_back(BlockRef{b.extent, b.offset, b.bytes, b.generation});
+      granted = std::move(g);
+    }
+  }
+  if (!granted) {
+    granted = client->run([&] {
+      auto req = impl_->space().putRequest();
+      req.setSeq(WireText(seq));
+      req.setBegin(begin);
+      setTokens(req.initTokens(tokens.size()), tokens);
+      setKeys(req.initKeys(options.keys.size()), options.keys);
+      setSeqOptions(req.initOptions(), options);
+      return req.send().then([&lease](capnp::Response<rpc::Space::PutResults>&& r) {
+        lease->cap = r.getLease();
+        Granted g{r.getFirstPosition(), {}};
+        for (auto b : r.getBlocks()) g.refs.push_back(refFrom(b));
+        return g;
+      });
     });
-  });
-  if (!granted) return granted.error();
+  }
+  if (!*granted) return granted->error();
   WriteHandle handle(this, std::move(lease));
   handle.begin_ = begin;
   handle.end_ = begin + tokens.size();
-  handle.firstPosition_ = granted->firstPosition;
-  handle.refs_ = std::move(granted->refs);
+  handle.firstPosition_ = (*granted)->firstPosition;
+  handle.refs_ = std::move((*granted)->refs);
   if (client->mapped) {
     for (const auto& ref : handle.refs_) {
       auto v = client->grantedView(ref);  // empty for GPU memory: written by Space::putPaged
@@ -119,9 +139,9 @@ Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span
   handle.firstPosition_ = 0;
   // The fast lane takes a plain lookup of a client that maps the pool.
   bool answered = false;
-  if (client->lane && impl_->lane != 0 && client->mapped && options.bindSeq.empty() &&
-      (!client->callerThread || std::this_thread::get_id() == client->callerThreadId)) {
-    if (auto answer = client->lane->lookup(impl_->lane, remote, tokens, keys)) {
+  ClientLane* lane = client->laneHere();
+  if (lane && impl_->lane != 0 && options.bindSeq.empty()) {
+    if (auto answer = lane->lookup(impl_->lane, remote, tokens, keys)) {
       if (!*answer) return answer->error();
       lane::LookupReply& r = answer->value();
       lease->lane = client->lane;

@@ -97,38 +97,129 @@ void Lane::serve(const lane::Header& header, std::span<const uint8_t> body) {
       if (!req) return reply(req.error(), header.op, header.id);
       return lookup(header.id, std::move(req).value());
     }
-    case lane::kRelease: {
-      auto leases = lane::decodeRelease(body);
+    case lane::kPut: {
+      auto req = lane::decodePut(body);
+      if (!req) return reply(req.error(), header.op, header.id);
+      return put(header.id, std::move(req).value());
+    }
+    case lane::kCommit: {
+      auto req = lane::decodeCommit(body);
+      if (!req) return reply(req.error(), header.op, header.id);
+      return commit(header.id, *req);
+    }
+    case lane::kRelease:
+    case lane::kAbort: {
+      auto leases = lane::decodeLeases(body);
       if (!leases) return end(leases.error().message());
-      bool released = false;
-      for (uint64_t id : *leases) {
-        // Only the lane's own leases: another session's are not a client's to release.
-        if (leases_.erase(id) == 0) {
-          logWarn("lane_release_unknown",
-                  "owner=" + std::to_string(site_.owner) + " lease=" + std::to_string(id));
-          continue;
-        }
-        (void)site_.engine.releaseRead(id);
-        released = true;
-      }
-      if (released && site_.cold) site_.cold->kick();
-      return;
+      return header.op == lane::kRelease ? release(*leases) : abort(*leases);
     }
     case lane::kSync:
       return lane::appendSyncReply(out_, header.id);
   }
 }
 
-void Lane::lookup(uint64_t id, lane::LookupRequest req) {
-  if (req.space == 0 || req.space > spaces_.size()) {
-    return reply(makeError(ErrorCode::kInvalidArgument, "the lane has no space ", req.space),
-                 lane::kLookup, id);
+void Lane::release(const std::vector<uint64_t>& ids) {
+  size_t unknown = 0;
+  for (uint64_t id : ids) {
+    // Only the lane's own leases: another session's are not a client's to release.
+    if (leases_.erase(id) == 0) {
+      ++unknown;
+      continue;
+    }
+    (void)site_.engine.releaseRead(id);
   }
+  if (unknown < ids.size() && site_.cold) site_.cold->kick();
+  if (unknown > 0) logUnknown("release", unknown, ids.size());
+}
+
+void Lane::abort(const std::vector<uint64_t>& ids) {
+  size_t unknown = 0;
+  for (uint64_t id : ids) {
+    if (writes_.erase(id) == 0) {
+      ++unknown;  // committed, never granted, or another session's
+      continue;
+    }
+    (void)site_.engine.abortWrite(id);
+  }
+  if (unknown > 0) logUnknown("abort", unknown, ids.size());
+}
+
+void Lane::logUnknown(const char* what, size_t unknown, size_t of) {
+  // One line per frame, however many ids it names.
+  logWarn("lane_unknown_lease", "owner=" + std::to_string(site_.owner) + " op=" + what +
+                                    " unknown=" + std::to_string(unknown) +
+                                    " of=" + std::to_string(of));
+}
+
+Result<std::pair<SpaceId, uint8_t>> Lane::spaceOf(uint32_t number) const {
+  if (number == 0 || number > spaces_.size()) {
+    return makeError(ErrorCode::kInvalidArgument, "the lane has no space ", number);
+  }
+  return spaces_[number - 1];
+}
+
+void Lane::put(uint64_t id, lane::PutRequest req) {
+  auto named = spaceOf(req.space);
+  if (!named) return reply(named.error(), lane::kPut, id);
+  LookupSite site = site_;
+  std::tie(site.space, site.tier) = *named;
+  auto request = kj::heap<lane::PutRequest>(std::move(req));
+  // Fills the reply, or throws the engine's error (FULL and the like are tried again once a
+  // service has made room).
+  auto attempt = [this, id, site, &request = *request]() {
+    PutGrant g = orThrow(site_.engine.put(
+        site.owner, site.space, request.seq, request.begin, request.tokens, request.keys,
+        SeqOptions{request.detached, request.window, request.chunk}, site.tier));
+    if (site.tier != 0 && site.tiers) site.tiers->kick();  // the GPU pool filled: demote behind it
+    if (ended_) {
+      // Nobody is left to write or commit it.
+      (void)site_.engine.abortWrite(g.lease);
+      return;
+    }
+    writes_.insert(g.lease);
+    ++stats_.puts;
+    lane::appendPutReply(out_, id, {g.firstPosition, g.lease, std::move(g.blocks)});
+  };
+  kj::Maybe<kj::Promise<void>> retries;
+  try {
+    retries = tryWithRoom(site, kj::mv(attempt));
+  } catch (const kj::Exception& e) {
+    return reply(fromKjException(e), lane::kPut, id);
+  }
+  KJ_IF_MAYBE (waiting, retries) {
+    // The pool is full until a spill or a demotion makes room: answer then (the lane goes on
+    // reading; answers carry their request's id).
+    tasks_.add(waiting->attach(kj::mv(request))
+                   .then([this]() { flush(); },
+                         [this, id](kj::Exception&& e) {
+                           if (!ended_) reply(fromKjException(e), lane::kPut, id);
+                           flush();
+                         }));
+  }
+}
+
+void Lane::commit(uint64_t id, const lane::CommitRequest& req) {
+  if (writes_.count(req.lease) == 0) {
+    return reply(makeError(ErrorCode::kReleased, "write lease ", req.lease,
+                           " is not the lane's: committed, aborted or never granted"),
+                 lane::kCommit, id);
+  }
+  auto r = site_.engine.commit(req.lease, req.upTo);
+  // A bad upTo leaves the lease open for another try; anything else ends it.
+  if (r || r.code() != ErrorCode::kInvalidArgument) writes_.erase(req.lease);
+  if (!r) return reply(r.error(), lane::kCommit, id);
+  if (site_.cold) site_.cold->kick();
+  lane::appendCommitReply(out_, id, {r->length, r->sealedBlocks});
+}
+
+void Lane::lookup(uint64_t id, lane::LookupRequest req) {
+  auto named = spaceOf(req.space);
+  if (!named) return reply(named.error(), lane::kLookup, id);
   if (req.remote > static_cast<uint32_t>(rpc::RemoteMode::PREFETCH)) {
     return reply(makeError(ErrorCode::kInvalidArgument, "unknown remote mode ", req.remote),
                  lane::kLookup, id);
   }
-  const auto [space, tier] = spaces_[req.space - 1];
+  const auto [space, tier] = *named;
   LookupSite site = site_;
   site.space = space;
   site.tier = tier;
@@ -214,8 +305,10 @@ void Lane::shutdown() {
 
 void Lane::releaseAll() {
   for (LeaseId id : leases_) (void)site_.engine.releaseRead(id);
-  const bool any = !leases_.empty();
+  for (LeaseId id : writes_) (void)site_.engine.abortWrite(id);
+  const bool any = !leases_.empty() || !writes_.empty();
   leases_.clear();
+  writes_.clear();
   if (any && site_.cold) site_.cold->kick();
 }
 

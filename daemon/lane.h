@@ -26,6 +26,7 @@ namespace kvtier {
 // What the daemon counts of its lanes (stats, metrics).
 struct LaneStats {
   uint64_t lookups = 0;   // served
+  uint64_t puts = 0;      // write leases granted
   uint64_t attached = 0;  // lanes attached and not ended
   uint64_t refused = 0;   // attaches refused
 };
@@ -48,7 +49,8 @@ class Lane final : private kj::TaskSet::ErrorHandler {
   // Serves frames read from `stream` (buffered, reads past the Attach) until the peer closes it
   // or sends a frame that cannot be parsed.
   void attach(kj::Own<kj::AsyncIoStream> stream);
-  uint64_t leases() const { return leases_.size(); }
+  // Read and write leases the lane holds.
+  uint64_t leases() const { return leases_.size() + writes_.size(); }
   // Ends the lane now (the session ends): its leases are released.
   void close() { end(""); }
 
@@ -58,7 +60,13 @@ class Lane final : private kj::TaskSet::ErrorHandler {
   kj::Promise<void> readMore();
   void serveBuffered();
   void serve(const lane::Header& header, std::span<const uint8_t> body);
+  Result<std::pair<SpaceId, uint8_t>> spaceOf(uint32_t number) const;
   void lookup(uint64_t id, lane::LookupRequest req);
+  void put(uint64_t id, lane::PutRequest req);
+  void commit(uint64_t id, const lane::CommitRequest& req);
+  void release(const std::vector<uint64_t>& ids);
+  void abort(const std::vector<uint64_t>& ids);
+  void logUnknown(const char* what, size_t unknown, size_t of);
   void answer(uint64_t id, SpaceId space, uint8_t tier, const lane::LookupRequest& req,
               const std::vector<Key128>& chain);
   void reply(const Error& error, uint16_t op, uint64_t id);
@@ -73,7 +81,8 @@ class Lane final : private kj::TaskSet::ErrorHandler {
   LaneStats& stats_;
   Token token_{};
   std::vector<std::pair<SpaceId, uint8_t>> spaces_;  // number n is spaces_[n - 1]
-  std::unordered_set<LeaseId> leases_;
+  std::unordered_set<LeaseId> leases_;               // read leases
+  std::unordered_set<LeaseId> writes_;               // write leases
   bool attached_ = false;
   bool ended_ = false;
   kj::Own<kj::AsyncIoStream> stream_;

@@ -49,4 +49,32 @@ kj::Maybe<kj::Promise<void>> prepareLookup(const LookupSite& site,
   return nullptr;
 }
 
+namespace {
+
+kj::Maybe<kj::Promise<void>> attemptOrWait(const LookupSite& site, kj::Function<void()> attempt,
+                                           int tries) {
+  KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] { attempt(); })) {
+    if (tries < ColdService::kMaxRoomWaits) {
+      const ErrorCode code = fromKjException(*e).code();
+      kj::Maybe<kj::Promise<void>> wait = nullptr;
+      if (site.tiers) wait = site.tiers->whenRetryable(code, site.tier);
+      if (wait == nullptr && site.cold) wait = site.cold->whenRetryable(code);
+      KJ_IF_MAYBE (w, wait) {
+        return w->then([site, attempt = kj::mv(attempt), tries]() mutable -> kj::Promise<void> {
+          KJ_IF_MAYBE (more, attemptOrWait(site, kj::mv(attempt), tries + 1)) return kj::mv(*more);
+          return kj::READY_NOW;
+        });
+      }
+    }
+    kj::throwFatalException(kj::mv(*e));
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+kj::Maybe<kj::Promise<void>> tryWithRoom(const LookupSite& site, kj::Function<void()> attempt) {
+  return attemptOrWait(site, kj::mv(attempt), 0);
+}
+
 }  // namespace kvtier

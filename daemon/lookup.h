@@ -1,5 +1,6 @@
-// What kvtierd's two front ends for lookups share — the Cap'n Proto Space (daemon/server.cc) and
-// the fast lane (daemon/lane.h): bringing a prompt's prefix into place before the engine answers.
+// What kvtierd's two front ends for lookups and puts share — the Cap'n Proto Space
+// (daemon/server.cc) and the fast lane (daemon/lane.h): bringing a prompt's prefix into place
+// before the engine answers, and waiting for room when the pools are full.
 #pragma once
 
 #include <kj/async.h>
@@ -36,5 +37,11 @@ kj::Maybe<kj::Promise<void>> prepareLookup(const LookupSite& site,
                                            const std::vector<uint32_t>& tokens,
                                            const std::vector<Key128>& keys, rpc::RemoteMode mode,
                                            std::vector<Key128>& chain);
+
+// Runs `attempt`; when it throws for want of room (GPU blocks, host blocks, snapshot ids) and a
+// service can make some (demotion to the host pool, the spiller, the snapshot reservation), runs
+// it again once room is made, at most ColdService::kMaxRoomWaits times. Returns the promise of the
+// retries, or nothing when the first attempt succeeded; an error that cannot wait is thrown.
+kj::Maybe<kj::Promise<void>> tryWithRoom(const LookupSite& site, kj::Function<void()> attempt);
 
 }  // namespace kvtier

@@ -606,24 +606,11 @@ class SpaceImpl final : public rpc::Space::Server {
   // tries again (bounded), instead of failing a call that memory can serve in a moment; likewise
   // for UNAVAILABLE while snapshot ids are being reserved (ColdService::whenRetryable).
   template <typename Attempt>
-  kj::Promise<void> whenRoom(Attempt attempt, int tries = 0) {
-    KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] { attempt(); })) {
-      if (tries < ColdService::kMaxRoomWaits) {
-        // Short of GPU blocks, demotion to the host pool makes room; short of host blocks, the
-        // spiller; short of snapshot ids, their reservation.
-        const ErrorCode code = fromKjException(*e).code();
-        kj::Maybe<kj::Promise<void>> wait = nullptr;
-        if (tiers_) wait = tiers_->whenRetryable(code, tier_);
-        if (wait == nullptr && cold_) wait = cold_->whenRetryable(code);
-        KJ_IF_MAYBE (w, wait) {
-          return w->then([this, attempt = kj::mv(attempt), tries]() mutable {
-            return whenRoom(kj::mv(attempt), tries + 1);
-          });
-        }
-      }
-      return kj::mv(*e);
-    }
-    return kj::READY_NOW;
+  kj::Promise<void> whenRoom(Attempt attempt) {
+    return kj::evalNow([&]() -> kj::Promise<void> {
+      KJ_IF_MAYBE (retries, tryWithRoom(site(), kj::mv(attempt))) return kj::mv(*retries);
+      return kj::READY_NOW;
+    });
   }
 
   // Brings the snapshots among `ids` that memory does not hold back from the cold tier, if it
@@ -819,6 +806,7 @@ class SessionImpl final : public rpc::Session::Server {
     out.setLaneLookups(lanes.lookups);
     out.setLanesAttached(lanes.attached);
     out.setLanesRefused(lanes.refused);
+    out.setLanePuts(lanes.puts);
     if (auto* cold = server_.cold()) {
       const ColdServiceStats c = cold->stats();
       out.setColdRecords(c.tier.records);
@@ -1087,6 +1075,8 @@ std::string Server::metricsText() {
   gauge("kvtier_entries", "Position-independent entries cached.", s.entries);
   counter("kvtier_lane_lookups_total", "Lookups served over sessions' fast lanes.",
           laneStats_.lookups);
+  counter("kvtier_lane_puts_total", "Write leases granted over sessions' fast lanes.",
+          laneStats_.puts);
   gauge("kvtier_lanes_attached", "Sessions whose fast lane is attached.", laneStats_.attached);
   counter("kvtier_lanes_refused_total", "Fast-lane attaches refused.", laneStats_.refused);
   gauge("kvtier_tenant_quota_bytes", "The most host-pool bytes one tenant may take (0: none).",

@@ -191,6 +191,7 @@ struct Stats {
   laneLookups @53 :UInt64;          # lookups served over sessions' fast lanes
   lanesAttached @54 :UInt64;        # sessions whose fast lane is attached now
   lanesRefused @55 :UInt64;         # lane attaches refused (bad token, another process, twice)
+  lanePuts @56 :UInt64;             # write leases granted over sessions' fast lanes
 }
 
 interface Daemon {

@@ -126,6 +126,7 @@ TEST(Integration, ClientKilledWithLeasesReleasesPinsAndFreesUncommittedBlocks) {
   ASSERT_EQ(holder.waitForLine("READY"), "READY 4") << holder.output();
   const Stats holding = client->stats().value();
   EXPECT_EQ(holding.laneLookups, before.laneLookups + 1);  // its read lease is the lane's
+  EXPECT_EQ(holding.lanePuts, before.lanePuts + 1);        // and its write lease too
   EXPECT_EQ(holding.blocksPinned, 4u + 4u);  // 4 read-pinned, 4 granted to the open write lease
   EXPECT_EQ(holding.readLeases, 1u);
   EXPECT_EQ(holding.writeLeases, 1u);
@@ -421,6 +422,71 @@ TEST(Integration, OwnThreadClientsStopWhateverTheyWereDoing) {
     for (auto& thread : threads) thread.join();
     EXPECT_EQ(answered.load(), 20);
   }
+}
+
+// Puts take the fast lane too, in both threading modes: what a lane put stores is what a reader
+// over Cap'n Proto reads, byte for byte, and the other way round; a commit past the grant leaves
+// the lease open for another try; a dropped handle's abort goes over the lane and is served before
+// the client's next Cap'n Proto call.
+TEST(Integration, PutsTakeTheFastLaneAndStoreWhatCapnProtoStores) {
+  test::DaemonProcess daemon;
+  const Layout layout = test::testLayout();
+  auto plain = Client::connect({.socketPath = daemon.socket(), .lane = false}).value();
+  auto plainSpace = plain->open(layout).value();
+  const Stats start = plain->stats().value();
+  uint32_t seed = 80;
+  for (auto threading : {ClientThreading::kOwnThread, ClientThreading::kCallerThread}) {
+    auto client = Client::connect({.socketPath = daemon.socket(), .threading = threading}).value();
+    auto space = client->open(layout).value();
+    const uint64_t lanePuts = client->stats().value().lanePuts;
+    const auto t = synthetic::tokens(++seed, 70);
+    const auto kv = synthetic::packedKv(layout, t, 0, 70);
+    auto info = space->put("lane", 0, t, kv.data(), kv.size());
+    ASSERT_TRUE(info.ok()) << info.error();
+    EXPECT_EQ(info->length, 70u);
+    EXPECT_EQ(info->sealedBlocks, 4u);
+    EXPECT_EQ(client->stats().value().lanePuts, lanePuts + 1);
+    EXPECT_EQ(readAll(plainSpace->get("lane").value()), kv);
+    EXPECT_EQ(readAll(plainSpace->lookup(t).value()), synthetic::packedKv(layout, t, 0, 64));
+
+    // A put over Cap'n Proto reads back the same over the lane.
+    const auto u = synthetic::tokens(++seed, 40);
+    const auto ukv = synthetic::packedKv(layout, u, 0, 40);
+    ASSERT_TRUE(plainSpace->put("plain", 0, u, ukv.data(), ukv.size()).ok());
+    EXPECT_EQ(readAll(space->get("plain").value()), ukv);
+    EXPECT_EQ(plain->stats().value().lanePuts, lanePuts + 1);
+
+    // A commit past the grant is refused and the lease stays open; the next commit succeeds.
+    const auto v = synthetic::tokens(++seed, 20);
+    auto handle = space->beginPut("retry", 0, v).value();
+    const auto vkv = synthetic::packedKv(layout, v, 0, 20);
+    ASSERT_TRUE(handle.write(0, 20, vkv.data(), vkv.size()).ok());
+    auto past = handle.commit(21);
+    ASSERT_FALSE(past.ok());
+    EXPECT_EQ(past.code(), ErrorCode::kInvalidArgument);
+    auto done = handle.commit(20);
+    ASSERT_TRUE(done.ok()) << done.error();
+    EXPECT_EQ(done->length, 20u);
+    EXPECT_EQ(readAll(plainSpace->get("retry").value()), vkv);
+    EXPECT_EQ(handle.commit().code(), ErrorCode::kReleased);
+
+    // A dropped handle, and an explicit abort, leave nothing: no sequence, lease or block.
+    const Stats settled = client->stats().value();
+    { auto dropped = space->beginPut("dropped", 0, synthetic::tokens(++seed, 40)).value(); }
+    auto aborted = space->beginPut("aborted", 0, synthetic::tokens(++seed, 40)).value();
+    EXPECT_TRUE(aborted.abort().ok());
+    EXPECT_EQ(aborted.abort().code(), ErrorCode::kReleased);
+    const Stats after = client->stats().value();
+    EXPECT_EQ(after.writeLeases, 0u);
+    EXPECT_EQ(after.blocksUsed, settled.blocksUsed);
+    EXPECT_EQ(after.lanePuts, settled.lanePuts + 2);
+    EXPECT_FALSE(plainSpace->length("dropped").value().has_value());
+    EXPECT_FALSE(plainSpace->length("aborted").value().has_value());
+    ASSERT_TRUE(space->remove("lane", 0).ok());
+    ASSERT_TRUE(space->remove("plain", 0).ok());
+    ASSERT_TRUE(space->remove("retry", 0).ok());
+  }
+  EXPECT_EQ(plain->stats().value().lanePuts, start.lanePuts + 8);  // 4 in each mode
 }
 
 // Lookups take the session's fast lane (ClientOptions::lane, on by default) in both threading

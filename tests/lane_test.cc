@@ -1,7 +1,8 @@
 // The fast lane on the wire (transport/lane_codec.h), without the SDK: a lookup over it answers
-// what the Cap'n Proto lookup answers; bad frames get a typed error or end the lane, never the
-// session, and change nothing; an attach without the session's token, from another process or a
-// second time is refused; the lane's leases go when the lane does.
+// what the Cap'n Proto lookup answers, a put and its commit store what they store over Cap'n
+// Proto; bad frames get a typed error or end the lane, never the session, and change nothing; an
+// attach without the session's token, from another process or a second time is refused; the
+// lane's leases, read and write, go when the lane does.
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -12,8 +13,11 @@
 #include <gtest/gtest.h>
 #include <kj/async-io.h>
 
+#include <chrono>
 #include <cstring>
 #include <optional>
+#include <thread>
+#include <type_traits>
 
 #include "schemas/kvtier.capnp.h"
 #include "tests/raw_connection.h"
@@ -55,13 +59,23 @@ class RawSession {
   uint32_t laneSpace() const { return laneSpace_; }
 
   struct Counts {
-    uint64_t blocksUsed, readLeases, pinned, hits;
+    uint64_t blocksUsed, readLeases, writeLeases, pinned, hits;
     bool operator==(const Counts&) const = default;
   };
   Counts counts() {
     auto response = session_.statsRequest().send().wait(ws());
     auto s = response.getStats();
-    return {s.getBlocksUsed(), s.getReadLeases(), s.getBlocksPinned(), s.getHits()};
+    return {s.getBlocksUsed(), s.getReadLeases(), s.getWriteLeases(), s.getBlocksPinned(),
+            s.getHits()};
+  }
+  uint64_t lanePuts() { return session_.statsRequest().send().wait(ws()).getStats().getLanePuts(); }
+  // The sequence's length, or nothing when it does not exist.
+  std::optional<uint64_t> length(const std::string& seq) {
+    auto req = space_.lengthRequest();
+    req.setSeq(seq);
+    auto r = req.send().wait(ws());
+    if (!r.getExists()) return std::nullopt;
+    return r.getLength();
   }
   uint64_t lanesRefused() {
     return session_.statsRequest().send().wait(ws()).getStats().getLanesRefused();
@@ -160,11 +174,38 @@ class RawLane {
     return answer(id);
   }
   Result<lane::LookupReply> answer(uint64_t id) {
+    return answerOf(lane::kLookup, id, lane::decodeLookupReply);
+  }
+
+  Result<lane::PutReply> put(uint64_t id, const lane::PutArgs& args) {
+    std::vector<uint8_t> f;
+    lane::appendPut(f, id, args);
+    send(f);
+    return answerOf(lane::kPut, id, lane::decodePutReply);
+  }
+  Result<lane::CommitReply> commit(uint64_t id, uint64_t lease, uint64_t upTo = ~uint64_t{0}) {
+    std::vector<uint8_t> f;
+    lane::appendCommit(f, id, {lease, upTo});
+    send(f);
+    return answerOf(lane::kCommit, id, lane::decodeCommitReply);
+  }
+  // Aborts `leases` and waits until the daemon has served it.
+  bool abort(std::vector<uint64_t> leases, uint64_t syncId) {
+    std::vector<uint8_t> f;
+    lane::appendAbort(f, leases);
+    send(f);
+    return sync(syncId);
+  }
+
+  // The answer to request `id` of `op`: the daemon's reply or its typed error.
+  template <typename Decode>
+  auto answerOf(uint16_t op, uint64_t id, Decode decode)
+      -> std::remove_cvref_t<decltype(decode(std::span<const uint8_t>{}).value())> {
     auto got = frame();
     if (!got) return makeError(ErrorCode::kUnavailable, "lane closed");
-    EXPECT_EQ(got->first.op, lane::kLookup | lane::kReply);
+    EXPECT_EQ(got->first.op, op | lane::kReply);
     EXPECT_EQ(got->first.id, id);
-    auto decoded = lane::decodeLookupReply(got->second);
+    auto decoded = decode(got->second);
     if (!decoded) return decoded.error();
     return std::move(decoded).value();
   }
@@ -340,6 +381,116 @@ TEST_F(LaneTest, AttachFromAnotherProcessIsRefused) {
   // The session's own process still can.
   RawLane l(daemon.socket());
   EXPECT_TRUE(l.attach(raw->token()));
+}
+
+TEST_F(LaneTest, APutOverTheLaneStoresWhatCapnProtoStores) {
+  RawLane l(daemon.socket());
+  ASSERT_TRUE(l.attach(raw->token()));
+  const uint64_t lanePuts = raw->lanePuts();
+  const auto tokens = promptTokens(3, 40);
+  auto grant = l.put(1, {raw->laneSpace(), "lane-seq", 0, tokens, {}});
+  ASSERT_TRUE(grant.ok()) << grant.error();
+  EXPECT_NE(grant->lease, 0u);
+  EXPECT_EQ(grant->firstPosition, 0u);
+  ASSERT_EQ(grant->blocks.size(), 3u);  // 40 tokens: two full blocks and a partial one
+  // Granted and not yet visible: the blocks are the lease's, the sequence does not exist.
+  auto held = raw->counts();
+  EXPECT_EQ(held.writeLeases, before.writeLeases + 1);
+  EXPECT_EQ(held.blocksUsed, before.blocksUsed + 3);
+  EXPECT_FALSE(raw->length("lane-seq").has_value());
+  EXPECT_EQ(raw->lanePuts(), lanePuts + 1);
+
+  auto done = l.commit(2, grant->lease);
+  ASSERT_TRUE(done.ok()) << done.error();
+  EXPECT_EQ(done->length, 40u);
+  EXPECT_EQ(done->sealedBlocks, 2u);
+  EXPECT_EQ(raw->length("lane-seq"), 40u);
+  EXPECT_EQ(raw->counts().writeLeases, before.writeLeases);
+  // Its full blocks are keyed like a Cap'n Proto put's: a lookup of the prompt finds them.
+  EXPECT_EQ(raw->lookup(tokens).first, 32u);
+  // The lease ended with its commit: a second commit is refused and changes nothing.
+  auto again = l.commit(3, grant->lease);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.error().code(), ErrorCode::kReleased);
+  EXPECT_EQ(raw->length("lane-seq"), 40u);
+
+  // An aborted put leaves no trace: no sequence, no blocks, no lease.
+  const auto counts = raw->counts();
+  auto aborted = l.put(4, {raw->laneSpace(), "lane-aborted", 0, promptTokens(4, 20), {}});
+  ASSERT_TRUE(aborted.ok()) << aborted.error();
+  EXPECT_EQ(raw->counts().writeLeases, counts.writeLeases + 1);
+  ASSERT_TRUE(l.abort({aborted->lease}, 5));
+  EXPECT_EQ(raw->counts(), counts);
+  EXPECT_FALSE(raw->length("lane-aborted").has_value());
+}
+
+TEST_F(LaneTest, BadPutsAndCommitsGetTypedErrorsAndChangeNothing) {
+  RawLane l(daemon.socket());
+  ASSERT_TRUE(l.attach(raw->token()));
+  const auto codeOf = [](const auto& r) { return r.ok() ? ErrorCode::kOk : r.error().code(); };
+  const auto tokens = promptTokens(5, 40);
+  EXPECT_EQ(codeOf(l.put(1, {0, "x", 0, tokens, {}})), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(codeOf(l.put(2, {99, "x", 0, tokens, {}})), ErrorCode::kInvalidArgument);
+  // A put past the sequence's end, with window and chunk both set, or naming fewer keys than
+  // the blocks it completes: the engine's own checks, answered over the lane.
+  EXPECT_EQ(codeOf(l.put(3, {raw->laneSpace(), "s", 41, tokens, {}})), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(codeOf(l.put(4, {raw->laneSpace(), "x", 0, tokens, {}, false, 64, 64})),
+            ErrorCode::kInvalidArgument);
+  const std::vector<Key128> oneKey(1);
+  EXPECT_EQ(codeOf(l.put(5, {raw->laneSpace(), "x", 0, tokens, oneKey})),
+            ErrorCode::kInvalidArgument);
+  // A name past the limit is refused before it is read.
+  const std::string longName(kMaxSeqNameBytes + 1, 'n');
+  std::vector<uint8_t> f;
+  lane::appendPut(f, 6, {raw->laneSpace(), longName, 0, tokens, {}});
+  l.send(f);
+  EXPECT_EQ(codeOf(l.answerOf(lane::kPut, 6, lane::decodePutReply)), ErrorCode::kInvalidArgument);
+  // Commits of leases the lane does not hold: made up, or another connection's.
+  EXPECT_EQ(codeOf(l.commit(7, 12345)), ErrorCode::kReleased);
+  EXPECT_EQ(codeOf(l.commit(8, 0)), ErrorCode::kReleased);
+  // A commit past the grant leaves the lease open for another try.
+  auto grant = l.put(9, {raw->laneSpace(), "x", 0, tokens, {}});
+  ASSERT_TRUE(grant.ok()) << grant.error();
+  EXPECT_EQ(codeOf(l.commit(10, grant->lease, 41)), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(raw->counts().writeLeases, before.writeLeases + 1);
+  // Aborts of leases the lane does not hold end nothing; the real one then goes.
+  std::vector<uint8_t> abort;
+  lane::appendAbort(abort, std::vector<uint64_t>{grant->lease + 1, 12345});
+  l.send(abort);
+  ASSERT_TRUE(l.sync(11));
+  EXPECT_EQ(raw->counts().writeLeases, before.writeLeases + 1);
+  ASSERT_TRUE(l.abort({grant->lease}, 12));
+  EXPECT_FALSE(raw->length("x").has_value());
+  EXPECT_EQ(raw->length("s"), 40u);
+  expectUnchanged();
+}
+
+TEST_F(LaneTest, WriteLeasesEndWithTheLane) {
+  // However the lane ends — bad framing, or the client closing it — its open puts end too, and
+  // their blocks go back to the pool. The session still answers.
+  for (bool badFrame : {true, false}) {
+    raw->hello();
+    {
+      RawLane l(daemon.socket());
+      ASSERT_TRUE(l.attach(raw->token()));
+      auto grant = l.put(1, {raw->laneSpace(), "open", 0, promptTokens(6, 40), {}});
+      ASSERT_TRUE(grant.ok()) << grant.error();
+      EXPECT_EQ(raw->counts().writeLeases, before.writeLeases + 1);
+      if (badFrame) {
+        const Header bad{0, 9, 0, 1};
+        l.send(&bad, sizeof bad);
+        EXPECT_TRUE(l.closedByDaemon());
+      }
+    }
+    // The client's close reaches the daemon in its own time: wait for it, with a deadline.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (raw->counts().writeLeases != before.writeLeases &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    expectUnchanged();
+    EXPECT_FALSE(raw->length("open").has_value());
+  }
 }
 
 }  // namespace

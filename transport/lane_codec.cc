@@ -59,6 +59,69 @@ Error malformed(const char* what) {
   return makeError(ErrorCode::kInvalidArgument, "malformed lane frame: ", what);
 }
 
+constexpr uint32_t kPutDetached = 1;
+
+void appendLeases(std::vector<uint8_t>& out, uint16_t op, std::span<const uint64_t> leases) {
+  const size_t at = begin(out, op, 0);
+  put(out, static_cast<uint32_t>(leases.size()));
+  put(out, uint32_t{0});
+  putBytes(out, leases.data(), leases.size() * sizeof(uint64_t));
+  finish(out, at);
+}
+
+// A lookup's or a put's grant: a position, the lease and the blocks.
+void appendGrant(std::vector<uint8_t>& out, uint16_t op, uint64_t id, uint64_t position,
+                 uint64_t lease, std::span<const BlockLocation> blocks) {
+  const size_t at = begin(out, static_cast<uint16_t>(op | kReply), id);
+  put(out, uint32_t{0});
+  put(out, static_cast<uint32_t>(blocks.size()));
+  put(out, position);
+  put(out, lease);
+  for (const BlockLocation& b : blocks) {
+    put(out, b.extent);
+    put(out, b.bytes);
+    put(out, b.offset);
+    put(out, b.generation);
+  }
+  finish(out, at);
+}
+
+Status readGrant(Reader& r, uint32_t n, uint64_t& position, uint64_t& lease,
+                 std::vector<BlockLocation>& blocks) {
+  if (!r.get(position) || !r.get(lease)) return malformed("short reply");
+  if (n > kMaxBlocksPerLease || r.left() != size_t{n} * kBlockBytes) {
+    return malformed("reply size does not match its count");
+  }
+  blocks.resize(n);
+  for (BlockLocation& b : blocks) {
+    r.get(b.extent);
+    r.get(b.bytes);
+    r.get(b.offset);
+    r.get(b.generation);
+  }
+  return {};
+}
+
+// An answer's body: a code and a count, then the daemon's error message (code != 0) or what
+// `parse` reads of a successful answer.
+template <typename T, typename Parse>
+Result<Result<T>> decodeAnswer(std::span<const uint8_t> body, Parse parse) {
+  Reader r(body);
+  uint32_t code = 0, n = 0;
+  if (!r.get(code) || !r.get(n)) return malformed("short reply");
+  if (code != 0) {
+    std::string message(n, '\0');
+    if (n > 4096 || r.left() != n || !r.getBytes(message.data(), n)) {
+      return malformed("error reply");
+    }
+    if (code > static_cast<uint32_t>(ErrorCode::kReleased)) code = uint32_t(ErrorCode::kInternal);
+    return Result<T>(Error(static_cast<ErrorCode>(code), std::move(message)));
+  }
+  auto reply = parse(r, n);
+  if (!reply) return reply.error();
+  return Result<T>(std::move(reply).value());
+}
+
 }  // namespace
 
 void appendLookup(std::vector<uint8_t>& out, uint64_t id, uint32_t space, uint32_t remote,
@@ -73,12 +136,36 @@ void appendLookup(std::vector<uint8_t>& out, uint64_t id, uint32_t space, uint32
   finish(out, at);
 }
 
-void appendRelease(std::vector<uint8_t>& out, std::span<const uint64_t> leases) {
-  const size_t at = begin(out, kRelease, 0);
-  put(out, static_cast<uint32_t>(leases.size()));
+void appendPut(std::vector<uint8_t>& out, uint64_t id, const PutArgs& args) {
+  const size_t at = begin(out, kPut, id);
+  put(out, args.space);
+  put(out, args.detached ? kPutDetached : uint32_t{0});
+  put(out, args.begin);
+  put(out, args.window);
+  put(out, args.chunk);
+  put(out, static_cast<uint32_t>(args.seq.size()));
+  put(out, static_cast<uint32_t>(args.tokens.size()));
+  put(out, static_cast<uint32_t>(args.keys.size()));
   put(out, uint32_t{0});
-  putBytes(out, leases.data(), leases.size() * sizeof(uint64_t));
+  putBytes(out, args.seq.data(), args.seq.size());
+  putBytes(out, args.tokens.data(), args.tokens.size() * sizeof(uint32_t));
+  for (const Key128& k : args.keys) putBytes(out, k.bytes.data(), k.bytes.size());
   finish(out, at);
+}
+
+void appendCommit(std::vector<uint8_t>& out, uint64_t id, const CommitRequest& commit) {
+  const size_t at = begin(out, kCommit, id);
+  put(out, commit.lease);
+  put(out, commit.upTo);
+  finish(out, at);
+}
+
+void appendRelease(std::vector<uint8_t>& out, std::span<const uint64_t> leases) {
+  appendLeases(out, kRelease, leases);
+}
+
+void appendAbort(std::vector<uint8_t>& out, std::span<const uint64_t> leases) {
+  appendLeases(out, kAbort, leases);
 }
 
 void appendSync(std::vector<uint8_t>& out, uint64_t id) { finish(out, begin(out, kSync, id)); }
@@ -88,17 +175,19 @@ void appendSyncReply(std::vector<uint8_t>& out, uint64_t id) {
 }
 
 void appendLookupReply(std::vector<uint8_t>& out, uint64_t id, const LookupReply& reply) {
-  const size_t at = begin(out, kLookup | kReply, id);
+  appendGrant(out, kLookup, id, reply.matchedTokens, reply.lease, reply.blocks);
+}
+
+void appendPutReply(std::vector<uint8_t>& out, uint64_t id, const PutReply& reply) {
+  appendGrant(out, kPut, id, reply.firstPosition, reply.lease, reply.blocks);
+}
+
+void appendCommitReply(std::vector<uint8_t>& out, uint64_t id, const CommitReply& reply) {
+  const size_t at = begin(out, kCommit | kReply, id);
   put(out, uint32_t{0});
-  put(out, static_cast<uint32_t>(reply.blocks.size()));
-  put(out, reply.matchedTokens);
-  put(out, reply.lease);
-  for (const BlockLocation& b : reply.blocks) {
-    put(out, b.extent);
-    put(out, b.bytes);
-    put(out, b.offset);
-    put(out, b.generation);
-  }
+  put(out, uint32_t{0});
+  put(out, reply.length);
+  put(out, uint64_t{reply.sealedBlocks});
   finish(out, at);
 }
 
@@ -114,7 +203,7 @@ void appendErrorReply(std::vector<uint8_t>& out, uint16_t op, uint64_t id, const
 
 Status checkHeader(const Header& h) {
   const uint16_t op = h.op & ~uint16_t{kReply};
-  if (op != kLookup && op != kRelease && op != kSync) return malformed("unknown op");
+  if (op < kLookup || op > kAbort) return malformed("unknown op");
   if (h.flags != 0) return malformed("flags set");
   if (h.bodyBytes > kMaxBodyBytes) return malformed("body too large");
   return {};
@@ -143,12 +232,52 @@ Result<LookupRequest> decodeLookup(std::span<const uint8_t> body) {
   return req;
 }
 
-Result<std::vector<uint64_t>> decodeRelease(std::span<const uint8_t> body) {
+Result<PutRequest> decodePut(std::span<const uint8_t> body) {
+  Reader r(body);
+  PutRequest req;
+  uint32_t flags = 0, seqBytes = 0, tokens = 0, keys = 0, pad = 0;
+  if (!r.get(req.space) || !r.get(flags) || !r.get(req.begin) || !r.get(req.window) ||
+      !r.get(req.chunk) || !r.get(seqBytes) || !r.get(tokens) || !r.get(keys) || !r.get(pad)) {
+    return malformed("short put");
+  }
+  if ((flags & ~kPutDetached) != 0 || pad != 0) return malformed("put flags");
+  if (seqBytes > kMaxSeqNameBytes) {
+    return makeError(ErrorCode::kInvalidArgument, "sequence name of ", seqBytes, " bytes exceeds ",
+                     kMaxSeqNameBytes);
+  }
+  if (tokens > kMaxTokensPerCall) {
+    return makeError(ErrorCode::kInvalidArgument, tokens, " tokens exceed ", kMaxTokensPerCall);
+  }
+  if (keys > kMaxBlocksPerLease) {
+    return makeError(ErrorCode::kInvalidArgument, keys, " keys exceed ", kMaxBlocksPerLease);
+  }
+  if (r.left() !=
+      size_t{seqBytes} + size_t{tokens} * sizeof(uint32_t) + size_t{keys} * sizeof(Key128)) {
+    return malformed("put size does not match its counts");
+  }
+  req.detached = (flags & kPutDetached) != 0;
+  req.seq.resize(seqBytes);
+  r.getBytes(req.seq.data(), seqBytes);
+  req.tokens.resize(tokens);
+  r.getBytes(req.tokens.data(), req.tokens.size() * sizeof(uint32_t));
+  req.keys.resize(keys);
+  for (Key128& k : req.keys) r.getBytes(k.bytes.data(), k.bytes.size());
+  return req;
+}
+
+Result<CommitRequest> decodeCommit(std::span<const uint8_t> body) {
+  Reader r(body);
+  CommitRequest req;
+  if (!r.get(req.lease) || !r.get(req.upTo) || r.left() != 0) return malformed("commit size");
+  return req;
+}
+
+Result<std::vector<uint64_t>> decodeLeases(std::span<const uint8_t> body) {
   Reader r(body);
   uint32_t count = 0, pad = 0;
-  if (!r.get(count) || !r.get(pad) || pad != 0) return malformed("short release");
+  if (!r.get(count) || !r.get(pad) || pad != 0) return malformed("short lease list");
   if (r.left() != size_t{count} * sizeof(uint64_t)) {
-    return malformed("release size does not match its count");
+    return malformed("lease list size does not match its count");
   }
   std::vector<uint64_t> leases(count);
   r.getBytes(leases.data(), leases.size() * sizeof(uint64_t));
@@ -156,30 +285,36 @@ Result<std::vector<uint64_t>> decodeRelease(std::span<const uint8_t> body) {
 }
 
 Result<Result<LookupReply>> decodeLookupReply(std::span<const uint8_t> body) {
-  Reader r(body);
-  uint32_t code = 0, n = 0;
-  if (!r.get(code) || !r.get(n)) return malformed("short reply");
-  if (code != 0) {
-    std::string message(n, '\0');
-    if (n > 4096 || r.left() != n || !r.getBytes(message.data(), n)) {
-      return malformed("error reply");
+  return decodeAnswer<LookupReply>(body, [](Reader& r, uint32_t n) -> Result<LookupReply> {
+    LookupReply reply;
+    if (auto s = readGrant(r, n, reply.matchedTokens, reply.lease, reply.blocks); !s) {
+      return s.error();
     }
-    if (code > static_cast<uint32_t>(ErrorCode::kReleased)) code = uint32_t(ErrorCode::kInternal);
-    return Result<LookupReply>(Error(static_cast<ErrorCode>(code), std::move(message)));
-  }
-  LookupReply reply;
-  if (!r.get(reply.matchedTokens) || !r.get(reply.lease)) return malformed("short reply");
-  if (n > kMaxBlocksPerLease || r.left() != size_t{n} * kBlockBytes) {
-    return malformed("reply size does not match its count");
-  }
-  reply.blocks.resize(n);
-  for (BlockLocation& b : reply.blocks) {
-    r.get(b.extent);
-    r.get(b.bytes);
-    r.get(b.offset);
-    r.get(b.generation);
-  }
-  return Result<LookupReply>(std::move(reply));
+    return reply;
+  });
+}
+
+Result<Result<PutReply>> decodePutReply(std::span<const uint8_t> body) {
+  return decodeAnswer<PutReply>(body, [](Reader& r, uint32_t n) -> Result<PutReply> {
+    PutReply reply;
+    if (auto s = readGrant(r, n, reply.firstPosition, reply.lease, reply.blocks); !s) {
+      return s.error();
+    }
+    return reply;
+  });
+}
+
+Result<Result<CommitReply>> decodeCommitReply(std::span<const uint8_t> body) {
+  return decodeAnswer<CommitReply>(body, [](Reader& r, uint32_t n) -> Result<CommitReply> {
+    CommitReply reply;
+    uint64_t sealed = 0;
+    if (n != 0 || !r.get(reply.length) || !r.get(sealed) || r.left() != 0 ||
+        sealed > kMaxBlocksPerLease) {
+      return malformed("commit reply");
+    }
+    reply.sealedBlocks = static_cast<uint32_t>(sealed);
+    return reply;
+  });
 }
 
 }  // namespace kvtier::lane

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
+#include <tuple>
 
 namespace kvtier::lane {
 namespace {
@@ -68,8 +70,14 @@ TEST(LaneCodec, ReleaseAndSyncRoundTrip) {
   std::vector<uint8_t> frames;
   appendRelease(frames, leases);
   Header h;
-  auto decoded = decodeRelease(bodyOf(frames, h));
+  auto decoded = decodeLeases(bodyOf(frames, h));
   EXPECT_EQ(h.op, kRelease);
+  ASSERT_TRUE(decoded.ok());
+  EXPECT_EQ(*decoded, leases);
+  frames.clear();
+  appendAbort(frames, leases);
+  decoded = decodeLeases(bodyOf(frames, h));
+  EXPECT_EQ(h.op, kAbort);
   ASSERT_TRUE(decoded.ok());
   EXPECT_EQ(*decoded, leases);
   frames.clear();
@@ -79,26 +87,86 @@ TEST(LaneCodec, ReleaseAndSyncRoundTrip) {
   EXPECT_EQ(h.id, 11u);
 }
 
+TEST(LaneCodec, PutAndCommitRoundTrip) {
+  const std::vector<uint32_t> tokens = {5, 6, 7, 8};
+  const std::vector<Key128> keys = {key(9)};
+  std::vector<uint8_t> frames;
+  appendPut(frames, 77, {2, "seq-a", 64, tokens, keys, true, 4096, 0});
+  Header h;
+  auto put = decodePut(bodyOf(frames, h));
+  EXPECT_EQ(h.op, kPut);
+  EXPECT_EQ(h.id, 77u);
+  ASSERT_TRUE(put.ok()) << put.error();
+  EXPECT_EQ(put->space, 2u);
+  EXPECT_EQ(put->seq, "seq-a");
+  EXPECT_EQ(put->begin, 64u);
+  EXPECT_EQ(put->tokens, tokens);
+  EXPECT_EQ(put->keys, keys);
+  EXPECT_TRUE(put->detached);
+  EXPECT_EQ(put->window, 4096u);
+  EXPECT_EQ(put->chunk, 0u);
+
+  frames.clear();
+  PutReply grant{48, 12, {{3, 8192, 65536, 2}}};
+  appendPutReply(frames, 77, grant);
+  auto granted = decodePutReply(bodyOf(frames, h));
+  EXPECT_EQ(h.op, kPut | kReply);
+  ASSERT_TRUE(granted.ok() && granted->ok());
+  EXPECT_EQ((*granted)->firstPosition, 48u);
+  EXPECT_EQ((*granted)->lease, 12u);
+  EXPECT_EQ((*granted)->blocks, grant.blocks);
+
+  frames.clear();
+  appendCommit(frames, 78, {12, 100});
+  auto commit = decodeCommit(bodyOf(frames, h));
+  EXPECT_EQ(h.op, kCommit);
+  ASSERT_TRUE(commit.ok());
+  EXPECT_EQ(commit->lease, 12u);
+  EXPECT_EQ(commit->upTo, 100u);
+
+  frames.clear();
+  appendCommitReply(frames, 78, {68, 3});
+  auto committed = decodeCommitReply(bodyOf(frames, h));
+  EXPECT_EQ(h.op, kCommit | kReply);
+  ASSERT_TRUE(committed.ok() && committed->ok());
+  EXPECT_EQ((*committed)->length, 68u);
+  EXPECT_EQ((*committed)->sealedBlocks, 3u);
+
+  frames.clear();
+  appendErrorReply(frames, kCommit, 79, makeError(ErrorCode::kConflict, "changed"));
+  auto conflict = decodeCommitReply(bodyOf(frames, h));
+  ASSERT_TRUE(conflict.ok());
+  ASSERT_FALSE(conflict->ok());
+  EXPECT_EQ(conflict->error().code(), ErrorCode::kConflict);
+}
+
 TEST(LaneCodec, EveryTruncationOrExtensionIsRefused) {
-  std::vector<uint8_t> lookup, reply, release;
+  std::vector<uint8_t> lookup, reply, release, put, putReply, commit, commitReply;
   appendLookup(lookup, 1, 1, 0, std::vector<uint32_t>{1, 2, 3}, std::vector<Key128>{key(3)});
   appendLookupReply(reply, 1, {16, 1, {{0, 0, 4096, 1}}});
   appendRelease(release, std::vector<uint64_t>{5, 6});
-  const auto body = [](const std::vector<uint8_t>& f) {
-    return std::vector<uint8_t>(f.begin() + sizeof(Header), f.end());
+  appendPut(put, 2, {1, "s", 0, std::vector<uint32_t>{1, 2}, std::vector<Key128>{key(4)}});
+  appendPutReply(putReply, 2, {0, 3, {{0, 0, 4096, 1}}});
+  appendCommit(commit, 3, {3, 2});
+  appendCommitReply(commitReply, 3, {2, 0});
+  using Decode = std::function<bool(std::span<const uint8_t>)>;
+  const std::vector<std::tuple<const char*, const std::vector<uint8_t>*, Decode>> cases = {
+      {"lookup", &lookup, [](auto b) { return decodeLookup(b).ok(); }},
+      {"reply", &reply, [](auto b) { return decodeLookupReply(b).ok(); }},
+      {"release", &release, [](auto b) { return decodeLeases(b).ok(); }},
+      {"put", &put, [](auto b) { return decodePut(b).ok(); }},
+      {"put reply", &putReply, [](auto b) { return decodePutReply(b).ok(); }},
+      {"commit", &commit, [](auto b) { return decodeCommit(b).ok(); }},
+      {"commit reply", &commitReply, [](auto b) { return decodeCommitReply(b).ok(); }},
   };
-  for (const auto& [name, full] :
-       {std::pair{"lookup", body(lookup)}, {"reply", body(reply)}, {"release", body(release)}}) {
+  for (const auto& [name, frame, decode] : cases) {
+    const std::vector<uint8_t> full(frame->begin() + sizeof(Header), frame->end());
+    EXPECT_TRUE(decode(full)) << name << " as encoded";
     for (size_t n = 0; n <= full.size() + 8; ++n) {
       if (n == full.size()) continue;
       std::vector<uint8_t> b(full.begin(), full.begin() + std::min(n, full.size()));
       b.resize(n, 0);
-      const std::string what = std::string(name) + " of " + std::to_string(n) + " bytes";
-      const std::string kind = name;
-      const bool parsed = kind == "lookup"  ? decodeLookup(b).ok()
-                          : kind == "reply" ? decodeLookupReply(b).ok()
-                                            : decodeRelease(b).ok();
-      EXPECT_FALSE(parsed) << what;
+      EXPECT_FALSE(decode(b)) << name << " of " << n << " bytes";
     }
   }
 }
@@ -116,8 +184,32 @@ TEST(LaneCodec, LimitsAndHeadersAreChecked) {
   std::memcpy(body.data() + 12, &tooManyKeys, 4);
   EXPECT_FALSE(decodeLookup(body).ok());
 
+  // A put's name, tokens and keys likewise; unknown put flags are refused.
+  std::vector<uint8_t> put;
+  appendPut(put, 1, {1, "s", 0, {}, {}});
+  std::vector<uint8_t> putBody(put.begin() + sizeof(Header), put.end());
+  ASSERT_EQ(putBody.size(), kPutFixedBytes + 1);
+  const auto putWith = [&](size_t at, uint32_t value) {
+    std::vector<uint8_t> b = putBody;
+    std::memcpy(b.data() + at, &value, 4);
+    return decodePut(b);
+  };
+  EXPECT_TRUE(putWith(4, 1).ok());  // detached
+  EXPECT_FALSE(putWith(4, 2).ok());
+  EXPECT_FALSE(putWith(44, 1).ok());  // padding
+  for (auto [at, value] : {std::pair<size_t, uint32_t>{32, uint32_t(kMaxSeqNameBytes + 1)},
+                           {36, uint32_t(kMaxTokensPerCall + 1)},
+                           {40, uint32_t(kMaxBlocksPerLease + 1)}}) {
+    auto r = putWith(at, value);
+    ASSERT_FALSE(r.ok()) << at;
+    EXPECT_EQ(r.error().code(), ErrorCode::kInvalidArgument);
+    EXPECT_EQ(r.error().message().find("malformed"), std::string::npos) << r.error().message();
+  }
+
   EXPECT_TRUE(checkHeader(Header{0, kSync, 0, 1}).ok());
-  EXPECT_FALSE(checkHeader(Header{0, 9, 0, 1}).ok());      // unknown op
+  EXPECT_TRUE(checkHeader(Header{0, kAbort, 0, 1}).ok());
+  EXPECT_FALSE(checkHeader(Header{0, 7, 0, 1}).ok());  // unknown op
+  EXPECT_FALSE(checkHeader(Header{0, 0, 0, 1}).ok());
   EXPECT_FALSE(checkHeader(Header{0, kSync, 1, 1}).ok());  // flags
   EXPECT_FALSE(checkHeader(Header{uint32_t(kMaxBodyBytes) + 1, kLookup, 0, 1}).ok());
   // A reply's error code this build does not know reads as INTERNAL, not as a stray value.

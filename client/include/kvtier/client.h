@@ -119,7 +119,7 @@ struct Stats {
   uint64_t tenantBytesUsed = 0, tenantQuotaBytes = 0;
   // Fast lanes (ClientOptions::lane): lookups served over them, lanes attached now, attaches
   // refused.
-  uint64_t laneLookups = 0, lanesAttached = 0, lanesRefused = 0;
+  uint64_t laneLookups = 0, lanesAttached = 0, lanesRefused = 0, lanePuts = 0;
   std::vector<SpaceStats> spaces;
   std::string toJson() const;
 };
