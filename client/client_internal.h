@@ -302,6 +302,11 @@ class WireText {
 
 // INVALID_ARGUMENT unless positions [from, to) lie within a handle's [begin, end). `what` names
 // the call, `holds` what the handle has ("held", "granted").
+// Writes packed KV of positions [from, to) into granted pool blocks (views[0] starts at
+// firstPosition). NOT_SUPPORTED for a block in GPU memory (no host view).
+Status writeIntoViews(const Layout& layout, std::span<const std::span<uint8_t>> views,
+                      uint64_t firstPosition, uint64_t from, uint64_t to, const void* kv);
+
 inline Status checkRange(const char* what, const char* holds, uint64_t from, uint64_t to,
                          uint64_t begin, uint64_t end) {
   if (from > to || from < begin || to > end) {

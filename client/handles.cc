@@ -49,6 +49,25 @@ Status ReadHandle::copyTo(uint64_t from, uint64_t to, void* out, size_t bytes) c
   return {};
 }
 
+Status writeIntoViews(const Layout& layout, std::span<const std::span<uint8_t>> views,
+                      uint64_t firstPosition, uint64_t from, uint64_t to, const void* kv) {
+  const uint32_t bt = layout.blockTokens;
+  const auto g = geometry(layout);
+  const auto* packed = static_cast<const uint8_t*>(kv);
+  for (uint64_t pos = from; pos < to;) {
+    const uint64_t block = (pos - firstPosition) / bt;
+    const uint32_t slot = static_cast<uint32_t>((pos - firstPosition) % bt);
+    const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(bt - slot, to - pos));
+    if (!views[block].data()) {
+      return makeError(ErrorCode::kNotSupported,
+                       "block is in GPU memory: write it with Space::putPaged");
+    }
+    kernels::unpackSlots(g, views[block].data(), slot, n, packed, to - from, pos - from);
+    pos += n;
+  }
+  return {};
+}
+
 WriteHandle::WriteHandle(Space* space, std::unique_ptr<LeaseState> lease) noexcept
     : space_(space), lease_(std::move(lease)) {}
 WriteHandle::WriteHandle(WriteHandle&&) noexcept = default;
@@ -63,24 +82,13 @@ Status WriteHandle::write(uint64_t from, uint64_t to, const void* kv, size_t byt
     return invalid("write buffer of ", bytes, " bytes, expected ",
                    (to - from) * layout.tokenKvBytes());
   }
+  // A lease the fast lane granted always has views: the lane serves clients that map the pool.
+  if (!views_.empty() || lease_->lane) {
+    return writeIntoViews(layout, views_, firstPosition_, from, to, kv);
+  }
   const uint32_t bt = layout.blockTokens;
   const auto g = geometry(layout);
   const auto* packed = static_cast<const uint8_t*>(kv);
-  // A lease the fast lane granted always has views: the lane serves clients that map the pool.
-  if (!views_.empty() || lease_->lane) {
-    for (uint64_t pos = from; pos < to;) {
-      const uint64_t block = (pos - firstPosition_) / bt;
-      const uint32_t slot = static_cast<uint32_t>((pos - firstPosition_) % bt);
-      const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(bt - slot, to - pos));
-      if (!views_[block].data()) {
-        return makeError(ErrorCode::kNotSupported,
-                         "block is in GPU memory: write it with Space::putPaged");
-      }
-      kernels::unpackSlots(g, views_[block].data(), slot, n, packed, to - from, pos - from);
-      pos += n;
-    }
-    return {};
-  }
   // Inline: one write message per block, all in flight at once.
   return lease_->client->run([&] {
     auto lease = KJ_ASSERT_NONNULL(lease_->cap).castAs<rpc::WriteLease>();

@@ -121,16 +121,35 @@ bool ClientLane::fill(size_t want, bool poll) {
 }
 
 bool ClientLane::receive(uint16_t op, uint64_t id, std::vector<uint8_t>& body) {
+  const uint16_t want = static_cast<uint16_t>(op | lane::kReply);
+  if (auto early = early_.find(id); early != early_.end()) {
+    if (early->second.first != want) return false;
+    body = std::move(early->second.second);
+    early_.erase(early);
+    return true;
+  }
   bool poll = answers_.hot();
-  if (!fill(sizeof(lane::Header), poll)) return false;
-  lane::Header h;
-  std::memcpy(&h, in_.data() + inBegin_, sizeof h);
-  if (!lane::checkHeader(h) || h.op != (op | lane::kReply) || h.id != id) return false;
-  inBegin_ += sizeof h;
-  if (!fill(h.bodyBytes, poll)) return false;
-  body.assign(in_.begin() + static_cast<ptrdiff_t>(inBegin_),
-              in_.begin() + static_cast<ptrdiff_t>(inBegin_ + h.bodyBytes));
-  inBegin_ += h.bodyBytes;
+  for (;;) {
+    if (!fill(sizeof(lane::Header), poll)) return false;
+    lane::Header h;
+    std::memcpy(&h, in_.data() + inBegin_, sizeof h);
+    // An answer to a request never sent, or a second answer to one, cannot be trusted.
+    if (!lane::checkHeader(h) || (h.op & lane::kReply) == 0 || h.id == 0 || h.id >= nextId_ ||
+        early_.count(h.id)) {
+      return false;
+    }
+    inBegin_ += sizeof h;
+    if (!fill(h.bodyBytes, poll)) return false;
+    std::vector<uint8_t> got(in_.begin() + static_cast<ptrdiff_t>(inBegin_),
+                             in_.begin() + static_cast<ptrdiff_t>(inBegin_ + h.bodyBytes));
+    inBegin_ += h.bodyBytes;
+    if (h.id == id) {
+      if (h.op != want) return false;
+      body = std::move(got);
+      break;
+    }
+    early_.emplace(h.id, std::make_pair(h.op, std::move(got)));
+  }
   answers_.arrived();
   // The daemon serves a lane's frames in order: every release sent before has been served.
   unsynced_.store(false, std::memory_order_relaxed);
@@ -230,6 +249,87 @@ Result<lane::CommitReply> ClientLane::commit(uint64_t lease, uint64_t upTo) {
                      "the fast lane ended before the commit: its write lease is lost");
   }
   return std::move(*answer);
+}
+
+std::optional<std::vector<Result<lane::CommitReply>>> ClientLane::putMany(
+    std::span<const lane::PutArgs> items, const WriteGrant& write) {
+  const size_t n = items.size();
+  std::vector<Result<lane::CommitReply>> results;
+  results.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    results.push_back(makeError(ErrorCode::kUnavailable, "the fast lane ended before this put"));
+  }
+  {
+    std::unique_lock lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock() || !usable()) return std::nullopt;
+    std::vector<uint64_t> putIds(n, 0), commitIds(n, 0);
+    std::vector<uint8_t> out;
+    appendPendingReleases(out);
+    const auto sendPut = [&](size_t i) {
+      putIds[i] = nextId_++;
+      lane::appendPut(out, putIds[i], items[i]);
+    };
+    const auto flush = [&] {
+      const bool sent = out.empty() || sendAll(out);
+      out.clear();
+      return sent;
+    };
+    // The answer to commit `i`, into its result; false ends the lane.
+    const auto awaitCommit = [&](size_t i) {
+      std::vector<uint8_t> body;
+      if (!receive(lane::kCommit, commitIds[i], body)) return false;
+      auto reply = lane::decodeCommitReply(body);
+      if (!reply) return false;
+      results[i] = std::move(reply).value();
+      commitIds[i] = 0;
+      return true;
+    };
+    bool alive = true;
+    if (n > 0) {
+      sendPut(0);
+      alive = flush();
+    }
+    for (size_t i = 0; alive && i < n; ++i) {
+      std::vector<uint8_t> body;
+      auto grant = receive(lane::kPut, putIds[i], body)
+                       ? lane::decodePutReply(body)
+                       : Result<Result<lane::PutReply>>(makeError(ErrorCode::kInternal, ""));
+      if (!grant) {
+        alive = false;
+        break;
+      }
+      // The daemon grants the next item while this one's bytes are written, unless the next names
+      // the same sequence: its put must see this commit.
+      const bool overlap = i + 1 < n && items[i + 1].seq != items[i].seq;
+      if (overlap) {
+        sendPut(i + 1);
+        if (!(alive = flush())) break;
+      }
+      if (!*grant) {
+        results[i] = grant->error();
+      } else if (Status written = write(i, grant->value()); !written) {
+        const uint64_t lease = grant->value().lease;
+        lane::appendAbort(out, std::span(&lease, 1));
+        unsynced_.store(true, std::memory_order_relaxed);
+        results[i] = written.error();
+      } else {
+        commitIds[i] = nextId_++;
+        lane::appendCommit(out, commitIds[i], {grant->value().lease, ~uint64_t{0}});
+      }
+      if (!(alive = flush())) break;
+      if (i + 1 < n && !overlap) {
+        if (commitIds[i] != 0 && !(alive = awaitCommit(i))) break;
+        sendPut(i + 1);
+        if (!(alive = flush())) break;
+      }
+    }
+    for (size_t i = 0; alive && i < n; ++i) {
+      if (commitIds[i] != 0) alive = awaitCommit(i);
+    }
+    if (!alive) endLane();
+  }
+  flushReleases();
+  return results;
 }
 
 void ClientLane::release(uint64_t lease) {

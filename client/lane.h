@@ -10,6 +10,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -47,6 +49,15 @@ class ClientLane {
   // Commits a write lease put() granted. The lease lives on the lane, so this waits for a call
   // another thread has under way; UNAVAILABLE when the lane has ended (the lease with it).
   Result<lane::CommitReply> commit(uint64_t lease, uint64_t upTo);
+  // Several puts with their commits, pipelined: the next item's PUT goes out before this item's
+  // bytes are written (`write` writes them into the grant), so the daemon grants it meanwhile —
+  // unless it names the same sequence, whose put must follow this commit. Commits are read as
+  // they come. One result per item: the commit's answer, the grant's error, `write`'s error (the
+  // lease is then aborted), or UNAVAILABLE for items the lane ended before. Nothing when the lane
+  // cannot take the batch now, as for lookup.
+  using WriteGrant = std::function<Status(size_t item, const lane::PutReply& grant)>;
+  std::optional<std::vector<Result<lane::CommitReply>>> putMany(
+      std::span<const lane::PutArgs> items, const WriteGrant& write);
   // Releases a lease a lookup over the lane granted (any thread; does not wait for the daemon).
   void release(uint64_t lease);
   // Ends a write lease put() granted without a trace (any thread; does not wait).
@@ -66,7 +77,8 @@ class ClientLane {
   std::optional<Result<Reply>> exchange(uint16_t op, Append append, Decode decode);
   // With mutex_ held.
   bool sendAll(const std::vector<uint8_t>& bytes);
-  // Reads the answer to request `id` of `op`; false ends the lane.
+  // Reads the answer to request `id` of `op`; answers to other requests in flight that come first
+  // are kept for their turn. False ends the lane.
   bool receive(uint16_t op, uint64_t id, std::vector<uint8_t>& body);
   bool fill(size_t want, bool poll);
   void appendPendingReleases(std::vector<uint8_t>& out);
@@ -83,6 +95,7 @@ class ClientLane {
   uint64_t nextId_ = 1;
   Conversation answers_;
   std::vector<uint8_t> in_;  // bytes read, [inBegin_, in_.size()) not yet consumed
+  std::map<uint64_t, std::pair<uint16_t, std::vector<uint8_t>>> early_;  // answers read ahead
   size_t inBegin_ = 0;
   std::atomic<bool> ended_{false};
   std::atomic<bool> unsynced_{false};  // releases were sent and no answer came after them

@@ -94,6 +94,60 @@ Result<CommitInfo> Space::put(std::string_view seq, uint64_t begin,
   return handle->commit();
 }
 
+std::vector<Result<CommitInfo>> Space::putMany(std::span<const PutItem> items) {
+  std::vector<Result<CommitInfo>> results;
+  results.reserve(items.size());
+  // Items put() would refuse before asking the daemon are refused here the same way; the rest go
+  // over the lane as one pipelined batch.
+  std::vector<size_t> sent;
+  std::vector<lane::PutArgs> args;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const PutItem& it = items[i];
+    if (it.tokens.size() > kMaxTokensPerCall) {
+      results.push_back(
+          invalid("put of ", it.tokens.size(), " tokens exceeds ", kMaxTokensPerCall));
+    } else if (it.bytes != it.tokens.size() * layout_.tokenKvBytes()) {
+      results.push_back(invalid("put of ", it.tokens.size(), " tokens needs ",
+                                it.tokens.size() * layout_.tokenKvBytes(), " bytes of KV, got ",
+                                it.bytes));
+    } else {
+      results.push_back(makeError(ErrorCode::kInternal, "not put"));
+      sent.push_back(i);
+      args.push_back({impl_->lane, it.seq, it.begin, it.tokens, it.options.keys,
+                      it.options.detached, it.options.window, it.options.chunk});
+    }
+  }
+  auto* client = client_.impl_.get();
+  std::optional<std::vector<Result<lane::CommitReply>>> batch;
+  if (ClientLane* lane = client->laneHere(); lane && impl_->lane != 0 && !sent.empty()) {
+    std::vector<std::span<uint8_t>> views;
+    batch = lane->putMany(args, [&](size_t k, const lane::PutReply& grant) -> Status {
+      views.clear();
+      for (const auto& b : grant.blocks) {
+        auto v = client->grantedView(BlockRef{b.extent, b.offset, b.bytes, b.generation});
+        if (!v) return v.error();
+        views.push_back(*v);
+      }
+      const PutItem& it = items[sent[k]];
+      return writeIntoViews(layout_, views, grant.firstPosition, it.begin,
+                            it.begin + it.tokens.size(), it.kv);
+    });
+  }
+  for (size_t k = 0; k < sent.size(); ++k) {
+    const PutItem& it = items[sent[k]];
+    Result<CommitInfo>& result = results[sent[k]];
+    if (!batch) {
+      // No lane to pipeline over: one put after another.
+      result = put(it.seq, it.begin, it.tokens, it.kv, it.bytes, it.options);
+    } else if ((*batch)[k]) {
+      result = CommitInfo{(*batch)[k]->length, (*batch)[k]->sealedBlocks};
+    } else {
+      result = (*batch)[k].error();
+    }
+  }
+  return results;
+}
+
 Result<ReadHandle> Space::get(std::string_view seq, uint64_t begin, uint64_t end) {
   auto* client = client_.impl_.get();
   auto lease = std::make_unique<LeaseState>();

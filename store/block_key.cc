@@ -1,3 +1,10 @@
+// OpenSSL 3 marks the SHA256_* functions deprecated in favour of EVP, whose init frees and
+// allocates a provider context on every call: ~260 ns to hash one 16-token block chained to its
+// predecessor, against ~140 ns for SHA256_* on a context in place (the same assembly; measured on
+// the 2-vCPU development VM, OpenSSL 3.0). A put or lookup hashes one message per block, so the
+// plain functions are kept, and the warning they carry is silenced here only.
+#define OPENSSL_SUPPRESS_DEPRECATED
+
 #include "kvtier/block_key.h"
 
 #include <cstdio>
@@ -15,39 +22,17 @@ std::string Key128::hex() const {
   return out;
 }
 
-Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
-  if (ctx_ == nullptr) throw std::bad_alloc();
-}
-
-Sha256::~Sha256() { EVP_MD_CTX_free(ctx_); }
-
-namespace {
-
-// OpenSSL 3 looks an algorithm up (under a lock) every time EVP_sha256() is passed to an init;
-// fetch it once for the process.
-const EVP_MD* sha256Digest() {
-  static EVP_MD* const md = EVP_MD_fetch(nullptr, "SHA256", nullptr);
-  return md;
-}
-
-}  // namespace
-
 void Sha256::begin() {
-  if (EVP_DigestInit_ex(ctx_, sha256Digest(), nullptr) != 1) {
-    throw std::runtime_error("EVP_DigestInit_ex failed");
-  }
+  if (SHA256_Init(&ctx_) != 1) throw std::runtime_error("SHA256_Init failed");
 }
 
 void Sha256::update(const void* data, size_t size) {
-  if (EVP_DigestUpdate(ctx_, data, size) != 1) throw std::runtime_error("EVP_DigestUpdate failed");
+  if (SHA256_Update(&ctx_, data, size) != 1) throw std::runtime_error("SHA256_Update failed");
 }
 
 std::array<uint8_t, 32> Sha256::finish() {
   std::array<uint8_t, 32> digest;
-  unsigned int size = 0;
-  if (EVP_DigestFinal_ex(ctx_, digest.data(), &size) != 1 || size != digest.size()) {
-    throw std::runtime_error("EVP_DigestFinal_ex failed");
-  }
+  if (SHA256_Final(digest.data(), &ctx_) != 1) throw std::runtime_error("SHA256_Final failed");
   return digest;
 }
 

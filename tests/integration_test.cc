@@ -489,6 +489,67 @@ TEST(Integration, PutsTakeTheFastLaneAndStoreWhatCapnProtoStores) {
   EXPECT_EQ(plain->stats().value().lanePuts, start.lanePuts + 8);  // 4 in each mode
 }
 
+// putMany stores each item as put() would — with the lane pipelining the grants behind the copies,
+// and without a lane one put after another: the same results, the same bytes. An item that fails
+// (bad size, a put past its sequence's end) fails alone; items of one sequence follow each other.
+TEST(Integration, PutManyStoresEachItemAsPutWould) {
+  test::DaemonProcess daemon;
+  const Layout layout = test::testLayout();
+  auto reader = Client::connect({.socketPath = daemon.socket(), .lane = false}).value();
+  auto readerSpace = reader->open(layout).value();
+  for (bool withLane : {true, false}) {
+    auto client = Client::connect({.socketPath = daemon.socket(), .lane = withLane}).value();
+    auto space = client->open(layout).value();
+    const std::string tag = withLane ? "lane-" : "plain-";
+    const uint64_t lanePuts = client->stats().value().lanePuts;
+    std::vector<std::vector<uint32_t>> tokens;
+    std::vector<std::vector<uint8_t>> kv;
+    for (uint32_t i = 0; i < 4; ++i) {
+      tokens.push_back(synthetic::tokens(100 + i + (withLane ? 0 : 50), 40 + 8 * i));
+      kv.push_back(synthetic::packedKv(layout, tokens.back(), 0, tokens.back().size()));
+    }
+    const auto whole = synthetic::tokens(120 + (withLane ? 0 : 50), 48);
+    const auto wholeKv = synthetic::packedKv(layout, whole, 0, 48);
+    const auto head = std::span(whole).first(32), tail = std::span(whole).subspan(32);
+    const auto headKv = synthetic::packedKv(layout, whole, 0, 32);
+    const auto tailKv = synthetic::packedKv(layout, whole, 32, 48);
+    const std::string names[] = {tag + "0", tag + "1", tag + "2", tag + "3", tag + "grown"};
+    std::vector<PutItem> items = {
+        {names[0], 0, tokens[0], kv[0].data(), kv[0].size()},
+        {names[1], 0, tokens[1], kv[1].data(), kv[1].size() - 1},  // one byte short
+        {names[2], 0, tokens[2], kv[2].data(), kv[2].size()},
+        {names[4], 0, head, headKv.data(), headKv.size()},
+        {names[4], 32, tail, tailKv.data(), tailKv.size()},    // waits for the commit before it
+        {names[3], 5, tokens[3], kv[3].data(), kv[3].size()},  // past the end of a new sequence
+        {names[1], 0, tokens[1], kv[1].data(), kv[1].size()},
+    };
+    auto results = space->putMany(items);
+    ASSERT_EQ(results.size(), items.size());
+    const std::vector<std::pair<ErrorCode, uint64_t>> expected = {
+        {ErrorCode::kOk, 40}, {ErrorCode::kInvalidArgument, 0},
+        {ErrorCode::kOk, 56}, {ErrorCode::kOk, 32},
+        {ErrorCode::kOk, 48}, {ErrorCode::kInvalidArgument, 0},
+        {ErrorCode::kOk, 48}};
+    for (size_t i = 0; i < items.size(); ++i) {
+      const ErrorCode code = results[i].ok() ? ErrorCode::kOk : results[i].code();
+      EXPECT_EQ(code, expected[i].first) << tag << "item " << i;
+      if (results[i].ok()) {
+        EXPECT_EQ(results[i]->length, expected[i].second) << tag << "item " << i;
+      }
+    }
+    EXPECT_EQ(readAll(readerSpace->get(names[0]).value()), kv[0]);
+    EXPECT_EQ(readAll(readerSpace->get(names[1]).value()), kv[1]);
+    EXPECT_EQ(readAll(readerSpace->get(names[2]).value()), kv[2]);
+    EXPECT_EQ(readAll(readerSpace->get(names[4]).value()), wholeKv);
+    EXPECT_FALSE(readerSpace->length(names[3]).value().has_value());
+    // Five items reached the daemon; over the lane when there is one.
+    const Stats after = client->stats().value();
+    EXPECT_EQ(after.lanePuts, lanePuts + (withLane ? 5 : 0));
+    EXPECT_EQ(after.writeLeases, 0u);
+    EXPECT_TRUE(space->putMany({}).empty());
+  }
+}
+
 // Lookups take the session's fast lane (ClientOptions::lane, on by default) in both threading
 // modes: the same blocks and bytes as over Cap'n Proto, and a dropped handle's release is served
 // before the client's next Cap'n Proto call although it went over the other connection.

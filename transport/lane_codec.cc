@@ -77,11 +77,16 @@ void appendGrant(std::vector<uint8_t>& out, uint16_t op, uint64_t id, uint64_t p
   put(out, static_cast<uint32_t>(blocks.size()));
   put(out, position);
   put(out, lease);
+  // One resize for all the blocks (a put or lookup names up to 65,536).
+  const size_t first = out.size();
+  out.resize(first + blocks.size() * kBlockBytes);
+  uint8_t* p = out.data() + first;
   for (const BlockLocation& b : blocks) {
-    put(out, b.extent);
-    put(out, b.bytes);
-    put(out, b.offset);
-    put(out, b.generation);
+    std::memcpy(p, &b.extent, 4);
+    std::memcpy(p + 4, &b.bytes, 4);
+    std::memcpy(p + 8, &b.offset, 8);
+    std::memcpy(p + 16, &b.generation, 8);
+    p += kBlockBytes;
   }
   finish(out, at);
 }

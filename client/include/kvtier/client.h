@@ -298,6 +298,16 @@ struct PagedKvCache {
 // SHA-256 of `bytes` truncated to 16 bytes: a content key for position-independent entries.
 Key128 contentKey(const void* bytes, size_t size);
 
+// One put of a batch (Space::putMany): what put() takes.
+struct PutItem {
+  std::string_view seq;
+  uint64_t begin = 0;
+  std::span<const uint32_t> tokens;
+  const void* kv = nullptr;  // packed, tokens.size() * layout().tokenKvBytes() bytes
+  size_t bytes = 0;
+  PutOptions options = {};
+};
+
 // One namespace (tenant, layout) on the daemon. Borrowed from its Client.
 class Space {
  public:
@@ -312,6 +322,13 @@ class Space {
   // lease and one for the commit; `kv` is packed, n * layout().tokenKvBytes() bytes.
   Result<CommitInfo> put(std::string_view seq, uint64_t begin, std::span<const uint32_t> tokens,
                          const void* kv, size_t bytes, const PutOptions& options = {});
+  // Several puts in one call, for a writer that hands over KV continuously (a prefill batch, an
+  // engine offloading finished requests): each item is stored as put() would, in order, but the
+  // daemon grants the next item's blocks while this item's bytes are copied, so the control calls
+  // hide behind the copies (over the fast lane; an item naming the same sequence as the one before
+  // waits for its commit). One result per item; an item's failure does not stop the others. An
+  // UNAVAILABLE result may or may not have been stored (the connection ended under it).
+  std::vector<Result<CommitInfo>> putMany(std::span<const PutItem> items);
   // The two steps of put, for engines that write the blocks themselves (e.g. with kernels/).
   Result<WriteHandle> beginPut(std::string_view seq, uint64_t begin,
                                std::span<const uint32_t> tokens, const PutOptions& options = {});
