@@ -59,7 +59,13 @@ kj::Promise<void> Lane::readMore() {
     inBegin_ = 0;
   }
   const size_t want = std::max(frameBytes_, kReadBytes);
-  if (in_.size() < want || (inEnd_ == 0 && in_.size() > 4 * kReadBytes)) in_.resize(want);
+  if (in_.size() < want) {
+    in_.resize(want);
+  } else if (inEnd_ == 0 && in_.size() > 4 * kReadBytes) {
+    // Nothing unread after a large frame: give its memory back (up to ~20 MiB per session).
+    in_.resize(want);
+    in_.shrink_to_fit();
+  }
   return stream_->tryRead(in_.data() + inEnd_, 1, in_.size() - inEnd_)
       .then([this](size_t n) -> kj::Promise<void> {
         if (n == 0) {
