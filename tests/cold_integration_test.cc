@@ -68,6 +68,49 @@ TEST(ColdIntegration, FillingFarPastMemoryEveryPrefixStillHitsFromDisk) {
   EXPECT_EQ(s.evictedUnspilled, 0u);
 }
 
+// A batch of puts far past memory: the daemon grants an item only once the spiller has made room,
+// while the client's commit of the item before is answered first — putMany waits for each answer
+// by its id. Every item is stored, with its bytes, and the earlier ones hit from disk.
+TEST(ColdIntegration, PutManyFarPastMemoryWaitsForRoomAndStoresEveryItem) {
+  DaemonProcess daemon(24 * kBlockBytes, "", coldOn());  // 24 blocks of memory
+  auto client = daemon.connect();
+  auto space = client->open(testLayout()).value();
+  constexpr uint64_t kPrompts = 30;  // 120 blocks: 5x the pool
+  const std::string names[] = {"a", "b", "c"};
+  std::vector<std::vector<uint32_t>> tokens;
+  std::vector<std::vector<uint8_t>> kv;
+  std::vector<PutItem> items;
+  for (uint64_t i = 0; i < kPrompts; ++i) {
+    tokens.push_back(prompt(i));
+    kv.push_back(synthetic::packedKv(testLayout(), tokens[i], 0, kPromptTokens));
+  }
+  for (uint64_t i = 0; i < kPrompts; ++i) {
+    // Each item replaces the sequence's contents of three items before: those blocks stay cached,
+    // and may go once on disk.
+    items.push_back({names[i % 3], 0, tokens[i], kv[i].data(), kv[i].size()});
+  }
+  const uint64_t lanePuts = client->stats().value().lanePuts;
+  auto results = space->putMany(items);
+  ASSERT_EQ(results.size(), kPrompts);
+  for (uint64_t i = 0; i < kPrompts; ++i) {
+    ASSERT_TRUE(results[i].ok()) << "item " << i << ": " << results[i].error();
+    EXPECT_EQ(results[i]->length, kPromptTokens);
+  }
+  const Stats s = client->stats().value();
+  EXPECT_EQ(s.lanePuts, lanePuts + kPrompts);
+  EXPECT_GT(s.spilled, 0u);
+  EXPECT_EQ(s.writeLeases, 0u);
+  for (uint64_t i = kPrompts - 3; i < kPrompts; ++i) {
+    auto held = space->get(names[i % 3]).value();
+    std::vector<uint8_t> got(kPromptTokens * testLayout().tokenKvBytes());
+    ASSERT_TRUE(held.copyTo(0, kPromptTokens, got.data(), got.size()).ok());
+    EXPECT_EQ(got, kv[i]) << "sequence " << names[i % 3];
+  }
+  for (uint64_t i = 0; i < kPrompts; ++i) {
+    EXPECT_EQ(matchedWithRightBytes(*space, i), kPromptTokens) << "prompt " << i;
+  }
+}
+
 TEST(ColdIntegration, GracefulRestartServesEverythingWrittenBefore) {
   std::string dataDir;
   {
