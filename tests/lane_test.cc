@@ -284,6 +284,8 @@ TEST_F(LaneTest, ALookupOverTheLaneAnswersWhatCapnProtoAnswers) {
   EXPECT_EQ(miss->matchedTokens, 0u);
   EXPECT_EQ(miss->lease, 0u);
   ASSERT_TRUE(l.release({reply->lease}, 4));
+  // An empty release is served and changes nothing.
+  ASSERT_TRUE(l.release({}, 5));
   expectUnchanged();
 }
 
