@@ -10,19 +10,23 @@
 #   cluster remote hits between two daemons on loopback against ucx_perftest ucp_get (UCX_TLS=tcp
 #          and UCX's defaults), a lookup missing everywhere against a local miss, puts on a
 #          cluster member against a lone daemon                       -> bench/results/cluster.json
+#   scale  daemon memory per indexed block and lookup latency at 10 k, 1 M and 10 M blocks; a
+#          restart with 10 M blocks on disk (minutes; KVTIER_SCALE_COLD=0 skips that part)
+#                                                                     -> bench/results/scale.json
 #
-#   scripts/bench.sh [--suite local|cold|gpu|cluster|all] [kvtier-bench arguments, e.g. --reps 9]
+#   scripts/bench.sh [--suite local|cold|gpu|cluster|scale|all] [kvtier-bench arguments, e.g. --reps 9]
 #
-# The default is all: local, cold, gpu, then cluster. Other arguments go to every kvtier-bench run.
+# The default is all: local, cold, gpu, cluster, then scale. Other arguments go to every
+# kvtier-bench run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-suites=(local cold gpu cluster)
+suites=(local cold gpu cluster scale)
 if [[ "${1:-}" == "--suite" ]]; then
   case "${2:-}" in
-    local | cold | gpu | cluster) suites=("$2") ;;
+    local | cold | gpu | cluster | scale) suites=("$2") ;;
     all) ;;
     *)
-      echo "usage: scripts/bench.sh [--suite local|cold|gpu|cluster|all] [kvtier-bench arguments]" >&2
+      echo "usage: scripts/bench.sh [--suite local|cold|gpu|cluster|scale|all] [kvtier-bench arguments]" >&2
       exit 2
       ;;
   esac
