@@ -126,6 +126,7 @@ bool ClientLane::receive(uint16_t op, uint64_t id, std::vector<uint8_t>& body) {
     if (early->second.first != want) return false;
     body = std::move(early->second.second);
     early_.erase(early);
+    answered(id);
     return true;
   }
   bool poll = answers_.hot();
@@ -151,9 +152,20 @@ bool ClientLane::receive(uint16_t op, uint64_t id, std::vector<uint8_t>& body) {
     early_.emplace(h.id, std::make_pair(h.op, std::move(got)));
   }
   answers_.arrived();
-  // The daemon serves a lane's frames in order: every release sent before has been served.
-  unsynced_.store(false, std::memory_order_relaxed);
+  answered(id);
   return true;
+}
+
+void ClientLane::answered(uint64_t id) {
+  // The daemon serves a lane's frames in the order they come, one-way frames at once: an answer
+  // to a request sent after the last release or abort means every one of them has been served.
+  // (An answer to an earlier request, still in flight in a batch, does not.)
+  if (id > oneWayAfter_) unsynced_.store(false, std::memory_order_relaxed);
+}
+
+void ClientLane::sentOneWay() {
+  oneWayAfter_ = nextId_ - 1;
+  unsynced_.store(true, std::memory_order_relaxed);
 }
 
 void ClientLane::appendPendingReleases(std::vector<uint8_t>& out) {
@@ -165,6 +177,7 @@ void ClientLane::appendPendingReleases(std::vector<uint8_t>& out) {
   }
   if (!releases.empty()) lane::appendRelease(out, releases);
   if (!aborts.empty()) lane::appendAbort(out, aborts);
+  if (!releases.empty() || !aborts.empty()) sentOneWay();
 }
 
 void ClientLane::sendPendingReleases() {
@@ -172,7 +185,6 @@ void ClientLane::sendPendingReleases() {
   appendPendingReleases(out);
   if (out.empty()) return;
   if (!sendAll(out)) return endLane();
-  unsynced_.store(true, std::memory_order_relaxed);
 }
 
 void ClientLane::endLane() { ended_.store(true, std::memory_order_relaxed); }
@@ -310,7 +322,7 @@ std::optional<std::vector<Result<lane::CommitReply>>> ClientLane::putMany(
       } else if (Status written = write(i, grant->value()); !written) {
         const uint64_t lease = grant->value().lease;
         lane::appendAbort(out, std::span(&lease, 1));
-        unsynced_.store(true, std::memory_order_relaxed);
+        sentOneWay();
         results[i] = written.error();
       } else {
         commitIds[i] = nextId_++;

@@ -81,7 +81,12 @@ class ClientLane {
   // are kept for their turn. False ends the lane.
   bool receive(uint16_t op, uint64_t id, std::vector<uint8_t>& body);
   bool fill(size_t want, bool poll);
+  // Appends what release() and abort() queued; sentOneWay() when there was any.
   void appendPendingReleases(std::vector<uint8_t>& out);
+  // A release or abort goes out after request nextId_ - 1: Cap'n Proto calls sync until an answer
+  // to a later request comes (answered()).
+  void sentOneWay();
+  void answered(uint64_t id);
   void sendPendingReleases();
   // Sends what release() queued, unless another thread holds the lane (it sends it when done).
   void flushReleases();
@@ -99,6 +104,7 @@ class ClientLane {
   size_t inBegin_ = 0;
   std::atomic<bool> ended_{false};
   std::atomic<bool> unsynced_{false};  // releases were sent and no answer came after them
+  uint64_t oneWayAfter_ = 0;           // the last request sent before the last release or abort
   std::mutex releasesMutex_;
   std::vector<uint64_t> releases_;  // guarded by releasesMutex_
   std::vector<uint64_t> aborts_;    // guarded by releasesMutex_

@@ -19,6 +19,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "client/lane.h"
 #include "schemas/kvtier.capnp.h"
 #include "tests/raw_connection.h"
 #include "tests/test_support.h"
@@ -493,6 +494,41 @@ TEST_F(LaneTest, WriteLeasesEndWithTheLane) {
     expectUnchanged();
     EXPECT_FALSE(raw->length("open").has_value());
   }
+}
+
+// The SDK's batch of puts (ClientLane::putMany) on a session of its own: an item whose bytes cannot
+// be written is aborted, an item the engine refuses fails alone, the rest are committed; after
+// sync() — what the SDK does before any Cap'n Proto call — the daemon has served the abort,
+// although the last answer the batch read was to a request sent before it.
+TEST_F(LaneTest, ABatchsAbortIsServedBeforeTheNextCapnProtoCall) {
+  auto lane = ClientLane::attach(daemon.socket(), raw->token(), std::chrono::microseconds(50),
+                                 std::chrono::seconds(5));
+  ASSERT_TRUE(lane.ok()) << lane.error();
+  const auto a = promptTokens(7, 40), b = promptTokens(8, 40), c = promptTokens(9, 40);
+  const std::vector<lane::PutArgs> items = {
+      {raw->laneSpace(), "written", 0, a, {}},
+      {raw->laneSpace(), "unwritable", 0, b, {}},
+      {raw->laneSpace(), "refused", 5, c, {}},  // past the end of a new sequence
+  };
+  std::vector<size_t> writes;
+  auto results = (*lane)->putMany(items, [&](size_t i, const lane::PutReply& grant) -> Status {
+    writes.push_back(i);
+    EXPECT_EQ(grant.blocks.size(), 3u);
+    if (i == 1) return makeError(ErrorCode::kNotSupported, "cannot write item 1");
+    return {};  // the test's blocks keep whatever bytes they had: only the leases matter here
+  });
+  ASSERT_TRUE(results.has_value());
+  ASSERT_EQ(results->size(), 3u);
+  ASSERT_TRUE((*results)[0].ok()) << (*results)[0].error();
+  EXPECT_EQ((*results)[0]->length, 40u);
+  EXPECT_EQ((*results)[1].code(), ErrorCode::kNotSupported);
+  EXPECT_EQ((*results)[2].code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(writes, (std::vector<size_t>{0, 1}));
+  (*lane)->sync();
+  EXPECT_EQ(raw->counts().writeLeases, before.writeLeases);
+  EXPECT_EQ(raw->length("written"), 40u);
+  EXPECT_FALSE(raw->length("unwritable").has_value());
+  EXPECT_FALSE(raw->length("refused").has_value());
 }
 
 }  // namespace
