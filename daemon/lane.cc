@@ -3,6 +3,7 @@
 #include <sys/random.h>
 
 #include <cstring>
+#include <tuple>
 
 #include "daemon/log.h"
 #include "transport/rpc_codec.h"
@@ -157,18 +158,19 @@ void Lane::logUnknown(const char* what, size_t unknown, size_t of) {
                                     " of=" + std::to_string(of));
 }
 
-Result<std::pair<SpaceId, uint8_t>> Lane::spaceOf(uint32_t number) const {
+Result<LookupSite> Lane::siteOf(uint32_t number) const {
   if (number == 0 || number > spaces_.size()) {
     return makeError(ErrorCode::kInvalidArgument, "the lane has no space ", number);
   }
-  return spaces_[number - 1];
+  LookupSite site = site_;
+  std::tie(site.space, site.tier) = spaces_[number - 1];
+  return site;
 }
 
 void Lane::put(uint64_t id, lane::PutRequest req) {
-  auto named = spaceOf(req.space);
+  auto named = siteOf(req.space);
   if (!named) return reply(named.error(), lane::kPut, id);
-  LookupSite site = site_;
-  std::tie(site.space, site.tier) = *named;
+  const LookupSite& site = *named;
   auto request = kj::heap<lane::PutRequest>(std::move(req));
   // Fills the reply, or throws the engine's error (FULL and the like are tried again once a
   // service has made room).
@@ -219,16 +221,15 @@ void Lane::commit(uint64_t id, const lane::CommitRequest& req) {
 }
 
 void Lane::lookup(uint64_t id, lane::LookupRequest req) {
-  auto named = spaceOf(req.space);
+  auto named = siteOf(req.space);
   if (!named) return reply(named.error(), lane::kLookup, id);
   if (req.remote > static_cast<uint32_t>(rpc::RemoteMode::PREFETCH)) {
     return reply(makeError(ErrorCode::kInvalidArgument, "unknown remote mode ", req.remote),
                  lane::kLookup, id);
   }
-  const auto [space, tier] = *named;
-  LookupSite site = site_;
-  site.space = space;
-  site.tier = tier;
+  const LookupSite& site = *named;
+  const SpaceId space = site.space;
+  const uint8_t tier = site.tier;
   std::vector<Key128> chain;
   kj::Maybe<kj::Promise<void>> waitFor;
   try {

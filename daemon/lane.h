@@ -60,7 +60,8 @@ class Lane final : private kj::TaskSet::ErrorHandler {
   kj::Promise<void> readMore();
   void serveBuffered();
   void serve(const lane::Header& header, std::span<const uint8_t> body);
-  Result<std::pair<SpaceId, uint8_t>> spaceOf(uint32_t number) const;
+  // Where a request naming the lane's space `number` runs.
+  Result<LookupSite> siteOf(uint32_t number) const;
   void lookup(uint64_t id, lane::LookupRequest req);
   void put(uint64_t id, lane::PutRequest req);
   void commit(uint64_t id, const lane::CommitRequest& req);
