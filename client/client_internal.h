@@ -273,6 +273,18 @@ inline BlockRef refFrom(rpc::BlockRef::Reader r) {
   return BlockRef{r.getExtent(), r.getOffset(), r.getBytes(), r.getGeneration()};
 }
 
+// A block a lane answer names.
+inline BlockRef refFrom(const BlockLocation& b) {
+  return BlockRef{b.extent, b.offset, b.bytes, b.generation};
+}
+
+// A put as the lane carries it: space `laneSpace`'s number on the lane.
+inline lane::PutArgs lanePut(uint32_t laneSpace, std::string_view seq, uint64_t begin,
+                             std::span<const uint32_t> tokens, const PutOptions& options) {
+  return {laneSpace,      seq,          begin, tokens, options.keys, options.detached,
+          options.window, options.chunk};
+}
+
 inline kernels::BlockGeometry geometry(const Layout& l) {
   return {l.numLayers, l.blockTokens, l.tokenBytes()};
 }
@@ -300,13 +312,13 @@ class WireText {
   std::string s_;  // NUL-terminated after its size, as capnp::Text::Reader requires
 };
 
-// INVALID_ARGUMENT unless positions [from, to) lie within a handle's [begin, end). `what` names
-// the call, `holds` what the handle has ("held", "granted").
 // Writes packed KV of positions [from, to) into granted pool blocks (views[0] starts at
 // firstPosition). NOT_SUPPORTED for a block in GPU memory (no host view).
 Status writeIntoViews(const Layout& layout, std::span<const std::span<uint8_t>> views,
                       uint64_t firstPosition, uint64_t from, uint64_t to, const void* kv);
 
+// INVALID_ARGUMENT unless positions [from, to) lie within a handle's [begin, end). `what` names
+// the call, `holds` what the handle has ("held", "granted").
 inline Status checkRange(const char* what, const char* holds, uint64_t from, uint64_t to,
                          uint64_t begin, uint64_t end) {
   if (from > to || from < begin || to > end) {

@@ -210,36 +210,34 @@ std::optional<Result<Reply>> ClientLane::exchange(uint16_t op, Append append, De
   return std::move(reply).value();
 }
 
-std::optional<Result<lane::LookupReply>> ClientLane::lookup(uint32_t space, uint32_t remote,
-                                                            std::span<const uint32_t> tokens,
-                                                            std::span<const Key128> keys) {
-  std::optional<Result<lane::LookupReply>> answer;
+template <typename Reply, typename Append, typename Decode>
+std::optional<Result<Reply>> ClientLane::tryExchange(uint16_t op, Append append, Decode decode) {
+  std::optional<Result<Reply>> answer;
   {
     std::unique_lock lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock() || !usable()) return std::nullopt;
-    answer = exchange<lane::LookupReply>(
-        lane::kLookup,
-        [&](std::vector<uint8_t>& out, uint64_t id) {
-          lane::appendLookup(out, id, space, remote, tokens, keys);
-        },
-        lane::decodeLookupReply);
+    answer = exchange<Reply>(op, append, decode);
   }
   // Releases queued while this call held the lane: their threads left them to this one.
   flushReleases();
   return answer;
 }
 
+std::optional<Result<lane::LookupReply>> ClientLane::lookup(uint32_t space, uint32_t remote,
+                                                            std::span<const uint32_t> tokens,
+                                                            std::span<const Key128> keys) {
+  return tryExchange<lane::LookupReply>(
+      lane::kLookup,
+      [&](std::vector<uint8_t>& out, uint64_t id) {
+        lane::appendLookup(out, id, space, remote, tokens, keys);
+      },
+      lane::decodeLookupReply);
+}
+
 std::optional<Result<lane::PutReply>> ClientLane::put(const lane::PutArgs& args) {
-  std::optional<Result<lane::PutReply>> answer;
-  {
-    std::unique_lock lock(mutex_, std::try_to_lock);
-    if (!lock.owns_lock() || !usable()) return std::nullopt;
-    answer = exchange<lane::PutReply>(
-        lane::kPut, [&](std::vector<uint8_t>& out, uint64_t id) { lane::appendPut(out, id, args); },
-        lane::decodePutReply);
-  }
-  flushReleases();
-  return answer;
+  return tryExchange<lane::PutReply>(
+      lane::kPut, [&](std::vector<uint8_t>& out, uint64_t id) { lane::appendPut(out, id, args); },
+      lane::decodePutReply);
 }
 
 Result<lane::CommitReply> ClientLane::commit(uint64_t lease, uint64_t upTo) {
@@ -303,9 +301,8 @@ std::optional<std::vector<Result<lane::CommitReply>>> ClientLane::putMany(
     }
     for (size_t i = 0; alive && i < n; ++i) {
       std::vector<uint8_t> body;
-      auto grant = receive(lane::kPut, putIds[i], body)
-                       ? lane::decodePutReply(body)
-                       : Result<Result<lane::PutReply>>(makeError(ErrorCode::kInternal, ""));
+      if (!(alive = receive(lane::kPut, putIds[i], body))) break;
+      auto grant = lane::decodePutReply(body);
       if (!grant) {
         alive = false;
         break;

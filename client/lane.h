@@ -75,6 +75,10 @@ class ClientLane {
   // body. Nothing when the lane ended on the way (no answer, or one that does not parse).
   template <typename Reply, typename Append, typename Decode>
   std::optional<Result<Reply>> exchange(uint16_t op, Append append, Decode decode);
+  // exchange() unless another thread's call holds the lane or it cannot be used (nothing then);
+  // sends the releases queued meanwhile after.
+  template <typename Reply, typename Append, typename Decode>
+  std::optional<Result<Reply>> tryExchange(uint16_t op, Append append, Decode decode);
   // With mutex_ held.
   bool sendAll(const std::vector<uint8_t>& bytes);
   // Reads the answer to request `id` of `op`; answers to other requests in flight that come first

@@ -34,9 +34,7 @@ Result<WriteHandle> Space::beginPut(std::string_view seq, uint64_t begin,
   std::optional<Result<Granted>> granted;
   // The fast lane takes the put of a client that maps the pool; its write lease is the lane's.
   if (ClientLane* lane = client->laneHere(); lane && impl_->lane != 0) {
-    lane::PutArgs args{impl_->lane,    seq,          begin, tokens, options.keys, options.detached,
-                       options.window, options.chunk};
-    if (auto answer = lane->put(args)) {
+    if (auto answer = lane->put(lanePut(impl_->lane, seq, begin, tokens, options))) {
       if (!*answer) return answer->error();
       lane::PutReply& r = answer->value();
       lease->lane = client->lane;
@@ -44,8 +42,7 @@ Result<WriteHandle> Space::beginPut(std::string_view seq, uint64_t begin,
       lease->laneWrite = true;
       Granted g{r.firstPosition, {}};
       g.refs.reserve(r.blocks.size());
-      for (const auto& b : r.blocks)
-        g.refs.push_back(BlockRef{b.extent, b.offset, b.bytes, b.generation});
+      for (const auto& b : r.blocks) g.refs.push_back(refFrom(b));
       granted = std::move(g);
     }
   }
@@ -113,8 +110,7 @@ std::vector<Result<CommitInfo>> Space::putMany(std::span<const PutItem> items) {
     } else {
       results.push_back(makeError(ErrorCode::kInternal, "not put"));
       sent.push_back(i);
-      args.push_back({impl_->lane, it.seq, it.begin, it.tokens, it.options.keys,
-                      it.options.detached, it.options.window, it.options.chunk});
+      args.push_back(lanePut(impl_->lane, it.seq, it.begin, it.tokens, it.options));
     }
   }
   auto* client = client_.impl_.get();
@@ -124,7 +120,7 @@ std::vector<Result<CommitInfo>> Space::putMany(std::span<const PutItem> items) {
     batch = lane->putMany(args, [&](size_t k, const lane::PutReply& grant) -> Status {
       views.clear();
       for (const auto& b : grant.blocks) {
-        auto v = client->grantedView(BlockRef{b.extent, b.offset, b.bytes, b.generation});
+        auto v = client->grantedView(refFrom(b));
         if (!v) return v.error();
         views.push_back(*v);
       }
@@ -202,9 +198,7 @@ Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span
       lease->laneLease = r.lease;
       handle.end_ = r.matchedTokens;
       handle.refs_.reserve(r.blocks.size());
-      for (const auto& b : r.blocks) {
-        handle.refs_.push_back(BlockRef{b.extent, b.offset, b.bytes, b.generation});
-      }
+      for (const auto& b : r.blocks) handle.refs_.push_back(refFrom(b));
       answered = true;
     }
   }
