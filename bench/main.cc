@@ -28,9 +28,13 @@ namespace kvtier::bench {
 
 // The suites, in the order --help lists them. A new suite: its bench/suite_NAME.cc, and its name
 // in these two lines and in bench/CMakeLists.txt.
-extern const Suite kLocalSuite, kColdSuite, kGpuSuite, kClusterSuite, kScaleSuite;
-const Suite* const kSuites[] = {&kLocalSuite, &kColdSuite, &kGpuSuite, &kClusterSuite,
-                                &kScaleSuite};
+extern const Suite kLocalSuite, kColdSuite, kGpuSuite, kClusterSuite, kScaleSuite, kLlamaSuite;
+const Suite* const kSuites[] = {&kLocalSuite, &kColdSuite,  &kGpuSuite, &kClusterSuite,
+                                &kScaleSuite,
+#ifdef KVTIER_BENCH_LLAMA  // built with llama.cpp (integrations/llama/)
+                                &kLlamaSuite
+#endif
+};
 
 namespace {
 

@@ -21,3 +21,6 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   python3-matplotlib \
   python3-dev pybind11-dev python3-numpy python3-pytest python3-torch \
   golang-go
+# llama.cpp's prebuilt CPU libraries and matching headers, from the npm registry (no Debian
+# package): the llama.cpp integration and its tests use them.
+bash "$(dirname "$0")/install-llama-cpp.sh"

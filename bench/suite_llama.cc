@@ -1,0 +1,197 @@
+// The llama suite: llama.cpp reusing KV from kvtier, against the same engine recomputing it.
+//
+// A medium llama model with random weights (integrations/llama/make_gguf.py: tens of millions of
+// parameters, GQA) runs in this process on one thread, as kvtier's llama.cpp integration serves
+// it (kvtier/llama.h) against a kvtierd the suite starts. Per repetition:
+//   ttft_speedup_1k / _4k    time to first token of a prompt of 1,024 / 4,096 tokens whose
+//                            prefix (all but its last block) is in kvtier: restore + evaluate the
+//                            last block, against evaluating the whole prompt (same batch split),
+//                            same context, same thread
+//   llama_restore_vs_memcpy  KV bytes restored per second (PrefixCache::restore of the 4k
+//                            prefix: lookup, gather from the pool, llama_state_seq_set_data)
+//                            over memcpy of as many bytes
+//   llama_store_vs_memcpy    KV bytes stored per second (PrefixCache::store of that prefix as
+//                            new blocks: llama_state_seq_get_data, scatter into the pool, commit)
+//                            over memcpy of as many bytes
+// The breakdown times llama.cpp's state calls alone, the copies kvtier cannot avoid.
+#include <cstring>
+
+#include "bench/harness.h"
+#include "integrations/llama/llama_support.h"
+#include "kvtier/llama.h"
+
+namespace kvtier::bench {
+namespace {
+
+namespace sup = llama::support;
+
+constexpr uint32_t kBlockTokens = 32;
+constexpr size_t kShort = 1024, kLong = 4096;
+
+// One timed call's seconds.
+template <typename F>
+double timed(F&& f) {
+  const auto t0 = Clock::now();
+  f();
+  return secondsSince(t0);
+}
+
+double memcpySeconds(HostBuffer& dst, const HostBuffer& src, size_t bytes) {
+  return timed([&] { std::memcpy(dst.data(), src.data(), bytes); });
+}
+
+Status run(const Options& options) {
+  auto dir = TempDir::create();
+  if (!dir) return dir.error();
+  const std::string modelPath = dir->file("medium.gguf");
+  try {
+    sup::makeModel(modelPath, "medium", 1);
+  } catch (const std::exception& e) {
+    return unavailable(e.what());
+  }
+  const std::string socket = dir->file("kvtierd.sock");
+  BenchDaemon daemon;
+  if (auto s = daemon.start(options.daemon, *dir, socket,
+                            options.daemonFlags({"--host-pool-bytes", "1G", "--cold-tier", "off"}));
+      !s)
+    return s;
+
+  sup::ModelPtr model = sup::loadModel(modelPath);
+  if (!model) return unavailable("llama.cpp cannot load ", modelPath);
+  sup::ContextSettings settings;
+  settings.nCtx = kLong + 256;
+  settings.threads = 1;
+  const llama_context_params cp = sup::contextParams(settings);
+  sup::ContextPtr ctx = sup::makeContext(model.get(), cp);
+  if (!ctx) return unavailable("llama.cpp cannot make a context");
+  llama::CacheOptions co;
+  co.socketPath = socket;
+  co.modelPath = modelPath;
+  co.contextParams = cp;
+  co.blockTokens = kBlockTokens;
+  auto opened = llama::PrefixCache::open(ctx.get(), co);
+  if (!opened) return opened.error();
+  llama::PrefixCache& cache = **opened;
+  const Layout& layout = cache.layout();
+  char desc[128];
+  llama_model_desc(model.get(), desc, sizeof(desc));
+  std::printf("model: %s, %d layers, %d wide, %d heads, %d KV heads, %.1f M parameters, "
+              "1 thread, flash attention on; %llu KV bytes per token, blocks of %u tokens\n",
+              desc, llama_model_n_layer(model.get()), llama_model_n_embd(model.get()),
+              llama_model_n_head(model.get()), llama_model_n_head_kv(model.get()),
+              llama_model_n_params(model.get()) / 1e6,
+              static_cast<unsigned long long>(layout.tokenKvBytes()), kBlockTokens);
+
+  llama_memory_t mem = llama_get_memory(ctx.get());
+  auto clear = [&] { llama_memory_seq_rm(mem, 0, -1, -1); };
+  // Each prompt's prefix (all but its last block) evaluated once and stored.
+  struct Prompt {
+    size_t length;
+    std::vector<llama_token> tokens;
+    size_t prefix;
+  };
+  std::vector<Prompt> prompts;
+  for (size_t n : {kShort, kLong}) {
+    Prompt p{n, sup::randomTokens(model.get(), n, n), n - kBlockTokens};
+    const std::vector<size_t> split = {p.prefix};
+    clear();
+    if (!sup::decode(ctx.get(), 0, p.tokens, 0, p.prefix, split))
+      return unavailable("llama_decode failed");
+    auto stored = cache.store(0, p.tokens.data(), p.prefix);
+    if (!stored) return stored.error();
+    prompts.push_back(std::move(p));
+  }
+  const Prompt& big = prompts.back();
+  const size_t kvBytes = big.prefix * layout.tokenKvBytes();
+  HostBuffer src(kvBytes), dst(kvBytes);
+
+  const auto report = newReport;
+  RatioReport speed1k = report("ttft_speedup_1k", "restore 992 + evaluate 32 tokens",
+                               "evaluate 1024 tokens", "s", false, std::nullopt);
+  RatioReport speed4k = report("ttft_speedup_4k", "restore 4064 + evaluate 32 tokens",
+                               "evaluate 4096 tokens", "s", false, std::nullopt);
+  RatioReport restoreMem = report("llama_restore_vs_memcpy", "PrefixCache::restore of 4064 tokens",
+                                  "memcpy", "bytes/s", true, 0.5);
+  RatioReport storeMem = report("llama_store_vs_memcpy", "PrefixCache::store of 4064 tokens",
+                                "memcpy", "bytes/s", true, 0.5);
+  std::vector<double> getData, setData;
+
+  uint64_t fresh = 1u << 20;  // seeds of never-stored token lists
+  for (int rep = 0; rep <= options.reps && !gInterrupted; ++rep) {
+    const bool warm = rep == 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const Prompt& p = prompts[i];
+      const std::vector<size_t> split = {p.prefix};
+      clear();
+      size_t restored = 0;
+      const double withKvtier = timed([&] {
+        auto r = cache.restore(0, p.tokens.data(), p.length - 1);
+        restored = r.ok() ? r->tokens : 0;
+        sup::decode(ctx.get(), 0, p.tokens, restored, p.length, split);
+      });
+      if (restored != p.prefix)
+        return makeError(ErrorCode::kInternal, "restored ", restored, " of ", p.prefix, " tokens");
+      clear();
+      const double recompute =
+          timed([&] { sup::decode(ctx.get(), 0, p.tokens, 0, p.length, split); });
+      if (warm) continue;
+      RatioReport& r = i == 0 ? speed1k : speed4k;
+      r.kvtier.perRep.push_back(withKvtier);
+      r.anchor.perRep.push_back(recompute);
+    }
+
+    // The restore path alone, then the store path of the same bytes as new blocks (the KV of the
+    // long prefix under never-stored tokens: the same bytes, a store of new blocks every time).
+    clear();
+    Result<llama::RestoreInfo> r = llama::RestoreInfo{};
+    const double restore = timed([&] { r = cache.restore(0, big.tokens.data(), big.prefix); });
+    if (!r || r->tokens != big.prefix) return makeError(ErrorCode::kInternal, "restore missed");
+    std::vector<llama_token> other = sup::randomTokens(model.get(), ++fresh, big.prefix);
+    Result<llama::StoreInfo> s = llama::StoreInfo{};
+    const double store = timed([&] { s = cache.store(0, other.data(), other.size()); });
+    if (!s) return s.error();
+    if (s->storedTokens != big.prefix) return makeError(ErrorCode::kInternal, "store was not new");
+    std::vector<uint8_t> state(llama_state_seq_get_size(ctx.get(), 0));
+    const double get = timed(
+        [&] { llama_state_seq_get_data(ctx.get(), state.data(), state.size(), 0); });
+    clear();
+    const double set = timed(
+        [&] { llama_state_seq_set_data(ctx.get(), state.data(), state.size(), 0); });
+    const double copy = memcpySeconds(dst, src, kvBytes);
+    if (warm) continue;
+    restoreMem.kvtier.perRep.push_back(kvBytes / restore);
+    restoreMem.anchor.perRep.push_back(kvBytes / copy);
+    storeMem.kvtier.perRep.push_back(kvBytes / store);
+    storeMem.anchor.perRep.push_back(kvBytes / memcpySeconds(dst, src, kvBytes));
+    getData.push_back(get);
+    setData.push_back(set);
+  }
+
+  const std::vector<RatioReport> reports = {speed1k, speed4k, restoreMem, storeMem};
+  printTable("llama", reports, options.reps);
+  Breakdown breakdown;
+  breakdown.steps = {{"llama_state_seq_get_data, 4064 tokens", medianOf(getData)},
+                     {"llama_state_seq_set_data, 4064 tokens", medianOf(setData)}};
+  printBreakdown(breakdown);
+  RunInfo info = runInfoOf("llama", options, {{"llama.cpp", "\"node-llama-cpp 3.22.1\""}});
+  info.extra.push_back("\"model\": {\"layers\": " +
+                       std::to_string(llama_model_n_layer(model.get())) +
+                       ", \"embd\": " + std::to_string(llama_model_n_embd(model.get())) +
+                       ", \"heads\": " + std::to_string(llama_model_n_head(model.get())) +
+                       ", \"kv_heads\": " + std::to_string(llama_model_n_head_kv(model.get())) +
+                       ", \"params\": " + std::to_string(llama_model_n_params(model.get())) +
+                       ", \"kv_bytes_per_token\": " + std::to_string(layout.tokenKvBytes()) +
+                       ", \"block_tokens\": " + std::to_string(kBlockTokens) + "}");
+  return writeReport(options, reports, breakdown, info);
+}
+
+}  // namespace
+
+extern const Suite kLlamaSuite{
+    "llama",
+    "  --suite llama   llama.cpp on kvtier (a generated medium model, one thread): time to first\n"
+    "                  token with the prefix restored vs recomputed (1k, 4k tokens), restore and\n"
+    "                  store of KV vs memcpy\n",
+    run};
+
+}  // namespace kvtier::bench

@@ -1,0 +1,126 @@
+// kvtier for llama.cpp: a llama_context's sequences restored from, and stored to, kvtier.
+//
+//   kvtier::llama::CacheOptions opts;
+//   opts.socketPath = "kvtier-data/kvtierd.sock";
+//   opts.modelPath = "model.gguf";           // its bytes name the model: other weights never hit
+//   opts.contextParams = cparams;            // what the context was made with
+//   auto cache = kvtier::llama::PrefixCache::open(ctx, opts).value();
+//
+//   // A new request on sequence 0: bring back what any process already computed ...
+//   uint32_t have = cache->restore(0, prompt.data(), prompt.size() - 1).value().tokens;
+//   // ... evaluate prompt[have:] as usual (llama_decode), then hand the KV to kvtier:
+//   cache->store(0, prompt.data(), prompt.size());
+//
+// What it moves: the K and V rows of whole blocks of `blockTokens` positions, read and written
+// through llama.cpp's own sequence state API (llama_state_seq_get_data / set_data) and laid out
+// in kvtier blocks of a Layout derived from the model and the context: layers, K and V row
+// bytes, K and V types, V transposed (flash attention off) or not. Keys are kvtier's chained
+// SHA-256 token keys inside a namespace whose model id names the weights and tokenizer (a SHA-256
+// of the GGUF file's bytes, or a digest the caller gives) and every context setting that changes
+// K or V; other weights, another tokenizer or other settings miss, never share KV.
+//
+// Exactness: a restored prefix holds the very bytes the storing process computed, so the
+// engine's logits after it are bit-for-bit those of a recompute with the same batch split. With
+// flash attention, llama.cpp's K and V of a position depend on where the batches before it began
+// (up to ~5e-3 in the logits), not on the tokens after it in its batch: a prefix evaluated in one
+// batch, with or without more tokens after it, restores exactly what a recompute of that prefix
+// in one batch computes.
+//
+// Threads: no hidden threads. A PrefixCache is used from the thread that opened it (the one that
+// drives the llama_context, as llama.cpp expects); other threads get INVALID_ARGUMENT.
+//
+// When the daemon is gone (never started, restarted, killed): restore() answers 0 tokens and the
+// engine computes as on a miss; store() fails with UNAVAILABLE and changes nothing in the
+// context. The cache reconnects by itself on a later call (at most once a second).
+//
+// Supported: models whose memory is llama.cpp's plain KV cache (llama, mistral, qwen2 and the
+// like; no sliding-window, recurrent, hybrid or M-RoPE models: open() says NOT_SUPPORTED).
+#pragma once
+
+#include <llama.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kvtier/client.h"
+#include "kvtier/error.h"
+#include "kvtier/layout.h"
+
+namespace kvtier::llama {
+
+struct CacheOptions {
+  std::string socketPath = "kvtier-data/kvtierd.sock";
+  std::string clientName = "kvtier-llama";
+  // The model's identity: `modelDigest` when given (any stable digest of the weights and
+  // tokenizer, e.g. the sha256 a model registry names its blob by), else the SHA-256 of the GGUF
+  // file at `modelPath` (read once at open: about a second per 2 GB).
+  std::string modelPath;
+  std::string modelDigest;
+  // The parameters the context was created with: K and V types, flash attention, RoPE overrides.
+  // Flash attention AUTO is taken as enabled (as llama.cpp resolves it on the CPU); a context
+  // that resolved otherwise fails store() with INVALID_ARGUMENT and misses on restore().
+  llama_context_params contextParams = llama_context_default_params();
+  // Tokens per kvtier block (kvtier allows 16..512): the granularity of reuse.
+  uint32_t blockTokens = 32;
+};
+
+struct RestoreInfo {
+  // Positions [0, tokens) of the sequence now hold the cached KV; a multiple of blockTokens.
+  uint32_t tokens = 0;
+  uint64_t bytes = 0;       // KV bytes restored
+  bool unavailable = false; // 0 tokens because the daemon could not be reached
+};
+
+struct StoreInfo {
+  uint32_t storedTokens = 0;  // tokens whose blocks this call wrote
+  uint32_t cachedTokens = 0;  // leading tokens kvtier already held (not written again)
+  uint64_t bytes = 0;         // KV bytes written
+};
+
+// Counters of this cache since open().
+struct CacheStats {
+  uint64_t restores = 0, restoredTokens = 0, restoreMisses = 0, restoreFailures = 0;
+  uint64_t stores = 0, storedTokens = 0, storeFailures = 0;
+  uint64_t reconnects = 0;
+};
+
+class PrefixCache {
+ public:
+  // Connects to kvtierd and opens the namespace of ctx's model and settings. Borrows ctx, which
+  // must outlive the cache. INVALID_ARGUMENT for bad options, NOT_SUPPORTED for a model kind the
+  // integration cannot map (see above), UNAVAILABLE when no daemon answers (a cache is still
+  // returned: it misses until the daemon is back).
+  static Result<std::unique_ptr<PrefixCache>> open(llama_context* ctx, const CacheOptions& options);
+  ~PrefixCache();
+  PrefixCache(const PrefixCache&) = delete;
+  PrefixCache& operator=(const PrefixCache&) = delete;
+
+  // Restores into `seq`, which must hold no tokens, the longest prefix of tokens[0, n_tokens)
+  // made of whole blocks that kvtier holds; the rest is the engine's to evaluate (pass all but
+  // the last token when the logits of the prompt's last token are wanted). The blocks stay pinned
+  // while they are copied, so an eviction cannot change them under the copy. Blocks only.
+  // Errors (nothing changed): INVALID_ARGUMENT for a seq out of range or holding tokens, a call
+  // from another thread. A miss, an unreachable daemon or a state llama.cpp refuses are 0 tokens.
+  Result<RestoreInfo> restore(llama_seq_id seq, const llama_token* tokens, size_t n_tokens);
+
+  // Stores the whole blocks of `seq`, whose positions [0, n_tokens) hold tokens[0, n_tokens) as
+  // the engine evaluated them; a partial last block is not stored (it is the engine's until it
+  // fills). Blocks kvtier already holds are not written again. The context is only read.
+  // Errors (nothing stored): INVALID_ARGUMENT if seq does not hold positions [0, n_tokens) once
+  // each, or its state does not match this cache's layout; UNAVAILABLE when the daemon is gone;
+  // FULL when kvtier has no room.
+  Result<StoreInfo> store(llama_seq_id seq, const llama_token* tokens, size_t n_tokens);
+
+  // The kvtier layout of this model and context (modelId names weights and settings).
+  const Layout& layout() const;
+  const CacheStats& stats() const;
+
+  struct Impl;
+
+ private:
+  explicit PrefixCache(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvtier::llama

@@ -1,0 +1,232 @@
+// llama.cpp on kvtier, end to end: each engine a process of its own (kvtier_llama_worker) with the
+// real llama.cpp, against a real kvtierd. A restored prefix gives the logits of a recompute bit
+// for bit; whatever cannot be served exactly is a miss.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "integrations/llama/llama_support.h"
+#include "tests/temp_dir.h"
+#include "tests/test_support.h"
+
+namespace kvtier::llama {
+namespace {
+
+using test::DaemonProcess;
+using test::PeerProcess;
+
+class LlamaIntegration : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    models_ = new test::TempDir();
+    support::makeModel(models_->file("a.gguf"), "tiny", 1);
+    support::makeModel(models_->file("b.gguf"), "tiny", 2);  // other weights, same shapes
+  }
+  static void TearDownTestSuite() { delete models_; }
+
+  static std::string model(const char* name) { return models_->file(name); }
+
+  struct Run {
+    int code = -1;
+    std::string out;
+  };
+  // Runs a worker to its end: MODE --model M --socket S --logits DIR/NAME, then `extra`.
+  Run worker(const std::string& mode, const std::string& logitsName,
+             std::vector<std::string> extra, const std::string& modelPath = "") {
+    std::vector<std::string> args = {mode, "--model", modelPath.empty() ? model("a.gguf") : modelPath,
+                                     "--socket", daemon_.socket(), "--logits",
+                                     dir_.file(logitsName)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    PeerProcess p(args, KVTIER_LLAMA_WORKER_PATH);
+    Run r;
+    r.code = p.wait();
+    r.out = p.output();
+    return r;
+  }
+
+  std::vector<float> logits(const std::string& name) {
+    std::ifstream in(dir_.file(name), std::ios::binary);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
+    std::vector<float> out(bytes.size() / sizeof(float));
+    std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
+    return out;
+  }
+
+  // Bit-for-bit equal, with the largest difference in the message when not.
+  void expectSameLogits(const std::string& a, const std::string& b) {
+    auto x = logits(a), y = logits(b);
+    ASSERT_FALSE(x.empty());
+    ASSERT_EQ(x.size(), y.size());
+    float worst = 0;
+    for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::fabs(x[i] - y[i]));
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0)
+        << a << " and " << b << " differ by up to " << worst;
+  }
+
+  static bool has(const std::string& out, const std::string& line) {
+    return out.find(line + "\n") != std::string::npos;
+  }
+
+  static test::TempDir* models_;
+  DaemonProcess daemon_{256 << 20};
+  test::TempDir dir_;
+};
+
+test::TempDir* LlamaIntegration::models_ = nullptr;
+
+// Block size 32 everywhere below (the worker's default). The storing processes evaluate their
+// prompts in one batch; the process that restores, and the recompute it is compared with, split
+// their batches at the restored prefix's end. llama.cpp's KV of a position depends on the batch
+// boundaries before it (with flash attention), not on the tokens after it in its batch, so the
+// prefix's KV is the same in all three: "the same batch split".
+
+TEST_F(LlamaIntegration, APrefixOfWholeBlocksIsRestoredWithTheLogitsOfARecompute) {
+  Run a = worker("store", "-", {"--prompt", "1:128"});
+  ASSERT_EQ(a.code, 0) << a.out;
+  EXPECT_TRUE(has(a.out, "stored 128 cached 0")) << a.out;
+  // Another process, a prompt sharing all four blocks: it evaluates only its own 40 tokens.
+  Run b = worker("restore", "restored", {"--prompt", "1:128+2:40", "--split", "128"});
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_TRUE(has(b.out, "restored 128 unavailable 0")) << b.out;
+  Run c = worker("recompute", "recomputed", {"--prompt", "1:128+2:40", "--split", "128"});
+  ASSERT_EQ(c.code, 0) << c.out;
+  expectSameLogits("restored.0", "recomputed.0");
+  // B stored its prompt after evaluating it: only its new whole block was written, and a third
+  // process finds all five cached.
+  EXPECT_TRUE(has(b.out, "store ok")) << b.out;
+  Run d = worker("store", "-", {"--prompt", "1:128+2:40"});
+  EXPECT_TRUE(has(d.out, "stored 0 cached 160")) << d.out;
+}
+
+TEST_F(LlamaIntegration, APromptEndingInsideABlockStoresAndRestoresItsWholeBlocks) {
+  Run a = worker("store", "-", {"--prompt", "1:100"});
+  ASSERT_EQ(a.code, 0) << a.out;
+  EXPECT_TRUE(has(a.out, "stored 96 cached 0")) << a.out;
+  // The second prompt also ends inside a block; the first 100 tokens are A's.
+  Run b = worker("restore", "restored", {"--prompt", "1:100+3:45", "--split", "96"});
+  EXPECT_TRUE(has(b.out, "restored 96 unavailable 0")) << b.out;
+  Run c = worker("recompute", "recomputed", {"--prompt", "1:100+3:45", "--split", "96"});
+  ASSERT_EQ(c.code, 0) << c.out;
+  expectSameLogits("restored.0", "recomputed.0");
+}
+
+TEST_F(LlamaIntegration, TwoSequencesOfOneContextEachGetTheirOwnPrefix) {
+  Run a = worker("store", "-", {"--prompt", "1:64+3:40", "--prompt", "4:96"});
+  ASSERT_EQ(a.code, 0) << a.out;
+  const std::vector<std::string> prompts = {"--prompt", "1:64+3:40+5:20", "--prompt",
+                                            "4:96+6:7", "--split", "96"};
+  Run b = worker("restore", "restored", prompts);
+  ASSERT_EQ(b.code, 0) << b.out;
+  // One line per sequence, each its own 96 tokens.
+  EXPECT_NE(b.out.find("restored 96 unavailable 0\nrestored 96 unavailable 0\n"),
+            std::string::npos)
+      << b.out;
+  Run c = worker("recompute", "recomputed", prompts);
+  ASSERT_EQ(c.code, 0) << c.out;
+  expectSameLogits("restored.0", "recomputed.0");
+  expectSameLogits("restored.1", "recomputed.1");
+}
+
+TEST_F(LlamaIntegration, ARestoreIntoASequenceHoldingTokensIsRefusedAndChangesNothing) {
+  ASSERT_EQ(worker("store", "-", {"--prompt", "1:64"}).code, 0);
+  Run b = worker("nonempty", "-", {"--prompt", "1:64"});
+  EXPECT_TRUE(has(b.out, "restore INVALID_ARGUMENT pos_max 7")) << b.out;
+}
+
+TEST_F(LlamaIntegration, OtherWeightsAnotherKvTypeOrFlashAttentionFlippedMiss) {
+  ASSERT_EQ(worker("store", "-", {"--prompt", "1:128"}).code, 0);
+  const std::vector<std::string> prompt = {"--prompt", "1:128+2:8", "--split", "128"};
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), prompt.begin(), prompt.end());
+    return extra;
+  };
+  // The same shapes, other weights.
+  Run w = worker("restore", "w", prompt, model("b.gguf"));
+  EXPECT_TRUE(has(w.out, "restored 0 unavailable 0")) << w.out;
+  Run wc = worker("recompute", "wc", prompt, model("b.gguf"));
+  expectSameLogits("w.0", "wc.0");
+  // Another K/V type, flash attention off: other bytes, never served.
+  Run t = worker("restore", "t", with({"--type-k", "f32", "--type-v", "f32"}));
+  EXPECT_TRUE(has(t.out, "restored 0 unavailable 0")) << t.out;
+  Run q = worker("restore", "q", with({"--type-k", "q8_0"}));
+  EXPECT_TRUE(has(q.out, "restored 0 unavailable 0")) << q.out;
+  Run f = worker("restore", "f", with({"--fa", "off"}));
+  EXPECT_TRUE(has(f.out, "restored 0 unavailable 0")) << f.out;
+  // The baseline: the same settings hit.
+  Run same = worker("restore", "same", prompt);
+  EXPECT_TRUE(has(same.out, "restored 128 unavailable 0")) << same.out;
+}
+
+TEST_F(LlamaIntegration, FlashAttentionOffAndQuantizedKeysRestoreExactlyToo) {
+  // V transposed (no flash attention), and q8_0 K rows whose bytes are not a multiple of a head.
+  for (const std::vector<std::string>& settings :
+       {std::vector<std::string>{"--fa", "off"}, std::vector<std::string>{"--type-k", "q8_0"}}) {
+    SCOPED_TRACE(settings[0]);
+    auto with = [&](std::vector<std::string> args) {
+      args.insert(args.end(), settings.begin(), settings.end());
+      return args;
+    };
+    ASSERT_EQ(worker("store", "-", with({"--prompt", "7:64+8:10"})).code, 0);
+    Run b = worker("restore", "r", with({"--prompt", "7:64+9:30", "--split", "64"}));
+    EXPECT_TRUE(has(b.out, "restored 64 unavailable 0")) << b.out;
+    Run c = worker("recompute", "c", with({"--prompt", "7:64+9:30", "--split", "64"}));
+    expectSameLogits("r.0", "c.0");
+  }
+}
+
+TEST_F(LlamaIntegration, TheEngineGoesOnComputingWhenTheDaemonStopsMidRun) {
+  ASSERT_EQ(worker("store", "-", {"--prompt", "1:128"}).code, 0);
+  const std::string fifo = dir_.file("go");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  PeerProcess b({"restore", "--model", model("a.gguf"), "--socket", daemon_.socket(), "--logits",
+                 dir_.file("restored"), "--prompt", "1:128+2:40", "--split", "128",
+                 "--wait-fifo", fifo},
+                KVTIER_LLAMA_WORKER_PATH);
+  b.waitForLine("waiting");  // connected, the namespace open
+  daemon_.stop(SIGKILL);
+  {
+    std::ofstream go(fifo);
+    go << 'x';
+  }
+  EXPECT_EQ(b.wait(), 0) << b.output();
+  EXPECT_TRUE(has(b.output(), "restored 0 unavailable 1")) << b.output();
+  EXPECT_TRUE(has(b.output(), "store UNAVAILABLE")) << b.output();
+  Run c = worker("recompute", "recomputed", {"--prompt", "1:128+2:40", "--split", "128"});
+  expectSameLogits("restored.0", "recomputed.0");
+}
+
+TEST_F(LlamaIntegration, AStoringProcessKilledLeaksNothing) {
+  auto client = daemon_.connect();
+  for (int round = 0; round < 3; ++round) {
+    PeerProcess p({"store-loop", "--model", model("a.gguf"), "--socket", daemon_.socket(),
+                   "--prompt", "1:" + std::to_string(64 + 32 * round)},
+                  KVTIER_LLAMA_WORKER_PATH);
+    p.waitForLine("stored " + std::to_string(2 + round) + " ok");
+    p.kill(SIGKILL);
+    p.wait();
+    Stats s = test::waitForStats(*client, [](const Stats& s) {
+      return s.clients == 1 && s.readLeases == 0 && s.writeLeases == 0 && s.blocksPinned == 0 &&
+             s.sequences == 0;
+    });
+    EXPECT_EQ(s.clients, 1u);
+    EXPECT_EQ(s.readLeases, 0u);
+    EXPECT_EQ(s.writeLeases, 0u);
+    EXPECT_EQ(s.blocksPinned, 0u);
+    EXPECT_EQ(s.sequences, 0u);
+  }
+  // The daemon still serves what the killed processes stored.
+  Run b = worker("restore", "restored", {"--prompt", "1:128+2:8"});
+  EXPECT_TRUE(has(b.out, "restored 128 unavailable 0")) << b.out;
+}
+
+}  // namespace
+}  // namespace kvtier::llama
