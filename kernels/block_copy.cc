@@ -169,6 +169,12 @@ void chooseCopyMethodsOnce() {
   (void)chosen;
 }
 
+void copyBytes(uint8_t* dst, const uint8_t* src, size_t n, CopyDirection direction) {
+  copyRun(dst, src, n, copyMethod(direction));
+}
+
+void copyFence() { fence(); }
+
 void packSlots(const BlockGeometry& g, const uint8_t* block, uint32_t firstSlot, uint32_t slots,
                uint8_t* packed, uint64_t packedTokens, uint64_t packedFirst) {
   const uint64_t run = uint64_t{slots} * g.tokenBytes;

@@ -50,6 +50,13 @@ CopyCalibration calibrateCopyMethod(CopyDirection direction);
 // that do not map the pool — stream).
 void chooseCopyMethodsOnce();
 
+// Copies one run of `n` bytes out of or into the pool with that direction's method; streaming
+// stores are ordered by copyFence(), which the caller issues before it publishes the bytes. For
+// copies whose other side is not a packed buffer (the llama.cpp integration's state rows). Hot
+// path: no allocation, no syscall.
+void copyBytes(uint8_t* dst, const uint8_t* src, size_t n, CopyDirection direction);
+void copyFence();
+
 // Hot path: no allocation, no syscall.
 void packSlots(const BlockGeometry& g, const uint8_t* block, uint32_t firstSlot, uint32_t slots,
                uint8_t* packed, uint64_t packedTokens, uint64_t packedFirst);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "integrations/llama/seq_state.h"
+#include "kernels/block_copy.h"
 #include "kvtier/block_key.h"
 
 namespace kvtier::llama {
@@ -27,6 +29,25 @@ namespace {
 using Clock = std::chrono::steady_clock;
 // After the daemon went away, how often a call may try to connect again.
 constexpr auto kReconnectInterval = std::chrono::seconds(1);
+// Adds the nanoseconds of its scope to a counter (CacheStats' time split).
+class Timed {
+ public:
+  explicit Timed(uint64_t& counter) : counter_(counter), start_(Clock::now()) {}
+  ~Timed() {
+    counter_ += static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start_).count());
+  }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  uint64_t& counter_;
+  Clock::time_point start_;
+};
+
+// With a scratch sequence, the state of one staged step: small enough to stay in a core's L2
+// cache between llama.cpp's copy and kvtier's, so that the KV crosses memory once.
+constexpr size_t kStageBytes = 1 << 20;
 
 std::string hex(const uint8_t* bytes, size_t n) {
   static const char* digits = "0123456789abcdef";
@@ -82,19 +103,21 @@ struct PrefixCache::Impl {
   StateShape shape;
   uint64_t slotBytes = 0;  // bytes of one position's K (or V) in one layer of a block
   uint32_t streams = 1;
+  llama_seq_id scratchSeq = -1;  // CacheOptions::scratchSeq
   std::thread::id owner;
 
   std::unique_ptr<Client> client;
   std::unique_ptr<Space> space;
   Clock::time_point lastAttempt{};
   bool everConnected = false;
-  uint64_t seqCounter = 0;
+  std::string helperSeq;  // the sequence stores write through (storeImpl)
   CacheStats stats;
 
   // The state buffer, kept across calls so that a restore or store in steady state touches no
   // fresh pages (make_unique_for_overwrite: not zeroed, every byte is written before use).
   std::unique_ptr<uint8_t[]> scratch;
   size_t scratchBytes = 0;
+  std::vector<uint32_t> rowScratch;
 
   uint8_t* scratchOf(size_t bytes) {
     if (bytes > scratchBytes) {
@@ -104,20 +127,29 @@ struct PrefixCache::Impl {
     return scratch.get();
   }
 
-  Status checkThread() const {
+  // The checks every call makes first; nothing has changed when one fails.
+  Status checkCall(llama_seq_id seq, const llama_token* tokens, size_t nTokens) const {
     if (std::this_thread::get_id() != owner) {
       return makeError(ErrorCode::kInvalidArgument,
                        "a PrefixCache is used from the thread that opened it");
     }
+    if (seq < 0 || static_cast<uint32_t>(seq) >= llama_n_seq_max(ctx) || seq == scratchSeq) {
+      return makeError(ErrorCode::kInvalidArgument, "sequence ", seq, " is outside [0, ",
+                       llama_n_seq_max(ctx), ") or is the cache's scratch sequence");
+    }
+    if (nTokens > 0 && tokens == nullptr) {
+      return makeError(ErrorCode::kInvalidArgument, "no tokens for ", nTokens, " positions");
+    }
+    if (scratchSeq >= 0 && llama_memory_seq_pos_max(llama_get_memory(ctx), scratchSeq) >= 0) {
+      return makeError(ErrorCode::kInvalidArgument, "the scratch sequence ", scratchSeq,
+                       " holds tokens: it is the cache's alone");
+    }
     return {};
   }
 
-  Status checkSeq(llama_seq_id seq) const {
-    if (seq < 0 || static_cast<uint32_t>(seq) >= llama_n_seq_max(ctx)) {
-      return makeError(ErrorCode::kInvalidArgument, "sequence ", seq, " is outside [0, ",
-                       llama_n_seq_max(ctx), ")");
-    }
-    return {};
+  // Blocks per staged step: as many as keep the step's state within kStageBytes (at least one).
+  size_t stageBlocks() const {
+    return std::max<size_t>(1, kStageBytes / layout.blockBytes());
   }
 
   void disconnect() {
@@ -162,7 +194,8 @@ struct PrefixCache::Impl {
       uint8_t* k = dst + layout.slotOffset(l, 0, 0);
       uint8_t* v = dst + layout.slotOffset(l, 1, 0);
       if (consecutive && slotBytes == shape.kRowBytes) {
-        std::memcpy(k, view.k[l] + rows[0] * shape.kRowBytes, bt * shape.kRowBytes);
+        kernels::copyBytes(k, view.k[l] + rows[0] * shape.kRowBytes, bt * shape.kRowBytes,
+                           kernels::CopyDirection::kIntoPool);
       } else {
         for (uint32_t s = 0; s < bt; ++s) {
           std::memcpy(k + s * slotBytes, view.k[l] + rows[s] * shape.kRowBytes, shape.kRowBytes);
@@ -180,7 +213,8 @@ struct PrefixCache::Impl {
           }
         }
       } else if (consecutive && slotBytes == shape.vRowBytes) {
-        std::memcpy(v, view.v[l] + rows[0] * shape.vRowBytes, bt * shape.vRowBytes);
+        kernels::copyBytes(v, view.v[l] + rows[0] * shape.vRowBytes, bt * shape.vRowBytes,
+                           kernels::CopyDirection::kIntoPool);
       } else {
         for (uint32_t s = 0; s < bt; ++s) {
           std::memcpy(v + s * slotBytes, view.v[l] + rows[s] * shape.vRowBytes, shape.vRowBytes);
@@ -190,9 +224,18 @@ struct PrefixCache::Impl {
   }
 
   // Copies a block's bytes into the state built by buildSeqState for `cells` cells, as its
-  // block number `b` (positions [b * blockTokens, ...)).
-  void drainBlock(const SeqStateSlots& slots, uint32_t cells, uint32_t b,
-                  const uint8_t* src) const {
+  // block number `b` (positions [b * blockTokens, ...)). `stream`: with the pool's outbound
+  // copy method (streaming stores where this machine measured them faster), for a state too
+  // large to stay in the CPU's cache; else memcpy, which leaves a staged state there.
+  void drainBlock(const SeqStateSlots& slots, uint32_t cells, uint32_t b, const uint8_t* src,
+                  bool stream) const {
+    auto copy = [stream](uint8_t* dst, const uint8_t* from, size_t n) {
+      if (stream) {
+        kernels::copyBytes(dst, from, n, kernels::CopyDirection::kOutOfPool);
+      } else {
+        std::memcpy(dst, from, n);
+      }
+    };
     const uint32_t bt = layout.blockTokens;
     const uint64_t first = uint64_t{b} * bt;
     for (uint32_t l = 0; l < shape.nLayer; ++l) {
@@ -200,7 +243,7 @@ struct PrefixCache::Impl {
       const uint8_t* v = src + layout.slotOffset(l, 1, 0);
       uint8_t* kOut = slots.k[l] + first * shape.kRowBytes;
       if (slotBytes == shape.kRowBytes) {
-        std::memcpy(kOut, k, bt * shape.kRowBytes);
+        copy(kOut, k, bt * shape.kRowBytes);
       } else {
         for (uint32_t s = 0; s < bt; ++s) {
           std::memcpy(kOut + s * shape.kRowBytes, k + s * slotBytes, shape.kRowBytes);
@@ -213,7 +256,7 @@ struct PrefixCache::Impl {
                       bt * el);
         }
       } else if (slotBytes == shape.vRowBytes) {
-        std::memcpy(slots.v[l] + first * shape.vRowBytes, v, bt * shape.vRowBytes);
+        copy(slots.v[l] + first * shape.vRowBytes, v, bt * shape.vRowBytes);
       } else {
         for (uint32_t s = 0; s < bt; ++s) {
           std::memcpy(slots.v[l] + (first + s) * shape.vRowBytes, v + s * slotBytes,
@@ -223,6 +266,12 @@ struct PrefixCache::Impl {
     }
   }
 
+  bool restoreWhole(llama_seq_id seq, const ReadHandle& hit);
+  bool restoreStaged(llama_seq_id seq, const ReadHandle& hit);
+  // Writes blocks [firstBlock, firstBlock + nBlocks) of `w`, positions from firstPos on, from a
+  // state llama.cpp wrote.
+  Status fillFromState(WriteHandle& w, size_t firstBlock, size_t nBlocks,
+                       std::span<const uint8_t> state, uint64_t firstPos);
   Result<StoreInfo> storeImpl(llama_seq_id seq, const llama_token* tokens, size_t nTokens);
 };
 
@@ -283,6 +332,14 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::open(llama_context* ctx,
   impl->slotBytes = std::max(shape.kRowBytes, shape.vRowBytes);
   // llama.cpp keeps one stream per sequence unless the KV buffer is unified.
   impl->streams = cp.kv_unified ? 1 : llama_n_seq_max(ctx);
+  if (options.scratchSeq >= 0) {
+    if (static_cast<uint32_t>(options.scratchSeq) >= llama_n_seq_max(ctx) || !cp.kv_unified) {
+      return makeError(ErrorCode::kInvalidArgument, "scratchSeq ", options.scratchSeq,
+                       " needs a unified KV cache (kv_unified) with it below n_seq_max (",
+                       llama_n_seq_max(ctx), ")");
+    }
+    impl->scratchSeq = options.scratchSeq;
+  }
 
   // The namespace: the model's identity and every context setting that changes the bytes of K
   // or V (types, arrangement, RoPE overrides), hashed into the layout's model id.
@@ -318,6 +375,9 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::open(llama_context* ctx,
   }
   if (auto s = layout.validate(); !s.ok()) return s.error();
 
+  // One helper sequence per cache, named apart from every other cache's.
+  static std::atomic<uint64_t> caches{0};
+  impl->helperSeq = "kvtier-llama/" + std::to_string(::getpid()) + "/" + std::to_string(++caches);
   impl->connected();  // a cache without a daemon misses until one answers
   return std::unique_ptr<PrefixCache>(new PrefixCache(std::move(impl)));
 }
@@ -337,11 +397,7 @@ const CacheStats& PrefixCache::stats() const { return impl_->stats; }
 Result<RestoreInfo> PrefixCache::restore(llama_seq_id seq, const llama_token* tokens,
                                          size_t nTokens) {
   Impl& m = *impl_;
-  if (auto s = m.checkThread(); !s.ok()) return s.error();
-  if (auto s = m.checkSeq(seq); !s.ok()) return s.error();
-  if (nTokens > 0 && tokens == nullptr) {
-    return makeError(ErrorCode::kInvalidArgument, "no tokens for ", nTokens, " positions");
-  }
+  if (auto s = m.checkCall(seq, tokens, nTokens); !s.ok()) return s.error();
   llama_memory_t mem = llama_get_memory(m.ctx);
   if (llama_memory_seq_pos_max(mem, seq) >= 0) {
     return makeError(ErrorCode::kInvalidArgument, "sequence ", seq,
@@ -362,7 +418,10 @@ Result<RestoreInfo> PrefixCache::restore(llama_seq_id seq, const llama_token* to
   }
   // llama_token is int32_t; kvtier keys tokens as their 4 bytes, the same for both.
   std::span<const uint32_t> keyTokens(reinterpret_cast<const uint32_t*>(tokens), whole);
-  auto hit = m.space->lookup(keyTokens);
+  Result<ReadHandle> hit = [&] {
+    Timed t(m.stats.restoreDaemonNs);
+    return m.space->lookup(keyTokens);
+  }();
   if (!hit.ok()) {
     m.noteError(hit.error());
     ++m.stats.restoreMisses;
@@ -374,23 +433,13 @@ Result<RestoreInfo> PrefixCache::restore(llama_seq_id seq, const llama_token* to
     ++m.stats.restoreMisses;
     return info;
   }
-  const size_t bytes = seqStateBytes(m.shape, cells, m.streams);
-  std::span<uint8_t> state(m.scratchOf(bytes), bytes);
-  SeqStateSlots slots = buildSeqState(state, m.shape, cells, m.streams, seq);
-  for (uint32_t b = 0; b < cells / bt; ++b) {
-    std::span<const uint8_t> block = hit->block(b);
-    if (block.size() != m.layout.blockBytes()) {
-      ++m.stats.restoreFailures;
-      return info;
-    }
-    m.drainBlock(slots, cells, b, block.data());
+  // The blocks stay pinned until the copies are done: the bytes copied are the ones looked up.
+  const bool restored = m.scratchSeq >= 0 ? m.restoreStaged(seq, *hit) : m.restoreWhole(seq, *hit);
+  {
+    Timed t(m.stats.restoreDaemonNs);
+    hit->release();
   }
-  // The blocks stay pinned until here: the bytes copied are the ones looked up.
-  hit->release();
-  // llama.cpp checks the state against the context (stream count, layers, types, row sizes, V
-  // arrangement) and restores nothing from one that does not match.
-  const size_t read = llama_state_seq_set_data(m.ctx, state.data(), state.size(), seq);
-  if (read != bytes || llama_memory_seq_pos_max(mem, seq) != static_cast<llama_pos>(cells) - 1) {
+  if (!restored || llama_memory_seq_pos_max(mem, seq) != static_cast<llama_pos>(cells) - 1) {
     llama_memory_seq_rm(mem, seq, -1, -1);
     ++m.stats.restoreFailures;
     return info;
@@ -401,14 +450,60 @@ Result<RestoreInfo> PrefixCache::restore(llama_seq_id seq, const llama_token* to
   return info;
 }
 
+bool PrefixCache::Impl::restoreWhole(llama_seq_id seq, const ReadHandle& hit) {
+  const uint32_t cells = static_cast<uint32_t>(hit.matchedTokens());
+  const size_t bytes = seqStateBytes(shape, cells, streams);
+  std::span<uint8_t> state(scratchOf(bytes), bytes);
+  {
+    Timed t(stats.restoreCopyNs);
+    SeqStateSlots slots = buildSeqState(state, shape, cells, streams, seq);
+    for (uint32_t b = 0; b < hit.blockCount(); ++b) {
+      if (hit.block(b).size() != layout.blockBytes()) return false;
+      drainBlock(slots, cells, b, hit.block(b).data(), true);
+    }
+    kernels::copyFence();
+  }
+  // llama.cpp checks the state against the context (stream count, layers, types, row sizes, V
+  // arrangement) and restores nothing from one that does not match.
+  Timed t(stats.restoreLlamaNs);
+  return llama_state_seq_set_data(ctx, state.data(), state.size(), seq) == bytes;
+}
+
+bool PrefixCache::Impl::restoreStaged(llama_seq_id seq, const ReadHandle& hit) {
+  llama_memory_t mem = llama_get_memory(ctx);
+  const uint32_t bt = layout.blockTokens;
+  const size_t per = stageBlocks();
+  for (size_t b0 = 0; b0 < hit.blockCount(); b0 += per) {
+    const size_t n = std::min(per, hit.blockCount() - b0);
+    const uint32_t cells = static_cast<uint32_t>(n * bt);
+    const auto first = static_cast<llama_pos>(b0 * bt);
+    const size_t bytes = seqStateBytes(shape, cells, streams);
+    std::span<uint8_t> state(scratchOf(bytes), bytes);
+    {
+      Timed t(stats.restoreCopyNs);
+      SeqStateSlots slots = buildSeqState(state, shape, cells, streams, scratchSeq, first);
+      for (size_t b = 0; b < n; ++b) {
+        if (hit.block(b0 + b).size() != layout.blockBytes()) return false;
+        drainBlock(slots, cells, static_cast<uint32_t>(b), hit.block(b0 + b).data(), false);
+      }
+    }
+    Timed t(stats.restoreLlamaNs);
+    const bool loaded =
+        llama_state_seq_set_data(ctx, state.data(), state.size(), scratchSeq) == bytes;
+    // In a unified KV cache a copy between sequences shares the cells: no bytes move.
+    if (loaded) {
+      llama_memory_seq_cp(mem, scratchSeq, seq, first, first + static_cast<llama_pos>(cells));
+    }
+    llama_memory_seq_rm(mem, scratchSeq, -1, -1);
+    if (!loaded) return false;
+  }
+  return true;
+}
+
 Result<StoreInfo> PrefixCache::store(llama_seq_id seq, const llama_token* tokens,
                                      size_t nTokens) {
   Impl& m = *impl_;
-  if (auto s = m.checkThread(); !s.ok()) return s.error();
-  if (auto s = m.checkSeq(seq); !s.ok()) return s.error();
-  if (nTokens > 0 && tokens == nullptr) {
-    return makeError(ErrorCode::kInvalidArgument, "no tokens for ", nTokens, " positions");
-  }
+  if (auto s = m.checkCall(seq, tokens, nTokens); !s.ok()) return s.error();
   auto r = m.storeImpl(seq, tokens, nTokens);
   if (r.ok()) {
     ++m.stats.stores;
@@ -418,6 +513,48 @@ Result<StoreInfo> PrefixCache::store(llama_seq_id seq, const llama_token* tokens
     m.noteError(r.error());
   }
   return r;
+}
+
+Status PrefixCache::Impl::fillFromState(WriteHandle& w, size_t firstBlock, size_t nBlocks,
+                                        std::span<const uint8_t> state, uint64_t firstPos) {
+  auto view = parseSeqState(state, streams);
+  if (!view.ok()) return view.error();
+  if (!(view->shape == shape)) {
+    return makeError(ErrorCode::kInvalidArgument,
+                     "the context's K/V state does not match the settings the cache was opened "
+                     "with (contextParams: K/V types, flash attention)");
+  }
+  // Which state row holds each position to store: every one exactly once.
+  const uint32_t bt = layout.blockTokens;
+  const uint64_t end = firstPos + nBlocks * bt;
+  std::vector<uint32_t>& rows = rowScratch;
+  rows.assign(nBlocks * bt, UINT32_MAX);
+  for (uint32_t i = 0; i < view->cellCount; ++i) {
+    const int64_t p = view->positions[i];
+    if (p < static_cast<int64_t>(firstPos) || p >= static_cast<int64_t>(end)) continue;
+    uint32_t& row = rows[p - firstPos];
+    if (row != UINT32_MAX) {
+      return makeError(ErrorCode::kInvalidArgument, "position ", p, " is held twice");
+    }
+    row = i;
+  }
+  if (std::find(rows.begin(), rows.end(), UINT32_MAX) != rows.end()) {
+    return makeError(ErrorCode::kInvalidArgument, "the sequence lacks a position in [", firstPos,
+                     ", ", end, ")");
+  }
+  for (size_t b = 0; b < nBlocks; ++b) {
+    std::span<uint8_t> dst = w.block(firstBlock + b);
+    if (!dst.empty()) {
+      fillBlock(dst.data(), *view, rows.data() + b * bt);
+      continue;
+    }
+    // A client that cannot map the pool sends the block's bytes inline.
+    std::vector<uint8_t> bytes(layout.blockBytes());
+    fillBlock(bytes.data(), *view, rows.data() + b * bt);
+    const uint64_t from = firstPos + b * bt;
+    if (auto s = w.write(from, from + bt, bytes.data(), bytes.size()); !s.ok()) return s.error();
+  }
+  return {};
 }
 
 Result<StoreInfo> PrefixCache::Impl::storeImpl(llama_seq_id seq, const llama_token* tokens,
@@ -435,75 +572,86 @@ Result<StoreInfo> PrefixCache::Impl::storeImpl(llama_seq_id seq, const llama_tok
   }
   if (!connected()) return makeError(ErrorCode::kUnavailable, "kvtierd is not reachable");
 
-  // The blocks kvtier already holds are bound to a sequence of this session first, so that they
-  // cannot go while the rest is written after them, and are not written again.
+  // Which leading blocks kvtier holds already: a lookup over the fast lane, no sequence bound.
   std::span<const uint32_t> keyTokens(reinterpret_cast<const uint32_t*>(tokens), whole);
-  const std::string name = "kvtier-llama/" + std::to_string(::getpid()) + "/" +
-                           std::to_string(++seqCounter);
-  LookupOptions bind;
-  bind.bindSeq = name;
-  bind.remote = RemoteMode::kLocal;
-  auto held = space->lookup(keyTokens, bind);
-  if (!held.ok()) return held.error();
-  const uint32_t cached = static_cast<uint32_t>(held->matchedTokens());
-  held->release();
+  uint32_t cached = 0;
+  {
+    Timed t(stats.storeDaemonNs);
+    auto probe = space->lookup(keyTokens);
+    if (!probe.ok()) return probe.error();
+    cached = static_cast<uint32_t>(probe->matchedTokens());
+  }
   info.cachedTokens = cached;
-  // Removes the helper sequence however this ends; its sealed blocks stay cached.
-  struct Unbind {
-    Space* space;
-    const std::string& name;
-    ~Unbind() { (void)space->remove(name, 0); }
-  } unbind{space.get(), name};
   if (cached >= whole) return info;
-
-  // The sequence's state, as llama.cpp writes it (one copy out of the KV tensors).
-  const size_t size = llama_state_seq_get_size(ctx, seq);
-  if (size == 0) return makeError(ErrorCode::kInternal, "llama.cpp wrote no state");
-  const size_t got = llama_state_seq_get_data(ctx, scratchOf(size), size, seq);
-  auto view = parseSeqState({scratch.get(), got}, streams);
-  if (!view.ok()) return view.error();
-  if (!(view->shape == shape)) {
-    return makeError(ErrorCode::kInvalidArgument,
-                     "the context's K/V state does not match the settings the cache was opened "
-                     "with (contextParams: K/V types, flash attention)");
-  }
-  // Which state row holds each position to store: every one exactly once.
-  std::vector<uint32_t> rows(whole - cached, UINT32_MAX);
-  for (uint32_t i = 0; i < view->cellCount; ++i) {
-    const int64_t p = view->positions[i];
-    if (p < cached || p >= static_cast<int64_t>(whole)) continue;
-    uint32_t& row = rows[p - cached];
-    if (row != UINT32_MAX) {
-      return makeError(ErrorCode::kInvalidArgument, "position ", p, " is held twice");
-    }
-    row = i;
-  }
-  if (std::find(rows.begin(), rows.end(), UINT32_MAX) != rows.end()) {
-    return makeError(ErrorCode::kInvalidArgument, "sequence ", seq, " lacks a position below ",
-                     whole);
+  // The blocks are written through this cache's helper sequence, whose sealed blocks stay cached
+  // after it moves on: each store replaces its contents, so it holds the last stored prompt only.
+  // When part of the prompt is cached, that part is bound to it first, so that it stays while the
+  // rest is written after it and is not written again; a new prompt is written whole.
+  const std::string& name = helperSeq;
+  if (cached > 0) {
+    LookupOptions bind;
+    bind.bindSeq = name;
+    bind.remote = RemoteMode::kLocal;
+    Timed t(stats.storeDaemonNs);
+    auto held = space->lookup(keyTokens, bind);
+    if (!held.ok()) return held.error();
+    cached = static_cast<uint32_t>(held->matchedTokens());
+    info.cachedTokens = cached;
+    if (cached >= whole) return info;
   }
 
-  auto lease = space->beginPut(name, cached, keyTokens.subspan(cached));
+  Result<WriteHandle> lease = [&] {
+    Timed t(stats.storeDaemonNs);
+    return space->beginPut(name, cached, keyTokens.subspan(cached));
+  }();
   if (!lease.ok()) return lease.error();
   WriteHandle& w = lease.value();
-  if (w.firstPosition() != cached || w.blockCount() * bt != whole - cached) {
+  const size_t blocks = (whole - cached) / bt;
+  if (w.firstPosition() != cached || w.blockCount() != blocks) {
     return makeError(ErrorCode::kInternal, "unexpected grant for positions [", cached, ", ", whole,
                      ")");
   }
-  std::vector<uint8_t> inlineBlock;  // only for a client that cannot map the pool
-  for (size_t b = 0; b < w.blockCount(); ++b) {
-    std::span<uint8_t> dst = w.block(b);
-    if (dst.empty()) {
-      inlineBlock.resize(layout.blockBytes());
-      fillBlock(inlineBlock.data(), *view, rows.data() + b * bt);
-      const uint64_t from = cached + b * bt;
-      if (auto s = w.write(from, from + bt, inlineBlock.data(), inlineBlock.size()); !s.ok()) {
+  if (scratchSeq < 0) {
+    // The whole sequence's state, as llama.cpp writes it (one copy out of the KV tensors).
+    size_t got = 0;
+    {
+      Timed t(stats.storeLlamaNs);
+      const size_t size = llama_state_seq_get_size(ctx, seq);
+      if (size == 0) return makeError(ErrorCode::kInternal, "llama.cpp wrote no state");
+      got = llama_state_seq_get_data(ctx, scratchOf(size), size, seq);
+    }
+    Timed t(stats.storeCopyNs);
+    if (auto s = fillFromState(w, 0, blocks, {scratch.get(), got}, cached); !s.ok()) {
+      return s.error();
+    }
+  } else {
+    // A few blocks at a time through the scratch sequence, whose state stays in the cache.
+    const size_t per = stageBlocks();
+    for (size_t b0 = 0; b0 < blocks; b0 += per) {
+      const size_t n = std::min(per, blocks - b0);
+      const auto first = static_cast<llama_pos>(cached + b0 * bt);
+      const auto cells = static_cast<uint32_t>(n * bt);
+      const size_t size = seqStateBytes(shape, cells, streams);
+      size_t got = 0;
+      {
+        Timed t(stats.storeLlamaNs);
+        llama_memory_seq_cp(mem, seq, scratchSeq, first, first + static_cast<llama_pos>(cells));
+        got = llama_state_seq_get_data(ctx, scratchOf(size), size, scratchSeq);
+        llama_memory_seq_rm(mem, scratchSeq, -1, -1);
+      }
+      if (got != size) {
+        return makeError(ErrorCode::kInvalidArgument, "sequence ", seq, " holds positions [",
+                         first, ", ", first + static_cast<llama_pos>(cells), ") more than once");
+      }
+      Timed t(stats.storeCopyNs);
+      if (auto s = fillFromState(w, b0, n, {scratch.get(), got}, static_cast<uint64_t>(first));
+          !s.ok()) {
         return s.error();
       }
-    } else {
-      fillBlock(dst.data(), *view, rows.data() + b * bt);
     }
   }
+  kernels::copyFence();  // the streaming stores into the pool land before the commit
+  Timed t(stats.storeDaemonNs);
   auto commit = w.commit();
   if (!commit.ok()) return commit.error();
   info.storedTokens = static_cast<uint32_t>(whole - cached);

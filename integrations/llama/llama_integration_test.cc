@@ -183,6 +183,33 @@ TEST_F(LlamaIntegration, FlashAttentionOffAndQuantizedKeysRestoreExactlyToo) {
   }
 }
 
+TEST_F(LlamaIntegration, AScratchSequenceMovesTheSameKvAFewBlocksAtATime) {
+  // Stored a few blocks at a time through the scratch sequence (the tiny model's blocks of 16
+  // tokens are 4 KiB, a staged step 256 of them: 4,992 tokens take two steps), restored the same
+  // way: exact.
+  const std::vector<std::string> scratch = {"--scratch", "on", "--block", "16", "--ctx", "6144"};
+  auto with = [&](std::vector<std::string> args, bool withScratch = true) {
+    args.insert(args.end(), scratch.begin() + (withScratch ? 0 : 2), scratch.end());
+    return args;
+  };
+  Run a = worker("store", "-", with({"--prompt", "1:5000"}));
+  ASSERT_EQ(a.code, 0) << a.out;
+  EXPECT_TRUE(has(a.out, "stored 4992 cached 0")) << a.out;
+  Run b = worker("restore", "r", with({"--prompt", "1:5000+2:20", "--split", "4992"}));
+  EXPECT_TRUE(has(b.out, "restored 4992 unavailable 0")) << b.out;
+  // b stored its own prompt after it (one more block, bound after the cached ones).
+  EXPECT_TRUE(has(b.out, "store ok")) << b.out;
+  Run c = worker("recompute", "c", with({"--prompt", "1:5000+2:20", "--split", "4992"}));
+  ASSERT_EQ(c.code, 0) << c.out;
+  expectSameLogits("r.0", "c.0");
+  // The same blocks serve a context without a scratch sequence (the bytes do not depend on it).
+  // Block [4992, 5008) is b's, which began a batch at 4992: so does the recompute.
+  Run d = worker("restore", "d", with({"--prompt", "1:5000+2:30", "--split", "4992,5008"}, false));
+  EXPECT_TRUE(has(d.out, "restored 5008 unavailable 0")) << d.out;
+  Run e = worker("recompute", "e", with({"--prompt", "1:5000+2:30", "--split", "4992,5008"}, false));
+  expectSameLogits("d.0", "e.0");
+}
+
 TEST_F(LlamaIntegration, TheEngineGoesOnComputingWhenTheDaemonStopsMidRun) {
   ASSERT_EQ(worker("store", "-", {"--prompt", "1:128"}).code, 0);
   const std::string fifo = dir_.file("go");

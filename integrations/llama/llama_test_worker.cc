@@ -13,6 +13,7 @@
 //   SPEC  SEED:LEN[+SEED:LEN...]  the concatenation of randomTokens(SEED, LEN) runs
 //   --split P[,P...]  batch boundaries (positions) of every evaluation
 //   --fa on|off, --type-k/--type-v f16|f32|q8_0, --block N, --ctx N, --logits PATH
+//   --scratch on  a unified KV cache whose last sequence is the cache's (CacheOptions::scratchSeq)
 //   --wait-fifo PATH  after opening the cache, wait for one byte on this FIFO
 #include <fcntl.h>
 #include <unistd.h>
@@ -37,6 +38,7 @@ struct Args {
   std::vector<size_t> splits;
   sup::ContextSettings ctx;
   uint32_t block = 32;
+  bool scratch = false;  // a unified KV cache with one more sequence, the cache's scratch
 };
 
 ggml_type typeOf(const std::string& s) {
@@ -83,17 +85,19 @@ int main(int argc, char** argv) {
     else if (k == "--type-v") a.ctx.typeV = typeOf(v);
     else if (k == "--block") a.block = static_cast<uint32_t>(std::stoul(v));
     else if (k == "--ctx") a.ctx.nCtx = static_cast<uint32_t>(std::stoul(v));
+    else if (k == "--scratch") a.scratch = v == "on";
     else if (k == "--split") {
       std::stringstream ss(v);
       std::string p;
       while (std::getline(ss, p, ',')) a.splits.push_back(std::stoull(p));
     } else return fail("unknown option " + k);
   }
-  a.ctx.nSeq = std::max<uint32_t>(1, static_cast<uint32_t>(a.prompts.size()));
+  a.ctx.nSeq = std::max<uint32_t>(1, static_cast<uint32_t>(a.prompts.size())) + (a.scratch ? 1 : 0);
 
   sup::ModelPtr model = sup::loadModel(a.model);
   if (!model) return fail("cannot load " + a.model);
-  const llama_context_params cp = sup::contextParams(a.ctx);
+  llama_context_params cp = sup::contextParams(a.ctx);
+  cp.kv_unified = a.scratch;
   sup::ContextPtr ctx = sup::makeContext(model.get(), cp);
   if (!ctx) return fail("cannot make a context");
 
@@ -104,6 +108,7 @@ int main(int argc, char** argv) {
     opts.modelPath = a.model;
     opts.contextParams = cp;
     opts.blockTokens = a.block;
+    if (a.scratch) opts.scratchSeq = static_cast<llama_seq_id>(a.ctx.nSeq - 1);
     auto c = kvtier::llama::PrefixCache::open(ctx.get(), opts);
     if (!c.ok()) return fail(c.error().toString());
     cache = std::move(c.value());

@@ -156,7 +156,7 @@ size_t seqStateBytes(const StateShape& shape, uint32_t cells, uint32_t streams) 
 }
 
 SeqStateSlots buildSeqState(std::span<uint8_t> out, const StateShape& shape, uint32_t cells,
-                            uint32_t streams, int32_t seq) {
+                            uint32_t streams, int32_t seq, int32_t firstPos) {
   Writer w(out);
   w.put(kSeqStateMagic);
   w.put(seq);
@@ -170,7 +170,7 @@ SeqStateSlots buildSeqState(std::span<uint8_t> out, const StateShape& shape, uin
     return slots;
   }
   for (uint32_t i = 0; i < cells; ++i) {
-    w.put(static_cast<int32_t>(i));
+    w.put(static_cast<int32_t>(firstPos + static_cast<int32_t>(i)));
     w.put(uint32_t{1});
     w.put(seq);
   }

@@ -58,9 +58,10 @@ struct SeqStateSlots {
   std::vector<uint8_t*> k, v;
 };
 
-// Writes into `out` (seqStateBytes(...) bytes) a state of `cells` cells at positions 0..cells-1
-// for `seq`, whose K and V are left for the caller to fill at the returned slots.
+// Writes into `out` (seqStateBytes(...) bytes) a state of `cells` cells at positions
+// firstPos..firstPos+cells-1 for `seq`, whose K and V are left for the caller to fill at the
+// returned slots.
 SeqStateSlots buildSeqState(std::span<uint8_t> out, const StateShape& shape, uint32_t cells,
-                            uint32_t streams, int32_t seq);
+                            uint32_t streams, int32_t seq, int32_t firstPos = 0);
 
 }  // namespace kvtier::llama

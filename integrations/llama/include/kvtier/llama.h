@@ -63,6 +63,14 @@ struct CacheOptions {
   llama_context_params contextParams = llama_context_default_params();
   // Tokens per kvtier block (kvtier allows 16..512): the granularity of reuse.
   uint32_t blockTokens = 32;
+  // A sequence id the engine leaves to the cache (-1: none). llama.cpp's state API moves a whole
+  // sequence at once, so without one the KV crosses memory twice per restore or store (engine
+  // <-> a state buffer as large as the prefix <-> kvtier's pool). With one, in a unified KV cache
+  // (contextParams.kv_unified, scratchSeq < n_seq_max), it moves a few blocks at a time through
+  // this sequence, whose cells a unified cache shares with the target's without copying: the
+  // state buffer stays in the CPU's cache and the KV crosses memory once. The engine must never
+  // use this sequence (calls fail with INVALID_ARGUMENT while it holds tokens).
+  llama_seq_id scratchSeq = -1;
 };
 
 struct RestoreInfo {
@@ -83,6 +91,12 @@ struct CacheStats {
   uint64_t restores = 0, restoredTokens = 0, restoreMisses = 0, restoreFailures = 0;
   uint64_t stores = 0, storedTokens = 0, storeFailures = 0;
   uint64_t reconnects = 0;
+  // Where the time of restores and stores went, in nanoseconds: kvtier's calls to the daemon
+  // (lookups; a store's bind, grant, commit and unbind), kvtier's copies between the pool and
+  // llama.cpp's state, and llama.cpp's state calls (their copies into or out of the KV cache and
+  // their bookkeeping).
+  uint64_t restoreDaemonNs = 0, restoreCopyNs = 0, restoreLlamaNs = 0;
+  uint64_t storeDaemonNs = 0, storeCopyNs = 0, storeLlamaNs = 0;
 };
 
 class PrefixCache {
@@ -106,7 +120,9 @@ class PrefixCache {
 
   // Stores the whole blocks of `seq`, whose positions [0, n_tokens) hold tokens[0, n_tokens) as
   // the engine evaluated them; a partial last block is not stored (it is the engine's until it
-  // fills). Blocks kvtier already holds are not written again. The context is only read.
+  // fills). Blocks kvtier already holds are not written again. The context is only read. The
+  // blocks go through one sequence of the cache's own on the daemon, which keeps the last stored
+  // prompt's blocks (so the daemon does not evict them) until the next store or close.
   // Errors (nothing stored): INVALID_ARGUMENT if seq does not hold positions [0, n_tokens) once
   // each, or its state does not match this cache's layout; UNAVAILABLE when the daemon is gone;
   // FULL when kvtier has no room.

@@ -1,0 +1,126 @@
+// PrefixCache's checks, in process with the real engine and no daemon: bad calls are typed errors
+// that change nothing, and a cache without a daemon misses.
+#include "kvtier/llama.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "integrations/llama/llama_support.h"
+#include "tests/temp_dir.h"
+
+namespace kvtier::llama {
+namespace {
+
+namespace sup = support;
+
+class PrefixCacheChecks : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir();
+    sup::makeModel(dir_->file("tiny.gguf"), "tiny", 1);
+    model_ = sup::loadModel(dir_->file("tiny.gguf")).release();
+    ASSERT_NE(model_, nullptr);
+  }
+  static void TearDownTestSuite() {
+    llama_model_free(model_);
+    delete dir_;
+  }
+
+  // A context of two sequences in a unified KV cache, and the options of a cache on it whose
+  // daemon is not there.
+  void SetUp() override {
+    sup::ContextSettings s;
+    s.nSeq = 2;
+    params_ = sup::contextParams(s);
+    params_.kv_unified = true;
+    ctx_ = sup::makeContext(model_, params_);
+    ASSERT_NE(ctx_, nullptr);
+    options_.socketPath = dir_->file("no-daemon.sock");
+    options_.modelPath = dir_->file("tiny.gguf");
+    options_.contextParams = params_;
+  }
+
+  static test::TempDir* dir_;
+  static llama_model* model_;
+  llama_context_params params_{};
+  sup::ContextPtr ctx_;
+  CacheOptions options_;
+};
+
+test::TempDir* PrefixCacheChecks::dir_ = nullptr;
+llama_model* PrefixCacheChecks::model_ = nullptr;
+
+TEST_F(PrefixCacheChecks, BadOptionsAreRefused) {
+  EXPECT_EQ(PrefixCache::open(nullptr, options_).code(), ErrorCode::kInvalidArgument);
+  CacheOptions o = options_;
+  o.blockTokens = 8;
+  EXPECT_EQ(PrefixCache::open(ctx_.get(), o).code(), ErrorCode::kInvalidArgument);
+  o = options_;
+  o.modelPath.clear();
+  EXPECT_EQ(PrefixCache::open(ctx_.get(), o).code(), ErrorCode::kInvalidArgument);
+  o = options_;
+  o.modelPath = dir_->file("missing.gguf");
+  EXPECT_EQ(PrefixCache::open(ctx_.get(), o).code(), ErrorCode::kInvalidArgument);
+  o = options_;
+  o.scratchSeq = 2;  // not below n_seq_max
+  EXPECT_EQ(PrefixCache::open(ctx_.get(), o).code(), ErrorCode::kInvalidArgument);
+  o = options_;
+  o.scratchSeq = 1;
+  o.contextParams.kv_unified = false;  // a scratch sequence needs a unified KV cache
+  EXPECT_EQ(PrefixCache::open(ctx_.get(), o).code(), ErrorCode::kInvalidArgument);
+}
+
+TEST_F(PrefixCacheChecks, WithoutADaemonRestoresMissAndStoresSayUnavailable) {
+  auto cache = PrefixCache::open(ctx_.get(), options_);
+  ASSERT_TRUE(cache.ok()) << cache.error();
+  auto tokens = sup::randomTokens(model_, 3, 80);
+  auto r = (*cache)->restore(0, tokens.data(), tokens.size());
+  ASSERT_TRUE(r.ok()) << r.error();
+  EXPECT_EQ(r->tokens, 0u);
+  EXPECT_TRUE(r->unavailable);
+  EXPECT_EQ(llama_memory_seq_pos_max(llama_get_memory(ctx_.get()), 0), -1);
+  ASSERT_TRUE(sup::decode(ctx_.get(), 0, tokens, 0, tokens.size()));
+  EXPECT_EQ((*cache)->store(0, tokens.data(), tokens.size()).code(), ErrorCode::kUnavailable);
+  EXPECT_EQ((*cache)->stats().restoreMisses, 1u);
+  EXPECT_EQ((*cache)->stats().storeFailures, 1u);
+  // The layout names the model and the settings.
+  EXPECT_EQ((*cache)->layout().modelId.rfind("llama.cpp/llama/f16-f16/", 0), 0u)
+      << (*cache)->layout().modelId;
+}
+
+TEST_F(PrefixCacheChecks, BadCallsAreTypedErrorsAndChangeNothing) {
+  CacheOptions o = options_;
+  o.scratchSeq = 1;
+  auto cache = PrefixCache::open(ctx_.get(), o);
+  ASSERT_TRUE(cache.ok()) << cache.error();
+  PrefixCache& c = **cache;
+  auto tokens = sup::randomTokens(model_, 3, 80);
+  llama_memory_t mem = llama_get_memory(ctx_.get());
+  // Sequences out of range, or the cache's own scratch sequence.
+  for (llama_seq_id seq : {-1, 1, 2}) {
+    EXPECT_EQ(c.restore(seq, tokens.data(), tokens.size()).code(), ErrorCode::kInvalidArgument);
+    EXPECT_EQ(c.store(seq, tokens.data(), tokens.size()).code(), ErrorCode::kInvalidArgument);
+  }
+  EXPECT_EQ(c.restore(0, nullptr, 5).code(), ErrorCode::kInvalidArgument);
+  // A store of positions the sequence does not hold.
+  ASSERT_TRUE(sup::decode(ctx_.get(), 0, tokens, 0, 40));
+  EXPECT_EQ(c.store(0, tokens.data(), tokens.size()).code(), ErrorCode::kInvalidArgument);
+  // A restore into a sequence that holds tokens.
+  EXPECT_EQ(c.restore(0, tokens.data(), tokens.size()).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(llama_memory_seq_pos_max(mem, 0), 39);
+  // A call from another thread than the one that opened the cache.
+  ErrorCode fromOther = ErrorCode::kOk;
+  std::thread([&] { fromOther = c.store(0, tokens.data(), 40).code(); }).join();
+  EXPECT_EQ(fromOther, ErrorCode::kInvalidArgument);
+  // The engine wrote into the scratch sequence: every call refuses until it is empty again.
+  llama_memory_seq_rm(mem, 0, -1, -1);
+  ASSERT_TRUE(sup::decode(ctx_.get(), 1, tokens, 0, 8));
+  EXPECT_EQ(c.restore(0, tokens.data(), tokens.size()).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(llama_memory_seq_pos_max(mem, 1), 7);
+  llama_memory_seq_rm(mem, 1, -1, -1);
+  EXPECT_TRUE(c.restore(0, tokens.data(), tokens.size()).ok());
+}
+
+}  // namespace
+}  // namespace kvtier::llama
