@@ -1,6 +1,6 @@
 // Two llama.cpp processes sharing a prompt's KV through kvtier.
 //
-//   kvtier-llama-example --model M --document FILE [--question TEXT] [--socket S]
+//   kvtier-llama-example --model M --document FILE [--max-bytes N] [--question TEXT] [--socket S]
 //
 // Each run evaluates the prompt "document, then question" with llama.cpp: first it restores from
 // kvtier the longest cached prefix of whole blocks, evaluates only the rest, prints the time to
@@ -34,7 +34,8 @@ double msSince(Clock::time_point t) {
 
 int usage() {
   std::fprintf(stderr,
-               "usage: kvtier-llama-example --model M.gguf --document FILE [--question TEXT]\n"
+               "usage: kvtier-llama-example --model M.gguf --document FILE [--max-bytes N]\n"
+               "         [--question TEXT]\n"
                "         [--socket kvtier-data/kvtierd.sock] [--threads 1] [--block 32]\n"
                "         [--no-verify]\n");
   return 2;
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   std::string modelPath, documentPath, question, socket = "kvtier-data/kvtierd.sock";
   int threads = 1;
   uint32_t block = 32;
+  size_t maxBytes = 0;  // 0: the whole document
   bool verify = true;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i];
@@ -61,6 +63,7 @@ int main(int argc, char** argv) {
     else if (k == "--socket") socket = v;
     else if (k == "--threads") threads = std::stoi(v);
     else if (k == "--block") block = static_cast<uint32_t>(std::stoul(v));
+    else if (k == "--max-bytes") maxBytes = std::stoull(v);
     else return usage();
   }
   if (modelPath.empty() || documentPath.empty()) return usage();
@@ -80,7 +83,9 @@ int main(int argc, char** argv) {
   }
   // The prompt: the document's tokens, then the question's (so a question never changes how the
   // document tokenizes).
-  std::vector<llama_token> prompt = sup::tokenize(model.get(), text.str());
+  std::string document = text.str();
+  if (maxBytes > 0 && document.size() > maxBytes) document.resize(maxBytes);
+  std::vector<llama_token> prompt = sup::tokenize(model.get(), document);
   if (!question.empty()) {
     auto q = sup::tokenize(model.get(), "\n" + question, false);
     prompt.insert(prompt.end(), q.begin(), q.end());

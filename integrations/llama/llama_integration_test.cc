@@ -1,6 +1,7 @@
 // llama.cpp on kvtier, end to end: each engine a process of its own (kvtier_llama_worker) with the
 // real llama.cpp, against a real kvtierd. A restored prefix gives the logits of a recompute bit
 // for bit; whatever cannot be served exactly is a miss.
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,6 +35,14 @@ class LlamaIntegration : public ::testing::Test {
   static void TearDownTestSuite() { delete models_; }
 
   static std::string model(const char* name) { return models_->file(name); }
+
+  // A daemon a test killed could not remove its pool segments: they go here.
+  void TearDown() override {
+    daemon_.stop(SIGTERM);
+    for (const auto& name : test::shmSegments(daemon_.segmentPrefix())) {
+      ::shm_unlink(("/" + name).c_str());
+    }
+  }
 
   struct Run {
     int code = -1;
