@@ -13,20 +13,23 @@
 #   scale  daemon memory per indexed block and lookup latency at 10 k, 1 M and 10 M blocks; a
 #          restart with 10 M blocks on disk (minutes; KVTIER_SCALE_COLD=0 skips that part)
 #                                                                     -> bench/results/scale.json
+#   llama  llama.cpp on kvtier with a generated model: time to first token with the prefix
+#          restored against recomputed, restore and store of KV against memcpy (needs llama.cpp:
+#          scripts/install-llama-cpp.sh)                              -> bench/results/llama.json
 #
-#   scripts/bench.sh [--suite local|cold|gpu|cluster|scale|all] [kvtier-bench arguments, e.g. --reps 9]
+#   scripts/bench.sh [--suite local|cold|gpu|cluster|scale|llama|all] [kvtier-bench arguments]
 #
-# The default is all: local, cold, gpu, cluster, then scale. Other arguments go to every
+# The default is all: local, cold, gpu, cluster, scale, then llama. Other arguments go to every
 # kvtier-bench run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-suites=(local cold gpu cluster scale)
+suites=(local cold gpu cluster scale llama)
 if [[ "${1:-}" == "--suite" ]]; then
   case "${2:-}" in
-    local | cold | gpu | cluster | scale) suites=("$2") ;;
+    local | cold | gpu | cluster | scale | llama) suites=("$2") ;;
     all) ;;
     *)
-      echo "usage: scripts/bench.sh [--suite local|cold|gpu|cluster|scale|all] [kvtier-bench arguments]" >&2
+      echo "usage: scripts/bench.sh [--suite local|cold|gpu|cluster|scale|llama|all] [kvtier-bench arguments]" >&2
       exit 2
       ;;
   esac

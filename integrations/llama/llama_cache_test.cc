@@ -4,10 +4,15 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/mman.h>
+
+#include <chrono>
+#include <csignal>
 #include <thread>
 
 #include "integrations/llama/llama_support.h"
-#include "tests/temp_dir.h"
+#include "integrations/llama/generated_model.h"
+#include "tests/test_support.h"
 
 namespace kvtier::llama {
 namespace {
@@ -17,15 +22,10 @@ namespace sup = support;
 class PrefixCacheChecks : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new test::TempDir();
-    sup::makeModel(dir_->file("tiny.gguf"), "tiny", 1);
-    model_ = sup::loadModel(dir_->file("tiny.gguf")).release();
-    ASSERT_NE(model_, nullptr);
+    tiny_ = new sup::GeneratedModel("tiny", 1);
+    model_ = tiny_->get();
   }
-  static void TearDownTestSuite() {
-    llama_model_free(model_);
-    delete dir_;
-  }
+  static void TearDownTestSuite() { delete tiny_; }
 
   // A context of two sequences in a unified KV cache, and the options of a cache on it whose
   // daemon is not there.
@@ -36,19 +36,19 @@ class PrefixCacheChecks : public ::testing::Test {
     params_.kv_unified = true;
     ctx_ = sup::makeContext(model_, params_);
     ASSERT_NE(ctx_, nullptr);
-    options_.socketPath = dir_->file("no-daemon.sock");
-    options_.modelPath = dir_->file("tiny.gguf");
+    options_.socketPath = tiny_->dir().file("no-daemon.sock");
+    options_.modelPath = tiny_->path();
     options_.contextParams = params_;
   }
 
-  static test::TempDir* dir_;
+  static sup::GeneratedModel* tiny_;
   static llama_model* model_;
   llama_context_params params_{};
   sup::ContextPtr ctx_;
   CacheOptions options_;
 };
 
-test::TempDir* PrefixCacheChecks::dir_ = nullptr;
+sup::GeneratedModel* PrefixCacheChecks::tiny_ = nullptr;
 llama_model* PrefixCacheChecks::model_ = nullptr;
 
 TEST_F(PrefixCacheChecks, BadOptionsAreRefused) {
@@ -60,7 +60,7 @@ TEST_F(PrefixCacheChecks, BadOptionsAreRefused) {
   o.modelPath.clear();
   EXPECT_EQ(PrefixCache::open(ctx_.get(), o).code(), ErrorCode::kInvalidArgument);
   o = options_;
-  o.modelPath = dir_->file("missing.gguf");
+  o.modelPath = tiny_->dir().file("missing.gguf");
   EXPECT_EQ(PrefixCache::open(ctx_.get(), o).code(), ErrorCode::kInvalidArgument);
   o = options_;
   o.scratchSeq = 2;  // not below n_seq_max
@@ -120,6 +120,46 @@ TEST_F(PrefixCacheChecks, BadCallsAreTypedErrorsAndChangeNothing) {
   EXPECT_EQ(llama_memory_seq_pos_max(mem, 1), 7);
   llama_memory_seq_rm(mem, 1, -1, -1);
   EXPECT_TRUE(c.restore(0, tokens.data(), tokens.size()).ok());
+}
+
+TEST_F(PrefixCacheChecks, TheCacheReconnectsToADaemonThatCameBack) {
+  std::string dataDir, prefix;
+  auto tokens = sup::randomTokens(model_, 5, 70);
+  ASSERT_TRUE(sup::decode(ctx_.get(), 0, tokens, 0, tokens.size()));
+  auto first = std::make_unique<test::DaemonProcess>(64 << 20);
+  dataDir = first->dataDir();
+  prefix = first->segmentPrefix();
+  options_.socketPath = first->socket();
+  auto cache = PrefixCache::open(ctx_.get(), options_);
+  ASSERT_TRUE(cache.ok()) << cache.error();
+  PrefixCache& c = **cache;
+  ASSERT_TRUE(c.store(0, tokens.data(), tokens.size()).ok());
+  first->stop(SIGKILL);
+  for (const auto& name : test::shmSegments(prefix)) ::shm_unlink(("/" + name).c_str());
+  first.reset();
+  llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, -1, -1);
+  auto gone = c.restore(0, tokens.data(), tokens.size());
+  ASSERT_TRUE(gone.ok());
+  EXPECT_TRUE(gone->unavailable);
+  // A new daemon on the same socket: within the reconnect interval the cache finds it again (its
+  // pool is new: a miss, then a store and a hit).
+  test::DaemonProcess second(64 << 20, dataDir);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  Result<RestoreInfo> back = RestoreInfo{};
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a poll, not a wait
+    back = c.restore(0, tokens.data(), tokens.size());
+    ASSERT_TRUE(back.ok());
+  } while (back->unavailable && std::chrono::steady_clock::now() < deadline);
+  EXPECT_FALSE(back->unavailable);
+  EXPECT_EQ(back->tokens, 0u);
+  EXPECT_EQ(c.stats().reconnects, 1u);
+  ASSERT_TRUE(sup::decode(ctx_.get(), 0, tokens, 0, tokens.size()));
+  auto stored = c.store(0, tokens.data(), tokens.size());
+  ASSERT_TRUE(stored.ok()) << stored.error();
+  EXPECT_EQ(stored->storedTokens, 64u);
+  llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, -1, -1);
+  EXPECT_EQ(c.restore(0, tokens.data(), tokens.size())->tokens, 64u);
 }
 
 }  // namespace

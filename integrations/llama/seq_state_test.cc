@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "integrations/llama/llama_support.h"
-#include "tests/temp_dir.h"
+#include "integrations/llama/generated_model.h"
 
 namespace kvtier::llama {
 namespace {
@@ -18,15 +18,10 @@ namespace sup = support;
 class SeqStateTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new test::TempDir();
-    sup::makeModel(dir_->file("tiny.gguf"), "tiny", 1);
-    model_ = sup::loadModel(dir_->file("tiny.gguf")).release();
-    ASSERT_NE(model_, nullptr);
+    tiny_ = new sup::GeneratedModel("tiny", 1);
+    model_ = tiny_->get();
   }
-  static void TearDownTestSuite() {
-    llama_model_free(model_);
-    delete dir_;
-  }
+  static void TearDownTestSuite() { delete tiny_; }
 
   static std::vector<uint8_t> stateOf(llama_context* ctx, llama_seq_id seq) {
     std::vector<uint8_t> out(llama_state_seq_get_size(ctx, seq));
@@ -42,11 +37,11 @@ class SeqStateTest : public ::testing::Test {
     return ctx;
   }
 
-  static test::TempDir* dir_;
+  static sup::GeneratedModel* tiny_;
   static llama_model* model_;
 };
 
-test::TempDir* SeqStateTest::dir_ = nullptr;
+sup::GeneratedModel* SeqStateTest::tiny_ = nullptr;
 llama_model* SeqStateTest::model_ = nullptr;
 
 // The tiny model: 2 layers, 1 KV head of 32 dims.
