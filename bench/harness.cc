@@ -531,6 +531,9 @@ std::string human(double value, const std::string& unit) {
     std::snprintf(buf, sizeof buf, "%.1f M tokens/s", value / 1e6);
   } else if (unit == "count") {
     std::snprintf(buf, sizeof buf, "%.0f", value);
+  } else if (unit == "1/s") {
+    // A rate that is one over a time (so that a ratio of two is a speedup): shown as the time.
+    std::snprintf(buf, sizeof buf, "%.1f ms", 1e3 / value);
   } else {
     std::snprintf(buf, sizeof buf, "%.1f us", value * 1e6);
   }

@@ -275,7 +275,7 @@ double percentile(std::vector<double> v, double p);
 
 struct Figure {
   std::string what;
-  std::string unit;  // "bytes/s", "blocks/s" or "s"
+  std::string unit;  // "bytes/s", "blocks/s", "tokens/s", "count", "1/s" (one over a time) or "s"
   std::vector<double> perRep;
 };
 

@@ -36,7 +36,7 @@ int usage() {
   std::fprintf(stderr,
                "usage: kvtier-llama-example --model M.gguf --document FILE [--max-bytes N]\n"
                "         [--question TEXT]\n"
-               "         [--socket kvtier-data/kvtierd.sock] [--threads 1] [--block 32]\n"
+               "         [--socket kvtier-data/kvtierd.sock] [--threads 1] [--block 64]\n"
                "         [--no-verify]\n");
   return 2;
 }
@@ -46,7 +46,7 @@ int usage() {
 int main(int argc, char** argv) {
   std::string modelPath, documentPath, question, socket = "kvtier-data/kvtierd.sock";
   int threads = 1;
-  uint32_t block = 32;
+  uint32_t block = kvtier::llama::CacheOptions{}.blockTokens;
   size_t maxBytes = 0;  // 0: the whole document
   bool verify = true;
   for (int i = 1; i < argc; ++i) {
