@@ -872,7 +872,7 @@ size_t Engine::walkKeys(SpaceId space, std::span<const uint32_t> tokens,
 Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<const uint32_t> tokens,
                                     std::span<const Key128> keys, std::string_view bindSeq,
                                     const SeqOptions& options, std::span<const Key128> knownKeys,
-                                    int servedTier) {
+                                    int servedTier, LookupFor who) {
   if (auto s = checkLookupInput(space, tokens, keys); !s) return s.error();
   if (!bindSeq.empty()) {
     if (auto s = checkName(bindSeq, "sequence"); !s) return s.error();
@@ -902,8 +902,10 @@ Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<cons
     blocks.resize(before + reached);
     if (reached < batch.size()) break;
   }
-  hits_ += blocks.size();
-  if (blocks.size() < candidates) ++misses_;
+  if (who == LookupFor::kClient) {
+    hits_ += blocks.size();
+    if (blocks.size() < candidates) ++misses_;
+  }
 
   LookupResult result;
   result.matchedTokens = blocks.size() * bt;

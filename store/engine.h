@@ -158,6 +158,10 @@ struct SnapshotLoad {
   std::vector<BlockId> blocks = {}, checkpoints = {}, pinned = {};
 };
 
+// Whom a lookup serves: the node's own clients, whose lookups its hits and misses count, or a
+// peer pinning blocks it fetches.
+enum class LookupFor : uint8_t { kClient, kPeer };
+
 struct LookupResult {
   uint64_t matchedTokens = 0;
   LeaseId lease = 0;  // 0 when nothing matched
@@ -271,10 +275,12 @@ class Engine {
   // the same tokens: they are not hashed again.
   // `servedTier` (>= 0) is the tier the asking session reads besides the host pool (0: none):
   // the match ends at a block in any other tier.
+  // `who`: a client's lookups are this node's hits and misses; a peer's pin of the blocks it
+  // fetches is not (the cluster counts those as served blocks).
   Result<LookupResult> lookup(OwnerId owner, SpaceId space, std::span<const uint32_t> tokens,
                               std::span<const Key128> keys, std::string_view bindSeq,
                               const SeqOptions& options, std::span<const Key128> knownKeys = {},
-                              int servedTier = -1);
+                              int servedTier = -1, LookupFor who = LookupFor::kClient);
   // Unpins the blocks of a read lease. RELEASED if unknown.
   Status releaseRead(LeaseId lease);
 

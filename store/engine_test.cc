@@ -667,6 +667,26 @@ TEST_F(EngineTest, LookupMatchesTheLongestSealedPrefix) {
   EXPECT_EQ(matched(cat(p, toks(12, 1))), 16u);
 }
 
+TEST_F(EngineTest, HitsAndMissesCountClientLookupsOnlyNotPeerPins) {
+  const auto t = toks(40, 1000);  // two whole blocks and a partial one
+  ASSERT_TRUE(write("s", 0, t));
+  const auto before = engine_->stats();
+  // A client's lookup of 3 candidate blocks matching 2: 2 hits and a miss.
+  auto client = engine_->lookup(kOwner, space_, cat(t, toks(8, 9000)), {}, "", SeqOptions{});
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE(engine_->releaseRead(client->lease).ok());
+  EXPECT_EQ(engine_->stats().hits, before.hits + 2);
+  EXPECT_EQ(engine_->stats().misses, before.misses + 1);
+  // A peer pinning the same blocks (and asking for one more) is neither.
+  auto peer = engine_->lookup(kOwner, space_, cat(t, toks(8, 9000)), {}, "", SeqOptions{}, {}, 0,
+                              LookupFor::kPeer);
+  ASSERT_TRUE(peer.ok());
+  EXPECT_EQ(peer->matchedTokens, 32u);
+  ASSERT_TRUE(engine_->releaseRead(peer->lease).ok());
+  EXPECT_EQ(engine_->stats().hits, before.hits + 2);
+  EXPECT_EQ(engine_->stats().misses, before.misses + 1);
+}
+
 TEST_F(EngineTest, LookupNeverMatchesAnotherTenantOrLayout) {
   const auto t = toks(32, 1000);
   ASSERT_TRUE(write("s", 0, t));

@@ -262,6 +262,48 @@ TEST(Cluster, ConcurrentLookupsOfOnePrefixFetchItsBlocksOnce) {
   expectNoLeakedBlocks(c[1]);
 }
 
+TEST(Cluster, HitsAndMissesCountEachNodesOwnClientsWhilePeersFetch) {
+  // Node 0 holds eight prompts of 32 blocks; node 1's client fetches them one after another while
+  // node 0's client looks up one of them and an unknown one, over and over. Each node's hits and
+  // misses are its own clients' lookups, nothing of the blocks it pins and serves to the other.
+  Cluster c(nodes(2));
+  ASSERT_TRUE(c.formed(2));
+  constexpr size_t kTokens = 32 * 16;
+  constexpr uint64_t kPrompts = 8;
+  for (uint64_t p = 0; p < kPrompts; ++p) putPrompt(c[0], "doc" + std::to_string(p), 100 + p, kTokens);
+  ASSERT_TRUE(c.published(0));
+  auto local = c[0].connect();
+  auto remote = c[1].connect();
+  const Stats before0 = local->stats().value(), before1 = remote->stats().value();
+  uint64_t hits0 = 0, misses0 = 0, hits1 = 0, misses1 = 0;
+  std::atomic<bool> fetching = true;
+  std::thread fetcher([&] {
+    for (uint64_t p = 0; p < kPrompts; ++p) {
+      const Hit h = lookupPrompt(*remote, 100 + p, kTokens);
+      EXPECT_TRUE(h.identical);
+      hits1 += h.matched / 16;
+      misses1 += h.matched < kTokens;
+    }
+    fetching = false;
+  });
+  int rounds = 0;
+  while (fetching || rounds < 4) {
+    const Hit held = lookupPrompt(*local, 100 + rounds % kPrompts, kTokens, RemoteMode::kLocal);
+    const Hit unknown = lookupPrompt(*local, 999, kTokens, RemoteMode::kLocal);
+    hits0 += held.matched / 16 + unknown.matched / 16;
+    misses0 += (held.matched < kTokens) + (unknown.matched < kTokens);
+    ++rounds;
+  }
+  fetcher.join();
+  const Stats after0 = local->stats().value(), after1 = remote->stats().value();
+  EXPECT_EQ(after1.remoteHitBlocks - before1.remoteHitBlocks, kPrompts * 32);
+  EXPECT_EQ(after0.servedBlocks - before0.servedBlocks, kPrompts * 32);
+  EXPECT_EQ(after0.hits - before0.hits, hits0);
+  EXPECT_EQ(after0.misses - before0.misses, misses0);
+  EXPECT_EQ(after1.hits - before1.hits, hits1);
+  EXPECT_EQ(after1.misses - before1.misses, misses1);
+}
+
 TEST(Cluster, APrefixSplitAcrossHoldersIsFetchedWhole) {
   // Client keys (as an engine that hashes its own blocks would bring): node 0 holds blocks 0-3 of
   // the chain, node 1 blocks 4-7 (after four blocks of its own); node 2 gets all eight.

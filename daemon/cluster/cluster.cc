@@ -628,7 +628,8 @@ kj::Promise<void> ClusterService::Impl::PeerImpl::pin(PinContext context) {
   }
   return ready.then([this, context, space, keys = std::move(keys), lease]() mutable {
     LookupResult result =
-        orThrow(impl_.engine_.lookup(impl_.owner_, space, {}, keys, "", {}, {}, 0));
+        orThrow(impl_.engine_.lookup(impl_.owner_, space, {}, keys, "", {}, {}, 0,
+                                     LookupFor::kPeer));
     // Owned from here: a call cancelled before it answers releases the pin.
     auto pinned = kj::heap<PinLeaseImpl>(impl_, result.lease, lease);
     if (result.blocks.size() < keys.size()) {
