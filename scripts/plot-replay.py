@@ -68,6 +68,15 @@ def plot(runs, png):
     xs = sorted(curve)
     ax.plot(xs, [100 * curve[x] for x in xs], "-", color="0.35", lw=1.5,
             label="ideal LRU of the total capacity (offline)")
+    # Belady's optimum of the same requests (offline), the bound a policy is judged against.
+    opt = {c: rate for c, rate in longest.get("opt_curve", [])}
+    for r in same:
+        if "opt_hit_rate" in r:
+            opt[r["ideal_lru_capacity_blocks"]] = r["opt_hit_rate"]
+    if opt:
+        xo = sorted(opt)
+        ax.plot(xo, [100 * opt[x] for x in xo], "--", color="0.2", lw=1.5,
+                label="Belady's optimum of the total capacity (offline)")
     inf = longest.get("infinite_cache_hit_rate")
     if inf is not None:
         ax.axhline(100 * inf, color="0.6", ls=":", lw=1, label="infinite cache")
@@ -111,7 +120,7 @@ def plot(runs, png):
                   "what-if: copies evicted first (offline)")
     ax.set_xlabel("total capacity (blocks of 512 trace tokens = 16 kvtier tokens)")
     ax.set_ylabel("hit rate (% of request blocks)")
-    ax.set_title(f"Mooncake synthetic trace, {longest['requests']} requests: kvtier vs ideal LRU")
+    ax.set_title(f"Mooncake synthetic trace, {longest['requests']} requests: kvtier, ideal LRU, optimum")
     ax.set_xlim(0, max(xs) * 1.02)
     ax.set_ylim(0, 100 * (inf or max(curve.values())) + 8)
     ax.grid(True, alpha=0.3)

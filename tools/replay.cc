@@ -13,6 +13,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <unordered_set>
@@ -218,6 +219,65 @@ size_t LruCache::access(std::span<const uint64_t> ids) {
   return hits;
 }
 
+uint64_t beladyHitBlocks(std::span<const TraceRequest> trace, uint64_t capacity) {
+  // An id's next use, as one number ordered farthest last: the next request that holds it, then
+  // its position there — among ids that the same request needs next, the deepest goes first,
+  // since that request's lookup stops at the first id missing from its prefix.
+  const uint64_t never = uint64_t{trace.size()} << 32;
+  const auto use = [](size_t request, size_t position) {
+    return (uint64_t{request} << 32) | uint64_t{position};
+  };
+  // nextUse[r][j]: the next use after request r of request r's id j.
+  std::vector<std::vector<uint64_t>> nextUse(trace.size());
+  std::unordered_map<uint64_t, uint64_t> later;
+  for (size_t r = trace.size(); r-- > 0;) {
+    const auto& ids = trace[r].hashIds;
+    nextUse[r].resize(ids.size());
+    for (size_t j = 0; j < ids.size(); ++j) {
+      auto it = later.find(ids[j]);
+      nextUse[r][j] = it == later.end() ? never : it->second;
+    }
+    for (size_t j = ids.size(); j-- > 0;) later[ids[j]] = use(r, j);
+  }
+  later.clear();
+
+  // The cache: each id's next use, and the ids ordered by it (farthest last).
+  std::unordered_map<uint64_t, uint64_t> nextOf;
+  std::set<std::pair<uint64_t, uint64_t>> byNext;
+  std::unordered_set<uint64_t> current;
+  uint64_t hits = 0;
+  for (size_t r = 0; r < trace.size(); ++r) {
+    const auto& ids = trace[r].hashIds;
+    size_t hit = 0;
+    while (hit < ids.size() && nextOf.count(ids[hit])) ++hit;
+    hits += hit;
+    current.clear();
+    current.insert(ids.begin(), ids.end());
+    // The request's cached ids first take their next use; none of them is evicted for the ones
+    // it brings in.
+    for (size_t j = 0; j < ids.size(); ++j) {
+      auto it = nextOf.find(ids[j]);
+      if (it == nextOf.end()) continue;
+      byNext.erase({it->second, ids[j]});
+      it->second = nextUse[r][j];
+      byNext.emplace(it->second, ids[j]);
+    }
+    for (size_t j = 0; j < ids.size(); ++j) {
+      if (capacity == 0 || nextOf.count(ids[j])) continue;
+      if (nextOf.size() >= capacity) {
+        auto victim = byNext.rbegin();
+        while (victim != byNext.rend() && current.count(victim->second)) ++victim;
+        if (victim == byNext.rend()) continue;  // the cache holds only this request's ids
+        nextOf.erase(victim->second);
+        byNext.erase(std::next(victim).base());
+      }
+      nextOf.emplace(ids[j], nextUse[r][j]);
+      byNext.emplace(nextUse[r][j], ids[j]);
+    }
+  }
+  return hits;
+}
+
 size_t clusterModelAccess(std::vector<LruCache>& nodes, size_t at, std::span<const uint64_t> ids,
                           bool fetchedLeastRecent) {
   const size_t local = nodes[at].run(ids, 0);
@@ -414,8 +474,11 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
   run.distinctBlocks = seen.size();
   run.lookupMs = percentiles(std::move(lookupMs));
   run.requestMs = percentiles(std::move(requestMs));
-  for (size_t c = 0; c < curve.size(); ++c)
+  for (size_t c = 0; c < curve.size(); ++c) {
     run.idealCurve.emplace_back(curve[c].capacity(), curveHits[c]);
+    run.optCurve.emplace_back(curve[c].capacity(), beladyHitBlocks(trace, curve[c].capacity()));
+  }
+  run.optHitBlocks = beladyHitBlocks(trace, run.capacityBlocks * n);
 
   // Counters over the run. In a cluster, wait (bounded) until every node has published what it
   // holds, so that held copies and distinct keys are counted on a settled directory.
@@ -472,6 +535,9 @@ std::string runJson(const ReplayRun& run) {
   field("ideal_lru_hit_blocks", std::to_string(run.idealHitBlocks));
   field("ideal_lru_hit_rate", fixed(run.idealHitRate()));
   field("diff_pp", fixed(100.0 * (run.hitRate() - run.idealHitRate()), 3));
+  field("opt_hit_blocks", std::to_string(run.optHitBlocks));
+  field("opt_hit_rate", fixed(run.rate(run.optHitBlocks)));
+  field("gap_closed", std::isnan(run.gapClosed()) ? "null" : fixed(run.gapClosed(), 4));
   if (multi) {
     field("isolated_lru_hit_blocks", std::to_string(run.isolatedHitBlocks));
     field("isolated_lru_hit_rate", fixed(run.rate(run.isolatedHitBlocks)));
@@ -492,6 +558,12 @@ std::string runJson(const ReplayRun& run) {
              fixed(run.rate(run.idealCurve[i].second)) + "]";
   }
   field("ideal_lru_curve", curve + "]");
+  std::string opt = "[";
+  for (size_t i = 0; i < run.optCurve.size(); ++i) {
+    opt += (i ? ", [" : "[") + std::to_string(run.optCurve[i].first) + ", " +
+           fixed(run.rate(run.optCurve[i].second)) + "]";
+  }
+  field("opt_curve", opt + "]");
   field("requests_per_node", list(run.requestsPerNode));
   field("blocks_used_per_node", list(run.blocksUsedPerNode));
   field("evictions", std::to_string(run.evictions));
@@ -601,6 +673,9 @@ void printTable(const ReplayRun& r) {
                 100 * r.rate(r.modelFetchedLastHitBlocks),
                 (unsigned long)r.modelFetchedLastHitBlocks);
   }
+  std::printf("  %-38s %8.2f%% %12lu   kvtier closed %.1f%% of the LRU-to-optimum gap\n",
+              "Belady's optimum (offline)", 100 * r.rate(r.optHitBlocks),
+              (unsigned long)r.optHitBlocks, 100 * r.gapClosed());
   std::printf("  %-38s %8.2f%% %12lu\n", "infinite cache", 100 * r.rate(r.infiniteHitBlocks),
               (unsigned long)r.infiniteHitBlocks);
   std::printf("\n  evictions %lu", (unsigned long)r.evictions);

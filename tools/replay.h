@@ -10,6 +10,7 @@
 // Not thread-safe: a replay runs on the calling thread and owns its clients.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -96,6 +97,14 @@ class LruCache {
 size_t clusterModelAccess(std::vector<LruCache>& nodes, size_t at, std::span<const uint64_t> ids,
                           bool fetchedLeastRecent);
 
+// Belady's MIN, the offline optimum, over the request model of LruCache::access: the hit is the
+// longest cached prefix of a request's ids; then each of its ids enters the cache (no bypass),
+// and one that needs room evicts the cached id whose next request is farthest away — never one of
+// the current request's own. Returns the hit blocks over `trace` with `capacity` blocks.
+// O(blocks log capacity) time, O(blocks) memory (each block's next request, found in a backward
+// pass first).
+uint64_t beladyHitBlocks(std::span<const TraceRequest> trace, uint64_t capacity);
+
 struct ReplayOptions {
   std::vector<std::string> sockets;  // one per node, at least one
   // Blocks per node the anchors assume; 0: the first daemon's own (the space's blocks total).
@@ -134,8 +143,12 @@ struct ReplayRun {
   // Several nodes: clusterModelAccess over nodes LRUs of capacity each, same routing; fetched
   // blocks copied as most recent (what kvtier does) and as least recent (the what-if).
   uint64_t modelHitBlocks = 0, modelFetchedLastHitBlocks = 0;
-  // The ideal LRU over the same requests at other total capacities (for the plot's curve).
+  // Belady's MIN of the same total capacity over the same request order (beladyHitBlocks).
+  uint64_t optHitBlocks = 0;
+  // The ideal LRU and the optimum over the same requests at other total capacities (the plot's
+  // curves).
   std::vector<std::pair<uint64_t, uint64_t>> idealCurve;  // (capacity, hit blocks)
+  std::vector<std::pair<uint64_t, uint64_t>> optCurve;    // (capacity, hit blocks)
   // Daemon counters over the run, summed over the nodes.
   uint64_t evictions = 0, remoteHitBlocks = 0, remoteLookups = 0, fetchErrors = 0;
   // After the run (cluster only): copies held (sum of each node's published keys) and distinct
@@ -152,6 +165,14 @@ struct ReplayRun {
   double rate(uint64_t hits) const { return blocks ? double(hits) / double(blocks) : 0.0; }
   double hitRate() const { return rate(hitBlocks); }
   double idealHitRate() const { return rate(idealHitBlocks); }
+  // The share of the distance from the ideal LRU to the optimum that the daemons covered
+  // (negative below the LRU; NaN when the optimum is the LRU).
+  double gapClosed() const {
+    return optHitBlocks == idealHitBlocks
+               ? std::nan("")
+               : (double(hitBlocks) - double(idealHitBlocks)) /
+                     (double(optHitBlocks) - double(idealHitBlocks));
+  }
 };
 
 // Called after each request: requests done, of total, and the running hit and ideal blocks.

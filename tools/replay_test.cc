@@ -92,6 +92,78 @@ std::string readAll(const std::string& path) {
   return s.str();
 }
 
+// Belady's MIN over the replay's request model, written plainly: at each eviction, every cached
+// id's next use is found in a table of its uses (request, position); the farthest goes, never
+// one of the current request's. Quadratic: for short traces.
+uint64_t naiveOptimum(const std::vector<std::vector<uint64_t>>& trace, uint64_t capacity) {
+  std::unordered_map<uint64_t, std::vector<std::pair<size_t, size_t>>> uses;
+  for (size_t r = 0; r < trace.size(); ++r) {
+    for (size_t j = 0; j < trace[r].size(); ++j) uses[trace[r][j]].emplace_back(r, j);
+  }
+  const auto nextUse = [&](uint64_t id, size_t after) {
+    const auto& u = uses[id];
+    auto it = std::upper_bound(u.begin(), u.end(), std::make_pair(after, SIZE_MAX));
+    return it == u.end() ? std::make_pair(SIZE_MAX, size_t{0}) : *it;
+  };
+  std::vector<uint64_t> cache;
+  const auto cached = [&](uint64_t id) {
+    return std::find(cache.begin(), cache.end(), id) != cache.end();
+  };
+  uint64_t hits = 0;
+  for (size_t r = 0; r < trace.size(); ++r) {
+    const auto& ids = trace[r];
+    size_t hit = 0;
+    while (hit < ids.size() && cached(ids[hit])) ++hit;
+    hits += hit;
+    for (uint64_t id : ids) {
+      if (cached(id)) continue;
+      if (cache.size() >= capacity) {
+        size_t victim = cache.size();
+        for (size_t i = 0; i < cache.size(); ++i) {
+          if (std::find(ids.begin(), ids.end(), cache[i]) != ids.end()) continue;
+          if (victim == cache.size() || nextUse(cache[i], r) > nextUse(cache[victim], r)) victim = i;
+        }
+        if (victim == cache.size()) continue;
+        cache.erase(cache.begin() + static_cast<std::ptrdiff_t>(victim));
+      }
+      cache.push_back(id);
+    }
+  }
+  return hits;
+}
+
+std::vector<replay::TraceRequest> asRequests(const std::vector<std::vector<uint64_t>>& ids) {
+  std::vector<replay::TraceRequest> out(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) out[i].hashIds = ids[i];
+  return out;
+}
+
+TEST(ReplayOptimum, EvictsTheFarthestNeverTheCurrentRequestsAndKeepsPrefixes) {
+  // Ids 1 and 2 are both needed next by the third request: the deeper one (2) goes, so that the
+  // third request still hits its first block. An LRU would drop 1 and hit nothing.
+  EXPECT_EQ(replay::beladyHitBlocks(asRequests({{1, 2}, {3}, {1, 2}}), 2), 1u);
+  // A request longer than the cache keeps what it found (its own ids are never evicted).
+  EXPECT_EQ(replay::beladyHitBlocks(asRequests({{1, 2}, {1, 2, 3}, {1, 2}}), 2), 4u);
+  // What is never used again goes first.
+  EXPECT_EQ(replay::beladyHitBlocks(asRequests({{1}, {2}, {3}, {1}, {3}}), 2), 2u);
+  EXPECT_EQ(replay::beladyHitBlocks(asRequests({{1, 2}, {1, 2}}), 0), 0u);
+}
+
+TEST(ReplayOptimum, MatchesAPlainBeladyAndIsNeverBelowTheLru) {
+  if (!std::filesystem::exists(kTrace)) GTEST_SKIP() << "the shared trace is absent";
+  const auto ids = readHashIds(300);
+  const auto requests = asRequests(ids);
+  for (uint64_t capacity : {64, 512, 2000}) {
+    SCOPED_TRACE(capacity);
+    const uint64_t opt = replay::beladyHitBlocks(requests, capacity);
+    EXPECT_EQ(opt, naiveOptimum(ids, capacity));
+    SimpleLru lru(capacity);
+    uint64_t lruHits = 0;
+    for (const auto& r : ids) lruHits += lru.request(r);
+    EXPECT_GE(opt, lruHits);
+  }
+}
+
 class ReplayTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -148,6 +220,16 @@ TEST_F(ReplayTest, OneNodeHitsWhatAnLruOfItsPoolHits) {
   EXPECT_GE(tailFirstHits, hits);
   EXPECT_NEAR(jsonNumber(doc, "hit_rate"), double(tailFirstHits) / double(blocks_), 1e-6);
   EXPECT_GT(jsonNumber(doc, "evictions"), 0);
+  // The offline optimum of the same capacity, and the share of the LRU-to-optimum gap closed.
+  std::vector<replay::TraceRequest> requests(trace_.size());
+  for (size_t i = 0; i < trace_.size(); ++i) requests[i].hashIds = trace_[i];
+  const uint64_t opt = replay::beladyHitBlocks(requests, kCapacity);
+  EXPECT_GT(opt, tailFirstHits);
+  EXPECT_EQ(jsonNumber(doc, "opt_hit_blocks"), opt);
+  EXPECT_NEAR(jsonNumber(doc, "opt_hit_rate"), double(opt) / double(blocks_), 1e-6);
+  EXPECT_NEAR(jsonNumber(doc, "gap_closed"),
+              (double(tailFirstHits) - double(hits)) / (double(opt) - double(hits)), 1e-4);
+  EXPECT_NE(doc.find("\"opt_curve\": [[500, "), std::string::npos);
 }
 
 // Two daemons that are not a cluster, requests dealt round-robin: each keeps what an LRU of its
