@@ -228,6 +228,90 @@ def test_sequence_operations(client, layout, seq):
     assert space.length(seq) in (0, None)  # emptied (the daemon may forget an empty sequence)
 
 
+def test_snapshots_split_merge_info_and_rewind(client, layout, seq):
+    space = client.open(layout)
+    kv = packed(layout, 48, seed=7)
+    space.put(seq, 0, prompt(48), kv)
+    whole = space.snapshot(seq)
+    head, tail = space.split_snapshot(whole.id, 16)
+    assert (head.start, head.end, tail.start, tail.end) == (0, 16, 16, 48)
+    merged = space.merge_snapshots(head.id, tail.id)
+    assert (merged.start, merged.end) == (0, 48)
+    info = space.snapshot_info(merged.id)
+    assert (info.id, info.start, info.end) == (merged.id, 0, 48)
+    # The merged snapshot restores the bytes the sequence held.
+    space.restore(seq + "-merged", merged.id, 48)
+    with space.get(seq + "-merged") as h:
+        np.testing.assert_array_equal(h.copy_to(), kv)
+    # Snapshots that do not meet are not merged; an unknown one is not found: nothing changed.
+    with pytest.raises(kvtier.InvalidArgument):
+        space.merge_snapshots(tail.id, head.id)
+    with pytest.raises(kvtier.NotFound):
+        space.snapshot_info(10**12)
+    assert space.snapshot_info(head.id).end == 16
+    # rewind: back without a snapshot; never forward.
+    space.rewind(seq, 20)
+    assert space.length(seq) == 20
+    with pytest.raises(kvtier.InvalidArgument):
+        space.rewind(seq, 30)
+    assert space.length(seq) == 20
+    with space.get(seq) as h:
+        np.testing.assert_array_equal(h.copy_to(), kv[:, :, :20])
+    for snap in (whole, head, tail, merged):
+        space.drop_snapshot(snap.id)
+
+
+def test_recurrent_state_checkpoints(client, layout, seq):
+    space = client.open(layout)
+    space.put(seq, 0, prompt(32), packed(layout, 32, seed=8))
+    state = np.arange(64, dtype=np.float32)
+    space.put_checkpoint(seq, 16, state)  # any bytes-like object
+    space.put_checkpoint(seq, 32, state.tobytes())
+    assert space.checkpoints(seq) == [16, 32]
+    snap = space.snapshot(seq)
+    assert list(snap.checkpoints) == [16, 32]
+    # A snapshot with checkpoints cannot be split; bad checkpoints change nothing.
+    with pytest.raises(kvtier.NotSupported):
+        space.split_snapshot(snap.id, 16)
+    with pytest.raises(kvtier.InvalidArgument):
+        space.put_checkpoint(seq, 40, b"past the end")
+    with pytest.raises(TypeError):
+        space.put_checkpoint(seq, 16, "text")
+    with pytest.raises(kvtier.InvalidArgument):
+        space.put_checkpoint(seq, 16, np.arange(8, dtype=np.float32)[::2])  # not contiguous
+    assert space.checkpoints(seq) == [16, 32]
+    # A recurrent sequence rewinds only to a checkpoint.
+    with pytest.raises(kvtier.InvalidArgument):
+        space.rewind(seq, 20)
+    space.rewind(seq, 16)
+    assert space.length(seq) == 16
+    space.drop_snapshot(snap.id)
+
+
+def test_lookup_keys_finds_blocks_put_with_the_engines_own_keys(daemon, client, layout, seq):
+    space = client.open(layout)
+    kv = packed(layout, 40, seed=9)
+    keys = [kvtier.content_key(b"block %d of " % i + seq.encode()) for i in range(2)]
+    assert all(isinstance(k, bytes) and len(k) == 16 for k in keys)
+    assert kvtier.content_key(b"x") == kvtier.content_key(bytearray(b"x"))
+    space.put(seq, 0, prompt(40), kv, keys=keys)  # completes two blocks
+    with kvtier.Client(daemon.socket, client_name="other") as other:
+        ospace = other.open(layout)
+        with ospace.lookup_keys(keys + [kvtier.content_key(b"not cached")]) as hit:
+            assert hit.matched_tokens == 32
+            np.testing.assert_array_equal(hit.copy_to(), kv[:, :, :32])
+        # The match ends at the first key not cached (the engine's keys chain its blocks).
+        with ospace.lookup_keys([kvtier.content_key(b"not cached")] + keys) as miss:
+            assert miss.matched_tokens == 0
+    with pytest.raises(kvtier.InvalidArgument):
+        space.lookup_keys([b"short"])
+    with pytest.raises(TypeError):
+        space.lookup_keys(b"0123456789abcdef")
+    with pytest.raises(kvtier.InvalidArgument):
+        space.put(seq + "-bad", 0, prompt(40), kv, keys=keys[:1])  # two blocks, one key
+    assert space.length(seq + "-bad") is None
+
+
 # --- Lifetimes ----------------------------------------------------------------------------------
 
 

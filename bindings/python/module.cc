@@ -305,6 +305,35 @@ std::shared_ptr<SpaceState> openSpace(const std::shared_ptr<ClientState>& client
   return space;
 }
 
+// A 16-byte key (bytes, bytearray or any 16-byte C-contiguous buffer).
+Key128 keyFrom(py::handle obj) {
+  if (!PyObject_CheckBuffer(obj.ptr()) || PyUnicode_Check(obj.ptr())) {
+    throw py::type_error("a key is 16 bytes, not " + typeName(obj));
+  }
+  BufferExport buffer(obj);
+  const Py_buffer& v = buffer.view();
+  if (!PyBuffer_IsContiguous(&v, 'C') || v.len != 16) {
+    throwError(ErrorCode::kInvalidArgument, "a key is 16 contiguous bytes, got ", v.len);
+  }
+  Key128 key;
+  std::memcpy(key.bytes.data(), v.buf, 16);
+  return key;
+}
+
+// Keys: a sequence of 16-byte keys (one per block).
+std::vector<Key128> keysFrom(py::handle obj) {
+  if (PyUnicode_Check(obj.ptr()) || PyBytes_Check(obj.ptr()) || PyByteArray_Check(obj.ptr())) {
+    throw py::type_error("keys must be a sequence of 16-byte keys, not " + typeName(obj));
+  }
+  std::vector<Key128> keys;
+  for (py::handle item : py::iter(obj)) keys.push_back(keyFrom(item));
+  return keys;
+}
+
+py::bytes keyBytes(const Key128& key) {
+  return py::bytes(reinterpret_cast<const char*>(key.bytes.data()), key.bytes.size());
+}
+
 std::shared_ptr<ReadHandleState> readHandle(SpaceState& s,
                                             const std::function<Result<ReadHandle>(Space&)>& f) {
   auto handle = std::make_shared<ReadHandleState>(s.shared_from_this());
@@ -556,17 +585,21 @@ are packed arrays (Layout.packed_shape). Every mutation is atomic: on error noth
       .def(
           "put",
           [](SpaceState& s, const std::string& seq, uint64_t begin, py::handle tokens,
-             py::handle kv, bool detached, uint64_t window, uint64_t chunk) {
-            return put(s, seq, begin, tokens, kv, putOptions(detached, window, chunk));
+             py::handle kv, bool detached, uint64_t window, uint64_t chunk, py::handle keys) {
+            PutOptions options = putOptions(detached, window, chunk);
+            if (!keys.is_none()) options.keys = keysFrom(keys);
+            return put(s, seq, begin, tokens, kv, options);
           },
           "seq"_a, "begin"_a, "tokens"_a, "kv"_a, py::kw_only(), "detached"_a = false,
-          "window"_a = 0, "chunk"_a = 0, R"doc(
+          "window"_a = 0, "chunk"_a = 0, "keys"_a = py::none(), R"doc(
 Stores the KV of `tokens` at positions [begin, begin + len(tokens)) of `seq` and commits it.
 
 kv: a C-contiguous array of shape layout.packed_shape(len(tokens)) and the layout's dtype (a
 torch tensor: pass tensor.numpy()). begin <= length(seq); positions from begin on are replaced.
 detached: the sequence outlives this client's session. window/chunk: sliding-window or chunked
-attention, for a sequence this call creates. Returns CommitInfo.
+attention, for a sequence this call creates. keys: the engine's own 16-byte keys (bytes), one
+for each block this put completes, instead of kvtier's keys of the tokens (lookup_keys finds
+them). Returns CommitInfo.
 )doc")
       .def(
           "begin_put",
@@ -668,7 +701,100 @@ remote: in a cluster, 'fetch' (default) the continuation from other nodes, 'loca
           [](SpaceState& s, uint64_t id) {
             unwrap(s.call([&](Space& space) { return space.dropSnapshot(id); }));
           },
-          "snapshot_id"_a);
+          "snapshot_id"_a)
+      .def(
+          "snapshot_info",
+          [](SpaceState& s, uint64_t id) {
+            return unwrap(s.call([&](Space& space) { return space.snapshotInfo(id); }));
+          },
+          "snapshot_id"_a, "The Snapshot `snapshot_id` of this namespace (kvtier.NotFound if none).")
+      .def(
+          "merge_snapshots",
+          [](SpaceState& s, uint64_t a, uint64_t b) {
+            return unwrap(s.call([&](Space& space) { return space.mergeSnapshots(a, b); }));
+          },
+          "a"_a, "b"_a, R"doc(
+A new snapshot of a's positions followed by b's; requires a.end == b.start (else
+kvtier.InvalidArgument, nothing changed). a and b stay.
+)doc")
+      .def(
+          "split_snapshot",
+          [](SpaceState& s, uint64_t id, uint64_t at) {
+            return unwrap(s.call([&](Space& space) { return space.splitSnapshot(id, at); }));
+          },
+          "snapshot_id"_a, "at"_a, R"doc(
+Two new snapshots: [start, at) and [at, end) of snapshot `snapshot_id` (at or outside its ends:
+one of them is empty). A snapshot with recurrent-state checkpoints cannot be split
+(kvtier.NotSupported).
+)doc")
+      .def(
+          "rewind",
+          [](SpaceState& s, const std::string& seq, uint64_t target) {
+            unwrap(s.call([&](Space& space) { return space.rewind(seq, target); }));
+          },
+          "seq"_a, "target"_a, R"doc(
+seq back to `target` <= its length without a snapshot; the window and checkpoint rules apply (a
+sequence with checkpoints rewinds only to one of them).
+)doc")
+      .def(
+          "put_checkpoint",
+          [](SpaceState& s, const std::string& seq, uint64_t pos, py::handle state) {
+            if (!PyObject_CheckBuffer(state.ptr()) || PyUnicode_Check(state.ptr())) {
+              throw py::type_error("state must be a bytes-like object, not " + typeName(state));
+            }
+            BufferExport buffer(state);
+            const Py_buffer& v = buffer.view();
+            if (!PyBuffer_IsContiguous(&v, 'C')) {
+              throwError(ErrorCode::kInvalidArgument, "state must be C-contiguous");
+            }
+            unwrap(s.call([&](Space& space) {
+              return space.putCheckpoint(seq, pos, v.buf, static_cast<size_t>(v.len));
+            }));
+          },
+          "seq"_a, "pos"_a, "state"_a, R"doc(
+Stores a recurrent layer's state (any bytes-like object: bytes, a NumPy array) as the checkpoint
+of seq at position `pos` (<= its length). Restores and rewinds of a sequence with checkpoints
+stop only at them.
+)doc")
+      .def(
+          "checkpoints",
+          [](SpaceState& s, const std::string& seq) {
+            return unwrap(s.call([&](Space& space) { return space.checkpoints(seq); }));
+          },
+          "seq"_a, "The positions of seq's checkpoints, ascending.")
+      .def(
+          "lookup_keys",
+          [](SpaceState& s, py::handle keys, const std::string& bindSeq, bool detached,
+             const std::string& remote) {
+            s.client().checkUsable();
+            const std::vector<Key128> chain = keysFrom(keys);
+            LookupOptions options;
+            options.bindSeq = bindSeq;
+            options.detached = detached;
+            options.remote = remoteMode(remote);
+            return readHandle(s, [&](Space& space) { return space.lookupKeys(chain, options); });
+          },
+          "keys"_a, py::kw_only(), "bind_seq"_a = "", "detached"_a = false, "remote"_a = "fetch",
+          R"doc(
+lookup() for an engine that keys its own blocks: the longest cached prefix of a chain of 16-byte
+keys, one per block (bytes objects), as a ReadHandle.
+)doc");
+
+  m.def(
+      "content_key",
+      [](py::handle data) {
+        if (!PyObject_CheckBuffer(data.ptr()) || PyUnicode_Check(data.ptr())) {
+          throw py::type_error("data must be a bytes-like object, not " + typeName(data));
+        }
+        BufferExport buffer(data);
+        const Py_buffer& v = buffer.view();
+        if (!PyBuffer_IsContiguous(&v, 'C')) {
+          throwError(ErrorCode::kInvalidArgument, "data must be C-contiguous");
+        }
+        return keyBytes(contentKey(v.buf, static_cast<size_t>(v.len)));
+      },
+      "data"_a,
+      "SHA-256 of a bytes-like object truncated to 16 bytes: a content key for entries.");
 
   py::class_<ReadHandleState, std::shared_ptr<ReadHandleState>>(m, "ReadHandle", R"doc(
 Blocks pinned under a read lease (Space.get or Space.lookup), readable in place.

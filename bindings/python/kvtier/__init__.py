@@ -28,6 +28,7 @@ from kvtier._kvtier import (
     Space,
     WriteHandle,
     __version__,
+    content_key,
 )
 from kvtier.errors import (
     BufferInUse,
@@ -73,4 +74,5 @@ __all__ = [
     "UsedAfterFork",
     "WriteHandle",
     "__version__",
+    "content_key",
 ]
