@@ -5,7 +5,9 @@ directory, socket and shared-memory segments removed, also when a test fails; a 
 segments behind after a clean SIGTERM fails the test that used it.
 """
 
+import contextlib
 import os
+import socket
 
 import pytest
 
@@ -56,3 +58,32 @@ def seq(request):
     """A sequence name of this test's own."""
     return "seq-" + request.node.name
 
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def two_nodes():
+    """Two kvtierd of the test's own joined as a cluster by static peers on loopback (nodes 'n0'
+    and 'n1'); both stopped and their segments checked as for `daemon`."""
+    if not os.environ.get("KVTIER_DAEMON"):
+        pytest.skip("KVTIER_DAEMON is not set (run through ctest)")
+    ports = [_free_port(), _free_port()]
+    daemons = [
+        kvtier.testing.Daemon(extra_args=[
+            "--listen", "127.0.0.1:%d" % ports[i], "--peers", "127.0.0.1:%d" % ports[1 - i],
+            "--node-id", "n%d" % i, "--peer-timeout-ms", "1000"])
+        for i in range(2)
+    ]
+    with contextlib.ExitStack() as stack:
+        for d in daemons:
+            stack.enter_context(d)
+        yield daemons
+        for d in daemons:
+            d.stop()
+            assert d.exit_status == 0, "".join(d.output)
+            assert d.leftover_segments == [], "kvtierd left shared memory behind"

@@ -508,6 +508,40 @@ tokens (axis 1: K, then V), dtype numpy_dtype (bfloat16 as uint16, fp8 as uint8 
                ", end=" + std::to_string(s.to) + ")";
       });
 
+  py::class_<ClusterMember>(m, "ClusterMember", "A member of the daemon's cluster.")
+      .def_readonly("node_id", &ClusterMember::nodeId)
+      .def_readonly("address", &ClusterMember::address, "HOST:PORT of its peer listener.")
+      .def_readonly("up", &ClusterMember::up)
+      .def_readonly("self", &ClusterMember::self, "True for the daemon this client talks to.")
+      .def("__repr__", [](const ClusterMember& c) {
+        return "kvtier.ClusterMember(node_id='" + c.nodeId + "', address='" + c.address +
+               "', up=" + (c.up ? "True" : "False") + ")";
+      });
+
+  py::class_<BlockTransfer>(m, "BlockTransfer",
+                            "What Space.copy_range, copy_keys and copy_prompt did.")
+      .def_readonly("blocks", &BlockTransfer::blocks, "Blocks asked for.")
+      .def_readonly("held", &BlockTransfer::held, "Of them, how many the destination now holds.")
+      .def_readonly("dropped", &BlockTransfer::dropped,
+                    "With move: freed from this node's memory.")
+      .def("__repr__", [](const BlockTransfer& t) {
+        return "kvtier.BlockTransfer(blocks=" + std::to_string(t.blocks) +
+               ", held=" + std::to_string(t.held) + ", dropped=" + std::to_string(t.dropped) + ")";
+      });
+
+  py::class_<DrainStep>(m, "DrainStep", "One step of Client.drain.")
+      .def_readonly("snapshots_moved", &DrainStep::snapshotsMoved)
+      .def_readonly("blocks_copied", &DrainStep::blocksCopied)
+      .def_readonly("snapshots_left", &DrainStep::snapshotsLeft)
+      .def_readonly("blocks_left", &DrainStep::blocksLeft)
+      .def_readonly("failures", &DrainStep::failures, "Not handed over this time (retried next).")
+      .def("__repr__", [](const DrainStep& d) {
+        return "kvtier.DrainStep(snapshots_moved=" + std::to_string(d.snapshotsMoved) +
+               ", blocks_copied=" + std::to_string(d.blocksCopied) +
+               ", snapshots_left=" + std::to_string(d.snapshotsLeft) +
+               ", blocks_left=" + std::to_string(d.blocksLeft) + ")";
+      });
+
   defineBlock(m);
 
   py::class_<ClientState, std::shared_ptr<ClientState>>(m, "Client", R"doc(
@@ -536,6 +570,26 @@ it waits for the daemon. A Client cannot be used in a child process after fork()
            "client_name"_a = "kvtier-python", "map_pool"_a = true)
       .def("open", &openSpace, "layout"_a, R"doc(
 Opens (or joins) the namespace of `layout` on the daemon and returns its Space.
+)doc")
+      .def(
+          "cluster",
+          [](ClientState& c) {
+            return unwrap(c.call([&] { return c.client().cluster(); }));
+          },
+          R"doc(
+The cluster as the daemon sees it: (its node id, [ClusterMember, ...]); ('', []) outside one.
+)doc")
+      .def(
+          "drain",
+          [](ClientState& c, uint32_t maxSnapshots, uint32_t maxBlocks) {
+            return unwrap(c.call([&] { return c.client().drain(maxSnapshots, maxBlocks); }));
+          },
+          "max_snapshots"_a, "max_blocks"_a, R"doc(
+One step of draining the daemon's node before maintenance: moves up to max_snapshots of its
+snapshots to the other live members (each dropped here only once another node holds it) and
+copies up to max_blocks of its blocks in memory to them. Call until both lefts are 0; safe to
+stop and call again. kvtier.InvalidArgument outside a cluster, kvtier.Unavailable with no other
+live member.
 )doc")
       .def(
           "stats",
@@ -689,13 +743,17 @@ remote: in a cluster, 'fetch' (default) the continuation from other nodes, 'loca
       .def(
           "restore",
           [](SpaceState& s, const std::string& seq, uint64_t snapshotId, uint64_t target,
-             bool detached) {
+             bool detached, const std::string& node) {
             unwrap(s.call([&](Space& space) {
-              return space.restore(seq, snapshotId, target, putOptions(detached, 0, 0));
+              return space.restore(seq, snapshotId, target, putOptions(detached, 0, 0), node);
             }));
           },
           "seq"_a, "snapshot_id"_a, "target"_a, py::kw_only(), "detached"_a = false,
-          "seq becomes its own [0, snapshot.start) plus the snapshot up to target.")
+          "node"_a = "", R"doc(
+seq becomes its own [0, snapshot.start) plus the snapshot up to target. node: the cluster node
+holding the snapshot (Snapshot.node), when it is another: its manifest and blocks are pulled
+here first, each checked, and nothing changes if that fails.
+)doc")
       .def(
           "drop_snapshot",
           [](SpaceState& s, uint64_t id) {
@@ -762,6 +820,49 @@ stop only at them.
             return unwrap(s.call([&](Space& space) { return space.checkpoints(seq); }));
           },
           "seq"_a, "The positions of seq's checkpoints, ascending.")
+      .def(
+          "copy_range",
+          [](SpaceState& s, const std::string& node, const std::string& seq, uint64_t begin,
+             std::optional<uint64_t> end, bool move) {
+            return unwrap(s.call([&](Space& space) {
+              return space.copyRange(node, seq, begin, end.value_or(kEndPosition), move);
+            }));
+          },
+          "node"_a, "seq"_a, "begin"_a = 0, "end"_a = py::none(), py::kw_only(), "move"_a = false,
+          R"doc(
+Node `node` of the cluster fetches the sealed blocks of seq over [begin, end) and keeps them as
+cached blocks of its own (a lookup there hits them). move: once it holds them all, and only then,
+this node lets go of them and removes [begin, end) from seq; kvtier.Unavailable if it holds
+fewer (nothing here changed). Returns BlockTransfer.
+)doc")
+      .def(
+          "copy_keys",
+          [](SpaceState& s, const std::string& node, py::handle keys, bool move) {
+            const std::vector<Key128> chain = keysFrom(keys);
+            return unwrap(
+                s.call([&](Space& space) { return space.copyKeys(node, chain, move); }));
+          },
+          "node"_a, "keys"_a, py::kw_only(), "move"_a = false,
+          "copy_range for the blocks of 16-byte client keys (from memory or disk).")
+      .def(
+          "copy_prompt",
+          [](SpaceState& s, const std::string& node, py::handle tokens, bool move) {
+            s.client().checkUsable();
+            const std::vector<uint32_t> ids = tokensFrom(tokens);
+            return unwrap(s.call([&](Space& space) { return space.copyPrompt(node, ids, move); }));
+          },
+          "node"_a, "tokens"_a, py::kw_only(), "move"_a = false,
+          "copy_range for the full blocks of the prompt `tokens` (the chain a lookup walks).")
+      .def(
+          "copy_snapshot",
+          [](SpaceState& s, const std::string& node, uint64_t id, bool move) {
+            return unwrap(
+                s.call([&](Space& space) { return space.copySnapshot(node, id, move); }));
+          },
+          "node"_a, "snapshot_id"_a, py::kw_only(), "move"_a = false, R"doc(
+Copies snapshot `snapshot_id` of cluster node `node` to this daemon as a snapshot of its own (a
+new id); move: the source drops its copy once this daemon holds it. Returns the new Snapshot.
+)doc")
       .def(
           "lookup_keys",
           [](SpaceState& s, py::handle keys, const std::string& bindSeq, bool detached,

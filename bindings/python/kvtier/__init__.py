@@ -19,8 +19,11 @@ memory, valid only while their handle is open; see docs/sdk.md for lifetimes and
 
 from kvtier._kvtier import (
     Block,
+    BlockTransfer,
     Client,
+    ClusterMember,
     CommitInfo,
+    DrainStep,
     Layout,
     ReadHandle,
     Rope,
@@ -50,10 +53,13 @@ from kvtier.errors import (
 
 __all__ = [
     "Block",
+    "BlockTransfer",
     "BufferInUse",
     "ChecksumMismatch",
     "Client",
+    "ClusterMember",
     "CommitInfo",
+    "DrainStep",
     "Conflict",
     "Error",
     "Full",
