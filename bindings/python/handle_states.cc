@@ -202,6 +202,7 @@ void ReadHandleState::adopt(ReadHandle handle) {
   end_ = handle_->end();
   firstPosition_ = handle_->firstPosition();
   inline_ = handle_->inlineData();
+  refs_ = handle_->refs();
   std::vector<std::span<uint8_t>> bytes;
   for (size_t i = 0; i < handle_->blockCount(); ++i) {
     const auto b = handle_->block(i);

@@ -203,6 +203,9 @@ class ReadHandleState : public HandleState {
   uint64_t end() const { return end_; }
   uint64_t firstPosition() const { return firstPosition_; }
   bool inlineData() const { return inline_; }
+  // The blocks' references (set once at adopt; names, valid after release: a read of one whose
+  // block was reused since is STALE_REFERENCE).
+  const std::vector<BlockRef>& refs() const { return refs_; }
 
   // Copies [from, to) packed into `out` (`bytes` long; GIL released while it copies).
   void copyTo(uint64_t from, uint64_t to, void* out, size_t bytes);
@@ -213,6 +216,7 @@ class ReadHandleState : public HandleState {
   std::unique_ptr<ReadHandle> handle_;  // guarded by mu_ and the client's mu_
   uint64_t matched_ = 0, begin_ = 0, end_ = 0, firstPosition_ = 0;
   bool inline_ = false;
+  std::vector<BlockRef> refs_;
 };
 
 class WriteHandleState : public HandleState {

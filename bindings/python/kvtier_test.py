@@ -312,6 +312,33 @@ def test_lookup_keys_finds_blocks_put_with_the_engines_own_keys(daemon, client, 
     assert space.length(seq + "-bad") is None
 
 
+def test_block_refs_read_back_until_their_block_is_reused(small_daemon, layout, seq):
+    with kvtier.Client(small_daemon.socket) as client:
+        space = client.open(layout)
+        kv = packed(layout, 48, seed=12)
+        space.put(seq, 0, prompt(48), kv)
+        with space.get(seq) as h:
+            refs = h.refs
+        assert len(refs) == 3 and all(isinstance(r, kvtier.BlockRef) for r in refs)
+        assert refs[0].bytes == layout.block_bytes
+        # Read back after the handle is gone: the bytes of the blocks, in order.
+        blocks = space.read_refs(refs)
+        for i, b in enumerate(blocks):
+            assert b == expected_block(kv, i, layout).tobytes()
+        space.remove(seq)
+        # Fill the 1 MiB pool (256 blocks) several times over: the blocks are reused, and their
+        # references are stale — refused, never another block's bytes.
+        for n in range(40):
+            space.put("%s-fill-%d" % (seq, n), 0, prompt(256), packed(layout, 256, seed=n))
+            space.remove("%s-fill-%d" % (seq, n))
+        with pytest.raises(kvtier.StaleReference):
+            space.read_refs(refs)
+        forged = kvtier.BlockRef(extent=refs[0].extent, offset=refs[0].offset + 1,
+                                 bytes=refs[0].bytes, generation=refs[0].generation)
+        with pytest.raises((kvtier.StaleReference, kvtier.InvalidArgument)):
+            space.read_refs([forged])
+
+
 def test_cluster_calls_outside_a_cluster(client):
     assert client.cluster() == ("", [])
     with pytest.raises(kvtier.InvalidArgument):  # not a cluster member

@@ -508,6 +508,24 @@ tokens (axis 1: K, then V), dtype numpy_dtype (bfloat16 as uint16, fp8 as uint8 
                ", end=" + std::to_string(s.to) + ")";
       });
 
+  py::class_<BlockRef>(m, "BlockRef", R"doc(
+Names one pool block as a read handle saw it: extent, offset, bytes and the block's generation,
+which changes whenever the block is reused. Space.read_refs reads it back while it is unchanged.
+)doc")
+      .def(py::init([](uint32_t extent, uint64_t offset, uint32_t bytes, uint64_t generation) {
+             return BlockRef{extent, offset, bytes, generation};
+           }),
+           "extent"_a, "offset"_a, "bytes"_a, "generation"_a)
+      .def_readonly("extent", &BlockRef::extent)
+      .def_readonly("offset", &BlockRef::offset)
+      .def_readonly("bytes", &BlockRef::bytes)
+      .def_readonly("generation", &BlockRef::generation)
+      .def("__repr__", [](const BlockRef& r) {
+        return "kvtier.BlockRef(extent=" + std::to_string(r.extent) +
+               ", offset=" + std::to_string(r.offset) + ", bytes=" + std::to_string(r.bytes) +
+               ", generation=" + std::to_string(r.generation) + ")";
+      });
+
   py::class_<ClusterMember>(m, "ClusterMember", "A member of the daemon's cluster.")
       .def_readonly("node_id", &ClusterMember::nodeId)
       .def_readonly("address", &ClusterMember::address, "HOST:PORT of its peer listener.")
@@ -864,6 +882,21 @@ Copies snapshot `snapshot_id` of cluster node `node` to this daemon as a snapsho
 new id); move: the source drops its copy once this daemon holds it. Returns the new Snapshot.
 )doc")
       .def(
+          "read_refs",
+          [](SpaceState& s, const std::vector<BlockRef>& refs) {
+            auto blocks = unwrap(s.call([&](Space& space) { return space.readRefs(refs); }));
+            py::list out;
+            for (const auto& b : blocks) {
+              out.append(py::bytes(reinterpret_cast<const char*>(b.data()), b.size()));
+            }
+            return out;
+          },
+          "refs"_a, R"doc(
+Copies of the sealed blocks named by `refs` (ReadHandle.refs), as bytes, read through the daemon
+whether or not the handle is still held. kvtier.StaleReference once one of them was reused for
+other bytes: never another block's bytes.
+)doc")
+      .def(
           "lookup_keys",
           [](SpaceState& s, py::handle keys, const std::string& bindSeq, bool detached,
              const std::string& remote) {
@@ -913,6 +946,8 @@ After release every method, and numpy() of any of its blocks, raises kvtier.Rele
       .def_property_readonly("first_position", &ReadHandleState::firstPosition,
                              "Sequence position of block(0)'s first token slot.")
       .def_property_readonly("block_count", &ReadHandleState::blockCount)
+      .def_property_readonly("refs", &ReadHandleState::refs,
+                             "The BlockRef of each block (names: they outlive the handle).")
       .def_property_readonly("inline_data", &ReadHandleState::inlineData,
                              "True when the blocks are private copies (a map_pool=False client).")
       .def_property_readonly("closed", [](const ReadHandleState& h) { return !h.open(); })

@@ -19,6 +19,7 @@ memory, valid only while their handle is open; see docs/sdk.md for lifetimes and
 
 from kvtier._kvtier import (
     Block,
+    BlockRef,
     BlockTransfer,
     Client,
     ClusterMember,
@@ -53,6 +54,7 @@ from kvtier.errors import (
 
 __all__ = [
     "Block",
+    "BlockRef",
     "BlockTransfer",
     "BufferInUse",
     "ChecksumMismatch",
