@@ -219,35 +219,29 @@ size_t LruCache::access(std::span<const uint64_t> ids) {
   return hits;
 }
 
-uint64_t beladyHitBlocks(std::span<const TraceRequest> trace, uint64_t capacity) {
-  // An id's next use, as one number ordered farthest last: the next request that holds it, then
-  // its position there — among ids that the same request needs next, the deepest goes first,
-  // since that request's lookup stops at the first id missing from its prefix.
+OfflineOptimum::OfflineOptimum(std::span<const TraceRequest> trace)
+    : trace_(trace), nextUse_(trace.size()) {
   const uint64_t never = uint64_t{trace.size()} << 32;
-  const auto use = [](size_t request, size_t position) {
-    return (uint64_t{request} << 32) | uint64_t{position};
-  };
-  // nextUse[r][j]: the next use after request r of request r's id j.
-  std::vector<std::vector<uint64_t>> nextUse(trace.size());
   std::unordered_map<uint64_t, uint64_t> later;
   for (size_t r = trace.size(); r-- > 0;) {
     const auto& ids = trace[r].hashIds;
-    nextUse[r].resize(ids.size());
+    nextUse_[r].resize(ids.size());
     for (size_t j = 0; j < ids.size(); ++j) {
       auto it = later.find(ids[j]);
-      nextUse[r][j] = it == later.end() ? never : it->second;
+      nextUse_[r][j] = it == later.end() ? never : it->second;
     }
-    for (size_t j = ids.size(); j-- > 0;) later[ids[j]] = use(r, j);
+    for (size_t j = ids.size(); j-- > 0;) later[ids[j]] = (uint64_t{r} << 32) | uint64_t{j};
   }
-  later.clear();
+}
 
+uint64_t OfflineOptimum::hitBlocks(uint64_t capacity) const {
   // The cache: each id's next use, and the ids ordered by it (farthest last).
   std::unordered_map<uint64_t, uint64_t> nextOf;
   std::set<std::pair<uint64_t, uint64_t>> byNext;
   std::unordered_set<uint64_t> current;
   uint64_t hits = 0;
-  for (size_t r = 0; r < trace.size(); ++r) {
-    const auto& ids = trace[r].hashIds;
+  for (size_t r = 0; r < trace_.size(); ++r) {
+    const auto& ids = trace_[r].hashIds;
     size_t hit = 0;
     while (hit < ids.size() && nextOf.count(ids[hit])) ++hit;
     hits += hit;
@@ -259,7 +253,7 @@ uint64_t beladyHitBlocks(std::span<const TraceRequest> trace, uint64_t capacity)
       auto it = nextOf.find(ids[j]);
       if (it == nextOf.end()) continue;
       byNext.erase({it->second, ids[j]});
-      it->second = nextUse[r][j];
+      it->second = nextUse_[r][j];
       byNext.emplace(it->second, ids[j]);
     }
     for (size_t j = 0; j < ids.size(); ++j) {
@@ -271,11 +265,15 @@ uint64_t beladyHitBlocks(std::span<const TraceRequest> trace, uint64_t capacity)
         nextOf.erase(victim->second);
         byNext.erase(std::next(victim).base());
       }
-      nextOf.emplace(ids[j], nextUse[r][j]);
-      byNext.emplace(nextUse[r][j], ids[j]);
+      nextOf.emplace(ids[j], nextUse_[r][j]);
+      byNext.emplace(nextUse_[r][j], ids[j]);
     }
   }
   return hits;
+}
+
+uint64_t beladyHitBlocks(std::span<const TraceRequest> trace, uint64_t capacity) {
+  return OfflineOptimum(trace).hitBlocks(capacity);
 }
 
 size_t clusterModelAccess(std::vector<LruCache>& nodes, size_t at, std::span<const uint64_t> ids,
@@ -474,11 +472,12 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
   run.distinctBlocks = seen.size();
   run.lookupMs = percentiles(std::move(lookupMs));
   run.requestMs = percentiles(std::move(requestMs));
+  const OfflineOptimum optimum(trace);  // the next uses, found once for every capacity
   for (size_t c = 0; c < curve.size(); ++c) {
     run.idealCurve.emplace_back(curve[c].capacity(), curveHits[c]);
-    run.optCurve.emplace_back(curve[c].capacity(), beladyHitBlocks(trace, curve[c].capacity()));
+    run.optCurve.emplace_back(curve[c].capacity(), optimum.hitBlocks(curve[c].capacity()));
   }
-  run.optHitBlocks = beladyHitBlocks(trace, run.capacityBlocks * n);
+  run.optHitBlocks = optimum.hitBlocks(run.capacityBlocks * n);
 
   // Counters over the run. In a cluster, wait (bounded) until every node has published what it
   // holds, so that held copies and distinct keys are counted on a settled directory.

@@ -100,9 +100,23 @@ size_t clusterModelAccess(std::vector<LruCache>& nodes, size_t at, std::span<con
 // Belady's MIN, the offline optimum, over the request model of LruCache::access: the hit is the
 // longest cached prefix of a request's ids; then each of its ids enters the cache (no bypass),
 // and one that needs room evicts the cached id whose next request is farthest away — never one of
-// the current request's own. Returns the hit blocks over `trace` with `capacity` blocks.
-// O(blocks log capacity) time, O(blocks) memory (each block's next request, found in a backward
-// pass first).
+// the current request's own. Among ids the same next request needs, the deepest there goes first
+// (that request's lookup stops at the first id it misses).
+class OfflineOptimum {
+ public:
+  // One backward pass over `trace` (which must outlive this object): each block's next use.
+  explicit OfflineOptimum(std::span<const TraceRequest> trace);
+  // The hit blocks over the trace with `capacity` blocks. O(blocks log capacity).
+  uint64_t hitBlocks(uint64_t capacity) const;
+
+ private:
+  std::span<const TraceRequest> trace_;
+  // nextUse_[r][j]: the next use of request r's id j, (request << 32) | position, ordered
+  // farthest last; never used again: trace.size() << 32.
+  std::vector<std::vector<uint64_t>> nextUse_;
+};
+
+// OfflineOptimum(trace).hitBlocks(capacity).
 uint64_t beladyHitBlocks(std::span<const TraceRequest> trace, uint64_t capacity);
 
 struct ReplayOptions {
