@@ -305,18 +305,38 @@ std::shared_ptr<SpaceState> openSpace(const std::shared_ptr<ClientState>& client
   return space;
 }
 
+// The bytes of a bytes-like object (bytes, bytearray, memoryview, a NumPy array), exported while
+// this lives. TypeError for text or an object without the buffer protocol, INVALID_ARGUMENT when
+// the bytes are not C-contiguous; `name` names the argument in both.
+class BytesLike {
+ public:
+  BytesLike(py::handle obj, const char* name) : export_(checked(obj, name)) {
+    if (!PyBuffer_IsContiguous(&export_.view(), 'C')) {
+      throwError(ErrorCode::kInvalidArgument, name, " must be C-contiguous");
+    }
+  }
+  const void* data() const { return export_.view().buf; }
+  size_t size() const { return static_cast<size_t>(export_.view().len); }
+
+ private:
+  static py::handle checked(py::handle obj, const char* name) {
+    if (!PyObject_CheckBuffer(obj.ptr()) || PyUnicode_Check(obj.ptr())) {
+      throw py::type_error(std::string(name) + " must be a bytes-like object, not " +
+                           typeName(obj));
+    }
+    return obj;
+  }
+  BufferExport export_;
+};
+
 // A 16-byte key (bytes, bytearray or any 16-byte C-contiguous buffer).
 Key128 keyFrom(py::handle obj) {
-  if (!PyObject_CheckBuffer(obj.ptr()) || PyUnicode_Check(obj.ptr())) {
-    throw py::type_error("a key is 16 bytes, not " + typeName(obj));
-  }
-  BufferExport buffer(obj);
-  const Py_buffer& v = buffer.view();
-  if (!PyBuffer_IsContiguous(&v, 'C') || v.len != 16) {
-    throwError(ErrorCode::kInvalidArgument, "a key is 16 contiguous bytes, got ", v.len);
+  BytesLike bytes(obj, "a key");
+  if (bytes.size() != 16) {
+    throwError(ErrorCode::kInvalidArgument, "a key is 16 bytes, got ", bytes.size());
   }
   Key128 key;
-  std::memcpy(key.bytes.data(), v.buf, 16);
+  std::memcpy(key.bytes.data(), bytes.data(), 16);
   return key;
 }
 
@@ -815,16 +835,9 @@ sequence with checkpoints rewinds only to one of them).
       .def(
           "put_checkpoint",
           [](SpaceState& s, const std::string& seq, uint64_t pos, py::handle state) {
-            if (!PyObject_CheckBuffer(state.ptr()) || PyUnicode_Check(state.ptr())) {
-              throw py::type_error("state must be a bytes-like object, not " + typeName(state));
-            }
-            BufferExport buffer(state);
-            const Py_buffer& v = buffer.view();
-            if (!PyBuffer_IsContiguous(&v, 'C')) {
-              throwError(ErrorCode::kInvalidArgument, "state must be C-contiguous");
-            }
+            const BytesLike bytes(state, "state");
             unwrap(s.call([&](Space& space) {
-              return space.putCheckpoint(seq, pos, v.buf, static_cast<size_t>(v.len));
+              return space.putCheckpoint(seq, pos, bytes.data(), bytes.size());
             }));
           },
           "seq"_a, "pos"_a, "state"_a, R"doc(
@@ -917,15 +930,8 @@ keys, one per block (bytes objects), as a ReadHandle.
   m.def(
       "content_key",
       [](py::handle data) {
-        if (!PyObject_CheckBuffer(data.ptr()) || PyUnicode_Check(data.ptr())) {
-          throw py::type_error("data must be a bytes-like object, not " + typeName(data));
-        }
-        BufferExport buffer(data);
-        const Py_buffer& v = buffer.view();
-        if (!PyBuffer_IsContiguous(&v, 'C')) {
-          throwError(ErrorCode::kInvalidArgument, "data must be C-contiguous");
-        }
-        return keyBytes(contentKey(v.buf, static_cast<size_t>(v.len)));
+        const BytesLike bytes(data, "data");
+        return keyBytes(contentKey(bytes.data(), bytes.size()));
       },
       "data"_a,
       "SHA-256 of a bytes-like object truncated to 16 bytes: a content key for entries.");
