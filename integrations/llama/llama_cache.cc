@@ -107,8 +107,8 @@ struct PrefixCache::Impl {
   std::thread::id owner;
 
   std::unique_ptr<Client> client;
-  std::unique_ptr<Space> space;
-  Clock::time_point lastAttempt{};
+  std::unique_ptr<Space> space;  // borrows client: declared after it, destroyed before it
+  Clock::time_point lastAttempt{};  // of a connection, or when the daemon went away
   bool everConnected = false;
   std::string helperSeq;  // the sequence stores write through (storeImpl)
   CacheStats stats;
@@ -162,7 +162,9 @@ struct PrefixCache::Impl {
   bool connected() {
     if (space) return true;
     auto now = Clock::now();
-    if (everConnected && now - lastAttempt < kReconnectInterval) return false;
+    if (lastAttempt != Clock::time_point{} && now - lastAttempt < kReconnectInterval) {
+      return false;
+    }
     lastAttempt = now;
     ClientOptions co;
     co.socketPath = options.socketPath;
@@ -384,12 +386,7 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::open(llama_context* ctx,
 
 PrefixCache::PrefixCache(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-PrefixCache::~PrefixCache() {
-  if (impl_) {
-    impl_->space.reset();
-    impl_->client.reset();
-  }
-}
+PrefixCache::~PrefixCache() = default;
 
 const Layout& PrefixCache::layout() const { return impl_->layout; }
 const CacheStats& PrefixCache::stats() const { return impl_->stats; }
