@@ -230,6 +230,15 @@ struct Space::Impl {
 // ---------------------------------------------------------------------------------------------
 // Leases
 
+// The checksums a write took of granted blocks as it copied them (kernels/block_sum.h), by block.
+struct BlockSums {
+  std::vector<uint64_t> sum;
+  std::vector<uint8_t> fused;  // sum[i] holds block i's bytes as the last write left them
+  void forget(size_t first, size_t end) {  // blocks written some other way since
+    for (size_t i = first; i < end && i < fused.size(); ++i) fused[i] = 0;
+  }
+};
+
 struct LeaseState {
   Client::Impl* client = nullptr;
   kj::Maybe<capnp::Capability::Client> cap;
@@ -238,6 +247,7 @@ struct LeaseState {
   std::shared_ptr<ClientLane> lane;
   uint64_t laneLease = 0;
   bool laneWrite = false;
+  BlockSums sums;  // a write lease's: what its writes fused
   ~LeaseState() {
     if (lane && laneLease != 0) {
       if (laneWrite) {
@@ -313,9 +323,18 @@ class WireText {
 };
 
 // Writes packed KV of positions [from, to) into granted pool blocks (views[0] starts at
-// firstPosition). NOT_SUPPORTED for a block in GPU memory (no host view).
+// firstPosition). NOT_SUPPORTED for a block in GPU memory (no host view). A block the write
+// covers whole is copied with its checksum fused in (kept in `sums`); a block written in part
+// loses the checksum `sums` had for it.
 Status writeIntoViews(const Layout& layout, std::span<const std::span<uint8_t>> views,
-                      uint64_t firstPosition, uint64_t from, uint64_t to, const void* kv);
+                      uint64_t firstPosition, uint64_t from, uint64_t to, const void* kv,
+                      BlockSums& sums);
+// The checksums a commit carries (Engine::commit): one per block a grant ending at `end` fills,
+// the fused one where `sums` has it, else taken from the block's bytes in the pool (a block
+// completed by an append, or written through WriteHandle::block or a paged copy). Empty when a
+// block has no host view (GPU memory): the daemon takes them then.
+std::vector<uint64_t> commitSums(const Layout& layout, std::span<const std::span<uint8_t>> views,
+                                 uint64_t firstPosition, uint64_t end, const BlockSums& sums);
 
 // INVALID_ARGUMENT unless positions [from, to) lie within a handle's [begin, end). `what` names
 // the call, `holds` what the handle has ("held", "granted").

@@ -1,8 +1,11 @@
 // Read and write handles: a lease on pool blocks, released with the handle; and blob handles.
 
-#include "client/client_internal.h"
-
+#include <atomic>
 #include <cstring>
+
+#include "client/bench_hooks.h"
+#include "client/client_internal.h"
+#include "kernels/block_sum.h"
 
 namespace kvtier {
 
@@ -49,11 +52,20 @@ Status ReadHandle::copyTo(uint64_t from, uint64_t to, void* out, size_t bytes) c
   return {};
 }
 
+namespace {
+std::atomic<bool> gWriterChecksums{true};  // bench_hooks::setWriterChecksums
+}  // namespace
+
+void bench_hooks::setWriterChecksums(bool enabled) { gWriterChecksums = enabled; }
+
 Status writeIntoViews(const Layout& layout, std::span<const std::span<uint8_t>> views,
-                      uint64_t firstPosition, uint64_t from, uint64_t to, const void* kv) {
+                      uint64_t firstPosition, uint64_t from, uint64_t to, const void* kv,
+                      BlockSums& sums) {
   const uint32_t bt = layout.blockTokens;
   const auto g = geometry(layout);
   const auto* packed = static_cast<const uint8_t*>(kv);
+  sums.sum.resize(views.size());
+  sums.fused.resize(views.size());
   for (uint64_t pos = from; pos < to;) {
     const uint64_t block = (pos - firstPosition) / bt;
     const uint32_t slot = static_cast<uint32_t>((pos - firstPosition) % bt);
@@ -62,10 +74,35 @@ Status writeIntoViews(const Layout& layout, std::span<const std::span<uint8_t>> 
       return makeError(ErrorCode::kNotSupported,
                        "block is in GPU memory: write it with Space::putPaged");
     }
-    kernels::unpackSlots(g, views[block].data(), slot, n, packed, to - from, pos - from);
+    if (n == bt && gWriterChecksums.load(std::memory_order_relaxed)) {
+      sums.sum[block] =
+          kernels::unpackBlockSummed(g, views[block].data(), packed, to - from, pos - from);
+      sums.fused[block] = 1;
+    } else {
+      kernels::unpackSlots(g, views[block].data(), slot, n, packed, to - from, pos - from);
+      sums.fused[block] = 0;
+    }
     pos += n;
   }
   return {};
+}
+
+std::vector<uint64_t> commitSums(const Layout& layout, std::span<const std::span<uint8_t>> views,
+                                 uint64_t firstPosition, uint64_t end, const BlockSums& sums) {
+  const uint64_t filled = end / layout.blockTokens - firstPosition / layout.blockTokens;
+  std::vector<uint64_t> out;
+  if (filled > views.size()) return out;
+  for (size_t i = 0; i < filled; ++i) {
+    if (!views[i].data()) return {};
+  }
+  if (!gWriterChecksums.load(std::memory_order_relaxed)) return std::vector<uint64_t>(filled, 0);
+  out.reserve(filled);
+  for (size_t i = 0; i < filled; ++i) {
+    const bool fused = i < sums.fused.size() && sums.fused[i];
+    out.push_back(fused ? sums.sum[i]
+                        : kernels::blockChecksum(views[i].data(), layout.blockBytes()));
+  }
+  return out;
 }
 
 WriteHandle::WriteHandle(Space* space, std::unique_ptr<LeaseState> lease) noexcept
@@ -73,6 +110,13 @@ WriteHandle::WriteHandle(Space* space, std::unique_ptr<LeaseState> lease) noexce
 WriteHandle::WriteHandle(WriteHandle&&) noexcept = default;
 WriteHandle& WriteHandle::operator=(WriteHandle&&) noexcept = default;
 WriteHandle::~WriteHandle() = default;
+
+std::span<uint8_t> WriteHandle::block(size_t i) const {
+  if (i >= views_.size()) return {};
+  // Bytes written through the view are the caller's: the commit takes their checksum from them.
+  if (lease_) lease_->sums.forget(i, i + 1);
+  return views_[i];
+}
 
 Status WriteHandle::write(uint64_t from, uint64_t to, const void* kv, size_t bytes) {
   if (!lease_) return makeError(ErrorCode::kReleased, "write handle was committed or aborted");
@@ -84,7 +128,7 @@ Status WriteHandle::write(uint64_t from, uint64_t to, const void* kv, size_t byt
   }
   // A lease the fast lane granted always has views: the lane serves clients that map the pool.
   if (!views_.empty() || lease_->lane) {
-    return writeIntoViews(layout, views_, firstPosition_, from, to, kv);
+    return writeIntoViews(layout, views_, firstPosition_, from, to, kv, lease_->sums);
   }
   const uint32_t bt = layout.blockTokens;
   const auto g = geometry(layout);
@@ -117,8 +161,11 @@ Status WriteHandle::write(uint64_t from, uint64_t to, const void* kv, size_t byt
 Result<CommitInfo> WriteHandle::commit(uint64_t upTo) {
   if (!lease_) return makeError(ErrorCode::kReleased, "write handle was committed or aborted");
   Result<CommitInfo> result = makeError(ErrorCode::kInternal, "commit not sent");
+  // Taken by the writer: fused into write()'s copies, or read from the blocks it wrote otherwise.
+  const std::vector<uint64_t> sums =
+      commitSums(space_->layout(), views_, firstPosition_, end_, lease_->sums);
   if (lease_->lane) {
-    auto r = lease_->lane->commit(lease_->laneLease, upTo);
+    auto r = lease_->lane->commit(lease_->laneLease, upTo, sums);
     if (r) {
       result = CommitInfo{r->length, r->sealedBlocks};
     } else {
@@ -128,6 +175,8 @@ Result<CommitInfo> WriteHandle::commit(uint64_t upTo) {
     result = lease_->client->run([&] {
       auto req = KJ_ASSERT_NONNULL(lease_->cap).castAs<rpc::WriteLease>().commitRequest();
       req.setUpTo(upTo);
+      auto list = req.initSums(static_cast<unsigned>(sums.size()));
+      for (size_t i = 0; i < sums.size(); ++i) list.set(static_cast<unsigned>(i), sums[i]);
       return req.send().then([](capnp::Response<rpc::WriteLease::CommitResults>&& r) {
         return CommitInfo{r.getLength(), r.getSealedBlocks()};
       });

@@ -240,7 +240,8 @@ std::optional<Result<lane::PutReply>> ClientLane::put(const lane::PutArgs& args)
       lane::decodePutReply);
 }
 
-Result<lane::CommitReply> ClientLane::commit(uint64_t lease, uint64_t upTo) {
+Result<lane::CommitReply> ClientLane::commit(uint64_t lease, uint64_t upTo,
+                                             std::span<const uint64_t> sums) {
   std::optional<Result<lane::CommitReply>> answer;
   {
     std::unique_lock lock(mutex_);
@@ -248,7 +249,7 @@ Result<lane::CommitReply> ClientLane::commit(uint64_t lease, uint64_t upTo) {
       answer = exchange<lane::CommitReply>(
           lane::kCommit,
           [&](std::vector<uint8_t>& out, uint64_t id) {
-            lane::appendCommit(out, id, {lease, upTo});
+            lane::appendCommit(out, id, {lease, upTo, {sums.begin(), sums.end()}});
           },
           lane::decodeCommitReply);
     }
@@ -272,7 +273,7 @@ std::optional<std::vector<Result<lane::CommitReply>>> ClientLane::putMany(
   {
     std::unique_lock lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock() || !usable()) return std::nullopt;
-    std::vector<uint64_t> putIds(n, 0), commitIds(n, 0);
+    std::vector<uint64_t> putIds(n, 0), commitIds(n, 0), sums;
     std::vector<uint8_t> out;
     appendPendingReleases(out);
     const auto sendPut = [&](size_t i) {
@@ -316,14 +317,15 @@ std::optional<std::vector<Result<lane::CommitReply>>> ClientLane::putMany(
       }
       if (!*grant) {
         results[i] = grant->error();
-      } else if (Status written = write(i, grant->value()); !written) {
+      } else if (Status written = write(i, grant->value(), sums); !written) {
         const uint64_t lease = grant->value().lease;
         lane::appendAbort(out, std::span(&lease, 1));
         sentOneWay();
         results[i] = written.error();
       } else {
         commitIds[i] = nextId_++;
-        lane::appendCommit(out, commitIds[i], {grant->value().lease, ~uint64_t{0}});
+        lane::appendCommit(out, commitIds[i],
+                           {grant->value().lease, ~uint64_t{0}, std::move(sums)});
       }
       if (!(alive = flush())) break;
       if (i + 1 < n && !overlap) {

@@ -48,14 +48,17 @@ class ClientLane {
   std::optional<Result<lane::PutReply>> put(const lane::PutArgs& args);
   // Commits a write lease put() granted. The lease lives on the lane, so this waits for a call
   // another thread has under way; UNAVAILABLE when the lane has ended (the lease with it).
-  Result<lane::CommitReply> commit(uint64_t lease, uint64_t upTo);
+  // `sums`: the writer's block checksums (Engine::commit).
+  Result<lane::CommitReply> commit(uint64_t lease, uint64_t upTo, std::span<const uint64_t> sums);
   // Several puts with their commits, pipelined: the next item's PUT goes out before this item's
   // bytes are written (`write` writes them into the grant), so the daemon grants it meanwhile —
   // unless it names the same sequence, whose put must follow this commit. Commits are read as
   // they come. One result per item: the commit's answer, the grant's error, `write`'s error (the
   // lease is then aborted), or UNAVAILABLE for items the lane ended before. Nothing when the lane
   // cannot take the batch now, as for lookup.
-  using WriteGrant = std::function<Status(size_t item, const lane::PutReply& grant)>;
+  // `write` also gives the checksums the item's commit carries (Engine::commit).
+  using WriteGrant =
+      std::function<Status(size_t item, const lane::PutReply& grant, std::vector<uint64_t>& sums)>;
   std::optional<std::vector<Result<lane::CommitReply>>> putMany(
       std::span<const lane::PutArgs> items, const WriteGrant& write);
   // Releases a lease a lookup over the lane granted (any thread; does not wait for the daemon).

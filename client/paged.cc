@@ -92,6 +92,10 @@ Status Space::scatterTo(const WriteHandle& handle, uint64_t from, uint64_t to,
   if (auto s = checkRange("scatter", "granted", from, to, handle.begin_, handle.end_); !s) {
     return s;
   }
+  // Written by the paged copy: the commit takes these blocks' checksums from their bytes.
+  const uint32_t bt = layout_.blockTokens;
+  handle.lease_->sums.forget((from - handle.firstPosition_) / bt,
+                             (to - handle.firstPosition_ + bt - 1) / bt);
   return pagedCopy(true, handle.refs_, handle.firstPosition_, from, to, cache, blockTable, stream);
 }
 

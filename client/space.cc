@@ -117,17 +117,26 @@ std::vector<Result<CommitInfo>> Space::putMany(std::span<const PutItem> items) {
   std::optional<std::vector<Result<lane::CommitReply>>> batch;
   if (ClientLane* lane = client->laneHere(); lane && impl_->lane != 0 && !sent.empty()) {
     std::vector<std::span<uint8_t>> views;
-    batch = lane->putMany(args, [&](size_t k, const lane::PutReply& grant) -> Status {
-      views.clear();
-      for (const auto& b : grant.blocks) {
-        auto v = client->grantedView(refFrom(b));
-        if (!v) return v.error();
-        views.push_back(*v);
-      }
-      const PutItem& it = items[sent[k]];
-      return writeIntoViews(layout_, views, grant.firstPosition, it.begin,
-                            it.begin + it.tokens.size(), it.kv);
-    });
+    BlockSums fused;
+    batch = lane->putMany(
+        args, [&](size_t k, const lane::PutReply& grant, std::vector<uint64_t>& sums) -> Status {
+          views.clear();
+          for (const auto& b : grant.blocks) {
+            auto v = client->grantedView(refFrom(b));
+            if (!v) return v.error();
+            views.push_back(*v);
+          }
+          const PutItem& it = items[sent[k]];
+          const uint64_t end = it.begin + it.tokens.size();
+          fused = {};
+          if (auto s =
+                  writeIntoViews(layout_, views, grant.firstPosition, it.begin, end, it.kv, fused);
+              !s) {
+            return s;
+          }
+          sums = commitSums(layout_, views, grant.firstPosition, end, fused);
+          return {};
+        });
   }
   for (size_t k = 0; k < sent.size(); ++k) {
     const PutItem& it = items[sent[k]];

@@ -31,9 +31,7 @@ std::string loadKey(SpaceId space, SnapshotId id) {
 // that is gone, counts as a failure: whatever waits on it still finishes and unpins.
 template <typename F>
 kj::Promise<bool> attempt(WorkerThread& worker, F&& job) {
-  return worker.run(kj::fwd<F>(job)).catch_([](kj::Exception&&) {
-    return false;
-  });
+  return worker.run(kj::fwd<F>(job)).catch_([](kj::Exception&&) { return false; });
 }
 
 }  // namespace
@@ -89,8 +87,8 @@ void ColdService::kickSpill() {
   std::vector<ColdRecord> records;
   for (const auto& item : batch) {
     const uint8_t* data = engine_.memory().extentBase(item.location.extent) + item.location.offset;
-    records.push_back(
-        ColdRecord{ColdKey{item.fingerprint, item.salt, item.key}, data, item.location.bytes});
+    records.push_back(ColdRecord{ColdKey{item.fingerprint, item.salt, item.key}, data,
+                                 item.location.bytes, item.checksum});
   }
   // The blocks stay pinned until spillFinished: the worker reads them in place.
   auto written = attempt(
@@ -179,26 +177,34 @@ kj::Promise<void> ColdService::promoteBatch(SpaceId space, std::vector<Key128> k
   std::erase_if(tickets, [](const PromoteTicket& t) { return t.block == kNoBlock; });
   if (!tickets.empty()) {
     std::vector<ColdTier::Read> reads;
-    for (const PromoteTicket& t : tickets) {
+    // The checksum each record was verified against: the promoted block's own from here.
+    auto sums = std::make_shared<std::vector<uint64_t>>(tickets.size());
+    for (size_t i = 0; i < tickets.size(); ++i) {
+      const PromoteTicket& t = tickets[i];
       const SpaceInfo& sp = engine_.space(space);
       reads.push_back({ColdKey{sp.fingerprint, sp.salt, t.key},
                        engine_.memory().extentBase(t.location.extent) + t.location.offset,
-                       t.location.bytes});
+                       t.location.bytes, &(*sums)[i]});
     }
-    auto read = reader_->run([this, reads = std::move(reads)]() {
-                  // Missing, corrupt or of the wrong size: a miss (the lookup stops there).
-                  std::vector<Status> got = tier_->getManyInto(reads);
-                  std::vector<uint8_t> ok(got.size());
-                  for (size_t i = 0; i < got.size(); ++i) ok[i] = got[i].ok();
-                  return ok;
-                }).catch_([n = tickets.size()](kj::Exception&&) {
-      return std::vector<uint8_t>(n, 0);  // the worker is gone: all misses
-    });
+    auto read = reader_
+                    ->run([this, reads = std::move(reads), sums]() {
+                      // Missing, corrupt or of the wrong size: a miss (the lookup stops there).
+                      std::vector<Status> got = tier_->getManyInto(reads);
+                      std::vector<uint8_t> ok(got.size());
+                      for (size_t i = 0; i < got.size(); ++i) ok[i] = got[i].ok();
+                      return ok;
+                    })
+                    .catch_([n = tickets.size()](kj::Exception&&) {
+                      return std::vector<uint8_t>(n, 0);  // the worker is gone: all misses
+                    });
     // The service owns one branch, so the reads always finish (and unpin their blocks) even when
     // every lookup waiting for them is cancelled; that branch, not the reads themselves, forgets
     // the entries, so no fork is destroyed while it runs.
-    auto done = read.then([this, tickets](std::vector<uint8_t> ok) {
-      for (size_t i = 0; i < tickets.size(); ++i) engine_.finishPromote(tickets[i], ok[i] != 0);
+    auto done = read.then([this, tickets, sums](std::vector<uint8_t> ok) mutable {
+      for (size_t i = 0; i < tickets.size(); ++i) {
+        if (ok[i]) tickets[i].checksum = (*sums)[i];
+        engine_.finishPromote(tickets[i], ok[i] != 0);
+      }
     });
     auto forked = done.fork();
     pending.add(forked.addBranch());
@@ -251,7 +257,7 @@ void ColdService::flushAll(kj::WaitScope& waitScope) {
       records.push_back(
           ColdRecord{ColdKey{item.fingerprint, item.salt, item.key},
                      engine_.memory().extentBase(item.location.extent) + item.location.offset,
-                     item.location.bytes});
+                     item.location.bytes, item.checksum});
     }
     const bool ok = tier_->putBatch(records).ok();
     engine_.finishSpill(std::span(items).subspan(start, end - start), ok);
@@ -307,10 +313,10 @@ ColdService::SnapshotBatch ColdService::snapshotPuts(const std::vector<SnapshotW
     SnapshotPut put{&w.manifest, {}, {}};
     for (const auto& b : w.sealed) {
       put.sealed.push_back(ColdRecord{ColdKey{w.manifest.fingerprint, w.manifest.salt, b.key},
-                                      at(b.location, b.bytes), b.bytes});
+                                      at(b.location, b.bytes), b.bytes, b.checksum});
     }
     for (const auto& b : w.own) {
-      put.own.push_back(SnapshotRecord{b.slot, at(b.location, b.bytes), b.bytes});
+      put.own.push_back(SnapshotRecord{b.slot, at(b.location, b.bytes), b.bytes, b.checksum});
     }
     batch.puts.push_back(std::move(put));
   }
@@ -476,16 +482,17 @@ kj::Promise<void> ColdService::loadBlocks(SpaceId space, SnapshotKey key,
                        r.sealed, ColdKey{key.fingerprint, key.salt, r.key}, r.slot});
   }
   struct Outcome {
-    std::vector<uint8_t> ok;  // per read
+    std::vector<uint8_t> ok;     // per read
+    std::vector<uint64_t> sums;  // per read of a sealed block: the checksum it was verified against
     ErrorCode code = ErrorCode::kOk;
     std::string message = {};
   };
   // The fresh blocks stay pinned until finishSnapshotLoad: the worker writes them in place.
   auto read = reader_->run([this, key, jobs = std::move(jobs)]() {
-    Outcome out{std::vector<uint8_t>(jobs.size(), 0)};
+    Outcome out{std::vector<uint8_t>(jobs.size(), 0), std::vector<uint64_t>(jobs.size(), 0)};
     for (size_t i = 0; i < jobs.size(); ++i) {
       const Job& j = jobs[i];
-      const Status s = j.sealed ? tier_->getInto(j.block, j.dest, j.bytes)
+      const Status s = j.sealed ? tier_->getInto(j.block, j.dest, j.bytes, &out.sums[i])
                                 : tier_->getSnapshotRecordInto(key, j.slot, j.dest, j.bytes);
       if (!s) {
         out.code = s.code();
@@ -499,10 +506,13 @@ kj::Promise<void> ColdService::loadBlocks(SpaceId space, SnapshotKey key,
   // A job that throws (or a worker that is gone) read nothing: the load still finishes and unpins.
   const size_t reads = load->reads.size();
   read = read.catch_([reads](kj::Exception&& e) {
-    return Outcome{std::vector<uint8_t>(reads, 0), ErrorCode::kUnavailable,
-                   e.getDescription().cStr()};
+    return Outcome{std::vector<uint8_t>(reads, 0), std::vector<uint64_t>(reads, 0),
+                   ErrorCode::kUnavailable, e.getDescription().cStr()};
   });
   return read.then([this, key, load](Outcome r) -> kj::Promise<void> {
+    for (size_t i = 0; i < load->reads.size(); ++i) {
+      if (r.ok[i] && load->reads[i].sealed) load->reads[i].checksum = r.sums[i];
+    }
     auto info = engine_.finishSnapshotLoad(*load, r.ok);
     kick();  // blocks read back and not kept are evictable now
     if (r.code == ErrorCode::kUnavailable) {
@@ -522,8 +532,7 @@ kj::Promise<void> ColdService::loadBlocks(SpaceId space, SnapshotKey key,
 
 kj::Promise<void> ColdService::dropBroken(SnapshotKey key, Error why) {
   logWarn("snapshot_dropped", "id=" + std::to_string(key.id) + " reason=\"" + why.message() + "\"");
-  return reader_->run(
-                   [this, key]() { (void)tier_->eraseSnapshot(key, /*broken=*/true); })
+  return reader_->run([this, key]() { (void)tier_->eraseSnapshot(key, /*broken=*/true); })
       .then([why = std::move(why)]() -> kj::Promise<void> { return toKjException(why); });
 }
 

@@ -2,8 +2,8 @@
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
-#include <rocksdb/filter_policy.h>
 #include <rocksdb/env.h>
+#include <rocksdb/filter_policy.h>
 #include <rocksdb/listener.h>
 #include <rocksdb/sst_file_manager.h>
 #include <rocksdb/table.h>
@@ -201,7 +201,7 @@ std::string encodeHeader(const ColdRecord& r) {
   h.setSalt(capnp::Data::Reader(r.key.salt.data(), r.key.salt.size()));
   h.setKey(capnp::Data::Reader(r.key.key.bytes.data(), r.key.key.bytes.size()));
   h.setBytes(r.bytes);
-  h.setChecksum(XXH3_64bits(r.data, r.bytes));
+  h.setChecksum(r.checksum ? *r.checksum : XXH3_64bits(r.data, r.bytes));
   auto words = capnp::messageToFlatArray(message);
   auto header = words.asBytes();
   std::string out(4 + header.size(), '\0');
@@ -213,7 +213,8 @@ std::string encodeHeader(const ColdRecord& r) {
 
 }  // namespace
 
-Result<std::string_view> verifyColdRecord(const ColdKey& key, std::string_view value) {
+Result<std::string_view> verifyColdRecord(const ColdKey& key, std::string_view value,
+                                          uint64_t* checksum) {
   auto corrupt = [](const char* why) { return makeError(ErrorCode::kChecksumMismatch, why); };
   uint32_t headerBytes = 0;
   if (value.size() < 4) return corrupt("record too short");
@@ -244,6 +245,7 @@ Result<std::string_view> verifyColdRecord(const ColdKey& key, std::string_view v
     if (XXH3_64bits(payload.data(), payload.size()) != h.getChecksum()) {
       return corrupt("record bytes fail their checksum");
     }
+    if (checksum) *checksum = h.getChecksum();
     return payload;
   } catch (const kj::Exception&) {
     return corrupt("record header does not parse");
@@ -594,7 +596,8 @@ Status ColdTier::putBatch(std::span<const ColdRecord> records) {
     // jumped across the whole list for each, and the inserts were most of the spill's CPU).
     std::vector<uint32_t> order(keys.size());
     std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) { return keys[a] < keys[b]; });
+    std::sort(order.begin(), order.end(),
+              [&](uint32_t a, uint32_t b) { return keys[a] < keys[b]; });
     for (uint32_t i : order) {
       putRecord(batch, blocks_, keys[i], headers[i], records[i].data, records[i].bytes);
     }
@@ -694,8 +697,7 @@ rocksdb::Status ColdTier::deleteBlockRecord(const std::string& key) {
   return db_->Write(blockWriteOptions(), &batch);
 }
 
-Status ColdTier::readVerified(const ColdKey& key,
-                              const std::function<Status(std::string_view)>& consume) {
+Status ColdTier::readVerified(const ColdKey& key, const Consume& consume) {
   const std::string k = key.encode();
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -715,8 +717,7 @@ Status ColdTier::readVerified(const ColdKey& key,
 }
 
 Status ColdTier::checkRead(const ColdKey& key, const std::string& k, const rocksdb::Status& s,
-                           std::string_view value,
-                           const std::function<Status(std::string_view)>& consume) {
+                           std::string_view value, const Consume& consume) {
   if (s.IsNotFound()) {
     std::lock_guard<std::mutex> lock(mu_);
     forgetLocked(k);
@@ -726,11 +727,12 @@ Status ColdTier::checkRead(const ColdKey& key, const std::string& k, const rocks
   // A passing read error (I/O, busy) is UNAVAILABLE and deletes nothing; corruption RocksDB
   // detected itself, or a failed check, is a miss: the record is dropped.
   if (!s.ok() && !s.IsCorruption()) return unavailable(s, "cold record read failed");
+  uint64_t checksum = 0;
   auto payload = s.ok()
-                     ? verifyColdRecord(key, value)
+                     ? verifyColdRecord(key, value, &checksum)
                      : Result<std::string_view>(makeError(
                            ErrorCode::kChecksumMismatch, "cold record unreadable: ", s.ToString()));
-  Status consumed = payload ? consume(*payload) : Status(payload.error());
+  Status consumed = payload ? consume(*payload, checksum) : Status(payload.error());
   std::lock_guard<std::mutex> lock(mu_);
   if (!payload) {
     forgetLocked(k);
@@ -745,7 +747,7 @@ Status ColdTier::checkRead(const ColdKey& key, const std::string& k, const rocks
 
 Result<std::vector<uint8_t>> ColdTier::get(const ColdKey& key) {
   std::vector<uint8_t> out;
-  auto status = readVerified(key, [&](std::string_view payload) -> Status {
+  auto status = readVerified(key, [&](std::string_view payload, uint64_t) -> Status {
     out.assign(payload.begin(), payload.end());
     return {};
   });
@@ -753,13 +755,14 @@ Result<std::vector<uint8_t>> ColdTier::get(const ColdKey& key) {
   return out;
 }
 
-Status ColdTier::getInto(const ColdKey& key, uint8_t* dest, uint32_t bytes) {
-  return readVerified(key, [&](std::string_view payload) -> Status {
+Status ColdTier::getInto(const ColdKey& key, uint8_t* dest, uint32_t bytes, uint64_t* checksum) {
+  return readVerified(key, [&](std::string_view payload, uint64_t sum) -> Status {
     if (payload.size() != bytes) {
       return makeError(ErrorCode::kInvalidArgument, "cold record has ", payload.size(),
                        " bytes, the block ", bytes);
     }
     std::memcpy(dest, payload.data(), bytes);
+    if (checksum) *checksum = sum;
     return {};
   });
 }
@@ -799,16 +802,17 @@ std::vector<Status> ColdTier::getManyInto(std::span<const Read> reads) {
                 /*sorted_input=*/true);
   for (size_t j = 0; j < wanted.size(); ++j) {
     const Read& r = reads[wanted[j]];
-    out[wanted[j]] = checkRead(
-        r.key, keys[wanted[j]], statuses[j], std::string_view(values[j].data(), values[j].size()),
-        [&](std::string_view payload) -> Status {
-          if (payload.size() != r.bytes) {
-            return makeError(ErrorCode::kInvalidArgument, "cold record has ", payload.size(),
-                             " bytes, the block ", r.bytes);
-          }
-          std::memcpy(r.dest, payload.data(), r.bytes);
-          return {};
-        });
+    out[wanted[j]] = checkRead(r.key, keys[wanted[j]], statuses[j],
+                               std::string_view(values[j].data(), values[j].size()),
+                               [&](std::string_view payload, uint64_t sum) -> Status {
+                                 if (payload.size() != r.bytes) {
+                                   return makeError(ErrorCode::kInvalidArgument, "cold record has ",
+                                                    payload.size(), " bytes, the block ", r.bytes);
+                                 }
+                                 std::memcpy(r.dest, payload.data(), r.bytes);
+                                 if (r.checksum) *r.checksum = sum;
+                                 return {};
+                               });
   }
   return out;
 }
@@ -865,7 +869,7 @@ Status ColdTier::putSnapshots(std::span<const SnapshotPut> puts) {
     }
     for (const auto& r : put.own) {
       const ColdRecord named{ColdKey{m.fingerprint, m.salt, recordName(m.id, r.slot)}, r.data,
-                             r.bytes};
+                             r.bytes, r.checksum};
       records.push_back(
           Encoded{key.recordKey(r.slot), encodeHeader(named), r.data, r.bytes, false});
     }

@@ -24,6 +24,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <span>
 #include <string>
@@ -51,12 +52,17 @@ struct ColdKey {
 // format version, name, size and xxh3. Returns the payload, a view into `value`, or
 // CHECKSUM_MISMATCH saying which check failed. `value` comes from disk: any bytes are answered,
 // none trusted. Thread-safe (pure).
-Result<std::string_view> verifyColdRecord(const ColdKey& key, std::string_view value);
+// On success `checksum`, when given, gets the record's checksum (the payload's, as checked).
+Result<std::string_view> verifyColdRecord(const ColdKey& key, std::string_view value,
+                                          uint64_t* checksum = nullptr);
 
 struct ColdRecord {
   ColdKey key;
   const uint8_t* data = nullptr;  // borrowed: must stay valid (pinned) until the write returns
   uint32_t bytes = 0;
+  // The checksum its writer took, stored in the record as it is (never taken again from bytes
+  // that may have changed since); unset: taken from `data` as the record is written.
+  std::optional<uint64_t> checksum = {};
 };
 
 // A snapshot on disk: (layout fingerprint, tenant salt, snapshot id), so that it outlives the
@@ -79,6 +85,7 @@ struct SnapshotRecord {
   uint32_t slot = 0;
   const uint8_t* data = nullptr;  // borrowed: must stay valid (pinned) until the write returns
   uint32_t bytes = 0;
+  std::optional<uint64_t> checksum = {};  // as ColdRecord's
 };
 
 // One snapshot to write: its manifest, the sealed blocks it names and its own records.
@@ -135,13 +142,15 @@ class ColdTier {
   Result<std::vector<uint8_t>> get(const ColdKey& key);
   // Like get, but checks the record in RocksDB's buffer and copies the payload once, into `dest`
   // (`bytes` long; INVALID_ARGUMENT if the record's size differs).
-  Status getInto(const ColdKey& key, uint8_t* dest, uint32_t bytes);
-  // getInto for each of `reads` (a lookup's promotes), in one RocksDB MultiGet: out[i] is reads[i]'s
-  // status, each as getInto's would be.
+  // `checksum`, when given, gets the record's checksum: the one the bytes were verified against.
+  Status getInto(const ColdKey& key, uint8_t* dest, uint32_t bytes, uint64_t* checksum = nullptr);
+  // getInto for each of `reads` (a lookup's promotes), in one RocksDB MultiGet: out[i] is
+  // reads[i]'s status, each as getInto's would be.
   struct Read {
     ColdKey key;
     uint8_t* dest;
     uint32_t bytes;
+    uint64_t* checksum = nullptr;  // as getInto's
   };
   std::vector<Status> getManyInto(std::span<const Read> reads);
   bool contains(const ColdKey& key) const;  // an in-memory set: cheap
@@ -187,12 +196,13 @@ class ColdTier {
   // Before a write: reopens the database if a write failed before. Requires dbMu_ exclusively.
   Status reopenForWriteLocked();
   // Reads and checks `key`'s record; hands its payload to `consume` while the read is pinned.
-  Status readVerified(const ColdKey& key, const std::function<Status(std::string_view)>& consume);
+  // `consume` gets the verified payload and its checksum.
+  using Consume = std::function<Status(std::string_view payload, uint64_t checksum)>;
+  Status readVerified(const ColdKey& key, const Consume& consume);
   // What readVerified does with RocksDB's answer `s` (`value`) for record `k`. Requires dbMu_
   // (shared).
   Status checkRead(const ColdKey& key, const std::string& k, const rocksdb::Status& s,
-                   std::string_view value,
-                   const std::function<Status(std::string_view)>& consume);
+                   std::string_view value, const Consume& consume);
   void closeDb();
   // At open: the block records' keys and payload sizes from their size entries, reading no record;
   // an error if an entry is damaged.

@@ -212,7 +212,7 @@ void Lane::commit(uint64_t id, const lane::CommitRequest& req) {
                            " is not the lane's: committed, aborted or never granted"),
                  lane::kCommit, id);
   }
-  auto r = site_.engine.commit(req.lease, req.upTo);
+  auto r = site_.engine.commit(req.lease, req.upTo, req.sums);
   // A bad upTo leaves the lease open for another try; anything else ends it.
   if (r || r.code() != ErrorCode::kInvalidArgument) writes_.erase(req.lease);
   if (!r) return reply(r.error(), lane::kCommit, id);

@@ -232,7 +232,10 @@ class WriteLeaseImpl final : public rpc::WriteLease::Server {
   }
 
   kj::Promise<void> commit(CommitContext context) override {
-    auto r = engine_.commit(id_, context.getParams().getUpTo());
+    auto p = context.getParams();
+    std::vector<uint64_t> sums;  // the engine checks their count against the grant
+    for (uint64_t sum : p.getSums()) sums.push_back(sum);
+    auto r = engine_.commit(id_, p.getUpTo(), sums);
     if (!r && r.code() != ErrorCode::kInvalidArgument) id_ = 0;  // the lease ended
     const CommitResult result = orThrow(std::move(r));
     id_ = 0;

@@ -32,7 +32,7 @@ void streamRun(uint8_t* dst, const uint8_t* src, size_t n) {
 #if defined(__x86_64__)
   {
     // Align the destination to 16 bytes, stream the middle, copy the tail.
-    const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
+    const size_t head = std::min(n, (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15);
     std::memcpy(dst, src, head);
     dst += head;
     src += head;
@@ -57,8 +57,7 @@ void streamRun(uint8_t* dst, const uint8_t* src, size_t n) {
 
 // Hot path: no allocation, no syscall.
 void copyRun(uint8_t* dst, const uint8_t* src, size_t n, CopyMethod method) {
-  if (n >= kStreamingThreshold && method == CopyMethod::kStreaming) return streamRun(dst, src, n);
-  std::memcpy(dst, src, n);
+  copyWithMethod(dst, src, n, n >= kStreamingThreshold ? method : CopyMethod::kCached);
 }
 
 // Orders the streaming stores before whatever publishes the bytes (a commit, a return).
@@ -69,6 +68,11 @@ void fence() {
 }
 
 }  // namespace
+
+void copyWithMethod(uint8_t* dst, const uint8_t* src, size_t n, CopyMethod method) {
+  if (method == CopyMethod::kStreaming) return streamRun(dst, src, n);
+  std::memcpy(dst, src, n);
+}
 
 CopyMethod copyMethod(CopyDirection direction) {
   return gMethods[static_cast<int>(direction)].load(std::memory_order_relaxed);

@@ -56,6 +56,10 @@ void chooseCopyMethodsOnce();
 // path: no allocation, no syscall.
 void copyBytes(uint8_t* dst, const uint8_t* src, size_t n, CopyDirection direction);
 void copyFence();
+// Copies `n` bytes (any number) with `method` itself, kStreamingThreshold not applied: for a caller
+// that chose the method for a whole run and copies it in pieces (block_sum.cc's checksummed
+// copies). Streaming stores are ordered by copyFence(). Hot path: no allocation, no syscall.
+void copyWithMethod(uint8_t* dst, const uint8_t* src, size_t n, CopyMethod method);
 
 // Hot path: no allocation, no syscall.
 void packSlots(const BlockGeometry& g, const uint8_t* block, uint32_t firstSlot, uint32_t slots,

@@ -286,8 +286,12 @@ interface WriteLease {
   write @0 (block :UInt32, firstSlot :UInt32, slots :UInt32, data :Data) -> ();
   # Inline write of token slots [firstSlot, firstSlot + slots) of granted block `block`; `data` is
   # laid out [layer][K|V][slot][kvHead][headDim] over those slots.
-  commit @1 (upTo :UInt64 = 0xffffffffffffffff) -> (length :UInt64, sealedBlocks :UInt32);
+  commit @1 (upTo :UInt64 = 0xffffffffffffffff, sums :List(UInt64))
+      -> (length :UInt64, sealedBlocks :UInt32);
   # Makes positions [begin, upTo) visible (upTo = END: all granted). Full blocks are sealed and keyed.
+  # `sums`: the writer's xxh3-64 of each block the put fills to its end, in order (taken as it
+  # copied them in), kept as the checksum every move verifies the block against; empty: the daemon
+  # takes them from the bytes at commit. Any other count is INVALID_ARGUMENT (the lease stays open).
   abort @2 () -> ();
   writeBlob @3 (offset :UInt64, data :Data) -> ();
   # Inline write into a checkpoint or entry lease's blob.

@@ -69,6 +69,7 @@ BlockId BlockPool::carve(uint32_t cls) {
       meta.offset = offset;
       meta.sizeClass = cls;
       blocks_.push_back(meta);
+      sums_.push_back(0);
       classes_[cls].carved++;
       // Extend the extent's last run when this block follows its last one at its stride.
       if (runs_.size() <= extentId) runs_.resize(size_t{extentId} + 1);
@@ -136,6 +137,7 @@ void BlockPool::release(BlockId id) {
   m.onDisk = false;
   m.spilling = false;
   m.replicaSettles = 0;
+  m.summed = false;
   m.nextFree = c.freeHead;
   c.freeHead = id;
   c.used--;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -69,6 +70,9 @@ struct BlockMeta {
   bool spilling : 1 = false;  // being written to the cold tier (pinned meanwhile)
   // The block is in its tenant's eviction order (Engine).
   bool tenantLinked : 1 = false;
+  // The block's checksum (BlockPool::checksum) is set: taken from its writer when it was sealed,
+  // or carried with its bytes from the disk or another node. Cleared when the block is released.
+  bool summed : 1 = false;
 };
 static_assert(sizeof(BlockMeta) == 64);
 
@@ -114,6 +118,15 @@ class BlockPool {
   const BlockMeta& operator[](BlockId id) const { return blocks_[id]; }
   bool valid(BlockId id) const { return id < blocks_.size(); }
   BlockLocation location(BlockId id) const;
+  // The xxh3-64 of a sealed block's bytes, as its writer took it (kept apart from BlockMeta, which
+  // is one cache line). Only meaningful while BlockMeta::summed; release() clears it.
+  void setChecksum(BlockId id, uint64_t sum) {
+    sums_[id] = sum;
+    blocks_[id].summed = true;
+  }
+  std::optional<uint64_t> checksum(BlockId id) const {
+    return blocks_[id].summed ? std::optional<uint64_t>(sums_[id]) : std::nullopt;
+  }
   // The block at (extent, offset), or kNoBlock. O(1).
   BlockId find(uint32_t extent, uint64_t offset) const;
 
@@ -149,6 +162,7 @@ class BlockPool {
   std::vector<Extent> extents_;
   std::vector<SizeClass> classes_;
   std::vector<BlockMeta, HugePageAllocator<BlockMeta>> blocks_;
+  std::vector<uint64_t, HugePageAllocator<uint64_t>> sums_;  // by block: see checksum()
   // Where blocks were carved, for find(): by extent id, runs of blocks of one size carved one
   // after another (consecutive ids at a fixed stride), in offset order. One model per daemon makes
   // one run per extent; this replaced a hash map of every block's location (40 bytes a block).

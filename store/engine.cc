@@ -1,4 +1,5 @@
 #include "store/engine.h"
+#include "store/checksum.h"
 #include "store/engine_util.h"
 
 #include <algorithm>
@@ -399,6 +400,7 @@ BlockId Engine::seal(SpaceId space, Sequence& seq, size_t index, const Key128& k
   const BlockId id = seq.blocks[index];
   const BlockId twin = index_.insert(space, key, id);
   if (twin == kNoBlock) {
+    ensureChecksum(id, spaces_[space].info.blockBytes);
     BlockMeta& m = pool_[id];
     m.state = BlockState::kSealed;
     m.space = space;
@@ -411,6 +413,12 @@ BlockId Engine::seal(SpaceId space, Sequence& seq, size_t index, const Key128& k
   seq.blocks[index] = twin;
   unref(id);
   return twin;
+}
+
+void Engine::ensureChecksum(BlockId id, uint64_t bytes) {
+  const BlockMeta& m = pool_[id];
+  if (m.summed || !memory_.hostAddressable(m.extent)) return;
+  pool_.setChecksum(id, blockChecksum(memory_.blockData(m), bytes));
 }
 
 void Engine::replaceBlocks(Sequence& seq, std::vector<BlockId> blocks) {
@@ -693,7 +701,7 @@ void Engine::finishWrite(LeaseId id, WriteLease& lease) {
   writeLeases_.erase(id);
 }
 
-Result<CommitResult> Engine::commit(LeaseId id, uint64_t upTo) {
+Result<CommitResult> Engine::commit(LeaseId id, uint64_t upTo, std::span<const uint64_t> sums) {
   auto it = writeLeases_.find(id);
   if (it == writeLeases_.end()) {
     return makeError(ErrorCode::kReleased, "write lease ", id, " is not open");
@@ -716,6 +724,16 @@ Result<CommitResult> Engine::commit(LeaseId id, uint64_t upTo) {
   const uint32_t bt = blockTokens(space);
   const uint64_t first = lease.firstPosition / bt;
   const size_t needed = static_cast<size_t>(ceilDiv(upTo - lease.firstPosition, bt));
+  const uint64_t filled = grantEnd / bt - first;  // blocks the grant fills to their end
+  if (!sums.empty() && sums.size() != filled) {
+    return invalid("commit carries ", sums.size(), " block checksums; the grant fills ", filled,
+                   " blocks");
+  }
+  // The writer's checksums, for the blocks the commit fills that are its own (a block reused
+  // from the cache keeps the checksum it has).
+  for (size_t j = 0; j < sums.size() && (first + j + 1) * bt <= upTo; ++j) {
+    if (lease.reused.empty() || !lease.reused[j]) pool_.setChecksum(lease.blocks[j], sums[j]);
+  }
 
   if (upTo == 0) {
     // Replacing from position 0 with nothing: the sequence ends up empty.
@@ -933,6 +951,9 @@ Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<cons
   }
   result.blocks.reserve(blocks.size());
   for (BlockId id : blocks) result.blocks.push_back(pool_.location(id));
+  if (who == LookupFor::kPeer) {
+    for (BlockId id : blocks) result.checksums.push_back(pool_.checksum(id));
+  }
   bytesGot_ += result.matchedTokens * spaces_[space].info.layout.tokenKvBytes();
   result.lease = newReadLease(std::move(blocks));
   return result;

@@ -94,6 +94,8 @@ struct SpillItem {
   uint64_t fingerprint = 0;
   Salt salt{};
   Key128 key;
+  // The block's checksum as its writer took it (written into the record, not computed again).
+  std::optional<uint64_t> checksum = {};
 };
 
 // A block moving between tiers: `from` is copied into the fresh block `to` (both pinned until
@@ -109,6 +111,9 @@ struct PromoteTicket {
   BlockLocation location;
   SpaceId space = 0;
   Key128 key;
+  // Set by the reader before finishPromote: the checksum the bytes were verified against (the
+  // record's, or the one the holder served), kept as the block's own. Unset: computed there.
+  std::optional<uint64_t> checksum = {};
 };
 
 // Bytes a snapshot write reads in place: the first `bytes` of a block pinned until
@@ -118,6 +123,9 @@ struct SnapshotBytes {
   uint32_t bytes = 0;
   Key128 key = {};    // a sealed block: its content key
   uint32_t slot = 0;  // a record of the snapshot's own: its slot (store/snapshot_manifest.h)
+  // The block's (or checkpoint's) checksum from its writer, when it has one (a sealed block, a
+  // checkpoint); unset for a partial block's bytes, whose checksum the move takes itself.
+  std::optional<uint64_t> checksum = {};
 };
 
 // A snapshot to write to the cold tier: its manifest, the sealed blocks it names (written unless
@@ -140,6 +148,8 @@ struct SnapshotRead {
   BlockId block = kNoBlock;  // the engine's: the fresh block read into (pinned meanwhile)
   size_t index = 0;          // the engine's: the manifest block (or checkpoint) it fills
   bool checkpoint = false;   // the engine's
+  // Set by the reader of a sealed block: the checksum its bytes were verified against.
+  std::optional<uint64_t> checksum = {};
 };
 
 // A snapshot held for another node that pulls it: its manifest, and where the bytes of each
@@ -166,6 +176,9 @@ struct LookupResult {
   uint64_t matchedTokens = 0;
   LeaseId lease = 0;  // 0 when nothing matched
   std::vector<BlockLocation> blocks;
+  // For a peer's lookup (LookupFor::kPeer): each block's checksum from its writer, served with
+  // it for the fetcher to verify (unset where the block has none: a GPU block's).
+  std::vector<std::optional<uint64_t>> checksums = {};
 };
 
 struct SpaceInfo {
@@ -258,7 +271,12 @@ class Engine {
   // Makes positions [begin, upTo) visible (kEnd: all granted) and ends the lease. Errors: RELEASED
   // (unknown lease), INVALID_ARGUMENT (upTo outside the grant; the lease stays open), CONFLICT (the
   // sequence changed since the put: the lease ends, the sequence is untouched).
-  Result<CommitResult> commit(LeaseId lease, uint64_t upTo);
+  // `sums`: the writer's xxh3-64 (blockChecksum) of each block the grant fills to its end, in
+  // order (blocks of a commit that ends early take the first ones), kept as the checksum the
+  // block is verified against on every move; empty: the engine takes them itself from the bytes
+  // in host memory (a GPU block gets one when it first reaches host memory). Any other count is
+  // INVALID_ARGUMENT and leaves the lease open, as a bad upTo does.
+  Result<CommitResult> commit(LeaseId lease, uint64_t upTo, std::span<const uint64_t> sums = {});
   // Ends a write lease without a trace. RELEASED if unknown.
   Status abortWrite(LeaseId lease);
   // Writable bytes of granted block `index` of a write lease (for inline writes).
@@ -612,8 +630,8 @@ class Engine {
   const Snapshot* findSnapshot(SpaceId space, SnapshotId id) const;
   // Indexes a block read back from the cold tier as the sealed block `key` of `space`; false
   // when a twin is indexed already (the caller's block is then freed when unpinned).
-  bool indexPromoted(SpaceId space, const Key128& key, BlockId block, bool remote = false,
-                     bool replica = true);
+  bool indexPromoted(SpaceId space, const Key128& key, BlockId block,
+                     std::optional<uint64_t> checksum, bool remote = false, bool replica = true);
   SnapshotInfo infoOf(SnapshotId id, const Snapshot& snap) const;
   Status middleRemove(SpaceId space, Sequence& seq, uint64_t begin, uint64_t end);
   // The manifest of a snapshot and the bytes it names, its blocks pinned (w.pinned).
@@ -648,6 +666,10 @@ class Engine {
   // Seals block `index` of seq (full), keys it after block index-1, and dedups against the index.
   // Returns the block the sequence holds afterwards (the indexed twin if one existed).
   BlockId seal(SpaceId space, Sequence& seq, size_t index, const Key128& key);
+  // Gives a block without a checksum one from its first `bytes` bytes, where the engine can read
+  // them (host memory): the fallback for bytes no writer summed (inline writes, a GPU block on
+  // its way to the host pool, a block whose writer sent none).
+  void ensureChecksum(BlockId id, uint64_t bytes);
   void replaceBlocks(Sequence& seq, std::vector<BlockId> blocks);
   void eraseSeq(SpaceId space, std::string_view name);
   LeaseId newReadLease(std::vector<BlockId> blocks);

@@ -15,7 +15,7 @@ SpillItem Engine::markSpilling(BlockId b) {
   BlockMeta& m = pool_[b];
   m.spilling = true;
   const SpaceInfo& sp = spaces_[m.space].info;
-  return SpillItem{b, pool_.location(b), sp.fingerprint, sp.salt, m.key};
+  return SpillItem{b, pool_.location(b), sp.fingerprint, sp.salt, m.key, pool_.checksum(b)};
 }
 
 std::vector<SpillItem> Engine::takeSpillBatch(size_t max, uint64_t maxBytes, size_t min) {
@@ -137,9 +137,12 @@ Result<std::vector<PromoteTicket>> Engine::beginPromotes(SpaceId space,
   return out;
 }
 
-bool Engine::indexPromoted(SpaceId space, const Key128& key, BlockId block, bool remote,
-                           bool replica) {
+bool Engine::indexPromoted(SpaceId space, const Key128& key, BlockId block,
+                           std::optional<uint64_t> checksum, bool remote, bool replica) {
   if (index_.insert(space, key, block) != kNoBlock) return false;
+  // The checksum the bytes were verified against comes with them.
+  if (checksum) pool_.setChecksum(block, *checksum);
+  ensureChecksum(block, spaces_[space].info.blockBytes);
   BlockMeta& m = pool_[block];
   m.state = BlockState::kSealed;
   m.space = space;
@@ -159,7 +162,9 @@ bool Engine::indexPromoted(SpaceId space, const Key128& key, BlockId block, bool
 
 void Engine::finishPromote(const PromoteTicket& ticket, bool ok, bool remote, bool replica) {
   if (ticket.block == kNoBlock) return;
-  if (ok) (void)indexPromoted(ticket.space, ticket.key, ticket.block, remote, replica);
+  if (ok) {
+    (void)indexPromoted(ticket.space, ticket.key, ticket.block, ticket.checksum, remote, replica);
+  }
   unpin(ticket.block);  // a sealed block becomes evictable; a failed one is freed
 }
 

@@ -373,6 +373,8 @@ Result<BlobGrant> Engine::putEntry(SpaceId space, const Key128& key, uint64_t by
 
 Result<CommitResult> Engine::commitBlob(LeaseId id, WriteLease& lease) {
   const BlockId b = lease.blocks[0];
+  // A blob's checksum is taken at its commit, over its own bytes (it moves with a snapshot).
+  ensureChecksum(b, lease.blobBytes);
   if (lease.kind == LeaseKind::kEntry) {
     auto [it, inserted] =
         entries_.try_emplace(IndexKey{lease.space, lease.entryKey}, Entry{b, lease.blobBytes});

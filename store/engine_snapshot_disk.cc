@@ -81,7 +81,7 @@ SnapshotWrite Engine::describeSnapshot(SnapshotId id, const Snapshot& snap) {
       continue;
     }
     const BlockMeta& meta = pool_[b];
-    SnapshotBytes bytes{pool_.location(b), sp.blockBytes, {}, 0};
+    SnapshotBytes bytes{pool_.location(b), sp.blockBytes, {}, 0, pool_.checksum(b)};
     if (meta.state == BlockState::kSealed && !meta.entry) {
       // Named by its content key: its bytes are (or will be) an ordinary block record.
       m.blocks.push_back(ManifestBlock{ManifestBlock::Kind::kSealed, meta.key});
@@ -98,8 +98,8 @@ SnapshotWrite Engine::describeSnapshot(SnapshotId id, const Snapshot& snap) {
   size_t j = 0;
   for (const auto& [pos, b] : snap.checkpoints) {
     m.checkpoints.push_back(ManifestCheckpoint{pos, pool_[b].blobBytes});
-    w.own.push_back(
-        SnapshotBytes{pool_.location(b), pool_[b].blobBytes, {}, checkpointSlot(j++)});
+    w.own.push_back(SnapshotBytes{
+        pool_.location(b), pool_[b].blobBytes, {}, checkpointSlot(j++), pool_.checksum(b)});
     pin(b);
     w.pinned.push_back(b);
   }
@@ -115,11 +115,20 @@ Result<SnapshotPin> Engine::pinSnapshot(SpaceId space, SnapshotId id) {
   out.manifest = std::move(w.manifest);
   const uint32_t blockBytes = spaces_[space].info.blockBytes;
   for (BlockId b : snap->blocks) {
+    // A partial block has no checksum of its own (its writer may still append): the move takes
+    // one from its bytes.
     out.parts.push_back(b == kNoBlock ? SnapshotBytes{}
-                                      : SnapshotBytes{pool_.location(b), blockBytes, {}, 0});
+                                      : SnapshotBytes{pool_.location(b),
+                                                      blockBytes,
+                                                      {},
+                                                      0,
+                                                      pool_[b].state == BlockState::kSealed
+                                                          ? pool_.checksum(b)
+                                                          : std::nullopt});
   }
   for (const auto& [pos, b] : snap->checkpoints) {
-    out.parts.push_back(SnapshotBytes{pool_.location(b), pool_[b].blobBytes, {}, 0});
+    out.parts.push_back(
+        SnapshotBytes{pool_.location(b), pool_[b].blobBytes, {}, 0, pool_.checksum(b)});
   }
   out.lease = newReadLease(w.pinned);  // pins them once more: the lease holds them from here
   unpinTailFirst(w.pinned);
@@ -279,8 +288,8 @@ Result<SnapshotLoad> Engine::beginSnapshotLoad(SpaceId space, SnapshotManifest m
   return load;
 }
 
-Result<SnapshotInfo> Engine::finishSnapshotLoad(SnapshotLoad& load,
-                                                std::span<const uint8_t> readOk, bool remote) {
+Result<SnapshotInfo> Engine::finishSnapshotLoad(SnapshotLoad& load, std::span<const uint8_t> readOk,
+                                                bool remote) {
   assert(readOk.size() == load.reads.size());
   bool all = true;
   for (size_t r = 0; r < load.reads.size(); ++r) {
@@ -289,7 +298,7 @@ Result<SnapshotInfo> Engine::finishSnapshotLoad(SnapshotLoad& load,
     all = all && ok;
     if (!ok || !read.sealed) continue;
     // A block read back is a cold hit like any promote, whether the snapshot comes back or not.
-    if (!indexPromoted(load.space, read.key, read.block, remote)) {
+    if (!indexPromoted(load.space, read.key, read.block, read.checksum, remote)) {
       // A twin came back meanwhile (a lookup's promote): share it; ours is freed when unpinned.
       const BlockId twin = index_.find(load.space, read.key);
       pin(twin);

@@ -72,6 +72,10 @@ void Engine::finishMoves(std::span<const MoveTicket> tickets, bool copied) {
     dst.space = src.space;
     dst.key = src.key;
     dst.onDisk = src.onDisk;  // a record on disk still holds these bytes
+    // The checksum travels with the bytes; a GPU block that had none gets one as it reaches
+    // host memory.
+    if (const auto sum = pool_.checksum(t.from)) pool_.setChecksum(t.to, *sum);
+    ensureChecksum(t.to, spaces_[src.space].info.blockBytes);
     pool_.setTenant(t.to, spaces_[src.space].info.tenant);  // host blocks only: GPU ones are not
     index_.replace(src.space, src.key, t.to);
     (pool_.tierOf(t.to) == 0 ? gpuDemoted_ : gpuPromoted_)++;

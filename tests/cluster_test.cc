@@ -270,7 +270,8 @@ TEST(Cluster, HitsAndMissesCountEachNodesOwnClientsWhilePeersFetch) {
   ASSERT_TRUE(c.formed(2));
   constexpr size_t kTokens = 32 * 16;
   constexpr uint64_t kPrompts = 8;
-  for (uint64_t p = 0; p < kPrompts; ++p) putPrompt(c[0], "doc" + std::to_string(p), 100 + p, kTokens);
+  for (uint64_t p = 0; p < kPrompts; ++p)
+    putPrompt(c[0], "doc" + std::to_string(p), 100 + p, kTokens);
   ASSERT_TRUE(c.published(0));
   auto local = c[0].connect();
   auto remote = c[1].connect();
@@ -543,6 +544,42 @@ TEST(Cluster, ABlockCorruptedInFlightIsAMissNeverServed) {
   EXPECT_EQ(s.remoteHitBlocks, 0u);
   expectNoLeakedBlocks(pair[1]);
   EXPECT_EQ(s.blocksUsed, 0u);  // nothing that failed was kept
+}
+
+// Flips a bit of block `block` of the prompt tokens(seed, n) where node `d` holds it, as a stray
+// write into the shared pool (or bad memory) would, after the block was sealed.
+void flipInPool(DaemonProcess& d, uint64_t seed, size_t n, size_t block) {
+  auto client = d.connect();
+  auto space = client->open(testLayout()).value();
+  auto held =
+      space->lookup(synthetic::tokens(seed, n), LookupOptions{.remote = RemoteMode::kLocal});
+  ASSERT_TRUE(held.ok());
+  ASSERT_GT(held->blockCount(), block);
+  // The SDK maps the pool read-write (it writes puts there): the read view is the same memory.
+  const_cast<uint8_t*>(held->block(block).data())[17] ^= 0x08;
+}
+
+TEST(Cluster, ABlockChangedInTheHoldersPoolAfterItsWriteIsAMissNeverServed) {
+  // The checksum a fetcher verifies is the one the writer took as it wrote the block, not one
+  // the holder takes when it first serves it: bytes that change in between fail the check on the
+  // very first fetch.
+  Cluster pair(nodes(2));
+  ASSERT_TRUE(pair.formed(2));
+  putPrompt(pair[0], "flip", 14, 80);  // five blocks
+  flipInPool(pair[0], 14, 80, 2);
+  ASSERT_TRUE(pair.published(0));
+  auto client = pair[1].connect();
+  const Hit hit = lookupPrompt(*client, 14, 80);
+  EXPECT_EQ(hit.matched, 2u * testLayout().blockTokens);  // the blocks before the changed one
+  EXPECT_TRUE(hit.identical);
+  const Stats s = client->stats().value();
+  EXPECT_EQ(s.fetchChecksum, 1u);
+  // Asked again: still a miss at that block, never its changed bytes.
+  const Hit again = lookupPrompt(*client, 14, 80);
+  EXPECT_EQ(again.matched, 2u * testLayout().blockTokens);
+  EXPECT_TRUE(again.identical);
+  expectNoLeakedBlocks(pair[1]);
+  expectNoLeakedBlocks(pair[0]);
 }
 
 TEST(ClusterEtcd, MembersJoinThroughEtcdAndADeadNodeLeavesWithinTheLeaseTtl) {
@@ -1020,8 +1057,8 @@ void expectNothingPinned(DaemonProcess& d) {
 }
 
 // `seq` on `d`: tokens(seed, n) with their KV, detached (it outlives the call's session).
-std::vector<uint32_t> putDetached(DaemonProcess& d, const std::string& seq, uint64_t seed,
-                                  size_t n, std::vector<Key128> keys = {}) {
+std::vector<uint32_t> putDetached(DaemonProcess& d, const std::string& seq, uint64_t seed, size_t n,
+                                  std::vector<Key128> keys = {}) {
   const Layout layout = testLayout();
   auto client = d.connect();
   auto space = client->open(layout).value();
@@ -1172,19 +1209,16 @@ TEST(ClusterCopy, ThePromptFormAndTheCliCopyToAnotherNode) {
   putDetached(c[0], "cli", 65, 48);
   const std::string layout = "test/tiny:4:2:32:f16:16";
   std::string out;
-  ASSERT_EQ(runTool({"--socket", c[0].socket(), "--layout", layout, "copy-range", "n1", "cli"},
-                    &out),
-            0)
+  ASSERT_EQ(
+      runTool({"--socket", c[0].socket(), "--layout", layout, "copy-range", "n1", "cli"}, &out), 0)
       << out;
   EXPECT_NE(out.find("\"held\": 3"), std::string::npos) << out;
-  ASSERT_EQ(runTool({"--socket", c[0].socket(), "--layout", layout, "move-range", "n1", "cli"},
-                    &out),
-            0)
+  ASSERT_EQ(
+      runTool({"--socket", c[0].socket(), "--layout", layout, "move-range", "n1", "cli"}, &out), 0)
       << out;
   EXPECT_NE(out.find("\"dropped\": 3"), std::string::npos) << out;
   EXPECT_EQ(space->length("cli").value().value_or(0), 0u);
-  EXPECT_NE(runTool({"--socket", c[0].socket(), "--layout", layout, "copy-keys", "n1", "zz"},
-                    &out),
+  EXPECT_NE(runTool({"--socket", c[0].socket(), "--layout", layout, "copy-keys", "n1", "zz"}, &out),
             0);
 }
 

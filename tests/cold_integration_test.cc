@@ -68,6 +68,32 @@ TEST(ColdIntegration, FillingFarPastMemoryEveryPrefixStillHitsFromDisk) {
   EXPECT_EQ(s.evictedUnspilled, 0u);
 }
 
+// A block's record carries the checksum its writer took, not one taken at spill: bytes that
+// changed in the pool between the put and the spill (a stray write, bad memory) fail the check
+// when the block comes back from disk — a miss, counted, never the changed bytes.
+TEST(ColdIntegration, BytesChangedInThePoolBeforeTheSpillMissWhenPromoted) {
+  DaemonProcess daemon(16 * kBlockBytes, "", coldOn());
+  auto client = daemon.connect();
+  auto space = client->open(testLayout()).value();
+  const auto t = prompt(0);
+  const auto kv = synthetic::packedKv(testLayout(), t, 0, t.size());
+  ASSERT_TRUE(space->put("p", 0, t, kv.data(), kv.size()).ok());
+  {
+    // Held by the sequence, the blocks are not spilled yet: change block 1 in place.
+    auto held = space->get("p", 0, kPromptTokens);
+    ASSERT_TRUE(held.ok());
+    const_cast<uint8_t*>(held->block(1).data())[100] ^= 0x01;  // the SDK maps the pool read-write
+  }
+  ASSERT_TRUE(space->remove("p", 0).ok());
+  for (uint64_t i = 1; i < 30; ++i) putPrompt(*space, i);  // prompt 0 leaves memory
+  EXPECT_EQ(matchedWithRightBytes(*space, 0), testLayout().blockTokens);
+  const Stats s = client->stats().value();
+  EXPECT_EQ(s.corruptDropped, 1u);
+  // The bad record is gone: asked again, the same miss, without another corrupt read.
+  EXPECT_EQ(matchedWithRightBytes(*space, 0), testLayout().blockTokens);
+  EXPECT_EQ(client->stats().value().corruptDropped, 1u);
+}
+
 // A batch of puts far past memory: the daemon grants an item only once the spiller has made room,
 // while the client's commit of the item before is answered first — putMany waits for each answer
 // by its id. Every item is stored, with its bytes, and the earlier ones hit from disk.

@@ -186,7 +186,7 @@ class RawLane {
   }
   Result<lane::CommitReply> commit(uint64_t id, uint64_t lease, uint64_t upTo = ~uint64_t{0}) {
     std::vector<uint8_t> f;
-    lane::appendCommit(f, id, {lease, upTo});
+    lane::appendCommit(f, id, {lease, upTo, {}});
     send(f);
     return answerOf(lane::kCommit, id, lane::decodeCommitReply);
   }
@@ -511,12 +511,13 @@ TEST_F(LaneTest, ABatchsAbortIsServedBeforeTheNextCapnProtoCall) {
       {raw->laneSpace(), "refused", 5, c, {}},  // past the end of a new sequence
   };
   std::vector<size_t> writes;
-  auto results = (*lane)->putMany(items, [&](size_t i, const lane::PutReply& grant) -> Status {
-    writes.push_back(i);
-    EXPECT_EQ(grant.blocks.size(), 3u);
-    if (i == 1) return makeError(ErrorCode::kNotSupported, "cannot write item 1");
-    return {};  // the test's blocks keep whatever bytes they had: only the leases matter here
-  });
+  auto results = (*lane)->putMany(
+      items, [&](size_t i, const lane::PutReply& grant, std::vector<uint64_t>&) -> Status {
+        writes.push_back(i);
+        EXPECT_EQ(grant.blocks.size(), 3u);
+        if (i == 1) return makeError(ErrorCode::kNotSupported, "cannot write item 1");
+        return {};  // the test's blocks keep whatever bytes they had: only the leases matter here
+      });
   ASSERT_TRUE(results.has_value());
   ASSERT_EQ(results->size(), 3u);
   ASSERT_TRUE((*results)[0].ok()) << (*results)[0].error();

@@ -162,6 +162,9 @@ void appendCommit(std::vector<uint8_t>& out, uint64_t id, const CommitRequest& c
   const size_t at = begin(out, kCommit, id);
   put(out, commit.lease);
   put(out, commit.upTo);
+  put(out, static_cast<uint32_t>(commit.sums.size()));
+  put(out, uint32_t{0});
+  putBytes(out, commit.sums.data(), commit.sums.size() * sizeof(uint64_t));
   finish(out, at);
 }
 
@@ -273,7 +276,15 @@ Result<PutRequest> decodePut(std::span<const uint8_t> body) {
 Result<CommitRequest> decodeCommit(std::span<const uint8_t> body) {
   Reader r(body);
   CommitRequest req;
-  if (!r.get(req.lease) || !r.get(req.upTo) || r.left() != 0) return malformed("commit size");
+  uint32_t count = 0, pad = 0;
+  if (!r.get(req.lease) || !r.get(req.upTo) || !r.get(count) || !r.get(pad) || pad != 0) {
+    return malformed("commit size");
+  }
+  if (count > kMaxBlocksPerLease || r.left() != size_t{count} * sizeof(uint64_t)) {
+    return malformed("commit checksum count does not match its size");
+  }
+  req.sums.resize(count);
+  r.getBytes(req.sums.data(), req.sums.size() * sizeof(uint64_t));
   return req;
 }
 

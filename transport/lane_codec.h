@@ -116,6 +116,9 @@ struct PutReply {
 struct CommitRequest {
   uint64_t lease = 0;
   uint64_t upTo = 0;
+  // The writer's checksums of the blocks the put fills (Engine::commit); at most
+  // kMaxBlocksPerLease. On the wire: count (u32), 0 (u32), then the u64s.
+  std::vector<uint64_t> sums;
 };
 
 struct CommitReply {

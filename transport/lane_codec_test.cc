@@ -117,12 +117,19 @@ TEST(LaneCodec, PutAndCommitRoundTrip) {
   EXPECT_EQ((*granted)->blocks, grant.blocks);
 
   frames.clear();
-  appendCommit(frames, 78, {12, 100});
+  appendCommit(frames, 78, {12, 100, {0x0123456789abcdefull, 7, 0}});
   auto commit = decodeCommit(bodyOf(frames, h));
   EXPECT_EQ(h.op, kCommit);
   ASSERT_TRUE(commit.ok());
   EXPECT_EQ(commit->lease, 12u);
   EXPECT_EQ(commit->upTo, 100u);
+  EXPECT_EQ(commit->sums, (std::vector<uint64_t>{0x0123456789abcdefull, 7, 0}));
+
+  frames.clear();
+  appendCommit(frames, 80, {12, 100, {}});  // no checksums: the daemon takes them
+  commit = decodeCommit(bodyOf(frames, h));
+  ASSERT_TRUE(commit.ok());
+  EXPECT_TRUE(commit->sums.empty());
 
   frames.clear();
   appendCommitReply(frames, 78, {68, 3});
@@ -147,7 +154,7 @@ TEST(LaneCodec, EveryTruncationOrExtensionIsRefused) {
   appendRelease(release, std::vector<uint64_t>{5, 6});
   appendPut(put, 2, {1, "s", 0, std::vector<uint32_t>{1, 2}, std::vector<Key128>{key(4)}});
   appendPutReply(putReply, 2, {0, 3, {{0, 0, 4096, 1}}});
-  appendCommit(commit, 3, {3, 2});
+  appendCommit(commit, 3, {3, 2, {9, 10}});
   appendCommitReply(commitReply, 3, {2, 0});
   using Decode = std::function<bool(std::span<const uint8_t>)>;
   const std::vector<std::tuple<const char*, const std::vector<uint8_t>*, Decode>> cases = {

@@ -55,8 +55,8 @@ constexpr size_t kMaxPeerConnections = 256;
 constexpr size_t kMaxAnswerNodes = 64;
 // Messages on the peer port: the largest is a publish of kMaxPublishKeys (~1.3 MiB); allow 16 MiB.
 constexpr uint64_t kPeerTraversalWords = (uint64_t{16} << 20) / sizeof(capnp::word);
-// Checksums remembered for blocks served (cleared whole when full).
-constexpr size_t kMaxChecksumCache = size_t{1} << 20;
+// Blocks whose checksum mismatch was logged (each is logged once; forgotten whole when full).
+constexpr size_t kMaxLoggedCorrupt = 4096;
 // A batch of gets gets kTransferBase plus its bytes at this floor (50 MB/s) to complete.
 constexpr kj::Duration kTransferBase = 1000 * kj::MILLISECONDS;
 constexpr uint64_t kTransferFloorBytesPerMs = 50'000;
@@ -251,8 +251,7 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   bool publishScheduled_ = false;
   size_t publishInFlight_ = 0;  // keys sent to homes and not yet acknowledged
 
-  // Checksums of served blocks: (extent, offset) -> (generation, xxh3).
-  std::unordered_map<uint64_t, std::pair<uint64_t, uint64_t>> checksums_;
+  std::unordered_set<uint64_t> loggedCorrupt_;  // blocks (a part of their key) logged corrupt
   WorkerThread hasher_;
 
   RemoteStats stats_;
@@ -333,10 +332,14 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
     }
     return kj::heap<BufferedIoStream>(readWatchedSocket(io_.unixEventPort, kj::mv(stream)));
   }
-  // xxh3 of each block's first `bytes` bytes, on the hasher thread. With `cache`, sealed blocks
-  // served before keep their checksum while their generation stands.
-  kj::Promise<std::vector<uint64_t>> checksumsOf(std::vector<BlockLocation> blocks,
-                                                 bool cache = true);
+  // xxh3 of each block's first `bytes` bytes, on the hasher thread (a fetcher's verification).
+  kj::Promise<std::vector<uint64_t>> checksumsOf(std::vector<BlockLocation> blocks);
+  // The checksums served with `blocks`: each block's own, taken by its writer (`stored`); only a
+  // block that has none (a partial block of a snapshot) gets one taken from its bytes now.
+  kj::Promise<std::vector<uint64_t>> servedChecksums(std::vector<BlockLocation> blocks,
+                                                     std::vector<std::optional<uint64_t>> stored);
+  // A block that failed its checksum is a miss, counted by the caller; it is logged once.
+  void logCorrupt(const char* event, const Key128& key, const std::string& node);
   // Snapshots across nodes.
   kj::Promise<SnapshotId> pullSnapshot(SpaceId space, std::string node, SnapshotId id);
   kj::Promise<void> dropRemoteSnapshot(SpaceId space, std::string node, SnapshotId id);
@@ -517,7 +520,9 @@ class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
       SnapshotPin pin = orThrow(impl_.engine_.pinSnapshot(space, id));
       auto pinned = kj::heap<PinLeaseImpl>(impl_, pin.lease, lease);  // released if cancelled
       std::vector<BlockLocation> parts;
+      std::vector<std::optional<uint64_t>> stored;
       for (const SnapshotBytes& part : pin.parts) {
+        stored.push_back(part.checksum);
         if (part.bytes != 0 && !impl_.engine_.memory().hostAddressable(part.location.extent)) {
           throwRpcError(makeError(ErrorCode::kNotSupported,
                                   "snapshot blocks in GPU memory are not served across nodes"));
@@ -527,7 +532,7 @@ class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
         parts.push_back(at);
       }
       std::string manifest = encodeManifest(pin.manifest);
-      return impl_.checksumsOf(parts, /*cache=*/false)
+      return impl_.servedChecksums(parts, std::move(stored))
           .then([this, context, parts, manifest = std::move(manifest),
                  pinned = kj::mv(pinned)](std::vector<uint64_t> sums) mutable {
             auto out = context.getResults();
@@ -627,9 +632,8 @@ kj::Promise<void> ClusterService::Impl::PeerImpl::pin(PinContext context) {
     }
   }
   return ready.then([this, context, space, keys = std::move(keys), lease]() mutable {
-    LookupResult result =
-        orThrow(impl_.engine_.lookup(impl_.owner_, space, {}, keys, "", {}, {}, 0,
-                                     LookupFor::kPeer));
+    LookupResult result = orThrow(
+        impl_.engine_.lookup(impl_.owner_, space, {}, keys, "", {}, {}, 0, LookupFor::kPeer));
     // Owned from here: a call cancelled before it answers releases the pin.
     auto pinned = kj::heap<PinLeaseImpl>(impl_, result.lease, lease);
     if (result.blocks.size() < keys.size()) {
@@ -640,7 +644,8 @@ kj::Promise<void> ClusterService::Impl::PeerImpl::pin(PinContext context) {
       if (!onDisk && impl_.held_.drop(missing, impl_.members_)) impl_.schedulePublish();
     }
     auto blocks = result.blocks;
-    return impl_.checksumsOf(std::move(blocks))
+    auto stored = result.checksums;
+    return impl_.servedChecksums(std::move(blocks), std::move(stored))
         .then([this, context, result = std::move(result), keys = std::move(keys),
                pinned = kj::mv(pinned)](std::vector<uint64_t> sums) mutable {
           auto out = context.getResults();
@@ -1275,16 +1280,20 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
                 verify.push_back(run->tickets[which[j]].location);
               }
               return checksumsOf(std::move(verify))
-                  .then([this, run, which, expected, ok](std::vector<uint64_t> sums) {
+                  .then([this, run, which, expected, ok,
+                         node = link->nodeId](std::vector<uint64_t> sums) {
                     std::vector<bool> good(run->tickets.size(), false);
                     size_t s = 0;
                     for (size_t j = 0; j < which.size(); ++j) {
                       bool fine = false;
                       if (ok[j]) {
                         fine = sums[s++] == expected[j];
-                        if (!fine) {
+                        PromoteTicket& t = run->tickets[which[j]];
+                        if (fine) {
+                          t.checksum = expected[j];  // the writer's, verified: the block's own
+                        } else {
                           ++stats_.fetchChecksum;
-                          logWarn("fetch_checksum_mismatch", "block=" + std::to_string(which[j]));
+                          logCorrupt("fetch_checksum_mismatch", t.key, node);
                         }
                       } else {
                         ++stats_.fetchTransfer;
@@ -1310,15 +1319,26 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
 }
 
 kj::Promise<std::vector<uint64_t>> ClusterService::Impl::checksumsOf(
-    std::vector<BlockLocation> blocks, bool cache) {
-  // Blocks served before keep their checksum while their generation stands.
+    std::vector<BlockLocation> blocks) {
+  return servedChecksums(std::move(blocks), {});
+}
+
+void ClusterService::Impl::logCorrupt(const char* event, const Key128& key,
+                                      const std::string& node) {
+  uint64_t id;
+  std::memcpy(&id, key.bytes.data(), sizeof id);
+  if (loggedCorrupt_.size() >= kMaxLoggedCorrupt) loggedCorrupt_.clear();
+  if (!loggedCorrupt_.insert(id).second) return;
+  logWarn(event, "node=" + node + " key=" + key.hex());
+}
+
+kj::Promise<std::vector<uint64_t>> ClusterService::Impl::servedChecksums(
+    std::vector<BlockLocation> blocks, std::vector<std::optional<uint64_t>> stored) {
   std::vector<uint64_t> sums(blocks.size(), 0);
   std::vector<size_t> todo;
   for (size_t i = 0; i < blocks.size(); ++i) {
-    const uint64_t slot = (uint64_t{blocks[i].extent} << 48) ^ blocks[i].offset;
-    auto it = cache ? checksums_.find(slot) : checksums_.end();
-    if (it != checksums_.end() && it->second.first == blocks[i].generation) {
-      sums[i] = it->second.second;
+    if (i < stored.size() && stored[i]) {
+      sums[i] = *stored[i];
     } else {
       todo.push_back(i);
     }
@@ -1334,21 +1354,14 @@ kj::Promise<std::vector<uint64_t>> ClusterService::Impl::checksumsOf(
     job->data.push_back(pool_.extentBase(blocks[i].extent) + blocks[i].offset);
     job->bytes.push_back(blocks[i].bytes);
   }
-  return hasher_.run(
-                   [job] {
-                     job->out.resize(job->data.size());
-                     for (size_t i = 0; i < job->data.size(); ++i)
-                       job->out[i] = XXH3_64bits(job->data[i], job->bytes[i]);
-                   })
-      .then([this, job, todo = std::move(todo), blocks = std::move(blocks), sums = std::move(sums),
-             cache]() mutable {
-        if (checksums_.size() > kMaxChecksumCache) checksums_.clear();
-        for (size_t j = 0; j < todo.size(); ++j) {
-          const BlockLocation& b = blocks[todo[j]];
-          sums[todo[j]] = job->out[j];
-          if (cache)
-            checksums_[(uint64_t{b.extent} << 48) ^ b.offset] = {b.generation, job->out[j]};
-        }
+  return hasher_
+      .run([job] {
+        job->out.resize(job->data.size());
+        for (size_t i = 0; i < job->data.size(); ++i)
+          job->out[i] = XXH3_64bits(job->data[i], job->bytes[i]);
+      })
+      .then([job, todo = std::move(todo), sums = std::move(sums)]() mutable {
+        for (size_t j = 0; j < todo.size(); ++j) sums[todo[j]] = job->out[j];
         return kj::mv(sums);
       });
 }
@@ -1427,10 +1440,10 @@ kj::Promise<SnapshotId> ClusterService::Impl::pullSnapshot(SpaceId space, std::s
         auto each = [this, pull, readOf](size_t g) {
           const SnapshotRead& read = pull->load->reads[readOf[g]];
           const uint8_t* data = pool_.extentBase(read.dest.extent) + read.dest.offset;
-          pull->hashing.add(hasher_.run(
-                                      [sums = pull->sums, r = readOf[g], data, bytes = read.bytes] {
-                                        (*sums)[r] = XXH3_64bits(data, bytes);
-                                      }));
+          pull->hashing.add(
+              hasher_.run([sums = pull->sums, r = readOf[g], data, bytes = read.bytes] {
+                (*sums)[r] = XXH3_64bits(data, bytes);
+              }));
         };
         kj::Promise<std::vector<bool>> got = std::vector<bool>(gets.size(), false);
         if (link->ucx && !gets.empty()) {
@@ -1451,6 +1464,8 @@ kj::Promise<SnapshotId> ClusterService::Impl::pullSnapshot(SpaceId space, std::s
                 logWarn("snapshot_checksum_mismatch", "read=" + std::to_string(r));
                 continue;
               }
+              // The writer's checksum, verified: kept with a sealed block read back.
+              pull->load->reads[r].checksum = pull->expected[r];
               readOk[r] = 1;
               ++stats_.remoteHitBlocks;
               stats_.remoteHitBytes += reads[r].bytes;

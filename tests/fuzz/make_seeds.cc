@@ -581,12 +581,12 @@ void laneSeeds() {
     // grant and then aborted, a commit of the aborted lease, a put of another space, a sync.
     std::vector<uint8_t> f;
     lane::appendPut(f, 1, {1, "t", 0, tokens, {}});
-    lane::appendCommit(f, 2, {2, ~uint64_t{0}});
+    lane::appendCommit(f, 2, {2, ~uint64_t{0}, {}});
     lane::appendPut(
         f, 3, {1, "s", 40, std::vector<uint32_t>(tokens.begin(), tokens.begin() + 9), {}, true});
-    lane::appendCommit(f, 4, {3, 100});
+    lane::appendCommit(f, 4, {3, 100, {7}});
     lane::appendAbort(f, std::vector<uint64_t>{3, 99});
-    lane::appendCommit(f, 5, {3, ~uint64_t{0}});
+    lane::appendCommit(f, 5, {3, ~uint64_t{0}, {}});
     lane::appendPut(f, 6, {9, "u", 0, tokens, {}});
     lane::appendSync(f, 7);
     write(harness, "lane_put_commit_abort", frames(f));

@@ -185,10 +185,9 @@ class WriteHandle {
   uint64_t firstPosition() const { return firstPosition_; }
   size_t blockCount() const { return refs_.size(); }
   // Writable bytes of granted block i, in the shared pool; empty for inline clients. Slots of
-  // block(0) before begin() hold the sequence's existing bytes: do not write them.
-  std::span<uint8_t> block(size_t i) const {
-    return i < views_.size() ? views_[i] : std::span<uint8_t>();
-  }
+  // block(0) before begin() hold the sequence's existing bytes: do not write them. The commit
+  // takes the checksum of a block handed out here from its bytes (write() fuses it into its copy).
+  std::span<uint8_t> block(size_t i) const;
 
   // Writes positions [from, to) ⊆ [begin(), end()) from a packed buffer (into the mapped blocks,
   // or inline). INVALID_ARGUMENT on a bad range or size.

@@ -1,0 +1,12 @@
+// Hooks for kvtier-bench only (not part of the SDK's API, not installed).
+#pragma once
+
+namespace kvtier::bench_hooks {
+
+// With false, puts skip the writer's checksums altogether: writes copy without hashing and
+// commits carry checksums of 0, which no block's bytes match — every later move of such a block
+// (spill, peer fetch, snapshot pull) fails its check. It exists so the local suite can time a
+// put with and without checksums in one run; nothing else may call it. Default true.
+void setWriterChecksums(bool enabled);
+
+}  // namespace kvtier::bench_hooks
