@@ -30,7 +30,7 @@ constexpr uint64_t kMidSizeMax = 240;
 // The fallback copies this much, then hashes it while it is still in L1/L2.
 constexpr size_t kFallbackPiece = 16 << 10;
 
-std::atomic<bool> gAvx2Allowed{true};
+std::atomic<FusedPath> gMaxPath{FusedPath::kAvx512};
 
 XXH3_state_t* xxh3State(unsigned char* bytes) { return reinterpret_cast<XXH3_state_t*>(bytes); }
 const XXH3_state_t* xxh3State(const unsigned char* bytes) {
@@ -39,11 +39,17 @@ const XXH3_state_t* xxh3State(const unsigned char* bytes) {
 
 #if defined(__x86_64__)
 #define KVTIER_AVX2 __attribute__((target("avx2")))
+#define KVTIER_AVX512 __attribute__((target("avx512f")))
 
 constexpr size_t kStripesPerScramble = 16, kSecretScramble = 192 - 64,
                  kSecretLastStripe = 192 - 64 - 7;
 
-bool haveAvx2() { return __builtin_cpu_supports("avx2"); }
+FusedPath cpuPath() {
+  // Every AVX-512 CPU has AVX2 too; digest() folds the last stripe with AVX2 on either path.
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2"))
+    return FusedPath::kAvx512;
+  return __builtin_cpu_supports("avx2") ? FusedPath::kAvx2 : FusedPath::kFallback;
+}
 
 // XXH3_accumulate_512_avx2 on four of the eight lanes: acc += swap32(data) + lo32(d) * hi32(d),
 // d = data ^ key. The additions are grouped so that acc's chain is one add per stripe.
@@ -101,6 +107,75 @@ KVTIER_AVX2 void foldStripes(uint64_t* acc, uint64_t first, uint8_t* dst, const 
   _mm256_store_si256(reinterpret_cast<__m256i*>(acc + 4), hi);
 }
 
+// GCC 12's AVX-512 intrinsics trip its own -Wmaybe-uninitialized (their masked forms take an
+// _mm512_undefined operand; GCC bug 105593): off for these functions only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+// The same on one 512-bit register for all eight lanes (XXH3_accumulate_512_avx512).
+KVTIER_AVX512 inline __m512i accumulate512(__m512i acc, __m512i data, const uint8_t* key) {
+  const __m512i dataKey = _mm512_xor_si512(data, _mm512_loadu_si512(key));
+  const __m512i product = _mm512_mul_epu32(
+      dataKey, _mm512_shuffle_epi32(dataKey, static_cast<_MM_PERM_ENUM>(_MM_SHUFFLE(0, 3, 0, 1))));
+  const __m512i swapped =
+      _mm512_shuffle_epi32(data, static_cast<_MM_PERM_ENUM>(_MM_SHUFFLE(1, 0, 3, 2)));
+  return _mm512_add_epi64(acc, _mm512_add_epi64(swapped, product));
+}
+
+KVTIER_AVX512 inline __m512i scramble512(__m512i acc, const uint8_t* key) {
+  const __m512i prime = _mm512_set1_epi32(static_cast<int>(XXH_PRIME32_1));
+  const __m512i mixed =
+      _mm512_xor_si512(_mm512_xor_si512(acc, _mm512_srli_epi64(acc, 47)), _mm512_loadu_si512(key));
+  const __m512i lo = _mm512_mul_epu32(mixed, prime);
+  const __m512i hi = _mm512_mul_epu32(
+      _mm512_shuffle_epi32(mixed, static_cast<_MM_PERM_ENUM>(_MM_SHUFFLE(0, 3, 0, 1))), prime);
+  return _mm512_add_epi64(lo, _mm512_slli_epi64(hi, 32));
+}
+
+// foldStripes with AVX-512: a stripe is one register. kStream needs dst 64-byte aligned.
+template <Store kStore>
+KVTIER_AVX512 void foldStripes512(uint64_t* acc, uint64_t first, uint8_t* dst, const uint8_t* src,
+                                  uint64_t count) {
+  __m512i lanes = _mm512_load_si512(acc);
+  size_t k = first % kStripesPerScramble;
+  for (uint64_t i = 0; i < count; ++i, src += kStripe, dst += kStripe) {
+    const __m512i data = _mm512_loadu_si512(src);
+    if constexpr (kStore == Store::kStream) {
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst), data);
+    } else if constexpr (kStore == Store::kPlain) {
+      _mm512_storeu_si512(dst, data);
+    }
+    lanes = accumulate512(lanes, data, XXH3_kSecret + k * XXH_SECRET_CONSUME_RATE);
+    if (++k == kStripesPerScramble) {
+      lanes = scramble512(lanes, XXH3_kSecret + kSecretScramble);
+      k = 0;
+    }
+  }
+  _mm512_store_si512(acc, lanes);
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+// foldStripes or foldStripes512, as `path` says, storing as `store` says.
+void foldWith(FusedPath path, Store store, uint64_t* acc, uint64_t first, uint8_t* dst,
+              const uint8_t* src, uint64_t count) {
+  const bool wide = path == FusedPath::kAvx512;
+  switch (store) {
+    case Store::kStream:
+      return wide ? foldStripes512<Store::kStream>(acc, first, dst, src, count)
+                  : foldStripes<Store::kStream>(acc, first, dst, src, count);
+    case Store::kPlain:
+      return wide ? foldStripes512<Store::kPlain>(acc, first, dst, src, count)
+                  : foldStripes<Store::kPlain>(acc, first, dst, src, count);
+    case Store::kNone:
+      return wide ? foldStripes512<Store::kNone>(acc, first, dst, src, count)
+                  : foldStripes<Store::kNone>(acc, first, dst, src, count);
+  }
+}
+
 // XXH3's last stripe: the input's last 64 bytes, with their own secret offset, no scramble.
 KVTIER_AVX2 void foldLastStripe(uint64_t* acc, const uint8_t* stripe) {
   const uint8_t* key = XXH3_kSecret + kSecretLastStripe;
@@ -112,24 +187,29 @@ KVTIER_AVX2 void foldLastStripe(uint64_t* acc, const uint8_t* stripe) {
 }
 
 #undef KVTIER_AVX2
+#undef KVTIER_AVX512
 #else
-bool haveAvx2() { return false; }
+FusedPath cpuPath() { return FusedPath::kFallback; }
 #endif
 
 }  // namespace
 
 uint64_t blockChecksum(const void* data, size_t n) { return XXH3_64bits(data, n); }
 
-void setFusedXxh3Avx2Allowed(bool allowed) {
-  gAvx2Allowed.store(allowed, std::memory_order_relaxed);
+FusedPath widestFusedPath() {
+  static const FusedPath widest = cpuPath();
+  return widest;
 }
+
+void setFusedXxh3MaxPath(FusedPath path) { gMaxPath.store(path, std::memory_order_relaxed); }
 
 FusedXxh3::FusedXxh3(uint64_t totalBytes, CopyMethod method)
     : total_(totalBytes),
       method_(method),
-      fused_(totalBytes > kMidSizeMax && gAvx2Allowed.load(std::memory_order_relaxed) &&
-             haveAvx2()) {
-  if (!fused_) {
+      path_(totalBytes > kMidSizeMax
+                ? std::min(widestFusedPath(), gMaxPath.load(std::memory_order_relaxed))
+                : FusedPath::kFallback) {
+  if (path_ == FusedPath::kFallback) {
     XXH3_64bits_reset(xxh3State(state_));
     return;
   }
@@ -145,7 +225,7 @@ void FusedXxh3::feed(uint8_t* dst, const uint8_t* src, size_t n) {
   assert(n <= total_ - fed_);
   // The method applies to the run as a whole, as copyBytes applies it.
   const CopyMethod method = n >= kStreamingThreshold ? method_ : CopyMethod::kCached;
-  if (fused_) {
+  if (path_ != FusedPath::kFallback) {
     feedStripes(dst, src, n, method);
   } else {
     feedState(dst, src, n, method);
@@ -184,20 +264,17 @@ void FusedXxh3::feedStripes(uint8_t* dst, const uint8_t* src, size_t n, CopyMeth
     src += take;
     n -= take;
     if (s.carried < kStripe) return;
-    foldStripes<Store::kNone>(s.acc, s.done++, nullptr, s.carry, 1);
+    foldWith(path_, Store::kNone, s.acc, s.done++, nullptr, s.carry, 1);
     s.carried = 0;
   }
   // Whole stripes straight from the source. Streaming stores need dst 32-byte aligned; pool
   // blocks are (64 bytes at least), other destinations get plain stores.
   const uint64_t whole = std::min<uint64_t>(n / kStripe, s.regular - s.done);
   if (whole > 0) {
+    const uintptr_t align = path_ == FusedPath::kAvx512 ? 63 : 31;
     const bool stream =
-        method == CopyMethod::kStreaming && (reinterpret_cast<uintptr_t>(dst) & 31) == 0;
-    if (stream) {
-      foldStripes<Store::kStream>(s.acc, s.done, dst, src, whole);
-    } else {
-      foldStripes<Store::kPlain>(s.acc, s.done, dst, src, whole);
-    }
+        method == CopyMethod::kStreaming && (reinterpret_cast<uintptr_t>(dst) & align) == 0;
+    foldWith(path_, stream ? Store::kStream : Store::kPlain, s.acc, s.done, dst, src, whole);
     s.done += whole;
     dst += whole * kStripe;
     src += whole * kStripe;
@@ -211,12 +288,12 @@ void FusedXxh3::feedStripes(uint8_t* dst, const uint8_t* src, size_t n, CopyMeth
     s.carried = n;
   }
 #else
-  (void)dst, (void)src, (void)n, (void)method;  // fused_ is never set off x86-64
+  (void)dst, (void)src, (void)n, (void)method;  // never called off x86-64: the path is kFallback
 #endif
 }
 
 uint64_t FusedXxh3::digest() const {
-  if (!fused_) return XXH3_64bits_digest(xxh3State(state_));
+  if (path_ == FusedPath::kFallback) return XXH3_64bits_digest(xxh3State(state_));
   // On a copy of the accumulators: the object stays as fed, and digest() gives the same again.
   alignas(32) uint64_t acc[8];
   std::memcpy(acc, stripes_.acc, sizeof acc);

@@ -26,13 +26,18 @@ uint64_t blockChecksum(const void* data, size_t n);
 // blocks; elsewhere they are plain stores); the caller issues copyFence() after the last run before
 // it publishes the bytes.
 //
-// With AVX2 (checked at run time) and more than 240 bytes, each 64-byte stripe is loaded once,
-// stored, and accumulated from the same registers. Otherwise (240 bytes or fewer, where XXH3 has
+// With AVX-512 or AVX2 (checked at run time) and more than 240 bytes, each 64-byte stripe is
+// loaded once, stored, and accumulated from the same registers (AVX-512: one register a stripe,
+// half the instructions of AVX2's two, which leaves the out-of-order window room to keep more of
+// the source's cache misses in flight). Otherwise (240 bytes or fewer, where XXH3 has
 // no stripes; no AVX2; not x86-64) each run is copied in pieces of up to 16 KiB and each piece,
 // still in cache, is hashed with XXH3's streaming state: the same result, slower.
 //
 // Hot path: no allocation, no syscall. The object is 640 bytes, 64-byte aligned: keep it on the
 // stack of the copy.
+// How a FusedXxh3 computes: the widest of these the CPU has (FusedPath::kFallback off x86-64).
+enum class FusedPath : uint8_t { kFallback, kAvx2, kAvx512 };
+
 class FusedXxh3 {
  public:
   FusedXxh3(uint64_t totalBytes, CopyMethod method);
@@ -43,8 +48,8 @@ class FusedXxh3 {
   void feed(uint8_t* dst, const uint8_t* src, size_t n);
   // XXH3_64bits of the totalBytes fed (all of them must have been).
   uint64_t digest() const;
-  // Whether the fused AVX2 path runs (for tests: the other is the streaming-state fallback).
-  bool fused() const { return fused_; }
+  // The path this object takes (240 bytes or fewer: always the fallback).
+  FusedPath path() const { return path_; }
 
   // XXH3's state is kept as bytes here so that this header does not pull in xxhash.h.
   static constexpr size_t kXxh3StateBytes = 576;
@@ -52,7 +57,7 @@ class FusedXxh3 {
  private:
   // The fused path's state: XXH3's accumulators and what a run boundary leaves over.
   struct Stripes {
-    alignas(32) uint64_t acc[8];
+    alignas(64) uint64_t acc[8];
     uint64_t regular;   // stripes accumulated in order: (total - 1) / 64 (the last is apart)
     uint64_t done;      // of those, accumulated so far
     uint8_t carry[64];  // the start of stripe `done`, when a run ended inside it
@@ -67,7 +72,7 @@ class FusedXxh3 {
   uint64_t total_;
   uint64_t fed_ = 0;
   CopyMethod method_;
-  bool fused_;
+  FusedPath path_;
   union {
     Stripes stripes_;
     alignas(64) unsigned char state_[kXxh3StateBytes];  // XXH3_state_t, fallback path
@@ -85,8 +90,10 @@ uint64_t copyBytesSummed(uint8_t* dst, const uint8_t* src, size_t n, CopyDirecti
 uint64_t unpackBlockSummed(const BlockGeometry& g, uint8_t* block, const uint8_t* packed,
                            uint64_t packedTokens, uint64_t packedFirst);
 
-// Test hook: false makes FusedXxh3 objects constructed after it take the fallback path even where
-// AVX2 is available. Not for production use.
-void setFusedXxh3Avx2Allowed(bool allowed);
+// The widest path the CPU offers (what FusedXxh3 takes by default).
+FusedPath widestFusedPath();
+// Test hook: FusedXxh3 objects constructed after it take at most `path` (kAvx512: no limit). Not
+// for production use.
+void setFusedXxh3MaxPath(FusedPath path);
 
 }  // namespace kvtier::kernels

@@ -28,36 +28,38 @@ bool cpuHasAvx2() {
 // One way to run a checksummed copy: a copy method on one of the two paths.
 struct Config {
   CopyMethod method;
-  bool avx2;
+  FusedPath path;
   std::string name() const {
-    return std::string(copyMethodName(method)) + (avx2 ? " avx2" : " fallback");
+    static const char* const kPaths[] = {"fallback", "avx2", "avx512"};
+    return std::string(copyMethodName(method)) + " " + kPaths[static_cast<int>(path)];
   }
 };
 
-// Every configuration this machine can run (the AVX2 path only where the CPU has AVX2).
+// Every configuration this machine can run (each vector path only where the CPU has it).
 std::vector<Config> configs() {
   std::vector<Config> all;
   for (CopyMethod m : {CopyMethod::kStreaming, CopyMethod::kCached}) {
-    if (cpuHasAvx2()) all.push_back({m, true});
-    all.push_back({m, false});
+    for (FusedPath p : {FusedPath::kAvx512, FusedPath::kAvx2, FusedPath::kFallback}) {
+      if (p <= widestFusedPath()) all.push_back({m, p});
+    }
   }
   return all;
 }
 
-// Applies a configuration for the scope of a test, then restores the copy methods and the AVX2
-// permission.
+// Applies a configuration for the scope of a test, then restores the copy methods and the widest
+// path.
 class ScopedConfig {
  public:
   explicit ScopedConfig(const Config& c)
       : into_(copyMethod(CopyDirection::kIntoPool)), outOf_(copyMethod(CopyDirection::kOutOfPool)) {
     setCopyMethod(CopyDirection::kIntoPool, c.method);
     setCopyMethod(CopyDirection::kOutOfPool, c.method);
-    setFusedXxh3Avx2Allowed(c.avx2);
+    setFusedXxh3MaxPath(c.path);
   }
   ~ScopedConfig() {
     setCopyMethod(CopyDirection::kIntoPool, into_);
     setCopyMethod(CopyDirection::kOutOfPool, outOf_);
-    setFusedXxh3Avx2Allowed(true);
+    setFusedXxh3MaxPath(FusedPath::kAvx512);
   }
 
  private:
@@ -137,7 +139,7 @@ void expectFusedExact(const Config& c, size_t total, const std::vector<size_t>& 
   const uint64_t expected = XXH3_64bits(src, total);
 
   FusedXxh3 sum(total, c.method);
-  EXPECT_EQ(sum.fused(), c.avx2 && total > 240);
+  EXPECT_EQ(sum.path(), total > 240 ? c.path : FusedPath::kFallback);
   size_t at = 0;
   for (size_t n : runs) {
     sum.feed(dst + at, src + at, n);
@@ -206,13 +208,20 @@ TEST(BlockSum, FusedEqualsXxh3ForLongInputsSplitEveryWay) {
   }
 }
 
-// The hook takes the fallback; without it the AVX2 path runs wherever the CPU has AVX2.
-TEST(BlockSum, Avx2PathRunsWhereTheCpuHasIt) {
-  EXPECT_EQ(FusedXxh3(241, CopyMethod::kStreaming).fused(), cpuHasAvx2());
-  EXPECT_FALSE(FusedXxh3(240, CopyMethod::kStreaming).fused());
-  setFusedXxh3Avx2Allowed(false);
-  EXPECT_FALSE(FusedXxh3(1 << 20, CopyMethod::kStreaming).fused());
-  setFusedXxh3Avx2Allowed(true);
+// Without the hook the widest path the CPU has runs; the hook narrows it.
+TEST(BlockSum, TheWidestPathRunsWhereTheCpuHasIt) {
+  const FusedPath expected = __builtin_cpu_supports("avx512f") && cpuHasAvx2() ? FusedPath::kAvx512
+                             : cpuHasAvx2()                                    ? FusedPath::kAvx2
+                                            : FusedPath::kFallback;
+  EXPECT_EQ(widestFusedPath(), expected);
+  EXPECT_EQ(FusedXxh3(241, CopyMethod::kStreaming).path(), expected);
+  EXPECT_EQ(FusedXxh3(240, CopyMethod::kStreaming).path(), FusedPath::kFallback);
+  setFusedXxh3MaxPath(FusedPath::kAvx2);
+  EXPECT_EQ(FusedXxh3(1 << 20, CopyMethod::kStreaming).path(),
+            std::min(expected, FusedPath::kAvx2));
+  setFusedXxh3MaxPath(FusedPath::kFallback);
+  EXPECT_EQ(FusedXxh3(1 << 20, CopyMethod::kStreaming).path(), FusedPath::kFallback);
+  setFusedXxh3MaxPath(FusedPath::kAvx512);
 }
 
 // unpackBlockSummed writes what unpackSlots writes for the whole block and returns the block's
