@@ -733,6 +733,11 @@ Status ColdTier::checkRead(const ColdKey& key, const std::string& k, const rocks
                      : Result<std::string_view>(makeError(
                            ErrorCode::kChecksumMismatch, "cold record unreadable: ", s.ToString()));
   Status consumed = payload ? consume(*payload, checksum) : Status(payload.error());
+  if (!payload) {
+    // Logged once per block: the record is deleted below, so it is never read again.
+    logWarn("cold_record_corrupt",
+            "key=" + key.key.hex() + " reason=\"" + payload.error().message() + "\"");
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (!payload) {
     forgetLocked(k);
