@@ -1,0 +1,372 @@
+// ClusterService's implementation, shared by the files that implement it, one concern each:
+//   cluster.cc         start and leave, stats, the public ClusterService
+//   peer_service.cc    the Peer service other daemons call (pin, who-holds, publish, snapshots,
+//                      take), its gate and the accept loop
+//   links.cc           links to the other members: connections, heartbeats, membership, UCX
+//                      endpoints
+//   publish.cc         telling homes which keys this node holds
+//   fetch.cc           remote hits: asking homes, pinning, UCX gets, checking checksums
+//   snapshot_moves.cc  snapshots pulled from and dropped on other nodes
+//   drain.cc           copies and moves of blocks to other nodes, and draining this one
+// Private to daemon/cluster/: the constants and helpers below are in an unnamed namespace, each
+// file its own copy.
+#pragma once
+
+#include "daemon/cluster/cluster.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/crypto.h>
+#include <xxhash.h>
+
+#include <capnp/rpc-twoparty.h>
+#include <kj/debug.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <unordered_set>
+
+#include "daemon/cluster/directory.h"
+#include "daemon/cluster/etcd_membership.h"
+#include "daemon/log.h"
+#include "daemon/snapshot_codec.h"
+#include "daemon/worker_thread.h"
+#include "schemas/peer.capnp.h"
+#include "transport/buffered_stream.h"
+#include "transport/cross_thread.h"
+#include "transport/rpc_codec.h"
+#include "transport/socket_stream.h"
+#include "transport/ucx.h"
+
+namespace kvtier {
+namespace {
+
+namespace peer = rpc::peer;
+using cluster::EtcdMembership;
+using cluster::EtcdMembershipOptions;
+using cluster::MemberRecord;
+
+// Bounds on what a peer may send (schemas/peer.capnp).
+// Keys in one who-holds or pin call: a 64k-token prompt in 16-token blocks.
+constexpr size_t kMaxChainKeys = 4096;
+// Blocks pinned by one call: 1024 blocks of 2 MiB are 2 GiB, more than one fetch needs at once.
+constexpr size_t kMaxPinBlocks = 1024;
+// A run of blocks on one holder is pinned and read in pieces of this many blocks (16 MiB of
+// 2 MiB blocks), so that hashing on both sides overlaps the transfer: measured on 64 blocks of
+// 2 MiB over tcp, 0.83 GB/s in one piece.
+constexpr size_t kPinPieceBlocks = 8;
+// Keys in one publish call (both lists): batches are cut at kPublishBatch.
+constexpr size_t kMaxPublishKeys = 65536;
+constexpr size_t kPublishBatch = 4096;
+// Extents a peer may describe in transportInfo.
+constexpr size_t kMaxRemoteExtents = 4096;
+// Open peer connections served at once; more are closed at accept.
+constexpr size_t kMaxPeerConnections = 256;
+// Nodes named in one who-holds answer (a bit mask per key).
+constexpr size_t kMaxAnswerNodes = 64;
+// Messages on the peer port: the largest is a publish of kMaxPublishKeys (~1.3 MiB); allow 16 MiB.
+constexpr uint64_t kPeerTraversalWords = (uint64_t{16} << 20) / sizeof(capnp::word);
+// Blocks whose checksum mismatch was logged (each is logged once; forgotten whole when full).
+constexpr size_t kMaxLoggedCorrupt = 4096;
+// A batch of gets gets kTransferBase plus its bytes at this floor (50 MB/s) to complete.
+constexpr kj::Duration kTransferBase = 1000 * kj::MILLISECONDS;
+constexpr uint64_t kTransferFloorBytesPerMs = 50'000;
+// Heartbeat round trips remembered per link, for the peer RTT in stats.
+constexpr size_t kRttSamples = 16;
+// Reconnect backoff of a link.
+constexpr kj::Duration kMinBackoff = 100 * kj::MILLISECONDS;
+constexpr kj::Duration kMaxBackoff = 5 * kj::SECONDS;
+
+inline capnp::ReaderOptions peerReaderOptions() {
+  capnp::ReaderOptions o;
+  o.traversalLimitInWords = kPeerTraversalWords;
+  o.nestingLimit = 16;
+  return o;
+}
+
+Error invalid(std::string what) { return makeError(ErrorCode::kInvalidArgument, what); }
+
+inline Salt saltFrom(capnp::Data::Reader in) {
+  Salt s{};
+  if (in.size() != s.size()) throwRpcError(invalid("a salt has 16 bytes"));
+  std::memcpy(s.data(), in.begin(), s.size());
+  return s;
+}
+
+inline std::vector<Key128> unpackKeys(capnp::Data::Reader in, size_t max) {
+  if (in.size() % 16 != 0) throwRpcError(invalid("packed keys are 16 bytes each"));
+  const size_t n = in.size() / 16;
+  if (n > max) {
+    throwRpcError(makeError(ErrorCode::kInvalidArgument, n, " keys exceed ", max));
+  }
+  std::vector<Key128> out(n);
+  for (size_t i = 0; i < n; ++i) std::memcpy(out[i].bytes.data(), in.begin() + 16 * i, 16);
+  return out;
+}
+
+inline bool validNodeId(std::string_view id) {
+  return !id.empty() && id.size() <= 64 && std::all_of(id.begin(), id.end(), [](unsigned char c) {
+    return std::isalnum(c) || c == '-' || c == '_' || c == '.';
+  });
+}
+
+inline std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
+
+// Packs keys into a Data field, 16 bytes each.
+inline capnp::Data::Builder packKeys(capnp::Data::Builder out, const std::vector<Key128>& keys) {
+  for (size_t i = 0; i < keys.size(); ++i)
+    std::memcpy(out.begin() + 16 * i, keys[i].bytes.data(), 16);
+  return out;
+}
+
+// Names a namespace on a request by its layout and tenant salt (pin, pinSnapshot, take, ...).
+template <typename Request>
+void setNamespace(Request& req, const SpaceInfo& info) {
+  layoutToRpc(info.layout, req.initLayout());
+  req.setSalt(capnp::Data::Reader(info.salt.data(), 16));
+}
+
+// A promise that fails with UNAVAILABLE ("peer timeout") unless `p` settles by `timeout`.
+template <typename T>
+kj::Promise<T> withDeadline(kj::Timer& timer, kj::Duration timeout, kj::Promise<T> p) {
+  return timer.timeoutAfter(timeout, kj::mv(p));
+}
+
+}  // namespace
+
+// The implementation.
+
+class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::ErrorHandler {
+ public:
+  struct Link {
+    std::string address;
+    std::string nodeId;  // learned at authenticate (or known from etcd)
+    bool up = false;
+    bool removed = false;
+    // The client side of a peer connection, with the peer port's bounds.
+    struct Rpc {
+      explicit Rpc(kj::AsyncIoStream& stream)
+          : network(stream, capnp::rpc::twoparty::Side::CLIENT, peerReaderOptions()),
+            system(capnp::makeRpcClient(network)) {}
+      capnp::Capability::Client bootstrap() {
+        capnp::word scratch[4];
+        memset(&scratch, 0, sizeof(scratch));
+        capnp::MallocMessageBuilder message(scratch);
+        auto vat = message.getRoot<capnp::rpc::twoparty::VatId>();
+        vat.setSide(capnp::rpc::twoparty::Side::SERVER);
+        return system.bootstrap(vat);
+      }
+      capnp::TwoPartyVatNetwork network;
+      capnp::RpcSystem<capnp::rpc::twoparty::VatId> system;
+    };
+    kj::Own<kj::AsyncIoStream> stream;
+    kj::Own<Rpc> rpc;
+    kj::Maybe<peer::Peer::Client> peer;
+    std::unique_ptr<UcxEndpoint> ucx;
+    struct Region {
+      uint32_t index;
+      uint64_t address, bytes;
+    };
+    std::unordered_map<uint32_t, Region> regions;  // the holder's extent id -> its region
+    kj::Maybe<kj::ForkedPromise<void>> ucxSetup;
+    kj::Promise<void> task = nullptr;
+    kj::Duration backoff = kMinBackoff;
+    bool publishing = false;
+    // Round trips of the last heartbeats (microseconds), oldest overwritten first.
+    std::array<double, kRttSamples> rtts{};
+    size_t rttCount = 0;
+  };
+
+  Impl(Engine& engine, HostPool& pool, ColdService* cold, TierService* tiers,
+       kj::AsyncIoContext& io, ClusterOptions options)
+      : engine_(engine),
+        pool_(pool),
+        cold_(cold),
+        tiers_(tiers),
+        io_(io),
+        timer_(io.provider->getTimer()),
+        options_(std::move(options)),
+        hasher_("kvtier:xxh3"),
+        tasks_(*this) {
+    members_ = {options_.nodeId};
+    engine_.setIndexObserver(this);
+  }
+
+  ~Impl() noexcept override {
+    engine_.setIndexObserver(nullptr);
+    for (auto& [address, link] : links_) link->task = nullptr;
+  }
+
+  Status start();
+  kj::Promise<void> leave();
+  kj::Promise<void> fetch(SpaceId space, std::vector<Key128> keys);
+  RemoteStats stats() const;
+  std::vector<RemoteMember> memberList() const;
+  bool active() const { return members_.size() > 1; }
+
+  void blockIndexed(SpaceId space, const Key128& key) override {
+    held_.hold(dirKey(space, key), members_);
+    schedulePublish();
+  }
+  void blockUnindexed(SpaceId space, const Key128& key) override {
+    const DirKey k = dirKey(space, key);
+    if (cold_ && cold_->directory().contains(k.fingerprint, k.salt, k.key)) return;  // on disk
+    held_.drop(k, members_);
+    schedulePublish();
+  }
+
+  // Served to peers (the RPC objects below).
+  class PeerImpl;
+  class PeerGateImpl;
+  class PinLeaseImpl;
+  struct Connection;
+
+  Engine& engine_;
+  HostPool& pool_;
+  ColdService* cold_;
+  TierService* tiers_;
+  kj::AsyncIoContext& io_;
+  kj::Timer& timer_;
+  ClusterOptions options_;
+  std::string advertise_;
+  OwnerId owner_ = ~OwnerId{0} - 1;  // the engine owner of peers' pins (they bind no sequence)
+
+  std::unique_ptr<UcxWorker> ucx_;
+  std::vector<std::unique_ptr<UcxRegion>> regions_;  // the host pool's extents, by extent id
+  kj::Own<kj::ConnectionReceiver> listener_;
+  size_t connections_ = 0;
+
+  std::vector<std::string> members_;                    // live node ids, self included, sorted
+  std::map<std::string, std::shared_ptr<Link>> links_;  // by address
+  kj::Own<EtcdMembership> etcd_;
+  std::vector<MemberRecord> etcdMembers_;
+
+  HomeDirectory home_;
+  HeldKeys held_;
+  bool publishScheduled_ = false;
+  size_t publishInFlight_ = 0;  // keys sent to homes and not yet acknowledged
+
+  std::unordered_set<uint64_t> loggedCorrupt_;  // blocks (a part of their key) logged corrupt
+  WorkerThread hasher_;
+
+  RemoteStats stats_;
+  kj::TaskSet tasks_;
+
+  DirKey dirKey(SpaceId space, const Key128& key) const {
+    const SpaceInfo& info = engine_.space(space);
+    return DirKey{info.fingerprint, info.salt, key};
+  }
+  // The error a call naming a node that is not a live member gets.
+  static Error notLive(const std::string& node) {
+    return makeError(ErrorCode::kUnavailable, "node ", node,
+                     " is not a live member of the cluster");
+  }
+  std::shared_ptr<Link> linkTo(const std::string& node) const {
+    for (const auto& [address, link] : links_) {
+      if (link->up && link->nodeId == node) return link;
+    }
+    return nullptr;
+  }
+
+  // Membership.
+  void addLink(const std::string& address, const std::string& nodeId);
+  kj::Promise<void> runLink(Link& link);
+  kj::Promise<void> connectLink(Link& link);
+  kj::Promise<void> heartbeat(Link& link);
+  void linkDown(Link& link, const kj::Exception& why);
+  void updateMembers();
+  void setEtcdMembers(const std::vector<MemberRecord>& records);
+
+  // Directory.
+  void schedulePublish();
+  void flushPublish();
+
+  // Fetch.
+  kj::Promise<void> fetchChain(SpaceId space, std::vector<Key128> keys);
+  // `replica`: the holder keeps its copy (a remote hit); false when the blocks are handed over
+  // for good (a drain, a move). With `awaitRelease`, resolves only once the holder has released
+  // its pin (a move then frees the holder's blocks at once).
+  kj::Promise<void> fetchRun(SpaceId space, std::shared_ptr<Link> link, std::vector<Key128> keys,
+                             bool replica = true, bool awaitRelease = false);
+  kj::Promise<void> ensureTransport(std::shared_ptr<Link> link);
+  void countFailure(const kj::Exception& e);
+  // How long a batch of gets may take: a base plus its bytes at a floor bandwidth, at most the
+  // peer timeout. A stuck transfer (seen under paced traffic over tcp, docs/cluster.md "Not
+  // yet") then costs a small batch 1 s, not the whole timeout. (A 200 ms base cut off transfers
+  // on endpoints still being wired up.)
+  kj::Duration transferDeadline(const std::vector<UcxGet>& gets) const {
+    uint64_t bytes = 0;
+    for (const auto& g : gets) bytes += g.bytes;
+    const kj::Duration d = kTransferBase + bytes / kTransferFloorBytesPerMs * kj::MILLISECONDS;
+    return std::min(d, options_.peerTimeout);
+  }
+  // Releases a holder's pin, in the background (it runs out by itself anyway). The promise
+  // resolves once the holder has answered (or did not in time); it need not be kept.
+  kj::Promise<void> releasePin(kj::Maybe<peer::PinLease::Client>& lease) {
+    KJ_IF_MAYBE (l, lease) {
+      auto released =
+          withDeadline(timer_, options_.peerTimeout, l->releaseRequest().send().ignoreResult())
+              .catch_([](kj::Exception&&) {})
+              .fork();
+      tasks_.add(released.addBranch());
+      lease = nullptr;
+      return released.addBranch();
+    }
+    return kj::READY_NOW;
+  }
+
+  // Serving.
+  kj::Promise<void> acceptLoop();
+  // A peer connection as the daemon reads it: watched for reading only (transport/socket_stream.h:
+  // neither end is woken each time the other reads), buffered, Nagle off.
+  kj::Own<kj::AsyncIoStream> peerStream(kj::Own<kj::AsyncIoStream> stream) {
+    const int one = 1;
+    KJ_IF_MAYBE (e, kj::runCatchingExceptions(
+                        [&] { stream->setsockopt(IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); })) {
+      (void)e;  // not TCP (a test's socket pair): nothing to turn off
+    }
+    return kj::heap<BufferedIoStream>(readWatchedSocket(io_.unixEventPort, kj::mv(stream)));
+  }
+  // xxh3 of each block's first `bytes` bytes, on the hasher thread (a fetcher's verification).
+  kj::Promise<std::vector<uint64_t>> checksumsOf(std::vector<BlockLocation> blocks);
+  // The checksums served with `blocks`: each block's own, taken by its writer (`stored`); only a
+  // block that has none (a partial block of a snapshot) gets one taken from its bytes now.
+  kj::Promise<std::vector<uint64_t>> servedChecksums(std::vector<BlockLocation> blocks,
+                                                     std::vector<std::optional<uint64_t>> stored);
+  // A block that failed its checksum is a miss, counted by the caller; it is logged once.
+  void logCorrupt(const char* event, const Key128& key, const std::string& node);
+  // Snapshots across nodes.
+  kj::Promise<SnapshotId> pullSnapshot(SpaceId space, std::string node, SnapshotId id);
+  kj::Promise<void> dropRemoteSnapshot(SpaceId space, std::string node, SnapshotId id);
+  kj::Promise<size_t> pushBlocks(SpaceId space, std::string node, std::vector<Key128> keys);
+  // Drains.
+  kj::Promise<DrainProgress> drainStep(uint32_t maxSnapshots, uint32_t maxBlocks);
+  // Fetches `keys` of `space` from `link`'s node straight (no directory): resolves with how many
+  // of them this node holds afterwards.
+  kj::Promise<size_t> fetchFrom(SpaceId space, std::shared_ptr<Link> link,
+                                std::vector<Key128> keys);
+  // Asks `target` to take snapshot `snapshot` (0: none) and blocks `keys` of `space` from us.
+  kj::Promise<capnp::Response<peer::Peer::TakeResults>> askToTake(std::shared_ptr<Link> target,
+                                                                  SpaceId space,
+                                                                  SnapshotId snapshot,
+                                                                  std::vector<Key128> keys);
+  kj::Promise<void> dropLocalSnapshot(SpaceId space, SnapshotId id) {
+    if (cold_) return cold_->dropSnapshot(space, id);
+    if (auto s = engine_.dropSnapshot(space, id); !s) return toKjException(s.error());
+    return kj::READY_NOW;
+  }
+  // Blocks this node handed to others in a drain (a drain run again skips them).
+  std::unordered_set<DirKey, DirKeyHash> drained_;
+  // Blocks being fetched, and the fetch that brings them: a lookup that needs one of them waits
+  // for that fetch rather than reading the same bytes again.
+  std::unordered_map<DirKey, std::shared_ptr<kj::ForkedPromise<void>>, DirKeyHash> fetching_;
+
+  void taskFailed(kj::Exception&& e) override {
+    logWarn("cluster_task_failed", e.getDescription().cStr());
+  }
+};
+
+}  // namespace kvtier
