@@ -75,8 +75,11 @@ interface Peer {
   # read back first), for at most leaseMs (or until the lease is released or dropped), and
   # describes where each block lies in the extents of transportInfo.
 
-  transportInfo @4 () -> (workerAddress :Data, extents :List(RemoteExtent), transports :Text);
-  # This node's UCX worker address and its pool extents with their packed rkeys.
+  transportInfo @4 () -> (workerAddress :Data, extents :List(RemoteExtent), transports :Text,
+                          ucxPort :UInt16);
+  # This node's UCX listener port (on the host of its peer address: a fetcher connects there) and
+  # its pool extents with their packed rkeys. workerAddress: no longer sent (endpoints are made
+  # through the listener only).
 
   snapshotManifest @5 (space :Namespace, id :UInt64) -> (manifest :Data);
   # The encoded manifest of snapshot `id` (daemon/snapshot_codec.h), from memory or disk.

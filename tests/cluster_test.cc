@@ -412,6 +412,78 @@ TEST(Cluster, KillingTheHolderMidFetchCostsAShorterHitNeverWrongBytes) {
   EXPECT_EQ(lookupPrompt(*client, 9, 64).matched, 64u);
 }
 
+// Whether process `pid` runs (a child that died is a zombie until reaped: not alive).
+bool alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t end = line.rfind(')');
+  return end != std::string::npos && end + 2 < line.size() && line[end + 2] != 'Z' &&
+         line[end + 2] != 'X';
+}
+
+// How many fetchers FetchersKilledAtRandomMomentsNeverTakeTheHolderDown kills (KVTIER_TEST_KILLS
+// overrides it).
+size_t fetcherKills() {
+  const char* env = std::getenv("KVTIER_TEST_KILLS");
+  return env ? std::strtoul(env, nullptr, 10) : 200;
+}
+
+// Not run by ctest (scripts/fetcher-kills.sh runs it): over tcp, UCX 1.13 still aborts a holder
+// now and then when a fetcher dies with gets in flight — its software GET over tcp answers each
+// get from the holder's side, and a reply that meets the dead peer's socket is fatal there
+// (ucp_request.inl:346, "unexpected error: Endpoint timeout", from ucp_get_req_handler): about
+// one run of 200 kills in three with UCX_TLS=tcp, rarely with UCX's own choice of transports on
+// one host. The endpoint setup no longer is (docs/cluster.md, "Endpoints").
+TEST(ClusterFaults, DISABLED_FetchersKilledAtRandomMomentsNeverTakeTheHolderDown) {
+  // A fetcher dies (SIGKILL) at a random moment of its start, its link and UCX endpoint setup to
+  // the holder, or its gets: the holder never dies, and every pin the dead fetcher held on it is
+  // released (by its connection's end, at the latest by its lease).
+  std::vector<NodeSpec> specs = nodes(2);
+  specs[0].extraArgs = {"--pin-lease-ms", "2000"};
+  Cluster c(specs);
+  ASSERT_TRUE(c.formed(2));
+  constexpr size_t kTokens = 64 * 16;  // 64 blocks
+  putPrompt(c[0], "held", 31, kTokens);
+  ASSERT_TRUE(c.published(0));
+  std::mt19937_64 rng(2026);
+  const pid_t holder = c[0].pid();
+  const size_t kills = fetcherKills();
+  for (size_t k = 0; k < kills; ++k) {
+    if (k > 0) c.start(1);  // a fresh fetcher on the same address
+    const std::string segments = c[1].segmentPrefix();
+    std::thread lookups;
+    if (k % 4 != 0) {
+      // Three kills in four come while the fetcher fetches (its first fetch sets its endpoint
+      // up); the others while it starts and links.
+      ASSERT_TRUE(eventually([&] { return c[1].connect()->stats().value().clusterMembersUp == 2; },
+                             std::chrono::seconds(10)));
+      lookups = std::thread([&, socket = c[1].socket()] {
+        // The daemon may be gone before this connects: an error, never a crash here.
+        auto client = Client::connect(ClientOptions{.socketPath = socket});
+        if (!client) return;
+        auto space = (*client)->open(testLayout());
+        if (!space) return;
+        for (int i = 0; i < 50; ++i) {
+          // The daemon dies under these calls: any answer or error is fine, never a crash here.
+          (void)(*space)->lookup(synthetic::tokens(31, kTokens));
+        }
+      });
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 20000));
+    c[1].stop(SIGKILL);
+    if (lookups.joinable()) lookups.join();
+    for (const auto& name : shmSegments(segments)) ::shm_unlink(("/" + name).c_str());
+    ASSERT_TRUE(alive(holder)) << "the holder died at kill " << k;
+  }
+  // The holder still serves its own clients, and holds no pin of any dead fetcher.
+  auto client = c[0].connect();
+  const Hit hit = lookupPrompt(*client, 31, kTokens);
+  EXPECT_EQ(hit.matched, kTokens);
+  EXPECT_TRUE(hit.identical);
+  expectNoLeakedBlocks(c[0]);
+}
+
 TEST(Cluster, AHolderThatStopsAnsweringCostsAMissWithinTheDeadline) {
   Cluster c(nodes(2));  // --peer-timeout-ms 1000
   ASSERT_TRUE(c.formed(2));

@@ -3,8 +3,12 @@
 #include <kj/debug.h>
 #include <ucp/api/ucp.h>
 
+#include <netdb.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 namespace kvtier {
 namespace {
@@ -16,11 +20,31 @@ namespace {
 constexpr kj::Duration kInFlightTick = 1 * kj::MILLISECONDS;
 // Progress calls in one turn of the event loop before it lets other events run.
 constexpr int kProgressPerTurn = 256;
-// A worker address from a peer larger than this is refused (UCX's are a few hundred bytes).
-constexpr size_t kMaxWorkerAddressBytes = 64 << 10;
+// Connections accepted from peers at once; more are rejected (a cluster has far fewer members).
+constexpr size_t kMaxAccepted = 4096;
 
 Error ucxError(const char* what, ucs_status_t status) {
   return makeError(ErrorCode::kUnavailable, what, ": ", ucs_status_string(status));
+}
+
+// host:port as a socket address (numeric or a name; the first address it resolves to).
+Result<sockaddr_storage> resolve(const std::string& host, uint16_t port, socklen_t* length) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | (host.empty() ? AI_PASSIVE : 0);
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  const int rc =
+      ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    return makeError(ErrorCode::kUnavailable, "cannot resolve ", host, ": ", ::gai_strerror(rc));
+  }
+  sockaddr_storage out{};
+  std::memcpy(&out, found->ai_addr, found->ai_addrlen);
+  *length = found->ai_addrlen;
+  ::freeaddrinfo(found);
+  return out;
 }
 
 }  // namespace
@@ -60,6 +84,19 @@ struct UcxCallbacks {
     auto* ep = static_cast<UcxEndpoint*>(arg);
     ep->failed_ = true;
     ep->worker_.anyFailed_ = true;
+  }
+  static void acceptedFailed(void* arg, ucp_ep_h, ucs_status_t) {
+    auto* accepted = static_cast<UcxWorker::Accepted*>(arg);
+    accepted->failed = true;
+    accepted->worker->anyFailed_ = true;
+  }
+  // Inside progress: queued, accepted (or rejected) by acceptPending after it.
+  static void connectionRequest(ucp_conn_request_h request, void* arg) {
+    static_cast<UcxWorker*>(arg)->requests_.push_back(request);
+  }
+  static void flushed(void* request, ucs_status_t status, void* user) {
+    static_cast<UcxEndpoint*>(user)->flushDone(status);
+    ucp_request_free(request);
   }
 };
 
@@ -120,8 +157,8 @@ kj::Promise<std::vector<bool>> UcxEndpoint::get(std::vector<UcxGet> gets, kj::Ti
       param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
       param.memh = g.localRegion->handle();
     }
-    ucs_status_ptr_t req = ucp_get_nbx(ep_, g.local, g.bytes, g.remoteAddress,
-                                       regions_[g.region].rkey, &param);
+    ucs_status_ptr_t req =
+        ucp_get_nbx(ep_, g.local, g.bytes, g.remoteAddress, regions_[g.region].rkey, &param);
     if (req == nullptr) {
       batch.complete(i, true);
     } else if (UCS_PTR_IS_ERR(req)) {
@@ -140,18 +177,68 @@ kj::Promise<std::vector<bool>> UcxEndpoint::get(std::vector<UcxGet> gets, kj::Ti
   return kj::mv(paf.promise);
 }
 
-void UcxEndpoint::close() {
-  failed_ = true;
-  if (ep_ == nullptr) return;
+kj::Promise<void> UcxEndpoint::connected(kj::TimePoint deadline) {
+  if (ep_ == nullptr || failed_) {
+    return KJ_EXCEPTION(DISCONNECTED, "UCX endpoint failed before it connected");
+  }
+  // A flush of a fresh client endpoint completes once its connection is up.
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = &UcxCallbacks::flushed;
+  param.user_data = this;
+  ucs_status_ptr_t req = ucp_ep_flush_nbx(ep_, &param);
+  if (req == nullptr) return kj::READY_NOW;
+  if (UCS_PTR_IS_ERR(req)) {
+    close();
+    return KJ_EXCEPTION(DISCONNECTED, "UCX connection failed",
+                        ucs_status_string(UCS_PTR_STATUS(req)));
+  }
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  connecting_ = kj::mv(paf.fulfiller);
+  worker_.kick();
+  return paf.promise.exclusiveJoin(worker_.timer_.atTime(deadline).then([this]() -> void {
+    close();
+    kj::throwRecoverableException(
+        KJ_EXCEPTION(DISCONNECTED, "UCX connection not established by its deadline"));
+  }));
+}
+
+void UcxEndpoint::flushDone(int code) {
+  const auto status = static_cast<ucs_status_t>(code);
+  if (!connecting_) return;
+  if (status == UCS_OK) {
+    connecting_->fulfill();
+  } else {
+    failed_ = true;
+    worker_.anyFailed_ = true;
+    connecting_->reject(
+        KJ_EXCEPTION(DISCONNECTED, "UCX connection failed", ucs_status_string(status)));
+  }
+  connecting_ = nullptr;
+}
+
+void UcxWorker::forceClose(ucp_worker* worker, ucp_ep* ep) {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  ucs_status_ptr_t req = ucp_ep_close_nbx(ep_, &param);
-  ep_ = nullptr;
+  ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &param);
   if (req != nullptr && !UCS_PTR_IS_ERR(req)) {
     // A forced close does not wait for the peer: it finishes within a few progress calls.
-    while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(worker_.worker_);
+    while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(worker);
     ucp_request_free(req);
+  }
+}
+
+void UcxEndpoint::close() {
+  failed_ = true;
+  if (ep_ == nullptr) return;
+  ucp_ep* ep = ep_;
+  ep_ = nullptr;
+  UcxWorker::forceClose(worker_.worker_, ep);
+  // A flush still waiting completed (failed) in the close's progress; if not, it never will.
+  if (connecting_) {
+    connecting_->reject(KJ_EXCEPTION(DISCONNECTED, "UCX endpoint closed before it connected"));
+    connecting_ = nullptr;
   }
   // Requests purged by the close have completed (as canceled) by now; make sure of it.
   for (int i = 0; i < 1000 && std::any_of(batches_.begin(), batches_.end(),
@@ -193,28 +280,23 @@ Result<std::unique_ptr<UcxWorker>> UcxWorker::create(kj::UnixEventPort& port, kj
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;
   st = ucp_worker_create(w->context_, &wp, &w->worker_);
   if (st != UCS_OK) return ucxError("ucp_worker_create", st);
-  ucp_address_t* address = nullptr;
-  size_t length = 0;
-  st = ucp_worker_get_address(w->worker_, &address, &length);
-  if (st != UCS_OK) return ucxError("ucp_worker_get_address", st);
-  const auto* bytes = reinterpret_cast<const uint8_t*>(address);
-  w->address_.assign(bytes, bytes + length);
-  ucp_worker_release_address(w->worker_, address);
   st = ucp_worker_get_efd(w->worker_, &w->efd_);
   if (st != UCS_OK) return ucxError("ucp_worker_get_efd", st);
   const char* tls = std::getenv("UCX_TLS");
   w->transports_ = tls ? tls : "all";
-  w->observer_ = kj::heap<kj::UnixEventPort::FdObserver>(port, w->efd_,
-                                                         kj::UnixEventPort::FdObserver::OBSERVE_READ);
-  w->loop_ = w->progressLoop().eagerlyEvaluate([](kj::Exception&& e) {
-    KJ_LOG(ERROR, "UCX progress loop failed", e);
-  });
+  w->observer_ = kj::heap<kj::UnixEventPort::FdObserver>(
+      port, w->efd_, kj::UnixEventPort::FdObserver::OBSERVE_READ);
+  w->loop_ = w->progressLoop().eagerlyEvaluate(
+      [](kj::Exception&& e) { KJ_LOG(ERROR, "UCX progress loop failed", e); });
   return w;
 }
 
 UcxWorker::~UcxWorker() {
   loop_ = nullptr;
   observer_ = nullptr;
+  if (listener_) ucp_listener_destroy(listener_);
+  for (ucp_conn_request* request : requests_) ucp_listener_reject(listener_, request);
+  for (auto& a : accepted_) forceClose(worker_, a->ep);
   if (worker_) ucp_worker_destroy(worker_);
   if (context_) ucp_cleanup(context_);
 }
@@ -240,16 +322,65 @@ Result<std::unique_ptr<UcxRegion>> UcxWorker::map(uint8_t* base, uint64_t bytes)
   return std::unique_ptr<UcxRegion>(new UcxRegion(context_, memh, base, bytes, std::move(packed)));
 }
 
-Result<std::unique_ptr<UcxEndpoint>> UcxWorker::connect(std::span<const uint8_t> address) {
-  if (address.empty() || address.size() > kMaxWorkerAddressBytes) {
-    return makeError(ErrorCode::kInvalidArgument, "a UCX worker address of ", address.size(),
-                     " bytes");
+Result<uint16_t> UcxWorker::listen(const std::string& host) {
+  if (listener_) return listenPort_;
+  socklen_t length = 0;
+  auto address = resolve(host, 0, &length);
+  if (!address) return address.error();
+  ucp_listener_params_t p{};
+  p.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+  p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*address);
+  p.sockaddr.addrlen = length;
+  p.conn_handler.cb = &UcxCallbacks::connectionRequest;
+  p.conn_handler.arg = this;
+  ucs_status_t st = ucp_listener_create(worker_, &p, &listener_);
+  if (st != UCS_OK) return ucxError("ucp_listener_create", st);
+  ucp_listener_attr_t attr{};
+  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+  st = ucp_listener_query(listener_, &attr);
+  if (st != UCS_OK) return ucxError("ucp_listener_query", st);
+  const auto* sa = reinterpret_cast<const sockaddr*>(&attr.sockaddr);
+  listenPort_ =
+      ntohs(sa->sa_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port
+                                      : reinterpret_cast<const sockaddr_in*>(sa)->sin_port);
+  return listenPort_;
+}
+
+void UcxWorker::acceptPending() {
+  std::vector<ucp_conn_request*> requests;
+  requests.swap(requests_);
+  for (ucp_conn_request* request : requests) {
+    if (accepted_.size() >= kMaxAccepted) {
+      ucp_listener_reject(listener_, request);
+      continue;
+    }
+    auto accepted = std::make_unique<Accepted>();
+    accepted->worker = this;
+    ucp_ep_params_t p{};
+    p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    p.conn_request = request;
+    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    p.err_handler.cb = &UcxCallbacks::acceptedFailed;
+    p.err_handler.arg = accepted.get();
+    // A request whose peer is gone already fails here, or later through acceptedFailed.
+    if (ucp_ep_create(worker_, &p, &accepted->ep) == UCS_OK) {
+      accepted_.push_back(std::move(accepted));
+    }
   }
+}
+
+Result<std::unique_ptr<UcxEndpoint>> UcxWorker::connect(const std::string& host, uint16_t port) {
+  socklen_t length = 0;
+  auto address = resolve(host, port, &length);
+  if (!address) return address.error();
   std::unique_ptr<UcxEndpoint> ep(new UcxEndpoint(*this));
   ucp_ep_params_t p{};
-  p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                 UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  p.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                 UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&*address);
+  p.sockaddr.addrlen = length;
   p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   p.err_handler.cb = &UcxCallbacks::peerFailed;
   p.err_handler.arg = ep.get();
@@ -273,6 +404,14 @@ void UcxWorker::closeFailed() {
   for (UcxEndpoint* ep : eps) {
     if (ep->failed_ && ep->ep_ != nullptr) ep->close();
   }
+  for (auto it = accepted_.begin(); it != accepted_.end();) {
+    if ((*it)->failed) {
+      forceClose(worker_, (*it)->ep);
+      it = accepted_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 bool UcxWorker::getsInFlight() const {
@@ -287,6 +426,7 @@ bool UcxWorker::getsInFlight() const {
 kj::Promise<void> UcxWorker::progressLoop() {
   for (int i = 0; i < kProgressPerTurn && ucp_worker_progress(worker_) != 0; ++i) {
   }
+  acceptPending();
   closeFailed();
   const ucs_status_t st = ucp_worker_arm(worker_);
   if (st == UCS_ERR_BUSY) return kj::evalLater([this] { return progressLoop(); });

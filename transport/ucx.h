@@ -3,6 +3,13 @@
 // extents registered once with ucp_mem_map, and one-sided gets (ucp_get_nbx) from a peer's
 // registered extents straight into local pool blocks.
 //
+// Connections go through a listener (UCX's client/server establishment over its sockaddr
+// connection manager, as UCX's ucp_client_server example): a daemon that fetches connects to the
+// holder's listener, and the holder accepts each connection with an endpoint of its own, kept until
+// that peer goes or fails. Each direction between two daemons is its own connection, owned by the
+// side that fetches; no endpoint is ever made from a worker address, whose wireup UCX 1.13 asserts
+// on when the peer dies in the middle of it (ucp_request.c:684, "got REP message").
+//
 // UCX picks the transports (UCX_TLS is honoured): on one host shared memory and cma, between
 // hosts tcp, and RDMA where the hardware has it. Debian's UCX is built without CUDA, so GPU pool
 // blocks are never registered: they travel through host blocks.
@@ -30,6 +37,8 @@ struct ucp_worker;
 struct ucp_ep;
 struct ucp_mem;
 struct ucp_rkey;
+struct ucp_listener;
+struct ucp_conn_request;
 
 namespace kvtier {
 
@@ -96,6 +105,10 @@ class UcxEndpoint {
 
   // Whether the peer failed (or the deadline force-closed the endpoint): get() fails at once.
   bool failed() const { return failed_; }
+  // Resolves once the connection is established (a flush of the fresh endpoint completes then),
+  // or rejects when it fails or `deadline` passes (the endpoint is then closed). Regions may be
+  // added only after it resolved.
+  kj::Promise<void> connected(kj::TimePoint deadline);
 
  private:
   friend class UcxWorker;
@@ -104,6 +117,8 @@ class UcxEndpoint {
   explicit UcxEndpoint(UcxWorker& worker);
   // Force-closes the endpoint (idempotent); in-flight gets complete as failed.
   void close();
+  // The flush connected() waits on has completed.
+  void flushDone(int status);
   // Frees the batches that have completed.
   void sweep();
 
@@ -115,7 +130,8 @@ class UcxEndpoint {
   ucp_ep* ep_ = nullptr;
   bool failed_ = false;
   std::vector<RemoteRegion> regions_;
-  std::list<std::unique_ptr<Batch>> batches_;  // in flight
+  std::list<std::unique_ptr<Batch>> batches_;       // in flight
+  kj::Own<kj::PromiseFulfiller<void>> connecting_;  // connected()'s, while it waits
 };
 
 class UcxWorker {
@@ -127,15 +143,19 @@ class UcxWorker {
   UcxWorker(const UcxWorker&) = delete;
   UcxWorker& operator=(const UcxWorker&) = delete;
 
-  // This worker's address, for peers to connect to.
-  const std::vector<uint8_t>& address() const { return address_; }
+  // Starts the listener other daemons connect to, on `host` (a numeric address or a name) and
+  // any free port; returns the port. Idempotent: a second call returns the port it has.
+  Result<uint16_t> listen(const std::string& host);
+  // Connections accepted from peers that are open now.
+  size_t acceptedConnections() const { return accepted_.size(); }
   // The transports UCX chose for this worker (for logs and stats).
   const std::string& transports() const { return transports_; }
 
   // Registers [base, base + bytes) for remote access.
   Result<std::unique_ptr<UcxRegion>> map(uint8_t* base, uint64_t bytes);
-  // An endpoint to the worker at `address` (with peer failure detection).
-  Result<std::unique_ptr<UcxEndpoint>> connect(std::span<const uint8_t> address);
+  // An endpoint to the listener of the daemon at host:port (with peer failure detection). The
+  // connection is made in the background: see UcxEndpoint::connected.
+  Result<std::unique_ptr<UcxEndpoint>> connect(const std::string& host, uint16_t port);
 
   // Progresses the worker now and until it has nothing left to do (after posting operations).
   void kick();
@@ -158,8 +178,18 @@ class UcxWorker {
   // a short tick).
   bool getsInFlight() const;
   // Closes the endpoints whose peer failed (UCX reports it inside progress, where closing is not
-  // allowed).
+  // allowed), accepted ones included.
   void closeFailed();
+  // Accepts the connection requests the listener queued during progress (or rejects them past
+  // kMaxAccepted): endpoints are not made inside UCX's callback.
+  void acceptPending();
+  // An endpoint accepted from a peer: only kept open (the peer reads through its own).
+  struct Accepted {
+    UcxWorker* worker = nullptr;
+    ucp_ep* ep = nullptr;
+    bool failed = false;
+  };
+  static void forceClose(ucp_worker* worker, ucp_ep* ep);
   friend class UcxEndpoint;
   friend struct UcxCallbacks;
 
@@ -167,7 +197,10 @@ class UcxWorker {
   kj::Timer& timer_;
   ucp_context* context_ = nullptr;
   ucp_worker* worker_ = nullptr;
-  std::vector<uint8_t> address_;
+  ucp_listener* listener_ = nullptr;
+  uint16_t listenPort_ = 0;
+  std::vector<ucp_conn_request*> requests_;        // queued by the listener's callback
+  std::list<std::unique_ptr<Accepted>> accepted_;  // open, from peers
   std::string transports_;
   int efd_ = -1;
   size_t holds_ = 0;  // peers' pins on our memory: progress also on the short tick

@@ -1,6 +1,7 @@
-// UCX workers in one process (two workers on one event loop, the way two daemons meet): gets read
-// the peer's registered bytes; a get outside a region fails without being started; a closed
-// endpoint fails at once; a deadline ends every get in flight.
+// UCX workers in one process (two workers on one event loop, the way two daemons meet: the fetcher
+// connects to the holder's listener, which accepts the connection with an endpoint of its own):
+// gets read the peer's registered bytes; a get outside a region fails without being started; a
+// closed endpoint fails at once; a deadline ends every get in flight.
 #include "transport/ucx.h"
 
 #include <gtest/gtest.h>
@@ -26,7 +27,9 @@ struct Pair {
     for (size_t i = 0; i < bytes; ++i) remote[i] = static_cast<uint8_t>(i * 131 + 7);
     remoteRegion = holder->map(remote.data(), remote.size()).value();
     localRegion = fetcher->map(local.data(), local.size()).value();
-    ep = fetcher->connect(holder->address()).value();
+    const uint16_t port = holder->listen("127.0.0.1").value();
+    ep = fetcher->connect("127.0.0.1", port).value();
+    ep->connected(io.provider->getTimer().now() + 10 * kj::SECONDS).wait(io.waitScope);
     region = ep->addRemoteRegion(reinterpret_cast<uint64_t>(remote.data()), remote.size(),
                                  remoteRegion->packedRkey())
                  .value();

@@ -24,6 +24,13 @@ Status ClusterService::Impl::start() {
   auto ucx = UcxWorker::create(io_.unixEventPort, timer_);
   if (!ucx) return ucx.error();
   ucx_ = std::move(ucx).value();
+  // UCX's listener on the host of the peer listener (a fetcher reaches it where it reaches that).
+  std::string ucxHost = options_.listen.substr(0, options_.listen.rfind(':'));
+  if (ucxHost.size() >= 2 && ucxHost.front() == '[')
+    ucxHost = ucxHost.substr(1, ucxHost.size() - 2);
+  auto ucxPort = ucx_->listen(ucxHost);
+  if (!ucxPort) return ucxPort.error();
+  ucxPort_ = *ucxPort;
   for (uint32_t i = 0; i < pool_.extentCount(); ++i) {
     auto region = ucx_->map(pool_.extentBase(i), pool_.segment(i).size());
     if (!region) return region.error();

@@ -165,7 +165,7 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
     kj::Own<kj::AsyncIoStream> stream;
     kj::Own<Rpc> rpc;
     kj::Maybe<peer::Peer::Client> peer;
-    std::unique_ptr<UcxEndpoint> ucx;
+    std::shared_ptr<UcxEndpoint> ucx;  // shared with a connection being set up
     struct Region {
       uint32_t index;
       uint64_t address, bytes;
@@ -235,6 +235,7 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   OwnerId owner_ = ~OwnerId{0} - 1;  // the engine owner of peers' pins (they bind no sequence)
 
   std::unique_ptr<UcxWorker> ucx_;
+  uint16_t ucxPort_ = 0;                             // UCX's listener
   std::vector<std::unique_ptr<UcxRegion>> regions_;  // the host pool's extents, by extent id
   kj::Own<kj::ConnectionReceiver> listener_;
   size_t connections_ = 0;

@@ -159,21 +159,27 @@ kj::Promise<void> ClusterService::Impl::ensureTransport(std::shared_ptr<Link> li
   KJ_IF_MAYBE (p, link->peer) {
     auto setup =
         withDeadline(timer_, options_.peerTimeout, p->transportInfoRequest().send())
-            .then([this, link](auto response) {
+            .then([this, link](capnp::Response<peer::Peer::TransportInfoResults> response) {
               auto extents = response.getExtents();
               if (extents.size() > kMaxRemoteExtents) {
                 throwRpcError(invalid("a peer described too many extents"));
               }
-              auto address = response.getWorkerAddress();
-              auto ep = orThrow(ucx_->connect({address.begin(), address.size()}));
-              for (auto x : extents) {
-                auto rkey = x.getRkey();
-                const uint32_t index = orThrow(
-                    ep->addRemoteRegion(x.getAddress(), x.getBytes(), {rkey.begin(), rkey.size()}));
-                link->regions[x.getId()] = Link::Region{index, x.getAddress(), x.getBytes()};
-              }
-              link->ucx = std::move(ep);
-              logInfo("ucx_endpoint", "node=" + link->nodeId);
+              if (response.getUcxPort() == 0) throwRpcError(invalid("a peer without a UCX port"));
+              // The peer's UCX listener, on the host this node reaches its peer port at.
+              std::string host = link->address.substr(0, link->address.rfind(':'));
+              if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+              std::shared_ptr<UcxEndpoint> ep = orThrow(ucx_->connect(host, response.getUcxPort()));
+              auto ready = ep->connected(timer_.now() + options_.peerTimeout);
+              return ready.then([this, link, ep, response = kj::mv(response)]() mutable {
+                for (auto x : response.getExtents()) {
+                  auto rkey = x.getRkey();
+                  const uint32_t index = orThrow(ep->addRemoteRegion(x.getAddress(), x.getBytes(),
+                                                                     {rkey.begin(), rkey.size()}));
+                  link->regions[x.getId()] = Link::Region{index, x.getAddress(), x.getBytes()};
+                }
+                link->ucx = ep;
+                logInfo("ucx_endpoint", "node=" + link->nodeId);
+              });
             })
             .then([link] { link->ucxSetup = nullptr; },
                   [link](kj::Exception&& e) {

@@ -108,8 +108,7 @@ class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
 
   kj::Promise<void> transportInfo(TransportInfoContext context) override {
     auto out = context.getResults();
-    const auto& address = impl_.ucx_->address();
-    out.setWorkerAddress(capnp::Data::Reader(address.data(), address.size()));
+    out.setUcxPort(impl_.ucxPort_);
     out.setTransports(impl_.ucx_->transports());
     auto extents = out.initExtents(impl_.regions_.size());
     for (uint32_t i = 0; i < impl_.regions_.size(); ++i) {
