@@ -38,9 +38,9 @@ struct PinnedBlock {
 
 struct RemoteExtent {
   id @0 :UInt32;
-  address @1 :UInt64;       # the extent's base address in the holder's process (for ucp_get_nbx)
+  address @1 :UInt64;       # the extent's base address in the holder's process (what gets name)
   bytes @2 :UInt64;
-  rkey @3 :Data;            # ucp_rkey_pack of the extent's ucp_mem_map
+  rkey @3 :Data;            # no longer sent: a fetcher asks the holder for bytes (active messages)
 }
 
 struct Member {
@@ -78,8 +78,8 @@ interface Peer {
   transportInfo @4 () -> (workerAddress :Data, extents :List(RemoteExtent), transports :Text,
                           ucxPort :UInt16);
   # This node's UCX listener port (on the host of its peer address: a fetcher connects there) and
-  # its pool extents with their packed rkeys. workerAddress: no longer sent (endpoints are made
-  # through the listener only).
+  # the bounds of its pool extents (a fetcher asks for bytes inside them). workerAddress: no longer
+  # sent (endpoints are made through the listener only).
 
   snapshotManifest @5 (space :Namespace, id :UInt64) -> (manifest :Data);
   # The encoded manifest of snapshot `id` (daemon/snapshot_codec.h), from memory or disk.

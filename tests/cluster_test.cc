@@ -429,12 +429,9 @@ size_t fetcherKills() {
   return env ? std::strtoul(env, nullptr, 10) : 200;
 }
 
-// Not run by ctest (scripts/fetcher-kills.sh runs it): over tcp, UCX 1.13 still aborts a holder
-// now and then when a fetcher dies with gets in flight — its software GET over tcp answers each
-// get from the holder's side, and a reply that meets the dead peer's socket is fatal there
-// (ucp_request.inl:346, "unexpected error: Endpoint timeout", from ucp_get_req_handler): about
-// one run of 200 kills in three with UCX_TLS=tcp, rarely with UCX's own choice of transports on
-// one host. The endpoint setup no longer is (docs/cluster.md, "Endpoints").
+// Not run by ctest (scripts/fetcher-kills.sh runs it): over tcp, UCX 1.13's own transport still
+// aborts a holder about once in 1,300 kills, in its connection matching (tcp_ep.c:478, a new
+// connection meeting a stale one from a killed peer) — see docs/cluster.md, "Endpoints".
 TEST(ClusterFaults, DISABLED_FetchersKilledAtRandomMomentsNeverTakeTheHolderDown) {
   // A fetcher dies (SIGKILL) at a random moment of its start, its link and UCX endpoint setup to
   // the holder, or its gets: the holder never dies, and every pin the dead fetcher held on it is

@@ -47,22 +47,38 @@ Result<sockaddr_storage> resolve(const std::string& host, uint16_t port, socklen
   return out;
 }
 
+// The active messages a get is made of: the fetcher's request, the holder's answer.
+constexpr unsigned kAmAsk = 1, kAmAnswer = 2;
+struct AskHeader {
+  uint64_t id, address, bytes;
+};
+struct AnswerHeader {
+  uint64_t id;
+  uint64_t ok;  // 1: the bytes follow; 0: refused (outside the holder's mapped memory)
+};
+
 }  // namespace
 
 struct UcxEndpoint::Batch {
-  struct Slot {
+  // A get's request message, kept until UCX has sent it.
+  struct Ask {
     Batch* batch;
     size_t index;
+    AskHeader header;
   };
-  std::vector<bool> ok;
-  std::vector<Slot> slots;  // sized before any get is posted: stable addresses for user_data
-  size_t pending = 0;
+  UcxEndpoint* endpoint = nullptr;
+  std::vector<bool> ok, finished;
+  std::vector<Ask> asks;  // sized before any get is posted: stable addresses for user_data
+  size_t pending = 0;     // gets not finished
+  size_t sending = 0;     // requests UCX still holds
   bool done = false;
   kj::Own<kj::PromiseFulfiller<std::vector<bool>>> fulfiller;
   kj::Promise<void> deadline = nullptr;
   std::function<void(size_t)> each;
 
   void complete(size_t index, bool success) {
+    if (finished[index]) return;
+    finished[index] = true;
     ok[index] = success;
     if (success && each) each(index);
     if (--pending == 0) finish();
@@ -75,9 +91,45 @@ struct UcxEndpoint::Batch {
 
 // UCX's callbacks, with UCX's own signatures.
 struct UcxCallbacks {
-  static void getDone(void* request, ucs_status_t status, void* user) {
-    auto* slot = static_cast<UcxEndpoint::Batch::Slot*>(user);
-    slot->batch->complete(slot->index, status == UCS_OK);
+  // A get's request has left (or failed: then so did the get).
+  static void asked(void* request, ucs_status_t status, void* user) {
+    auto* ask = static_cast<UcxEndpoint::Batch::Ask*>(user);
+    UcxEndpoint::Batch& batch = *ask->batch;
+    --batch.sending;
+    if (status != UCS_OK) {
+      batch.endpoint->worker_.pending_.erase(ask->header.id);
+      batch.complete(ask->index, false);
+    }
+    ucp_request_free(request);
+  }
+  // Holder: a peer asks for bytes. Answered after progress, from answerAsked.
+  static ucs_status_t onAsk(void* arg, const void* header, size_t headerLength, void*, size_t,
+                            const ucp_am_recv_param_t* param) {
+    auto* worker = static_cast<UcxWorker*>(arg);
+    if (headerLength != sizeof(AskHeader) ||
+        !(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+      return UCS_OK;  // not ours: dropped
+    }
+    AskHeader ask;
+    std::memcpy(&ask, header, sizeof ask);
+    worker->asked_.push_back({param->reply_ep, ask.id, ask.address, ask.bytes});
+    return UCS_OK;
+  }
+  // Fetcher: the holder's answer. The bytes are copied into the get's block only while the get
+  // is pending; after a deadline it is not, and they are dropped.
+  static ucs_status_t onAnswer(void* arg, const void* header, size_t headerLength, void* data,
+                               size_t length, const ucp_am_recv_param_t* param) {
+    if (headerLength != sizeof(AnswerHeader)) return UCS_OK;
+    AnswerHeader answer;
+    std::memcpy(&answer, header, sizeof answer);
+    // Eager only (the holder sends with UCP_AM_SEND_FLAG_EAGER): a rendezvous answer is refused.
+    const bool whole = !(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV);
+    static_cast<UcxWorker*>(arg)->answered(answer.id, answer.ok == 1 && whole, data, length);
+    return UCS_OK;
+  }
+  // Holder: an answer has left (or failed: the peer is gone; nothing to do but let go of it).
+  static void answerSent(void* request, ucs_status_t, void* user) {
+    delete static_cast<AnswerHeader*>(user);
     ucp_request_free(request);
   }
   static void peerFailed(void* arg, ucp_ep_h, ucs_status_t) {
@@ -102,7 +154,11 @@ struct UcxCallbacks {
 
 // --- UcxRegion
 
-UcxRegion::~UcxRegion() { ucp_mem_unmap(context_, memh_); }
+UcxRegion::~UcxRegion() {
+  auto& mapped = worker_.mapped_;
+  mapped.erase(std::remove(mapped.begin(), mapped.end(), std::pair{base_, bytes_}), mapped.end());
+  ucp_mem_unmap(worker_.context_, memh_);
+}
 
 // --- UcxEndpoint
 
@@ -116,13 +172,9 @@ UcxEndpoint::~UcxEndpoint() {
   eps.erase(std::remove(eps.begin(), eps.end(), this), eps.end());
 }
 
-Result<uint32_t> UcxEndpoint::addRemoteRegion(uint64_t address, uint64_t bytes,
-                                              std::span<const uint8_t> rkey) {
+Result<uint32_t> UcxEndpoint::addRemoteRegion(uint64_t address, uint64_t bytes) {
   if (ep_ == nullptr) return makeError(ErrorCode::kUnavailable, "UCX endpoint is closed");
-  ucp_rkey_h handle = nullptr;
-  const ucs_status_t st = ucp_ep_rkey_unpack(ep_, rkey.data(), &handle);
-  if (st != UCS_OK) return ucxError("ucp_ep_rkey_unpack", st);
-  regions_.push_back({address, bytes, handle});
+  regions_.push_back({address, bytes});
   return static_cast<uint32_t>(regions_.size() - 1);
 }
 
@@ -134,37 +186,39 @@ kj::Promise<std::vector<bool>> UcxEndpoint::get(std::vector<UcxGet> gets, kj::Ti
   auto paf = kj::newPromiseAndFulfiller<std::vector<bool>>();
   auto owned = std::make_unique<Batch>();
   Batch& batch = *owned;
+  batch.endpoint = this;
   batch.fulfiller = kj::mv(paf.fulfiller);
   batch.each = std::move(onEachDone);
   batch.ok.assign(gets.size(), false);
-  batch.slots.reserve(gets.size());
-  for (size_t i = 0; i < gets.size(); ++i) batch.slots.push_back({&batch, i});
-  batch.pending = gets.size() + 1;  // +1 until every get is posted
+  batch.finished.assign(gets.size(), false);
+  batch.asks.reserve(gets.size());
+  batch.pending = gets.size() + 1;  // +1 until every get is asked for
   batches_.push_back(std::move(owned));
   for (size_t i = 0; i < gets.size(); ++i) {
     const UcxGet& g = gets[i];
+    batch.asks.push_back({&batch, i, {0, g.remoteAddress, g.bytes}});
     if (g.region >= regions_.size() || g.remoteAddress < regions_[g.region].address ||
         g.bytes > regions_[g.region].bytes ||
         g.remoteAddress - regions_[g.region].address > regions_[g.region].bytes - g.bytes) {
       batch.complete(i, false);
       continue;
     }
+    Batch::Ask& ask = batch.asks.back();
+    ask.header.id = worker_.nextGet_++;
+    worker_.pending_[ask.header.id] = {this, &batch, i, g.local, g.bytes};
     ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    param.cb.send = &UcxCallbacks::getDone;
-    param.user_data = &batch.slots[i];
-    if (g.localRegion) {
-      param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-      param.memh = g.localRegion->handle();
-    }
+    param.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER;
+    param.cb.send = &UcxCallbacks::asked;
+    param.user_data = &ask;
     ucs_status_ptr_t req =
-        ucp_get_nbx(ep_, g.local, g.bytes, g.remoteAddress, regions_[g.region].rkey, &param);
-    if (req == nullptr) {
-      batch.complete(i, true);
-    } else if (UCS_PTR_IS_ERR(req)) {
+        ucp_am_send_nbx(ep_, kAmAsk, &ask.header, sizeof ask.header, nullptr, 0, &param);
+    if (UCS_PTR_IS_ERR(req)) {
+      worker_.pending_.erase(ask.header.id);
       batch.complete(i, false);
-    } else {
-      // completes through getDone
+    } else if (req != nullptr) {
+      ++batch.sending;  // completes through asked
     }
   }
   if (--batch.pending == 0) batch.finish();  // the +1 above
@@ -242,19 +296,26 @@ void UcxEndpoint::close() {
   }
   // Requests purged by the close have completed (as canceled) by now; make sure of it.
   for (int i = 0; i < 1000 && std::any_of(batches_.begin(), batches_.end(),
-                                          [](const auto& b) { return !b->done; });
+                                          [](const auto& b) { return b->sending > 0; });
        ++i) {
     ucp_worker_progress(worker_.worker_);
   }
-  for (auto& r : regions_) {
-    if (r.rkey) ucp_rkey_destroy(r.rkey);
-    r.rkey = nullptr;
+  // Gets still waiting for their answer fail now: an answer that comes later finds none.
+  std::vector<UcxWorker::Pending> waiting;
+  for (auto it = worker_.pending_.begin(); it != worker_.pending_.end();) {
+    if (it->second.endpoint == this) {
+      waiting.push_back(it->second);
+      it = worker_.pending_.erase(it);
+    } else {
+      ++it;
+    }
   }
+  for (const auto& w : waiting) static_cast<Batch*>(w.batch)->complete(w.index, false);
 }
 
 void UcxEndpoint::sweep() {
   for (auto it = batches_.begin(); it != batches_.end();) {
-    if ((*it)->done) {
+    if ((*it)->done && (*it)->sending == 0) {
       it = batches_.erase(it);
     } else {
       ++it;
@@ -271,7 +332,7 @@ Result<std::unique_ptr<UcxWorker>> UcxWorker::create(kj::UnixEventPort& port, kj
   if (st != UCS_OK) return ucxError("ucp_config_read", st);
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
   st = ucp_init(&params, config, &w->context_);
   ucp_config_release(config);
   if (st != UCS_OK) return ucxError("ucp_init", st);
@@ -280,6 +341,18 @@ Result<std::unique_ptr<UcxWorker>> UcxWorker::create(kj::UnixEventPort& port, kj
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;
   st = ucp_worker_create(w->context_, &wp, &w->worker_);
   if (st != UCS_OK) return ucxError("ucp_worker_create", st);
+  for (const auto& [id, handler] :
+       {std::pair{kAmAsk, &UcxCallbacks::onAsk}, std::pair{kAmAnswer, &UcxCallbacks::onAnswer}}) {
+    ucp_am_handler_param_t hp{};
+    hp.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                    UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    hp.id = id;
+    hp.cb = handler;
+    hp.arg = w.get();
+    hp.flags = UCP_AM_FLAG_WHOLE_MSG;
+    st = ucp_worker_set_am_recv_handler(w->worker_, &hp);
+    if (st != UCS_OK) return ucxError("ucp_worker_set_am_recv_handler", st);
+  }
   st = ucp_worker_get_efd(w->worker_, &w->efd_);
   if (st != UCS_OK) return ucxError("ucp_worker_get_efd", st);
   const char* tls = std::getenv("UCX_TLS");
@@ -309,17 +382,8 @@ Result<std::unique_ptr<UcxRegion>> UcxWorker::map(uint8_t* base, uint64_t bytes)
   ucp_mem_h memh = nullptr;
   ucs_status_t st = ucp_mem_map(context_, &p, &memh);
   if (st != UCS_OK) return ucxError("ucp_mem_map", st);
-  void* rkey = nullptr;
-  size_t size = 0;
-  st = ucp_rkey_pack(context_, memh, &rkey, &size);
-  if (st != UCS_OK) {
-    ucp_mem_unmap(context_, memh);
-    return ucxError("ucp_rkey_pack", st);
-  }
-  const auto* b = static_cast<const uint8_t*>(rkey);
-  std::vector<uint8_t> packed(b, b + size);
-  ucp_rkey_buffer_release(rkey);
-  return std::unique_ptr<UcxRegion>(new UcxRegion(context_, memh, base, bytes, std::move(packed)));
+  mapped_.emplace_back(base, bytes);  // peers may read it from here on
+  return std::unique_ptr<UcxRegion>(new UcxRegion(*this, memh, base, bytes));
 }
 
 Result<uint16_t> UcxWorker::listen(const std::string& host) {
@@ -344,6 +408,45 @@ Result<uint16_t> UcxWorker::listen(const std::string& host) {
       ntohs(sa->sa_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port
                                       : reinterpret_cast<const sockaddr_in*>(sa)->sin_port);
   return listenPort_;
+}
+
+void UcxWorker::answerAsked() {
+  std::vector<Ask> asks;
+  asks.swap(asked_);
+  for (const Ask& ask : asks) {
+    // Only on an open connection from a peer (an endpoint failed meanwhile is closed below).
+    const bool open = std::any_of(accepted_.begin(), accepted_.end(),
+                                  [&](const auto& a) { return a->ep == ask.reply && !a->failed; });
+    if (!open) continue;
+    const bool inside = std::any_of(mapped_.begin(), mapped_.end(), [&](const auto& m) {
+      const auto base = reinterpret_cast<uint64_t>(m.first);
+      return ask.address >= base && ask.bytes <= m.second &&
+             ask.address - base <= m.second - ask.bytes;
+    });
+    auto* header = new AnswerHeader{ask.id, inside ? 1u : 0u};
+    ucp_request_param_t param{};
+    param.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    // Eager: a rendezvous would have the peer answer back, which UCX 1.13 cannot survive either.
+    param.flags = UCP_AM_SEND_FLAG_EAGER;
+    param.cb.send = &UcxCallbacks::answerSent;
+    param.user_data = header;
+    ucs_status_ptr_t req =
+        ucp_am_send_nbx(ask.reply, kAmAnswer, header, sizeof *header,
+                        inside ? reinterpret_cast<const void*>(ask.address) : nullptr,
+                        inside ? ask.bytes : 0, &param);
+    if (req == nullptr || UCS_PTR_IS_ERR(req)) delete header;  // sent already, or failed
+  }
+}
+
+void UcxWorker::answered(uint64_t id, bool ok, const void* data, size_t length) {
+  auto it = pending_.find(id);
+  if (it == pending_.end()) return;  // not pending any more (a deadline): dropped
+  const Pending get = it->second;
+  pending_.erase(it);
+  const bool whole = ok && length == get.bytes;
+  if (whole) std::memcpy(get.local, data, length);
+  static_cast<UcxEndpoint::Batch*>(get.batch)->complete(get.index, whole);
 }
 
 void UcxWorker::acceptPending() {
@@ -415,6 +518,7 @@ void UcxWorker::closeFailed() {
 }
 
 bool UcxWorker::getsInFlight() const {
+  if (!pending_.empty()) return true;
   for (const UcxEndpoint* ep : endpoints_) {
     for (const auto& b : ep->batches_) {
       if (!b->done) return true;
@@ -427,6 +531,7 @@ kj::Promise<void> UcxWorker::progressLoop() {
   for (int i = 0; i < kProgressPerTurn && ucp_worker_progress(worker_) != 0; ++i) {
   }
   acceptPending();
+  answerAsked();
   closeFailed();
   const ucs_status_t st = ucp_worker_arm(worker_);
   if (st == UCS_ERR_BUSY) return kj::evalLater([this] { return progressLoop(); });

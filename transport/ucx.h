@@ -1,7 +1,15 @@
 // UCX (ucp) for moving blocks between daemons: one context and worker per daemon, progressed from
 // the daemon's KJ event loop through the worker's event fd (it never spins while idle), pool
-// extents registered once with ucp_mem_map, and one-sided gets (ucp_get_nbx) from a peer's
-// registered extents straight into local pool blocks.
+// extents registered once with ucp_mem_map, and gets of a peer's registered bytes into local
+// pool blocks.
+//
+// A get is a pair of active messages, not a UCX RMA get: the fetcher asks (a small request naming
+// the peer's address and length), the holder answers with the bytes as an eager active message,
+// and the fetcher copies them into the block the get names — only while that get is still
+// pending, so bytes that arrive after a deadline are dropped, never written into a block that was
+// freed meanwhile. Over tcp, UCX 1.13 implements RMA gets in software, and its answering side
+// aborts the process (ucp_get_req_handler: "unexpected error: Endpoint timeout") when the asker
+// has died; its active-message sends complete a request with the error instead.
 //
 // Connections go through a listener (UCX's client/server establishment over its sockaddr
 // connection manager, as UCX's ucp_client_server example): a daemon that fetches connects to the
@@ -27,6 +35,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "kvtier/error.h"
@@ -53,50 +62,45 @@ class UcxRegion {
 
   uint8_t* base() const { return base_; }
   uint64_t bytes() const { return bytes_; }
-  // The packed remote key a peer unpacks to read this region.
-  const std::vector<uint8_t>& packedRkey() const { return rkey_; }
   ucp_mem* handle() const { return memh_; }
 
  private:
   friend class UcxWorker;
-  UcxRegion(ucp_context* context, ucp_mem* memh, uint8_t* base, uint64_t bytes,
-            std::vector<uint8_t> rkey)
-      : context_(context), memh_(memh), base_(base), bytes_(bytes), rkey_(std::move(rkey)) {}
-  ucp_context* context_;
+  UcxRegion(UcxWorker& worker, ucp_mem* memh, uint8_t* base, uint64_t bytes)
+      : worker_(worker), memh_(memh), base_(base), bytes_(bytes) {}
+  UcxWorker& worker_;
   ucp_mem* memh_;
   uint8_t* base_;
   uint64_t bytes_;
-  std::vector<uint8_t> rkey_;
 };
 
 // One get: `bytes` from `remoteAddress` inside remote region `region` (an index returned by
-// UcxEndpoint::addRemoteRegion) into `local` (inside `localRegion` when given, for zero-copy).
+// UcxEndpoint::addRemoteRegion) into `local`.
 struct UcxGet {
   uint8_t* local = nullptr;
-  const UcxRegion* localRegion = nullptr;
   uint32_t region = 0;
   uint64_t remoteAddress = 0;
   uint64_t bytes = 0;
 };
 
-// An endpoint to a peer's worker, with the peer's regions' unpacked rkeys. A peer that fails
-// (its process died, its connection broke) fails every get in flight and every later one.
-// Destroying the endpoint force-closes it; the gets in flight complete (failed) first, so their
-// local memory is never written afterwards.
+// An endpoint to a peer's worker, with the bounds of the peer's regions. A peer that fails (its
+// process died, its connection broke) fails every get in flight and every later one. Destroying
+// the endpoint force-closes it; the gets in flight fail first, and their local memory is never
+// written afterwards.
 class UcxEndpoint {
  public:
   ~UcxEndpoint();
   UcxEndpoint(const UcxEndpoint&) = delete;
   UcxEndpoint& operator=(const UcxEndpoint&) = delete;
 
-  // Unpacks a peer region's rkey; returns its index for UcxGet::region.
-  Result<uint32_t> addRemoteRegion(uint64_t address, uint64_t bytes, std::span<const uint8_t> rkey);
+  // A peer region's bounds; returns its index for UcxGet::region.
+  Result<uint32_t> addRemoteRegion(uint64_t address, uint64_t bytes);
   size_t remoteRegions() const { return regions_.size(); }
 
   // Starts every get at once. Resolves when all have completed (never rejects), with one flag per
-  // get: whether it read its bytes. At `deadline` the endpoint is force-closed: the gets still
-  // in flight fail, and the promise resolves once UCX has released their buffers. A get outside
-  // its remote region fails without being started.
+  // get: whether it read its bytes. At `deadline` the endpoint is force-closed: the gets still in
+  // flight fail (bytes that come for them later are dropped). A get outside its remote region
+  // fails without being started.
   kj::Promise<std::vector<bool>> get(std::vector<UcxGet> gets, kj::TimePoint deadline,
                                      std::function<void(size_t)> onEachDone = nullptr);
   // `onEachDone`, when given, is called (on this loop, inside UCX's progress: it must not call
@@ -124,7 +128,6 @@ class UcxEndpoint {
 
   struct RemoteRegion {
     uint64_t address = 0, bytes = 0;
-    ucp_rkey* rkey = nullptr;
   };
   UcxWorker& worker_;
   ucp_ep* ep_ = nullptr;
@@ -183,7 +186,17 @@ class UcxWorker {
   // Accepts the connection requests the listener queued during progress (or rejects them past
   // kMaxAccepted): endpoints are not made inside UCX's callback.
   void acceptPending();
-  // An endpoint accepted from a peer: only kept open (the peer reads through its own).
+  // A get a peer asked for: answered after progress (not inside UCX's callback).
+  struct Ask {
+    ucp_ep* reply = nullptr;
+    uint64_t id = 0, address = 0, bytes = 0;
+  };
+  // Answers the gets peers asked for: each with the bytes when they lie in a mapped region and
+  // the asking endpoint is still open, else with a refusal.
+  void answerAsked();
+  // A get's answer has come: its bytes (or a refusal) for the pending get `id`, if it still is.
+  void answered(uint64_t id, bool ok, const void* data, size_t length);
+  // An endpoint accepted from a peer: it asks for gets through it and the answers go back on it.
   struct Accepted {
     UcxWorker* worker = nullptr;
     ucp_ep* ep = nullptr;
@@ -191,6 +204,7 @@ class UcxWorker {
   };
   static void forceClose(ucp_worker* worker, ucp_ep* ep);
   friend class UcxEndpoint;
+  friend class UcxRegion;
   friend struct UcxCallbacks;
 
   kj::UnixEventPort& port_;
@@ -199,8 +213,20 @@ class UcxWorker {
   ucp_worker* worker_ = nullptr;
   ucp_listener* listener_ = nullptr;
   uint16_t listenPort_ = 0;
-  std::vector<ucp_conn_request*> requests_;        // queued by the listener's callback
-  std::list<std::unique_ptr<Accepted>> accepted_;  // open, from peers
+  std::vector<ucp_conn_request*> requests_;            // queued by the listener's callback
+  std::list<std::unique_ptr<Accepted>> accepted_;      // open, from peers
+  std::vector<Ask> asked_;                             // queued by the get request handler
+  std::vector<std::pair<uint8_t*, uint64_t>> mapped_;  // regions peers may read (map())
+  // Gets of this worker's endpoints waiting for their answer, by id.
+  struct Pending {
+    UcxEndpoint* endpoint;
+    void* batch;
+    size_t index;
+    uint8_t* local;
+    uint64_t bytes;
+  };
+  std::unordered_map<uint64_t, Pending> pending_;
+  uint64_t nextGet_ = 1;
   std::string transports_;
   int efd_ = -1;
   size_t holds_ = 0;  // peers' pins on our memory: progress also on the short tick

@@ -17,7 +17,7 @@ struct Pair {
   kj::AsyncIoContext io = kj::setupAsyncIo();
   std::unique_ptr<UcxWorker> holder, fetcher;
   std::vector<uint8_t> remote, local;
-  std::unique_ptr<UcxRegion> remoteRegion, localRegion;
+  std::unique_ptr<UcxRegion> remoteRegion;
   std::unique_ptr<UcxEndpoint> ep;
   uint32_t region = 0;
 
@@ -26,21 +26,18 @@ struct Pair {
     fetcher = UcxWorker::create(io.unixEventPort, io.provider->getTimer()).value();
     for (size_t i = 0; i < bytes; ++i) remote[i] = static_cast<uint8_t>(i * 131 + 7);
     remoteRegion = holder->map(remote.data(), remote.size()).value();
-    localRegion = fetcher->map(local.data(), local.size()).value();
     const uint16_t port = holder->listen("127.0.0.1").value();
     ep = fetcher->connect("127.0.0.1", port).value();
     ep->connected(io.provider->getTimer().now() + 10 * kj::SECONDS).wait(io.waitScope);
-    region = ep->addRemoteRegion(reinterpret_cast<uint64_t>(remote.data()), remote.size(),
-                                 remoteRegion->packedRkey())
-                 .value();
+    region = ep->addRemoteRegion(reinterpret_cast<uint64_t>(remote.data()), remote.size()).value();
   }
   std::vector<bool> get(std::vector<UcxGet> gets, kj::Duration timeout = 10 * kj::SECONDS) {
     auto deadline = io.provider->getTimer().now() + timeout;
     return ep->get(std::move(gets), deadline).wait(io.waitScope);
   }
   UcxGet whole(uint64_t offset, uint64_t bytes) {
-    return UcxGet{local.data() + offset, localRegion.get(), region,
-                  reinterpret_cast<uint64_t>(remote.data()) + offset, bytes};
+    return UcxGet{local.data() + offset, region, reinterpret_cast<uint64_t>(remote.data()) + offset,
+                  bytes};
   }
 };
 
@@ -59,10 +56,25 @@ TEST(Ucx, GetsReadThePeersRegisteredBytes) {
 TEST(Ucx, AGetOutsideItsRegionFailsAndTheOthersStillRead) {
   Pair p(64 << 10);
   std::vector<UcxGet> gets{p.whole(0, 4096), p.whole(60 << 10, 8 << 10), p.whole(4096, 4096)};
-  gets.push_back(UcxGet{p.local.data(), nullptr, 7, 0, 16});  // no such region
+  gets.push_back(UcxGet{p.local.data(), 7, 0, 16});  // no such region
   const auto ok = p.get(gets);
   EXPECT_EQ(ok, (std::vector<bool>{true, false, true, false}));
   EXPECT_EQ(0, std::memcmp(p.local.data(), p.remote.data(), 8192));
+}
+
+// The holder answers only for bytes inside memory it mapped: a fetcher that names more (a region
+// it was told wrongly) is refused, and nothing is written.
+TEST(Ucx, TheHolderRefusesBytesOutsideItsMappedMemory) {
+  Pair p(64 << 10);
+  const uint32_t wider =
+      p.ep->addRemoteRegion(reinterpret_cast<uint64_t>(p.remote.data()), 2 * p.remote.size())
+          .value();
+  std::vector<uint8_t> out(8192, 0xEE);
+  const auto ok = p.get(
+      {UcxGet{out.data(), wider, reinterpret_cast<uint64_t>(p.remote.data()) + (60 << 10), 8192},
+       p.whole(0, 4096)});
+  EXPECT_EQ(ok, (std::vector<bool>{false, true}));
+  EXPECT_EQ(out, std::vector<uint8_t>(8192, 0xEE));
 }
 
 TEST(Ucx, AClosedEndpointFailsAtOnceAndNothingIsWritten) {

@@ -194,8 +194,8 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
             break;
           }
           gets.push_back(UcxGet{pool_.extentBase(t.location.extent) + t.location.offset,
-                                regions_[t.location.extent].get(), region->second.index,
-                                region->second.address + b.getOffset(), t.location.bytes});
+                                region->second.index, region->second.address + b.getOffset(),
+                                t.location.bytes});
           which.push_back(i);
           expected.push_back(b.getChecksum());
         }

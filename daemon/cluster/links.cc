@@ -172,9 +172,7 @@ kj::Promise<void> ClusterService::Impl::ensureTransport(std::shared_ptr<Link> li
               auto ready = ep->connected(timer_.now() + options_.peerTimeout);
               return ready.then([this, link, ep, response = kj::mv(response)]() mutable {
                 for (auto x : response.getExtents()) {
-                  auto rkey = x.getRkey();
-                  const uint32_t index = orThrow(ep->addRemoteRegion(x.getAddress(), x.getBytes(),
-                                                                     {rkey.begin(), rkey.size()}));
+                  const uint32_t index = orThrow(ep->addRemoteRegion(x.getAddress(), x.getBytes()));
                   link->regions[x.getId()] = Link::Region{index, x.getAddress(), x.getBytes()};
                 }
                 link->ucx = ep;

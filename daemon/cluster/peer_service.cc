@@ -116,7 +116,6 @@ class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
       extents[i].setId(i);
       extents[i].setAddress(reinterpret_cast<uint64_t>(r.base()));
       extents[i].setBytes(r.bytes());
-      extents[i].setRkey(capnp::Data::Reader(r.packedRkey().data(), r.packedRkey().size()));
     }
     return kj::READY_NOW;
   }

@@ -62,8 +62,8 @@ kj::Promise<SnapshotId> ClusterService::Impl::pullSnapshot(SpaceId space, std::s
           pull->expected[r] = part.getChecksum();
           pull->getOf[r] = gets.size();
           gets.push_back(UcxGet{pool_.extentBase(read.dest.extent) + read.dest.offset,
-                                regions_[read.dest.extent].get(), region->second.index,
-                                region->second.address + part.getOffset(), read.bytes});
+                                region->second.index, region->second.address + part.getOffset(),
+                                read.bytes});
         }
         // Each part is checked on the hasher thread as soon as it has arrived, while the
         // others are still on the wire.
