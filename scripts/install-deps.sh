@@ -20,6 +20,7 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   docker-compose \
   python3-matplotlib \
   python3-dev pybind11-dev python3-numpy python3-pytest python3-torch \
+  mypy python3-typeshed \
   golang-go
 # llama.cpp's prebuilt CPU libraries and matching headers, from the npm registry (no Debian
 # package): the llama.cpp integration and its tests use them.

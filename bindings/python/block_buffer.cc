@@ -11,7 +11,9 @@ int getBuffer(PyObject* self, Py_buffer* view, int flags) {
     HandleState& handle = blockView.handle();
     const std::span<uint8_t> bytes = handle.bytes(blockView.index());  // Released once ended
     if ((flags & PyBUF_WRITABLE) == PyBUF_WRITABLE && handle.readonly()) {
-      PyErr_SetString(PyExc_BufferError, "the blocks of a kvtier.ReadHandle are read-only");
+      PyErr_SetString(PyExc_BufferError,
+                      "the blocks of a kvtier.ReadHandle and the bytes of a kvtier.BlobHandle "
+                      "are read-only");
       return -1;
     }
     if ((flags & PyBUF_F_CONTIGUOUS) == PyBUF_F_CONTIGUOUS) {
@@ -23,7 +25,8 @@ int getBuffer(PyObject* self, Py_buffer* view, int flags) {
     view->readonly = handle.readonly() ? 1 : 0;
     view->suboffsets = nullptr;
     view->internal = nullptr;
-    if ((flags & PyBUF_FORMAT) == PyBUF_FORMAT && (flags & PyBUF_ND) == PyBUF_ND) {
+    if (blockView.kind() == BlockView::Kind::kBlock && (flags & PyBUF_FORMAT) == PyBUF_FORMAT &&
+        (flags & PyBUF_ND) == PyBUF_ND) {
       // The typed 5-D view (NumPy, memoryview).
       view->itemsize = dtypeBytes(handle.layout().dtype);
       view->format = const_cast<char*>(bufferFormat(handle.layout().dtype));
@@ -31,7 +34,8 @@ int getBuffer(PyObject* self, Py_buffer* view, int flags) {
       view->shape = blockView.shape();
       view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? blockView.strides() : nullptr;
     } else {
-      // A consumer that asks for no format or no shape gets the bytes (as PyBuffer_FillInfo).
+      // A blob, or a consumer that asks for no format or no shape: the bytes (as
+      // PyBuffer_FillInfo).
       view->itemsize = 1;
       view->format = (flags & PyBUF_FORMAT) == PyBUF_FORMAT ? const_cast<char*>("B") : nullptr;
       view->ndim = 1;
@@ -50,7 +54,8 @@ int getBuffer(PyObject* self, Py_buffer* view, int flags) {
 // The block as a NumPy array over a new BlockView.
 py::object numpyOf(const Block& block) {
   (void)block.handle->bytes(block.index);  // Released, UsedAfterFork, NotSupported
-  py::object view = py::cast(std::make_unique<BlockView>(block.handle, block.index));
+  py::object view =
+      py::cast(std::make_unique<BlockView>(block.handle, block.index, BlockView::Kind::kBlock));
   py::memoryview memory(view);  // raises what getBuffer raises
   return py::module_::import("numpy").attr("asarray")(memory);
 }
@@ -62,8 +67,8 @@ uint64_t firstPosition(const HandleState& h) {
 
 }  // namespace
 
-BlockView::BlockView(std::shared_ptr<HandleState> handle, size_t index)
-    : handle_(std::move(handle)), index_(index) {
+BlockView::BlockView(std::shared_ptr<HandleState> handle, size_t index, Kind kind)
+    : handle_(std::move(handle)), index_(index), kind_(kind) {
   const Layout& l = handle_->layout();
   shape_ = {static_cast<Py_ssize_t>(l.numLayers), 2, static_cast<Py_ssize_t>(l.blockTokens),
             static_cast<Py_ssize_t>(l.numKvHeads), static_cast<Py_ssize_t>(l.headDim)};
@@ -172,6 +177,14 @@ holds no memory and may outlive its handle.
 
 py::object makeBlock(std::shared_ptr<HandleState> handle, size_t index) {
   return py::cast(Block{std::move(handle), index});
+}
+
+py::object bytesArray(std::shared_ptr<HandleState> handle, size_t index) {
+  (void)handle->bytes(index);  // Released, UsedAfterFork
+  py::object view =
+      py::cast(std::make_unique<BlockView>(std::move(handle), index, BlockView::Kind::kBytes));
+  py::memoryview memory(view);
+  return py::module_::import("numpy").attr("asarray")(memory);
 }
 
 }  // namespace kvtier::python

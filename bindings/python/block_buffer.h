@@ -13,6 +13,12 @@
 // keeps a reference to the Block (torch.frombuffer does) would keep a pointer the count cannot
 // see. A Block only names a block; making a view of it once its handle has ended raises
 // kvtier.Released.
+//
+// A blob handle (kvtier.BlobHandle) is not a buffer either, for the same reason: its numpy() is
+// an array over a BlockView of its bytes, 1-D unsigned char, counted the same way. Neither hands
+// out a memoryview: memoryview.release() (or a `with` block on one) lets go of the export while
+// np.frombuffer or torch.frombuffer of that memoryview still point at the bytes holding only the
+// memoryview object; an array cannot be released while it is alive.
 #pragma once
 
 #include <array>
@@ -34,13 +40,18 @@ struct Block {
 // exists. Not copyable: one object, one count.
 class BlockView {
  public:
-  BlockView(std::shared_ptr<HandleState> handle, size_t index);  // GIL held
-  ~BlockView();                                                  // GIL held
+  enum class Kind {
+    kBlock,  // a KV block: typed, shape [layers, 2, block_tokens, kv_heads, head_dim]
+    kBytes,  // a blob: 1-D unsigned char
+  };
+  BlockView(std::shared_ptr<HandleState> handle, size_t index, Kind kind);  // GIL held
+  ~BlockView();                                                             // GIL held
   BlockView(const BlockView&) = delete;
   BlockView& operator=(const BlockView&) = delete;
 
   HandleState& handle() const { return *handle_; }
   size_t index() const { return index_; }
+  Kind kind() const { return kind_; }
   // The Py_buffer's shape and strides point here; an export holds a reference to the view.
   Py_ssize_t* shape() { return shape_.data(); }
   Py_ssize_t* strides() { return strides_.data(); }
@@ -48,6 +59,7 @@ class BlockView {
  private:
   std::shared_ptr<HandleState> handle_;
   size_t index_;
+  Kind kind_;
   std::array<Py_ssize_t, 5> shape_{}, strides_{};
 };
 
@@ -55,6 +67,9 @@ class BlockView {
 void defineBlock(py::module_& m);
 // Block `index` of `handle` (GIL held; the handle open, the index checked).
 py::object makeBlock(std::shared_ptr<HandleState> handle, size_t index);
+// The bytes of block `index` of `handle` as a read-only 1-D uint8 NumPy array over a new kBytes
+// BlockView (GIL held; Released once the handle has ended).
+py::object bytesArray(std::shared_ptr<HandleState> handle, size_t index);
 
 // The buffer-protocol format character of a layout's dtype (bfloat16 and fp8 as unsigned
 // integers), and the NumPy dtype name with the same meaning.

@@ -8,17 +8,18 @@ segments behind after a clean SIGTERM fails the test that used it.
 import contextlib
 import os
 import socket
+from collections.abc import Iterator
 
 import pytest
 
 import kvtier
-import kvtier.testing
+from kvtier.testing import Daemon
 
 
-def _daemon(host_pool_bytes):
+def _daemon(host_pool_bytes: int) -> Iterator[Daemon]:
     if not os.environ.get("KVTIER_DAEMON"):
         pytest.skip("KVTIER_DAEMON is not set (run through ctest)")
-    daemon = kvtier.testing.Daemon(host_pool_bytes=host_pool_bytes)
+    daemon = Daemon(host_pool_bytes=host_pool_bytes)
     with daemon:
         yield daemon
         daemon.stop()
@@ -27,20 +28,20 @@ def _daemon(host_pool_bytes):
 
 
 @pytest.fixture
-def daemon():
+def daemon() -> Iterator[Daemon]:
     """A kvtierd of the test's own (64 MiB host pool): no test sees another's leases, sessions
     or cached blocks."""
     yield from _daemon(64 << 20)
 
 
 @pytest.fixture
-def small_daemon():
+def small_daemon() -> Iterator[Daemon]:
     """A kvtierd of its own with a 1 MiB pool, for tests that fill it."""
     yield from _daemon(1 << 20)
 
 
 @pytest.fixture
-def client(daemon):
+def client(daemon: Daemon) -> Iterator[kvtier.Client]:
     """A client of `daemon`, closed after the test."""
     c = kvtier.Client(daemon.socket, client_name="pytest")
     yield c
@@ -48,33 +49,33 @@ def client(daemon):
 
 
 @pytest.fixture
-def layout():
+def layout() -> kvtier.Layout:
     """2 layers, 2 KV heads, head dim 8, fp32, 16-token blocks: 256 B a token, 4 KiB a block."""
     return kvtier.Layout("py/tiny", num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32")
 
 
 @pytest.fixture
-def seq(request):
+def seq(request: pytest.FixtureRequest) -> str:
     """A sequence name of this test's own."""
     return "seq-" + request.node.name
 
 
 
-def _free_port():
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 @pytest.fixture
-def two_nodes():
+def two_nodes() -> Iterator[list[Daemon]]:
     """Two kvtierd of the test's own joined as a cluster by static peers on loopback (nodes 'n0'
     and 'n1'); both stopped and their segments checked as for `daemon`."""
     if not os.environ.get("KVTIER_DAEMON"):
         pytest.skip("KVTIER_DAEMON is not set (run through ctest)")
     ports = [_free_port(), _free_port()]
     daemons = [
-        kvtier.testing.Daemon(extra_args=[
+        Daemon(extra_args=[
             "--listen", "127.0.0.1:%d" % ports[i], "--peers", "127.0.0.1:%d" % ports[1 - i],
             "--node-id", "n%d" % i, "--peer-timeout-ms", "1000"])
         for i in range(2)

@@ -226,6 +226,16 @@ void ReadHandleState::copyTo(uint64_t from, uint64_t to, void* out, size_t bytes
   });
 }
 
+void ReadHandleState::gatherTo(uint64_t from, uint64_t to, const PagedKvCache& cache,
+                               std::span<const int32_t> blockTable, void* stream) {
+  checkOpen();
+  space().call([&](Space& space) {
+    std::lock_guard lock(mu_);
+    if (!handle_) throwError(ErrorCode::kReleased, "the read handle was released");
+    unwrap(space.gatherTo(*handle_, from, to, cache, blockTable, stream));
+  });
+}
+
 void ReadHandleState::release() {
   if (!client().inOwnerProcess()) throwUsedAfterFork("this kvtier.ReadHandle");
   if (!open()) return;
@@ -269,6 +279,16 @@ void WriteHandleState::write(uint64_t from, uint64_t to, const void* kv, size_t 
   });
 }
 
+void WriteHandleState::scatterFrom(uint64_t from, uint64_t to, const PagedKvCache& cache,
+                                   std::span<const int32_t> blockTable, void* stream) {
+  checkOpen();
+  space().call([&](Space& space) {
+    std::lock_guard lock(mu_);
+    if (!handle_) throwError(ErrorCode::kReleased, "the write handle was committed or aborted");
+    unwrap(space.scatterTo(*handle_, from, to, cache, blockTable, stream));
+  });
+}
+
 CommitInfo WriteHandleState::commit(uint64_t upTo) {
   checkOpen();
   beginEnd("commit the write handle");
@@ -295,6 +315,38 @@ void WriteHandleState::abort() {
     handle_.reset();
     return status;
   }));
+}
+
+// ---------------------------------------------------------------------------------------------
+// BlobHandleState
+
+BlobHandleState::~BlobHandleState() {
+  if (!client().inOwnerProcess()) {
+    (void)handle_.release();
+    return;
+  }
+  auto lock = client().holdOpen();
+  endLocked();
+}
+
+void BlobHandleState::adopt(BlobHandle handle) {
+  handle_ = std::make_unique<BlobHandle>(std::move(handle));
+  const auto data = handle_->data();
+  size_ = data.size();
+  // Writes are refused by the buffer protocol (readonly): the cast only shares one span type.
+  setBytes({std::span<uint8_t>(const_cast<uint8_t*>(data.data()), data.size())});
+}
+
+void BlobHandleState::endLocked() {
+  std::lock_guard lock(mu_);
+  handle_.reset();  // releases the read lease
+}
+
+void BlobHandleState::release() {
+  if (!client().inOwnerProcess()) throwUsedAfterFork("this kvtier.BlobHandle");
+  if (!open()) return;
+  beginEnd("release the blob handle");
+  endNow();
 }
 
 }  // namespace kvtier::python

@@ -110,6 +110,7 @@ class SpaceState : public std::enable_shared_from_this<SpaceState> {
   ClientState& client() { return *client_; }
   const Layout& layout() const { return layout_; }
   uint64_t fingerprint() const { return fingerprint_; }
+  int device() const { return device_; }  // the CUDA device of its pool, -1: the host pool
 
   // As ClientState::call, with the C++ Space: f(Space&).
   template <typename F>
@@ -122,6 +123,7 @@ class SpaceState : public std::enable_shared_from_this<SpaceState> {
   // Inside call() (ClientState::open): the C++ Space this state stands for.
   void adopt(std::unique_ptr<Space> space) {
     fingerprint_ = space->fingerprint();
+    device_ = space->device();
     space_ = std::move(space);
   }
   // close(), under the client's mu_ exclusive: destroys the C++ Space.
@@ -132,9 +134,11 @@ class SpaceState : public std::enable_shared_from_this<SpaceState> {
   std::unique_ptr<Space> space_;  // null once the client closed; guarded by the client's mu_
   Layout layout_;                 // a copy: readable after close
   uint64_t fingerprint_ = 0;      // set before Python sees the space
+  int device_ = -1;               // likewise
 };
 
-// What read and write handles share: the blocks' bytes and the views of them.
+// What read, write and blob handles share: the blocks' bytes (a blob handle: its one blob) and
+// the views of them.
 class HandleState {
  public:
   // `endedMessage`: what Released says once the handle has ended.
@@ -209,6 +213,10 @@ class ReadHandleState : public HandleState {
 
   // Copies [from, to) packed into `out` (`bytes` long; GIL released while it copies).
   void copyTo(uint64_t from, uint64_t to, void* out, size_t bytes);
+  // Space::gatherTo of [from, to) into an engine's paged cache, with this handle's space (GIL
+  // released while the kernel runs).
+  void gatherTo(uint64_t from, uint64_t to, const PagedKvCache& cache,
+                std::span<const int32_t> blockTable, void* stream);
   // Releases the lease (BufferInUse while views are alive). Idempotent.
   void release();
 
@@ -232,6 +240,10 @@ class WriteHandleState : public HandleState {
   uint64_t firstPosition() const { return firstPosition_; }
 
   void write(uint64_t from, uint64_t to, const void* kv, size_t bytes);
+  // Space::scatterTo of [from, to) from an engine's paged cache, with this handle's space (GIL
+  // released while the kernel runs).
+  void scatterFrom(uint64_t from, uint64_t to, const PagedKvCache& cache,
+                   std::span<const int32_t> blockTable, void* stream);
   // Commits [begin, upTo) (BufferInUse while views are alive). A bad upTo leaves it open.
   CommitInfo commit(uint64_t upTo);
   void abort();
@@ -239,6 +251,26 @@ class WriteHandleState : public HandleState {
  private:
   std::unique_ptr<WriteHandle> handle_;  // guarded by mu_ and the client's mu_
   uint64_t begin_ = 0, end_ = 0, firstPosition_ = 0;
+};
+
+// A blob (a recurrent-state checkpoint, a position-independent entry) under a read lease: one
+// read-only "block" of the blob's size, viewed as raw bytes.
+class BlobHandleState : public HandleState {
+ public:
+  explicit BlobHandleState(std::shared_ptr<SpaceState> space)
+      : HandleState(std::move(space), true, "the blob handle was released") {}
+  ~BlobHandleState() override;
+  // Inside call(): takes the C++ handle.
+  void adopt(BlobHandle handle);
+  void endLocked() override;
+
+  size_t size() const { return size_; }  // readable after release
+  // Releases the lease (BufferInUse while views are alive). Idempotent.
+  void release();
+
+ private:
+  std::unique_ptr<BlobHandle> handle_;  // guarded by mu_ and the client's mu_
+  size_t size_ = 0;
 };
 
 }  // namespace kvtier::python

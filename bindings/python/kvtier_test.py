@@ -1,8 +1,11 @@
 """Tests of the kvtier Python package against real kvtierd processes (fixtures: conftest.py)."""
 
+from __future__ import annotations
+
 import gc
 import itertools
 import os
+import pathlib
 import subprocess
 import sys
 import tempfile
@@ -10,21 +13,28 @@ import textwrap
 import threading
 import time
 import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 import kvtier
+from kvtier.testing import Daemon
+
+if TYPE_CHECKING:
+    from kvtier._kvtier import _SpaceStats, _Stats
 
 try:
     import torch
 except ImportError:  # the torch tests skip
-    torch = None
+    torch = None  # type: ignore[assignment]
 
 needs_torch = pytest.mark.skipif(torch is None, reason="python3-torch is not installed")
 
 
-def packed(layout, tokens, seed=0):
+def packed(layout: kvtier.Layout, tokens: int, seed: int = 0) -> npt.NDArray[Any]:
     """Random packed KV for `tokens` tokens of `layout`."""
     rng = np.random.default_rng(seed)
     return rng.standard_normal(layout.packed_shape(tokens)).astype(layout.numpy_dtype)
@@ -33,7 +43,7 @@ def packed(layout, tokens, seed=0):
 _prompts = itertools.count(1)
 
 
-def prompt(n):
+def prompt(n: int) -> list[int]:
     """n token ids no other prompt of the run shares: blocks of equal tokens are shared in a
     namespace (a put of tokens already cached shares the cached block), so tests must not
     collide."""
@@ -41,12 +51,14 @@ def prompt(n):
     return list(range(start, start + n))
 
 
-def leases(client):
+def leases(client: kvtier.Client) -> tuple[int, int, int]:
     stats = client.stats()
     return stats["leases"]["read"], stats["leases"]["write"], stats["blocks"]["pinned"]
 
 
-def wait_for_stats(client, pred, timeout_s=10.0):
+def wait_for_stats(
+    client: kvtier.Client, pred: Callable[[_Stats], bool], timeout_s: float = 10.0
+) -> _Stats:
     """The daemon notices a closed connection asynchronously: polls stats() until pred holds (or
     the deadline passes) and returns the last ones."""
     deadline = time.monotonic() + timeout_s
@@ -57,7 +69,15 @@ def wait_for_stats(client, pred, timeout_s=10.0):
     return stats
 
 
-def expected_block(kv, block_index, layout, first_position=0):
+def committed(results: list[kvtier.CommitInfo | kvtier.Error]) -> list[tuple[int, int]]:
+    """(length, sealed_blocks) of each result of put_many, every one a CommitInfo."""
+    assert all(isinstance(r, kvtier.CommitInfo) for r in results), results
+    return [(r.length, r.sealed_blocks) for r in results if isinstance(r, kvtier.CommitInfo)]
+
+
+def expected_block(
+    kv: npt.NDArray[Any], block_index: int, layout: kvtier.Layout, first_position: int = 0
+) -> npt.NDArray[Any]:
     """What block `block_index` must hold for packed `kv` starting at position first_position."""
     bt = layout.block_tokens
     begin = block_index * bt - first_position
@@ -68,7 +88,9 @@ def expected_block(kv, block_index, layout, first_position=0):
 # --- Round trips -------------------------------------------------------------------------------
 
 
-def test_put_then_get_round_trips_bytes_through_numpy_views(client, layout, seq):
+def test_put_then_get_round_trips_bytes_through_numpy_views(
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
     space = client.open(layout)
     kv = packed(layout, 40)
     info = space.put(seq, 0, prompt(40), kv)
@@ -94,7 +116,9 @@ def test_put_then_get_round_trips_bytes_through_numpy_views(client, layout, seq)
         del a
 
 
-def test_lookup_from_another_client_hits_the_longest_block_aligned_prefix(daemon, client, layout):
+def test_lookup_from_another_client_hits_the_longest_block_aligned_prefix(
+    daemon: Daemon, client: kvtier.Client, layout: kvtier.Layout
+) -> None:
     kv = packed(layout, 40, seed=1)
     tokens = prompt(40)
     client.open(layout).put("writer-A", 0, tokens, kv)
@@ -112,7 +136,9 @@ def test_lookup_from_another_client_hits_the_longest_block_aligned_prefix(daemon
         assert space.length("bound") == 32
 
 
-def test_write_handle_blocks_are_written_in_place(client, layout, seq):
+def test_write_handle_blocks_are_written_in_place(
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
     space = client.open(layout)
     kv = packed(layout, 20, seed=2)
     with space.begin_put(seq, 0, prompt(20)) as w:
@@ -130,7 +156,9 @@ def test_write_handle_blocks_are_written_in_place(client, layout, seq):
         np.testing.assert_array_equal(h.copy_to(), kv)
 
 
-def test_write_handle_write_and_partial_commit(client, layout, seq):
+def test_write_handle_write_and_partial_commit(
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
     space = client.open(layout)
     kv = packed(layout, 24, seed=3)
     w = space.begin_put(seq, 0, prompt(24))
@@ -144,8 +172,93 @@ def test_write_handle_write_and_partial_commit(client, layout, seq):
         np.testing.assert_array_equal(h.copy_to(), kv[:, :, :16])
 
 
+def test_put_many_stores_each_item_as_put_would(
+    daemon: Daemon, client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
+    s0, s1, s2, busy, bad = (seq + "-" + n for n in ("0", "1", "2", "busy", "bad"))
+    t0, t1, t2 = prompt(24), prompt(40), prompt(16)
+    kv0, kv1, kv2 = (packed(layout, n, seed=n) for n in (24, 40, 16))
+    key = kvtier.content_key(b"put_many " + seq.encode())
+    with kvtier.Client(daemon.socket, client_name="writer") as writer:
+        space = writer.open(layout)
+        w = space.begin_put(busy, 0, prompt(16))  # holds `busy`: a put of it conflicts
+        results = space.put_many([
+            (s0, 0, t0[:16], np.ascontiguousarray(kv0[:, :, :16])),
+            kvtier.PutItem(s1, 0, t1, kv1, detached=True),
+            kvtier.PutItem(s2, 0, t2, kv2, keys=[key]),
+            kvtier.PutItem(busy, 0, prompt(16), kv2),
+            kvtier.PutItem(bad, 5, prompt(16), kv2),  # begin past the end
+            kvtier.PutItem(s0, 16, t0[16:], np.ascontiguousarray(kv0[:, :, 16:])),  # after item 0
+        ])
+        w.abort()
+        # One result per item: a failure is returned, not raised, and stops no other item.
+        assert committed(results[:3]) == [(16, 1), (40, 2), (16, 1)]
+        assert isinstance(results[3], kvtier.Conflict) and results[3].retryable
+        assert isinstance(results[4], kvtier.InvalidArgument) and results[4].code == 1
+        assert committed(results[5:]) == [(24, 0)]
+        assert space.length(bad) is None and space.length(busy) is None
+        for name, kv in ((s0, kv0), (s1, kv1), (s2, kv2)):
+            with space.get(name) as h:
+                np.testing.assert_array_equal(h.copy_to(), kv)
+        with client.open(layout).lookup_keys([key]) as hit:  # the item's own keys
+            assert hit.matched_tokens == 16
+    # detached=True: s1 outlives the writer's session; s0 and s2 go with it.
+    wait_for_stats(client, lambda stats: stats["sequences"] == 1)
+    space = client.open(layout)
+    assert (space.length(s0), space.length(s1), space.length(s2)) == (None, 40, None)
+    assert space.put_many([]) == []
+
+
+def test_put_many_without_the_fast_lane_or_a_mapped_pool(
+    daemon: Daemon, layout: kvtier.Layout, seq: str
+) -> None:
+    # Without a lane to pipeline over, the SDK puts one item after the other: same results.
+    for k, c in enumerate(
+        (kvtier.Client(daemon.socket, lane=False), kvtier.Client(daemon.socket, map_pool=False))
+    ):
+        with c:
+            space = c.open(layout)
+            items = [(f"{seq}-{k}-{n}", 0, prompt(n), packed(layout, n, seed=n)) for n in (20, 16)]
+            results = space.put_many(items)
+            assert committed(results) == [(20, 1), (16, 1)]
+            for name, _, _, kv in items:
+                with space.get(name) as h:
+                    np.testing.assert_array_equal(h.copy_to(), kv)
+
+
+def test_put_many_checks_every_item_before_sending_any(
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
+    space = client.open(layout)
+    b, kv = seq + "-b", packed(layout, 16)
+    good = (seq, 0, prompt(16), kv)
+    before = client.stats()
+    bad: list[tuple[type[Exception], str, Any]] = [
+        # (exception, message, the second item)
+        (kvtier.InvalidArgument, r"items\[1\]\.kv has shape", (b, 0, prompt(16), kv[:, :, :15])),
+        (kvtier.InvalidArgument, r"token 0 is -1", kvtier.PutItem(b, 0, [-1] * 16, kv)),
+        (kvtier.InvalidArgument, r"16 bytes", kvtier.PutItem(b, 0, prompt(16), kv, keys=[b"k"])),
+        (TypeError, r"items\[1\] must be", (b, 0, prompt(16))),
+        (TypeError, r"items\[1\] must be", "not an item"),
+        (TypeError, r"items\[1\]\.kv must be", (b, 0, prompt(16), kv.tolist())),
+        (TypeError, r"items\[1\]\.tokens must be", (b, 0, "tokens", kv)),
+        (TypeError, r"", (b, -1, prompt(16), kv)),
+    ]
+    for exception, message, item in bad:
+        with pytest.raises(exception, match=message):
+            space.put_many([good, item])
+    with pytest.raises(TypeError):
+        space.put_many(42)  # type: ignore[arg-type]
+    # Nothing was sent: not even the good first item.
+    assert space.length(seq) is None and space.length(b) is None
+    after = client.stats()
+    assert after["bytes"] == before["bytes"] and after["sequences"] == before["sequences"]
+
+
 @needs_torch
-def test_torch_from_numpy_shares_the_pool_memory(client, layout, seq):
+def test_torch_from_numpy_shares_the_pool_memory(
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
     space = client.open(layout)
     with space.begin_put(seq, 0, prompt(16)) as w:
         a = w.block(0).numpy()
@@ -171,7 +284,9 @@ def test_torch_from_numpy_shares_the_pool_memory(client, layout, seq):
 
 
 @needs_torch
-def test_torch_frombuffer_of_a_block_array_keeps_the_handle_open(client, layout, seq):
+def test_torch_frombuffer_of_a_block_array_keeps_the_handle_open(
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
     # torch.frombuffer lets go of the buffer at once and keeps a reference to the object it was
     # given: the array, which holds its counted view.
     space = client.open(layout)
@@ -192,7 +307,9 @@ def test_torch_frombuffer_of_a_block_array_keeps_the_handle_open(client, layout,
     assert leases(client) == (0, 0, 0)
 
 
-def test_inline_client_moves_bytes_in_messages(daemon, layout, seq):
+def test_inline_client_moves_bytes_in_messages(
+    daemon: Daemon, layout: kvtier.Layout, seq: str
+) -> None:
     with kvtier.Client(daemon.socket, map_pool=False) as c:
         assert not c.mapped
         space = c.open(layout)
@@ -205,9 +322,14 @@ def test_inline_client_moves_bytes_in_messages(daemon, layout, seq):
             assert h.inline_data
             np.testing.assert_array_equal(h.copy_to(), kv)
             np.testing.assert_array_equal(h.block(0).numpy(), kv[:, :, :16])
+        # Blobs travel in the messages too; the handle's array is its private copy.
+        key = kvtier.content_key(kv)
+        space.put_entry(key, kv)
+        with space.get_entry(key) as e:
+            np.testing.assert_array_equal(e.numpy().view(kv.dtype), kv.reshape(-1))
 
 
-def test_sequence_operations(client, layout, seq):
+def test_sequence_operations(client: kvtier.Client, layout: kvtier.Layout, seq: str) -> None:
     space = client.open(layout)
     kv = packed(layout, 40, seed=5)
     space.put(seq, 0, prompt(40), kv)
@@ -228,7 +350,9 @@ def test_sequence_operations(client, layout, seq):
     assert space.length(seq) in (0, None)  # emptied (the daemon may forget an empty sequence)
 
 
-def test_snapshots_split_merge_info_and_rewind(client, layout, seq):
+def test_snapshots_split_merge_info_and_rewind(
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
     space = client.open(layout)
     kv = packed(layout, 48, seed=7)
     space.put(seq, 0, prompt(48), kv)
@@ -261,7 +385,9 @@ def test_snapshots_split_merge_info_and_rewind(client, layout, seq):
         space.drop_snapshot(snap.id)
 
 
-def test_recurrent_state_checkpoints(client, layout, seq):
+def test_recurrent_state_checkpoints(
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
     space = client.open(layout)
     space.put(seq, 0, prompt(32), packed(layout, 32, seed=8))
     state = np.arange(64, dtype=np.float32)
@@ -276,7 +402,7 @@ def test_recurrent_state_checkpoints(client, layout, seq):
     with pytest.raises(kvtier.InvalidArgument):
         space.put_checkpoint(seq, 40, b"past the end")
     with pytest.raises(TypeError):
-        space.put_checkpoint(seq, 16, "text")
+        space.put_checkpoint(seq, 16, "text")  # type: ignore[arg-type]
     with pytest.raises(kvtier.InvalidArgument):
         space.put_checkpoint(seq, 16, np.arange(8, dtype=np.float32)[::2])  # not contiguous
     assert space.checkpoints(seq) == [16, 32]
@@ -288,7 +414,152 @@ def test_recurrent_state_checkpoints(client, layout, seq):
     space.drop_snapshot(snap.id)
 
 
-def test_lookup_keys_finds_blocks_put_with_the_engines_own_keys(daemon, client, layout, seq):
+# --- Blobs: checkpoints and entries ------------------------------------------------------------
+
+
+def test_entries_are_read_in_place_by_every_client_of_the_layout(
+    daemon: Daemon, client: kvtier.Client, layout: kvtier.Layout
+) -> None:
+    space = client.open(layout)
+    data = np.arange(1000, dtype=np.float32)  # an image embedding, say
+    key = kvtier.content_key(data)
+    space.put_entry(key, data)
+    space.put_entry(key, b"other bytes")  # a key that exists keeps its bytes
+    assert client.stats()["entries"] == 1
+    with kvtier.Client(daemon.socket, client_name="other") as other:
+        ospace = other.open(layout)
+        with ospace.get_entry(key) as h, ospace.get_entry(key) as again:
+            assert isinstance(h, kvtier.BlobHandle) and h.nbytes == data.nbytes and not h.closed
+            a = h.numpy()
+            assert a.dtype == np.uint8 and a.shape == (data.nbytes,) and not a.flags.writeable
+            with pytest.raises(ValueError):
+                a[0] = 1  # the pool's bytes are not written through a read lease
+            view = a.data  # memoryview(a)
+            assert view.readonly and view.nbytes == data.nbytes
+            np.testing.assert_array_equal(np.frombuffer(view, np.float32), data)
+            np.testing.assert_array_equal(a.view(np.float32), data)
+            # No copy: every array, of either handle, is the one pool block.
+            b = np.asarray(again)
+            assert a.ctypes.data == np.frombuffer(view, np.uint8).ctypes.data == b.ctypes.data
+            assert h.tobytes() == data.tobytes()
+            del view, a, b
+        assert h.closed and again.closed
+        with pytest.raises(kvtier.NotFound):  # the package's miss, as get() of no sequence
+            ospace.get_entry(kvtier.content_key(b"never stored"))
+    assert leases(client) == (0, 0, 0)
+
+
+def test_get_checkpoint_reads_a_recurrent_state_back(
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
+    space = client.open(layout)
+    space.put(seq, 0, prompt(32), packed(layout, 32, seed=13))
+    state = np.random.default_rng(13).standard_normal(300).astype(np.float32)
+    space.put_checkpoint(seq, 16, state)
+    space.put_checkpoint(seq, 32, state[::-1].copy())
+    with space.get_checkpoint(seq, 16) as at16, space.get_checkpoint(seq, 32) as at32:
+        assert at16.nbytes == state.nbytes
+        np.testing.assert_array_equal(np.frombuffer(at16.numpy(), np.float32), state)
+        np.testing.assert_array_equal(at32.numpy().view(np.float32), state[::-1])
+    for pos_of in ((seq, 8), (seq, 48), (seq + "-none", 0)):
+        with pytest.raises(kvtier.NotFound):
+            space.get_checkpoint(*pos_of)
+    assert leases(client) == (0, 0, 0)
+
+
+def test_bad_blob_input_raises_and_changes_nothing(
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
+    space = client.open(layout)
+    space.put(seq, 0, prompt(16), packed(layout, 16))
+    key = kvtier.content_key(seq.encode())
+    before = client.stats()
+    bad: list[tuple[type[Exception], Callable[[], object]]] = [
+        (kvtier.InvalidArgument, lambda: space.put_entry(b"short", b"data")),
+        (kvtier.InvalidArgument, lambda: space.put_entry(key, b"")),  # a blob is >= 1 byte
+        (kvtier.InvalidArgument, lambda: space.put_entry(key, np.arange(8.0)[::2])),
+        (TypeError, lambda: space.put_entry(key, "text")),  # type: ignore[arg-type]
+        (TypeError, lambda: space.put_entry(key.hex()[:16], b"data")),  # type: ignore[arg-type]
+        (TypeError, lambda: space.put_entry(key, None)),  # type: ignore[arg-type]
+        (kvtier.InvalidArgument, lambda: space.get_entry(bytes(15))),
+        (TypeError, lambda: space.get_entry(None)),  # type: ignore[arg-type]
+        (TypeError, lambda: space.get_checkpoint(seq, -1)),
+        (TypeError, lambda: space.get_checkpoint(None, 0)),  # type: ignore[arg-type]
+        (kvtier.NotFound, lambda: space.get_entry(key)),
+    ]
+    for exception, call in bad:
+        with pytest.raises(exception):
+            call()
+    after = client.stats()
+    assert after["entries"] == before["entries"] == 0 and after["bytes"] == before["bytes"]
+    assert after["checkpoints"] == before["checkpoints"] and leases(client) == (0, 0, 0)
+
+
+def test_a_blob_view_cannot_outlive_its_handle(
+    client: kvtier.Client, layout: kvtier.Layout
+) -> None:
+    space = client.open(layout)
+    data = b"recurrent state " * 64
+    key = kvtier.content_key(data)
+    space.put_entry(key, data)
+    h = space.get_entry(key)
+    # The handle is not itself a buffer (a consumer could keep it and drop the buffer): only
+    # its counted views are.
+    not_buffers: tuple[Callable[[Any], object], ...] = (
+        memoryview, bytes, lambda o: np.frombuffer(o, np.uint8))
+    for touch in not_buffers:
+        with pytest.raises(TypeError):
+            touch(h)
+    a = h.numpy()
+    words = h.numpy().view(np.uint32)  # holds its array, which holds its view
+    view = np.asarray(h)[16:].data  # a memoryview: likewise
+    with pytest.raises(kvtier.BufferInUse) as refused:
+        h.release()
+    assert "3 view(s)" in str(refused.value)
+    with pytest.raises(kvtier.BufferInUse):
+        client.close()
+    # Nothing changed: still open, still pinned, the bytes still the entry's.
+    assert not h.closed and leases(client)[0] == 1
+    assert a.tobytes() == words.tobytes() == data and bytes(view) == data[16:]
+    del a, words
+    with pytest.raises(kvtier.BufferInUse):
+        h.release()
+    view.release()
+    h.release()
+    h.release()  # idempotent
+    assert h.closed and leases(client) == (0, 0, 0)
+    touches: tuple[Callable[[], object], ...] = (h.numpy, h.tobytes, lambda: np.asarray(h))
+    for touch in touches:
+        with pytest.raises(kvtier.Released):
+            touch()
+    # An exception leaving the `with` block is not masked; the pin goes with the last view.
+    with pytest.raises(KeyError):
+        with space.get_entry(key) as h:
+            a = h.numpy()
+            raise KeyError("engine failed")
+    assert h.closed and leases(client)[0] == 1
+    if torch is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # torch: "buffer is not writable"
+            t = torch.frombuffer(a, dtype=torch.uint8)  # keeps the array
+        del a
+        assert leases(client)[0] == 1 and bytes(t.numpy()) == data
+        del t
+    else:
+        assert a.tobytes() == data
+        del a
+    assert leases(client) == (0, 0, 0)
+    # The handle object may go first: the array keeps the lease.
+    a = space.get_entry(key).numpy()
+    gc.collect()
+    assert leases(client)[0] == 1 and a.tobytes() == data
+    del a
+    assert leases(client) == (0, 0, 0)
+
+
+def test_lookup_keys_finds_blocks_put_with_the_engines_own_keys(
+    daemon: Daemon, client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
     space = client.open(layout)
     kv = packed(layout, 40, seed=9)
     keys = [kvtier.content_key(b"block %d of " % i + seq.encode()) for i in range(2)]
@@ -303,16 +574,23 @@ def test_lookup_keys_finds_blocks_put_with_the_engines_own_keys(daemon, client, 
         # The match ends at the first key not cached (the engine's keys chain its blocks).
         with ospace.lookup_keys([kvtier.content_key(b"not cached")] + keys) as miss:
             assert miss.matched_tokens == 0
+    # A sequence the lookup binds takes the window it is given: positions before it are gone.
+    with space.lookup_keys(keys, bind_seq=seq + "-bound", window=16) as hit:
+        assert hit.matched_tokens == 32
+    assert space.length(seq + "-bound") == 32
+    assert space.can_resume(seq + "-bound", 32) and not space.can_resume(seq + "-bound", 16)
     with pytest.raises(kvtier.InvalidArgument):
         space.lookup_keys([b"short"])
     with pytest.raises(TypeError):
-        space.lookup_keys(b"0123456789abcdef")
+        space.lookup_keys(b"0123456789abcdef")  # type: ignore[arg-type]
     with pytest.raises(kvtier.InvalidArgument):
         space.put(seq + "-bad", 0, prompt(40), kv, keys=keys[:1])  # two blocks, one key
     assert space.length(seq + "-bad") is None
 
 
-def test_block_refs_read_back_until_their_block_is_reused(small_daemon, layout, seq):
+def test_block_refs_read_back_until_their_block_is_reused(
+    small_daemon: Daemon, layout: kvtier.Layout, seq: str
+) -> None:
     with kvtier.Client(small_daemon.socket) as client:
         space = client.open(layout)
         kv = packed(layout, 48, seed=12)
@@ -339,13 +617,113 @@ def test_block_refs_read_back_until_their_block_is_reused(small_daemon, layout, 
             space.read_refs([forged])
 
 
-def test_cluster_calls_outside_a_cluster(client):
+# --- GPU: spaces on a device, paged copies ---------------------------------------------------
+
+
+def test_a_daemon_without_gpu_pools_opens_host_spaces_only(
+    client: kvtier.Client, layout: kvtier.Layout
+) -> None:
+    assert client.devices == []  # the test daemons run with --gpus none
+    assert client.open(layout).device is None
+    # NotSupported from a client built without CUDA.
+    with pytest.raises((kvtier.InvalidArgument, kvtier.NotSupported)):
+        client.open(layout, device=0)
+    with pytest.raises(kvtier.InvalidArgument):
+        client.open(layout, device=-1)
+
+
+def paged_cache(
+    layers: int = 2, shape: tuple[int, ...] = (4, 16, 2, 8), dtype: torch.dtype | None = None
+) -> kvtier.PagedKvCache:
+    """A paged cache of CPU tensors (a GPU one needs a device), zeros."""
+    dtype = dtype or torch.float32
+    return kvtier.PagedKvCache(
+        [torch.zeros(shape, dtype=dtype) for _ in range(layers)],
+        [torch.zeros(shape, dtype=dtype) for _ in range(layers)],
+    )
+
+
+@needs_torch
+def test_paged_copies_check_their_arguments_and_need_a_space_on_a_gpu(
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
+    space = client.open(layout)
+    kv = packed(layout, 32, seed=14)
+    space.put(seq, 0, prompt(32), kv)
+    cache = paged_cache()
+    assert (cache.block_tokens, len(cache.keys), len(cache.values)) == (16, 2, 2)
+    assert kvtier.PagedKvCache(cache.keys, cache.values).block_tokens == 16
+    r = space.get(seq)
+    w = space.begin_put(seq + "-w", 0, prompt(32))
+    other = client.open(layout)
+    before = client.stats()
+    bad: list[tuple[type[Exception], Callable[[], object]]] = [
+        # A cache that is not one.
+        (kvtier.InvalidArgument, lambda: kvtier.PagedKvCache(cache.keys, cache.values[:1])),
+        (kvtier.InvalidArgument, lambda: kvtier.PagedKvCache([], [])),
+        (kvtier.InvalidArgument, lambda: paged_cache(shape=(4, 16, 16))),
+        (kvtier.InvalidArgument, lambda: kvtier.PagedKvCache(
+            cache.keys, [cache.values[0], torch.zeros((4, 2, 16, 8)).transpose(1, 2)])),
+        (kvtier.InvalidArgument, lambda: kvtier.PagedKvCache(
+            cache.keys, [cache.values[0], torch.zeros((4, 16, 2, 8), dtype=torch.float16)])),
+        (TypeError, lambda: kvtier.PagedKvCache(
+            [np.zeros((4, 16, 2, 8))] * 2, cache.values)),  # type: ignore[list-item]
+        (TypeError, lambda: kvtier.PagedKvCache("keys", cache.values)),  # type: ignore[arg-type]
+        # A cache that does not fit the layout.
+        (kvtier.InvalidArgument, lambda: space.put_paged(
+            seq, 0, prompt(32), paged_cache(3), [0, 1])),
+        (kvtier.InvalidArgument, lambda: space.put_paged(
+            seq, 0, prompt(32), paged_cache(shape=(4, 16, 1, 8)), [0, 1])),
+        (kvtier.InvalidArgument, lambda: space.put_paged(
+            seq, 0, prompt(32), paged_cache(dtype=torch.float16), [0, 1])),
+        (kvtier.InvalidArgument, lambda: space.gather_to(r, 0, 32, paged_cache(3), [0, 1])),
+        (kvtier.InvalidArgument, lambda: space.scatter_to(w, 0, 32, paged_cache(3), [0, 1])),
+        # Bad block tables, streams, handles.
+        (kvtier.InvalidArgument, lambda: space.put_paged(seq, 0, prompt(32), cache, [-1, 0])),
+        (TypeError, lambda: space.put_paged(
+            seq, 0, prompt(32), cache, "01")),  # type: ignore[arg-type]
+        (TypeError, lambda: space.gather_to(r, 0, 32, cache, [0.5, 1])),  # type: ignore[list-item]
+        (TypeError, lambda: space.gather_to(
+            r, 0, 32, cache, [0, 1], stream="default")),  # type: ignore[arg-type]
+        (OverflowError, lambda: space.gather_to(r, 0, 32, cache, [0, 1], stream=-1)),
+        (kvtier.InvalidArgument, lambda: other.gather_to(r, 0, 32, cache, [0, 1])),
+        (TypeError, lambda: space.gather_to(w, 0, 32, cache, [0, 1])),  # type: ignore[arg-type]
+        (TypeError, lambda: space.scatter_to(r, 0, 32, cache, [0, 1])),  # type: ignore[arg-type]
+        # Well-formed: a space on the host pool has no kernels to run them.
+        (kvtier.NotSupported, lambda: space.put_paged(seq, 0, prompt(32), cache, [0, 1])),
+        (kvtier.NotSupported, lambda: space.put_paged(
+            seq + "-p", 0, prompt(32), cache, np.array([2, 3], np.int32), stream=0)),
+        (kvtier.NotSupported, lambda: space.gather_to(r, 0, 32, cache, [0, 1])),
+        (kvtier.NotSupported, lambda: space.scatter_to(w, 0, 32, cache, [0, 1])),
+    ]
+    for exception, call in bad:
+        with pytest.raises(exception):
+            call()
+    w.abort()
+    r.release()
+    for call in (
+        lambda: space.gather_to(r, 0, 32, cache, [0, 1]),
+        lambda: space.scatter_to(w, 0, 32, cache, [0, 1]),
+    ):
+        with pytest.raises(kvtier.Released):
+            call()
+    after = client.stats()  # no bytes moved, no sequence made
+    assert (after["bytes"]["put"], after["bytes"]["got"], after["sequences"]) == (
+        before["bytes"]["put"], before["bytes"]["got"], before["sequences"])
+    assert leases(client) == (0, 0, 0) and space.length(seq + "-p") is None
+    with space.get(seq) as h:
+        np.testing.assert_array_equal(h.copy_to(), kv)
+
+
+def test_cluster_calls_outside_a_cluster(client: kvtier.Client) -> None:
     assert client.cluster() == ("", [])
     with pytest.raises(kvtier.InvalidArgument):  # not a cluster member
         client.drain(1, 1)
 
 
-def test_cluster_calls_move_blocks_and_snapshots_between_nodes(two_nodes, layout, seq):
+def test_cluster_calls_move_blocks_and_snapshots_between_nodes(
+    two_nodes: list[Daemon], layout: kvtier.Layout, seq: str
+) -> None:
     a, b = two_nodes
     with kvtier.Client(a.socket) as ca, kvtier.Client(b.socket) as cb:
         deadline = time.monotonic() + 15
@@ -396,7 +774,9 @@ def test_cluster_calls_move_blocks_and_snapshots_between_nodes(two_nodes, layout
 # --- Lifetimes ----------------------------------------------------------------------------------
 
 
-def test_a_block_of_a_released_handle_raises_on_every_touch(client, layout, seq):
+def test_a_block_of_a_released_handle_raises_on_every_touch(
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
     space = client.open(layout)
     space.put(seq, 0, prompt(16), packed(layout, 16))
     h = space.get(seq)
@@ -404,25 +784,30 @@ def test_a_block_of_a_released_handle_raises_on_every_touch(client, layout, seq)
     h.release()
     h.release()  # idempotent
     assert h.closed
-    for touch in (
+    touches: tuple[Callable[[Any], object], ...] = (
         np.asarray,
         np.array,
         lambda b: b.numpy(),
         lambda b: h.block(0),
         lambda b: h.blocks(),
         lambda b: h.copy_to(),
-    ):
+    )
+    for touch in touches:
         with pytest.raises(kvtier.Released):
             touch(block)
     # A Block is not itself a buffer (a consumer could keep it and drop the buffer): only its
     # counted views are.
-    for touch in (memoryview, bytes, lambda b: np.frombuffer(b, dtype=np.uint8)):
+    not_buffers: tuple[Callable[[Any], object], ...] = (
+        memoryview, bytes, lambda b: np.frombuffer(b, dtype=np.uint8))
+    for touch in not_buffers:
         with pytest.raises(TypeError):
             touch(block)
     assert leases(client) == (0, 0, 0)
 
 
-def test_release_is_refused_while_an_array_is_alive(client, layout, seq):
+def test_release_is_refused_while_an_array_is_alive(
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
     space = client.open(layout)
     kv = packed(layout, 16, seed=6)
     space.put(seq, 0, prompt(16), kv)
@@ -444,7 +829,9 @@ def test_release_is_refused_while_an_array_is_alive(client, layout, seq):
         block.numpy()
 
 
-def test_exit_with_a_live_view_raises_and_keeps_the_pin(client, layout, seq):
+def test_exit_with_a_live_view_raises_and_keeps_the_pin(
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
     space = client.open(layout)
     space.put(seq, 0, prompt(16), packed(layout, 16))
     with pytest.raises(kvtier.BufferInUse):
@@ -458,8 +845,8 @@ def test_exit_with_a_live_view_raises_and_keeps_the_pin(client, layout, seq):
 
 
 def test_an_exception_leaving_a_with_block_is_not_masked_and_release_waits_for_views(
-    client, layout, seq
-):
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
     space = client.open(layout)
     kv = packed(layout, 16, seed=7)
     space.put(seq, 0, prompt(16), kv)
@@ -477,7 +864,9 @@ def test_an_exception_leaving_a_with_block_is_not_masked_and_release_waits_for_v
     assert leases(client) == (0, 0, 0)
 
 
-def test_a_view_outliving_its_handle_object_keeps_the_bytes_pinned(client, layout, seq):
+def test_a_view_outliving_its_handle_object_keeps_the_bytes_pinned(
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
     space = client.open(layout)
     kv = packed(layout, 16, seed=8)
     space.put(seq, 0, prompt(16), kv)
@@ -491,7 +880,9 @@ def test_a_view_outliving_its_handle_object_keeps_the_bytes_pinned(client, layou
     assert leases(client)[0] == 0
 
 
-def test_commit_and_abort_are_refused_while_a_view_is_alive(client, layout, seq):
+def test_commit_and_abort_are_refused_while_a_view_is_alive(
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
     space = client.open(layout)
     w = space.begin_put(seq, 0, prompt(16))
     a = w.block(0).numpy()
@@ -509,7 +900,9 @@ def test_commit_and_abort_are_refused_while_a_view_is_alive(client, layout, seq)
         w.block(0)
 
 
-def test_an_exception_in_a_write_block_aborts(client, layout, seq):
+def test_an_exception_in_a_write_block_aborts(
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
     space = client.open(layout)
     tokens = prompt(32)
     with pytest.raises(RuntimeError):
@@ -523,20 +916,24 @@ def test_an_exception_in_a_write_block_aborts(client, layout, seq):
         assert hit.matched_tokens == 0
 
 
-def test_close_ends_every_handle_but_not_while_a_view_is_alive(daemon, layout, seq):
+def test_close_ends_every_handle_but_not_while_a_view_is_alive(
+    daemon: Daemon, layout: kvtier.Layout, seq: str
+) -> None:
     c = kvtier.Client(daemon.socket)
     space = c.open(layout)
     space.put(seq, 0, prompt(16), packed(layout, 16))
+    space.put_entry(kvtier.content_key(seq.encode()), seq.encode())
     r = space.get(seq)
     w = space.begin_put(seq + "-w", 0, prompt(16))
-    a = r.block(0).numpy()
+    b = space.get_entry(kvtier.content_key(seq.encode()))
+    a = b.numpy()
     with pytest.raises(kvtier.BufferInUse):
         c.close()
-    assert not c.closed and c.stats()["leases"] == {"read": 1, "write": 1}
+    assert not c.closed and c.stats()["leases"] == {"read": 2, "write": 1}
     del a
     c.close()
     c.close()  # idempotent
-    assert c.closed and r.closed and w.closed
+    assert c.closed and r.closed and w.closed and b.closed
     for call in (
         c.stats,
         lambda: c.open(layout),
@@ -546,17 +943,21 @@ def test_close_ends_every_handle_but_not_while_a_view_is_alive(daemon, layout, s
         lambda: r.copy_to(),
         lambda: w.commit(),
         lambda: w.write(0, 16, packed(layout, 16)),
+        lambda: b.numpy(),
+        lambda: space.get_entry(kvtier.content_key(seq.encode())),
+        lambda: space.put_many([]),
     ):
         with pytest.raises(kvtier.Released):
             call()
     r.release()  # a no-op on an ended handle
+    b.release()
     with kvtier.Client(daemon.socket) as other:
         stats = wait_for_stats(other, lambda s: s["leases"] == {"read": 0, "write": 0})
         assert stats["leases"] == {"read": 0, "write": 0} and stats["blocks"]["pinned"] == 0
         assert other.open(layout).length(seq + "-w") is None  # the write was aborted
 
 
-def test_client_is_a_context_manager(daemon, layout):
+def test_client_is_a_context_manager(daemon: Daemon, layout: kvtier.Layout) -> None:
     with kvtier.Client(daemon.socket) as c:
         assert c.daemon_version.startswith("kvtierd")
         space = c.open(layout)
@@ -569,27 +970,30 @@ def test_client_is_a_context_manager(daemon, layout):
 # --- Errors and bad input ---------------------------------------------------------------------
 
 
-def test_sdk_errors_are_typed_exceptions(daemon, client, layout, seq):
+def test_sdk_errors_are_typed_exceptions(
+    daemon: Daemon, client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
     space = client.open(layout)
-    with pytest.raises(kvtier.NotFound) as e:
+    with pytest.raises(kvtier.NotFound) as not_found:
         space.get("no-such-sequence")
-    assert isinstance(e.value, LookupError) and e.value.code == 2 and not e.value.retryable
-    with pytest.raises(kvtier.InvalidArgument) as e:
+    e: kvtier.Error = not_found.value
+    assert isinstance(e, LookupError) and e.code == 2 and not e.retryable
+    with pytest.raises(kvtier.InvalidArgument) as invalid:
         space.put(seq, 5, prompt(16), packed(layout, 16))  # begin past the end
-    assert isinstance(e.value, ValueError) and e.value.code == 1
+    assert isinstance(invalid.value, ValueError) and invalid.value.code == 1
     w = space.begin_put(seq, 0, prompt(16))
-    with pytest.raises(kvtier.Conflict) as e:
+    with pytest.raises(kvtier.Conflict) as conflict:
         space.begin_put(seq, 0, prompt(16))
-    assert e.value.retryable and e.value.code == 9
+    assert conflict.value.retryable and conflict.value.code == 9
     w.abort()
     with tempfile.TemporaryDirectory() as d:
-        with pytest.raises(kvtier.Unavailable) as e:
+        with pytest.raises(kvtier.Unavailable) as unavailable:
             kvtier.Client(os.path.join(d, "nobody.sock"))
-    assert e.value.retryable and isinstance(e.value, kvtier.Error)
+    assert unavailable.value.retryable and isinstance(unavailable.value, kvtier.Error)
     assert kvtier.errors.error_class(999) is kvtier.Error
 
 
-def test_a_full_pool_raises_full(small_daemon):
+def test_a_full_pool_raises_full(small_daemon: Daemon) -> None:
     big = kvtier.Layout("py/big", num_layers=4, num_kv_heads=4, head_dim=64, dtype="float32")
     with kvtier.Client(small_daemon.socket) as c:
         space = c.open(big)
@@ -603,14 +1007,14 @@ def test_a_full_pool_raises_full(small_daemon):
             h.release()
 
 
-def space_stats(client, layout):
+def space_stats(client: kvtier.Client, layout: kvtier.Layout) -> _SpaceStats:
     (stats,) = [
         s for s in client.stats()["spaces"] if s["fingerprint"] == format(layout.fingerprint, "x")
     ]
     return stats
 
 
-def test_bad_input_raises_and_changes_nothing(client, seq):
+def test_bad_input_raises_and_changes_nothing(client: kvtier.Client, seq: str) -> None:
     # A layout of its own: its space's counters move only with this test.
     layout = kvtier.Layout("py/bad-input", num_layers=2, num_kv_heads=2, head_dim=8, dtype="f32")
     space = client.open(layout)
@@ -619,7 +1023,7 @@ def test_bad_input_raises_and_changes_nothing(client, seq):
     before, space_before = client.stats(), space_stats(client, layout)
     r = space.get(seq)
     w = space.begin_put(seq + "-w", 0, prompt(16))
-    bad = [
+    bad: list[tuple[type[Exception], Callable[[], object]]] = [
         # (exception, call)
         (kvtier.InvalidArgument, lambda: space.put(seq, 0, prompt(20), kv.astype(np.float64))),
         (kvtier.InvalidArgument, lambda: space.put(seq, 0, prompt(20), kv.astype(np.float16))),
@@ -627,15 +1031,15 @@ def test_bad_input_raises_and_changes_nothing(client, seq):
         (kvtier.InvalidArgument, lambda: space.put(seq, 0, prompt(20), kv.reshape(2, 2, 20, 16))),
         (kvtier.InvalidArgument, lambda: space.put(seq, 0, prompt(10), kv[:, :, ::2])),
         (TypeError, lambda: space.put(seq, 0, prompt(20), kv.tolist())),
-        (TypeError, lambda: space.put(seq, 0, prompt(20), None)),
-        (TypeError, lambda: space.put(seq, 0, "hello", kv)),
-        (TypeError, lambda: space.put(seq, 0, [1.5] * 20, kv)),
+        (TypeError, lambda: space.put(seq, 0, prompt(20), None)),  # type: ignore[arg-type]
+        (TypeError, lambda: space.put(seq, 0, "hello", kv)),  # type: ignore[arg-type]
+        (TypeError, lambda: space.put(seq, 0, [1.5] * 20, kv)),  # type: ignore[list-item]
         (TypeError, lambda: space.put(seq, 0, np.zeros(20, np.float32), kv)),
         (kvtier.InvalidArgument, lambda: space.put(seq, 0, [-1] + prompt(19), kv)),
         (kvtier.InvalidArgument, lambda: space.put(seq, 0, [2**32] + prompt(19), kv)),
         (kvtier.InvalidArgument, lambda: space.put(seq, 0, np.array([[1, 2]]), kv)),
         (kvtier.InvalidArgument, lambda: space.put(seq, 0, np.full(20, -3, np.int64), kv)),
-        (TypeError, lambda: space.put(7, 0, prompt(20), kv)),
+        (TypeError, lambda: space.put(7, 0, prompt(20), kv)),  # type: ignore[arg-type]
         (TypeError, lambda: space.put(seq, -1, prompt(20), kv)),
         (kvtier.InvalidArgument, lambda: space.put("x" * 10000, 0, prompt(20), kv)),
         # A NUL in a name: refused, never the name cut at the NUL (the put went to `seq`).
@@ -649,20 +1053,23 @@ def test_bad_input_raises_and_changes_nothing(client, seq):
         (kvtier.InvalidArgument, lambda: r.copy_to(0, 30)),
         (kvtier.InvalidArgument, lambda: r.copy_to(10, 5)),
         (IndexError, lambda: r.block(2)),
-        (TypeError, lambda: r.block("0")),
+        (TypeError, lambda: r.block("0")),  # type: ignore[arg-type]
         (kvtier.InvalidArgument, lambda: w.write(0, 16, kv)),
         (kvtier.InvalidArgument, lambda: w.write(0, 20, kv)),
         (kvtier.InvalidArgument, lambda: w.write(8, 4, kv)),
-        (kvtier.InvalidArgument, lambda: space.lookup(prompt(20), remote="nowhere")),
+        (kvtier.InvalidArgument, lambda: space.lookup(
+            prompt(20), remote="nowhere")),  # type: ignore[arg-type]
         (kvtier.InvalidArgument, lambda: kvtier.Layout("m", 2, 2, 8, block_tokens=7)),
         (kvtier.InvalidArgument, lambda: kvtier.Layout("m", 2, 2, 8, dtype="float64")),
         (kvtier.InvalidArgument, lambda: kvtier.Layout("m", 0, 2, 8)),
-        (TypeError, lambda: kvtier.Layout("m", 2, 2, 8, dtype=3.5)),
+        (TypeError, lambda: kvtier.Layout("m", 2, 2, 8, dtype=3.5)),  # type: ignore[arg-type]
         (TypeError, lambda: kvtier.Layout("m", -2, 2, 8)),
-        (kvtier.InvalidArgument, lambda: kvtier.Rope("yarn", 8)),
+        (kvtier.InvalidArgument, lambda: kvtier.Rope("yarn", 8)),  # type: ignore[arg-type]
     ]
     if torch is not None:
-        bad.append((TypeError, lambda: space.put(seq, 0, prompt(20), torch.from_numpy(kv))))
+        tensor = torch.from_numpy(kv)
+        bad.append((TypeError, lambda: space.put(
+            seq, 0, prompt(20), tensor)))  # type: ignore[arg-type]
     for exception, call in bad:
         with pytest.raises(exception):
             call()
@@ -681,7 +1088,9 @@ def test_bad_input_raises_and_changes_nothing(client, seq):
     assert space.length(seq + "-copy") is None
 
 
-def test_error_messages_say_what_is_wrong(client, layout, seq):
+def test_error_messages_say_what_is_wrong(
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
     space = client.open(layout)
     kv = packed(layout, 20)
     with pytest.raises(kvtier.InvalidArgument, match=r"dtype float64, expected float32"):
@@ -690,12 +1099,12 @@ def test_error_messages_say_what_is_wrong(client, layout, seq):
     with pytest.raises(kvtier.InvalidArgument, match=shapes):
         space.put(seq, 0, prompt(19), kv)
     with pytest.raises(TypeError, match=r"tensor.numpy\(\)"):
-        space.put(seq, 0, prompt(20), [0.0])
+        space.put(seq, 0, prompt(20), [0.0])  # type: ignore[arg-type]
     with pytest.raises(kvtier.InvalidArgument, match=r"token 0 is -1"):
         space.put(seq, 0, [-1] * 20, kv)
 
 
-def test_layout_properties(layout):
+def test_layout_properties(layout: kvtier.Layout) -> None:
     assert layout.block_shape == (2, 2, 16, 2, 8) == layout.packed_shape(16)
     assert layout.token_kv_bytes == 256 and layout.block_bytes == 4096
     assert layout.numpy_dtype == np.float32 and layout.dtype == "float32"
@@ -711,12 +1120,16 @@ def test_layout_properties(layout):
 # --- Processes and threads ----------------------------------------------------------------------
 
 
-def test_use_in_a_child_after_fork_raises_and_changes_nothing(client, layout, seq):
+def test_use_in_a_child_after_fork_raises_and_changes_nothing(
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
     space = client.open(layout)
     kv = packed(layout, 16)
     space.put(seq, 0, prompt(16), kv)
     h = space.get(seq)
     block = h.block(0)
+    space.put_entry(kvtier.content_key(kv), kv)
+    blob = space.get_entry(kvtier.content_key(kv))
     before = client.stats()
     pid = os.fork()
     if pid == 0:  # the child: report through the exit code, never return into pytest
@@ -730,6 +1143,10 @@ def test_use_in_a_child_after_fork_raises_and_changes_nothing(client, layout, se
             lambda: np.asarray(block),
             lambda: h.copy_to(),
             h.release,
+            blob.numpy,
+            blob.release,
+            lambda: space.get_entry(kvtier.content_key(kv)),
+            lambda: space.put_many([(seq, 0, prompt(16), kv)]),
             client.close,
         ):
             try:
@@ -740,7 +1157,7 @@ def test_use_in_a_child_after_fork_raises_and_changes_nothing(client, layout, se
             except BaseException:
                 failures += 1
         # Dropping every object in the child must neither hang nor reach the daemon.
-        del block, h, space
+        del block, h, blob, space
         gc.collect()
         os._exit(failures)
     _, status = os.waitpid(pid, 0)
@@ -749,10 +1166,12 @@ def test_use_in_a_child_after_fork_raises_and_changes_nothing(client, layout, se
     assert after["leases"] == before["leases"] and after["bytes"] == before["bytes"]
     assert after["sequences"] == before["sequences"]
     np.testing.assert_array_equal(block.numpy(), kv)  # the parent's objects still work
+    assert blob.tobytes() == kv.tobytes()
     h.release()
+    blob.release()
 
 
-def test_blocking_calls_release_the_gil(daemon):
+def test_blocking_calls_release_the_gil(daemon: Daemon) -> None:
     """Every call that waits for the daemon lets other Python threads run.
 
     The client thread talks to the daemon through a relay written in Python and run by the main
@@ -816,11 +1235,11 @@ def test_blocking_calls_release_the_gil(daemon):
     assert out.stdout.split("\n")[0] == "[32, 0] True"
 
 
-def test_threads_share_a_client(client, layout):
+def test_threads_share_a_client(client: kvtier.Client, layout: kvtier.Layout) -> None:
     space = client.open(layout)
     errors = []
 
-    def work(i):
+    def work(i: int) -> None:
         try:
             kv = packed(layout, 32, seed=i)
             name, tokens = f"thread-{i}", prompt(32)
@@ -842,7 +1261,9 @@ def test_threads_share_a_client(client, layout):
 # --- Installed package -------------------------------------------------------------------------
 
 
-def test_importable_from_an_installed_prefix(daemon, layout, tmp_path):
+def test_importable_from_an_installed_prefix(
+    daemon: Daemon, layout: kvtier.Layout, tmp_path: pathlib.Path
+) -> None:
     build = os.environ.get("KVTIER_BUILD_DIR")
     if not build:
         pytest.skip("KVTIER_BUILD_DIR is not set (run through ctest)")

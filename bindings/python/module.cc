@@ -9,7 +9,8 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
-#include <functional>
+#include <deque>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -51,37 +52,41 @@ class BufferExport {
   Py_buffer view_;
 };
 
-// Token ids: a sequence of ints, or a 1-D integer array (NumPy, array.array, ...).
-std::vector<uint32_t> tokensFrom(py::handle obj) {
+// Integers 0 <= v <= max(T) from a sequence of ints or a 1-D integer array (NumPy, array.array,
+// ...): token ids, block table entries. Errors name the argument (`name`), an entry (`item`) and
+// the rule for values (`bounds`).
+template <typename T>
+std::vector<T> integersFrom(py::handle obj, const std::string& name, const char* item,
+                            const char* bounds) {
   if (PyUnicode_Check(obj.ptr()) || PyBytes_Check(obj.ptr()) || PyByteArray_Check(obj.ptr())) {
-    throw py::type_error("tokens must be a sequence of ints or a 1-D integer array, not " +
+    throw py::type_error(name + " must be a sequence of ints or a 1-D integer array, not " +
                          typeName(obj));
   }
-  std::vector<uint32_t> tokens;
-  const auto add = [&tokens](long long value, bool overflow) {
-    if (overflow || value < 0 || value > static_cast<long long>(UINT32_MAX)) {
-      throwError(ErrorCode::kInvalidArgument, "token ", tokens.size(),
-                 overflow ? " is out of range" : (" is " + std::to_string(value)),
-                 ": token ids are 0 <= t < 2**32");
+  constexpr auto kMax = static_cast<long long>(std::numeric_limits<T>::max());
+  std::vector<T> values;
+  const auto add = [&](long long value, bool overflow) {
+    if (overflow || value < 0 || value > kMax) {
+      throwError(ErrorCode::kInvalidArgument, item, " ", values.size(),
+                 overflow ? " is out of range" : (" is " + std::to_string(value)), ": ", bounds);
     }
-    tokens.push_back(static_cast<uint32_t>(value));
+    values.push_back(static_cast<T>(value));
   };
   if (PyObject_CheckBuffer(obj.ptr())) {
     BufferExport buffer(obj);
     const Py_buffer& v = buffer.view();
     if (v.ndim != 1) {
-      throwError(ErrorCode::kInvalidArgument, "tokens must be 1-D, got ", v.ndim, " dimensions");
+      throwError(ErrorCode::kInvalidArgument, name, " must be 1-D, got ", v.ndim, " dimensions");
     }
     const char f = formatChar(v.format);
     const bool isSigned = f == 'b' || f == 'h' || f == 'i' || f == 'l' || f == 'q' || f == 'n';
     const bool isUnsigned = f == 'B' || f == 'H' || f == 'I' || f == 'L' || f == 'Q' || f == 'N';
     if (!(isSigned || isUnsigned) || v.itemsize > 8) {
-      throw py::type_error(std::string("tokens must be integers, got an array of format '") +
+      throw py::type_error(name + " must be integers, got an array of format '" +
                            (v.format ? v.format : "B") + "'");
     }
     const auto* base = static_cast<const uint8_t*>(v.buf);
     const Py_ssize_t stride = v.strides ? v.strides[0] : v.itemsize;
-    tokens.reserve(static_cast<size_t>(v.shape[0]));
+    values.reserve(static_cast<size_t>(v.shape[0]));
     for (Py_ssize_t i = 0; i < v.shape[0]; ++i) {
       uint64_t raw = 0;
       std::memcpy(&raw, base + i * stride, static_cast<size_t>(v.itemsize));
@@ -89,28 +94,33 @@ std::vector<uint32_t> tokensFrom(py::handle obj) {
         const int shift = 64 - 8 * static_cast<int>(v.itemsize);  // sign-extend
         add(static_cast<long long>(raw << shift) >> shift, false);
       } else {
-        add(static_cast<long long>(raw), raw > uint64_t{UINT32_MAX});
+        add(static_cast<long long>(raw), raw > static_cast<uint64_t>(kMax));
       }
     }
-    return tokens;
+    return values;
   }
   if (!PySequence_Check(obj.ptr()) && !PyIter_Check(obj.ptr())) {
-    throw py::type_error("tokens must be a sequence of ints or a 1-D integer array, not " +
+    throw py::type_error(name + " must be a sequence of ints or a 1-D integer array, not " +
                          typeName(obj));
   }
-  for (py::handle item : py::iter(obj)) {
-    if (!PyIndex_Check(item.ptr())) {
-      throw py::type_error("token " + std::to_string(tokens.size()) + " is a " + typeName(item) +
-                           ", expected an int");
+  for (py::handle entry : py::iter(obj)) {
+    if (!PyIndex_Check(entry.ptr())) {
+      throw py::type_error(std::string(item) + " " + std::to_string(values.size()) + " is a " +
+                           typeName(entry) + ", expected an int");
     }
-    py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(item.ptr()));
+    py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(entry.ptr()));
     if (!index) throw py::error_already_set();
     int overflow = 0;
     const long long value = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
     if (value == -1 && PyErr_Occurred()) throw py::error_already_set();
     add(value, overflow != 0);
   }
-  return tokens;
+  return values;
+}
+
+// Token ids (`name`: the argument, in errors).
+std::vector<uint32_t> tokensFrom(py::handle obj, const std::string& name = "tokens") {
+  return integersFrom<uint32_t>(obj, name, "token", "token ids are 0 <= t < 2**32");
 }
 
 std::string shapeString(const Py_ssize_t* shape, int ndim) {
@@ -295,11 +305,17 @@ RemoteMode remoteMode(const std::string& remote) {
 // --- Calls ------------------------------------------------------------------------------------
 
 std::shared_ptr<SpaceState> openSpace(const std::shared_ptr<ClientState>& client,
-                                      const Layout& layout) {
+                                      const Layout& layout, std::optional<int> device) {
   client->checkUsable();
+  if (device && *device < 0) {
+    throwError(ErrorCode::kInvalidArgument, "device ", *device,
+               " is not a CUDA device (None: the host pool)");
+  }
+  OpenOptions options;
+  options.device = device.value_or(-1);
   auto space = std::make_shared<SpaceState>(client, layout);
   client->call([&] {
-    space->adopt(unwrap(client->client().open(layout)));
+    space->adopt(unwrap(client->client().open(layout, options)));
     client->track(space);
   });
   return space;
@@ -354,9 +370,11 @@ py::bytes keyBytes(const Key128& key) {
   return py::bytes(reinterpret_cast<const char*>(key.bytes.data()), key.bytes.size());
 }
 
-std::shared_ptr<ReadHandleState> readHandle(SpaceState& s,
-                                            const std::function<Result<ReadHandle>(Space&)>& f) {
-  auto handle = std::make_shared<ReadHandleState>(s.shared_from_this());
+// A handle of `s` (ReadHandleState, WriteHandleState or BlobHandleState) over the C++ handle that
+// f(space) returns, waited for with the GIL released.
+template <typename State, typename F>
+std::shared_ptr<State> adoptHandle(SpaceState& s, F&& f) {
+  auto handle = std::make_shared<State>(s.shared_from_this());
   s.call([&](Space& space) {
     handle->adopt(unwrap(f(space)));
     s.client().track(handle);
@@ -368,12 +386,8 @@ std::shared_ptr<WriteHandleState> beginPut(SpaceState& s, const std::string& seq
                                            py::handle tokens, const PutOptions& options) {
   s.client().checkUsable();
   const std::vector<uint32_t> ids = tokensFrom(tokens);
-  auto handle = std::make_shared<WriteHandleState>(s.shared_from_this());
-  s.call([&](Space& space) {
-    handle->adopt(unwrap(space.beginPut(seq, begin, ids, options)));
-    s.client().track(handle);
-  });
-  return handle;
+  return adoptHandle<WriteHandleState>(
+      s, [&](Space& space) { return space.beginPut(seq, begin, ids, options); });
 }
 
 CommitInfo put(SpaceState& s, const std::string& seq, uint64_t begin, py::handle tokens,
@@ -384,6 +398,196 @@ CommitInfo put(SpaceState& s, const std::string& seq, uint64_t begin, py::handle
   return unwrap(s.call([&](Space& space) {
     return space.put(seq, begin, ids, buffer.data(), buffer.bytes(), options);
   }));
+}
+
+// kvtier.PutItem: the arguments of one put of Space.put_many, kept as given; put_many checks them
+// all before anything is sent.
+struct PutItemArgs {
+  std::string seq;
+  uint64_t begin = 0;
+  py::object tokens, kv;
+  bool detached = false;
+  uint64_t window = 0, chunk = 0;
+  py::object keys;  // None: kvtier's keys of the tokens
+};
+
+// Space.put_many: every item is checked first (TypeError or InvalidArgument, and nothing sent),
+// then one Space::putMany; each result is the item's CommitInfo or its kvtier.Error, not raised.
+py::list putMany(SpaceState& s, py::handle items) {
+  s.client().checkUsable();
+  std::vector<PutItemArgs> args;
+  for (py::handle item : py::iter(items)) {
+    if (py::isinstance<PutItemArgs>(item)) {
+      args.push_back(item.cast<PutItemArgs>());
+    } else if (py::isinstance<py::tuple>(item) && py::len(item) == 4) {
+      args.push_back(py::type::of<PutItemArgs>()(*item).cast<PutItemArgs>());
+    } else {
+      throw py::type_error("items[" + std::to_string(args.size()) +
+                           "] must be a kvtier.PutItem or a tuple (seq, begin, tokens, kv), not " +
+                           typeName(item));
+    }
+  }
+  std::vector<std::vector<uint32_t>> tokens;
+  std::deque<PackedKv> kvs;  // the exports stay where they are while the batch points at them
+  std::vector<PutItem> batch;
+  tokens.reserve(args.size());
+  batch.reserve(args.size());
+  for (const PutItemArgs& a : args) {
+    const std::string name = "items[" + std::to_string(batch.size()) + "]";
+    const std::vector<uint32_t>& ids = tokens.emplace_back(tokensFrom(a.tokens, name + ".tokens"));
+    const PackedKv& kv =
+        kvs.emplace_back(a.kv, s.layout(), ids.size(), false, (name + ".kv").c_str());
+    PutOptions options = putOptions(a.detached, a.window, a.chunk);
+    if (!a.keys.is_none()) options.keys = keysFrom(a.keys);
+    batch.push_back(PutItem{a.seq, a.begin, ids, kv.data(), kv.bytes(), std::move(options)});
+  }
+  const std::vector<Result<CommitInfo>> results =
+      s.call([&](Space& space) { return space.putMany(batch); });
+  py::list out;
+  for (const Result<CommitInfo>& r : results) {
+    out.append(r ? py::cast(r.value()) : exceptionOf(r.error()));
+  }
+  return out;
+}
+
+// kvtier.PagedKvCache: an engine's paged KV cache in vLLM's layout, as torch tensors: for each
+// layer a K and a V tensor of shape [num_blocks, block_tokens, kv_heads, head_dim], contiguous.
+// Held in tuples, which nothing can change while a call copies with the GIL released; each call
+// checks the tensors again and reads their data_ptr() then.
+struct PagedCacheArgs {
+  py::tuple keys, values;
+  uint32_t blockTokens = 0;
+};
+
+// The shape [num_blocks, block_tokens, kv_heads, head_dim] the tensors of a paged cache share:
+// TypeError for what is not a list of torch tensors, InvalidArgument for tensors that do not make
+// one cache.
+std::vector<int64_t> pagedShape(const py::tuple& keys, const py::tuple& values) {
+  if (keys.empty() || keys.size() != values.size()) {
+    throwError(ErrorCode::kInvalidArgument,
+               "a paged cache has one K and one V tensor per layer, got ", keys.size(), " K and ",
+               values.size(), " V tensors");
+  }
+  const py::object tensorType = py::module_::import("torch").attr("Tensor");
+  const py::handle first = keys[0];
+  std::vector<int64_t> shape;
+  for (const auto& [name, list] : {std::pair{"keys", &keys}, std::pair{"values", &values}}) {
+    for (size_t i = 0; i < list->size(); ++i) {
+      const py::handle t = (*list)[i];
+      const std::string what = std::string(name) + "[" + std::to_string(i) + "]";
+      if (!py::isinstance(t, tensorType)) {
+        throw py::type_error(what + " must be a torch.Tensor, not " + typeName(t));
+      }
+      const auto dims = py::cast<std::vector<int64_t>>(t.attr("shape"));
+      if (shape.empty()) shape = dims;
+      if (dims.size() != 4 || dims != shape) {
+        throwError(ErrorCode::kInvalidArgument, what, " has shape ",
+                   std::string(py::str(t.attr("shape"))), ", expected 4 dimensions [num_blocks, ",
+                   "block_tokens, kv_heads, head_dim], the same for every tensor");
+      }
+      if (!t.attr("dtype").equal(first.attr("dtype")) ||
+          !t.attr("device").equal(first.attr("device"))) {
+        throwError(ErrorCode::kInvalidArgument, what,
+                   " differs from keys[0] in dtype or device: every tensor of a paged cache has "
+                   "the same");
+      }
+      if (!t.attr("is_contiguous")().cast<bool>()) {
+        throwError(ErrorCode::kInvalidArgument, what, " must be contiguous");
+      }
+    }
+  }
+  if (shape[1] <= 0 || shape[1] > std::numeric_limits<int32_t>::max()) {
+    throwError(ErrorCode::kInvalidArgument, "a paged cache's block size is ", shape[1]);
+  }
+  return shape;
+}
+
+PagedCacheArgs makePagedCache(py::handle keys, py::handle values) {
+  for (const py::handle list : {keys, values}) {
+    if (!PySequence_Check(list.ptr()) || PyUnicode_Check(list.ptr())) {
+      throw py::type_error("keys and values must be sequences of torch tensors, not " +
+                           typeName(list));
+    }
+  }
+  PagedCacheArgs cache{py::tuple(py::reinterpret_borrow<py::object>(keys)),
+                       py::tuple(py::reinterpret_borrow<py::object>(values))};
+  cache.blockTokens = static_cast<uint32_t>(pagedShape(cache.keys, cache.values)[1]);
+  return cache;
+}
+
+// The C++ PagedKvCache of `cache` for space `s`: InvalidArgument unless its tensors fit the
+// layout (one K and one V per layer, [*, *, kv_heads, head_dim], the layout's dtype) and, for a
+// space on a GPU, are on its device. The pointers are the tensors' data_ptr() now.
+PagedKvCache pagedCacheFor(const PagedCacheArgs& cache, const SpaceState& s) {
+  const Layout& l = s.layout();
+  const std::vector<int64_t> shape = pagedShape(cache.keys, cache.values);
+  if (cache.keys.size() != l.numLayers) {
+    throwError(ErrorCode::kInvalidArgument, "the paged cache has ", cache.keys.size(),
+               " layers; the layout has ", l.numLayers);
+  }
+  if (shape[2] != l.numKvHeads || shape[3] != l.headDim) {
+    throwError(ErrorCode::kInvalidArgument, "the paged cache's tensors have ", shape[2],
+               " KV heads of ", shape[3], "; the layout has ", l.numKvHeads, " of ", l.headDim);
+  }
+  const py::handle first = cache.keys[0];
+  bool sameDtype = false;
+  try {
+    sameDtype = dtypeFrom(first.attr("dtype")) == l.dtype;
+  } catch (const SdkError&) {
+    // a dtype no layout has
+  }
+  if (!sameDtype) {
+    throwError(ErrorCode::kInvalidArgument, "the paged cache has dtype ",
+               std::string(py::str(first.attr("dtype"))), ", the layout ", dtypeName(l.dtype));
+  }
+  if (s.device() >= 0) {
+    const py::object device = first.attr("device");
+    if (device.attr("type").cast<std::string>() != "cuda" || device.attr("index").is_none() ||
+        device.attr("index").cast<int>() != s.device()) {
+      throwError(ErrorCode::kInvalidArgument, "the paged cache is on ",
+                 std::string(py::str(device)), "; the space's pool is on cuda:", s.device());
+    }
+  }
+  PagedKvCache out;
+  out.blockTokens = static_cast<uint32_t>(shape[1]);
+  for (const auto& [list, pointers] :
+       {std::pair{&cache.keys, &out.keys}, std::pair{&cache.values, &out.values}}) {
+    for (const py::handle t : *list) {
+      pointers->push_back(reinterpret_cast<void*>(t.attr("data_ptr")().cast<uintptr_t>()));
+    }
+  }
+  return out;
+}
+
+// Engine block numbers, one per block_tokens positions of the paged cache.
+std::vector<int32_t> blockTableFrom(py::handle obj) {
+  return integersFrom<int32_t>(obj, "block_table", "block table entry",
+                               "engine block numbers are 0 <= b < 2**31");
+}
+
+// A CUDA stream: None (the default stream), a torch.cuda.Stream (anything with a `cuda_stream`
+// handle), or the cudaStream_t handle as an int.
+void* streamFrom(py::handle stream) {
+  if (stream.is_none()) return nullptr;
+  const py::object handle = py::hasattr(stream, "cuda_stream")
+                                ? stream.attr("cuda_stream")
+                                : py::reinterpret_borrow<py::object>(stream);
+  if (!PyLong_Check(handle.ptr())) {
+    throw py::type_error(
+        "stream must be None, a torch.cuda.Stream or a cudaStream_t handle as an int, not " +
+        typeName(stream));
+  }
+  const unsigned long long value = PyLong_AsUnsignedLongLong(handle.ptr());
+  if (PyErr_Occurred()) throw py::error_already_set();
+  return reinterpret_cast<void*>(static_cast<uintptr_t>(value));
+}
+
+// The checks of Space.scatter_to and gather_to: a handle of this space.
+void checkHandleOf(const SpaceState& s, HandleState& h) {
+  h.checkOpen();
+  if (&h.space() != &s) {
+    throwError(ErrorCode::kInvalidArgument, "the handle belongs to another kvtier.Space");
+  }
 }
 
 py::object copyTo(ReadHandleState& h, std::optional<uint64_t> start, std::optional<uint64_t> stop,
@@ -407,8 +611,10 @@ void writeKv(WriteHandleState& h, uint64_t start, uint64_t stop, py::handle kv) 
   h.write(start, stop, buffer.data(), buffer.bytes());
 }
 
-// __exit__ of a read handle: release; after an exception, never mask it (endAfterError).
-bool exitRead(ReadHandleState& h, py::handle excType) {
+// __exit__ of a read or blob handle: release; after an exception, never mask it
+// (endAfterError).
+template <typename Handle>
+bool exitRelease(Handle& h, py::handle excType) {
   if (excType.is_none()) {
     h.release();
   } else {
@@ -585,11 +791,13 @@ which changes whenever the block is reused. Space.read_refs reads it back while 
   py::class_<ClientState, std::shared_ptr<ClientState>>(m, "Client", R"doc(
 A connection to a kvtierd daemon over its Unix socket.
 
-Client(socket_path='kvtier-data/kvtierd.sock', *, client_name='kvtier-python', map_pool=True)
+Client(socket_path='kvtier-data/kvtierd.sock', *, client_name='kvtier-python', map_pool=True,
+       lane=True)
 
 Connecting maps nothing yet; open() maps the daemon's shared pool, and blocks are then read and
-written in place (map_pool=False: bytes travel inline in the RPC messages instead). Raises
-kvtier.Unavailable when no daemon answers.
+written in place (map_pool=False: bytes travel inline in the RPC messages instead). lane: lookups
+and puts over the session's fast lane (one small message each way; False: every call over Cap'n
+Proto). Raises kvtier.Unavailable when no daemon answers.
 
 A context manager: leaving the `with` block closes the client. close() ends every handle (read
 leases released, unfinished writes aborted) and space of the client; afterwards every call
@@ -597,18 +805,27 @@ raises kvtier.Released. Methods may be called from several threads; each release
 it waits for the daemon. A Client cannot be used in a child process after fork()
 (kvtier.UsedAfterFork): connect a new one there.
 )doc")
-      .def(py::init([](const std::string& socketPath, const std::string& clientName, bool mapPool) {
+      .def(py::init([](const std::string& socketPath, const std::string& clientName, bool mapPool,
+                       bool lane) {
              ClientOptions options;
              options.socketPath = socketPath;
              options.clientName = clientName;
              options.mapPool = mapPool;
+             options.lane = lane;
              return ClientState::connect(options);
            }),
            "socket_path"_a = "kvtier-data/kvtierd.sock", py::kw_only(),
-           "client_name"_a = "kvtier-python", "map_pool"_a = true)
-      .def("open", &openSpace, "layout"_a, R"doc(
-Opens (or joins) the namespace of `layout` on the daemon and returns its Space.
+           "client_name"_a = "kvtier-python", "map_pool"_a = true, "lane"_a = true)
+      .def("open", &openSpace, "layout"_a, py::kw_only(), "device"_a = py::none(), R"doc(
+Opens (or joins) the namespace of `layout` on the daemon and returns its Space. device: a CUDA
+device (one of Client.devices) to open it on that GPU's pool, None for the host pool.
 )doc")
+      .def_property_readonly(
+          "devices",
+          [](ClientState& c) {
+            return c.call([&] { return std::vector<int>(c.client().devices()); });
+          },
+          "The CUDA devices with a GPU pool on the daemon (empty without).")
       .def(
           "cluster",
           [](ClientState& c) {
@@ -664,6 +881,51 @@ kvtier.BufferInUse, and changes nothing, while an array of one of its handles' b
           },
           "exc_type"_a, "exc"_a, "traceback"_a);
 
+  py::class_<PutItemArgs>(m, "PutItem", R"doc(
+One put of Space.put_many, with the arguments of Space.put:
+
+PutItem(seq, begin, tokens, kv, *, detached=False, window=0, chunk=0, keys=None)
+
+Kept as given: put_many checks them (and reads tokens and kv) when it is called.
+)doc")
+      .def(py::init([](std::string seq, uint64_t begin, py::object tokens, py::object kv,
+                       bool detached, uint64_t window, uint64_t chunk, py::object keys) {
+             return PutItemArgs{std::move(seq), begin, std::move(tokens), std::move(kv), detached,
+                                window,         chunk, std::move(keys)};
+           }),
+           "seq"_a, "begin"_a, "tokens"_a, "kv"_a, py::kw_only(), "detached"_a = false,
+           "window"_a = 0, "chunk"_a = 0, "keys"_a = py::none())
+      .def_readonly("seq", &PutItemArgs::seq)
+      .def_readonly("begin", &PutItemArgs::begin)
+      .def_readonly("tokens", &PutItemArgs::tokens)
+      .def_readonly("kv", &PutItemArgs::kv)
+      .def_readonly("detached", &PutItemArgs::detached)
+      .def_readonly("window", &PutItemArgs::window)
+      .def_readonly("chunk", &PutItemArgs::chunk)
+      .def_readonly("keys", &PutItemArgs::keys)
+      .def("__repr__", [](const PutItemArgs& p) {
+        return "kvtier.PutItem('" + p.seq + "', " + std::to_string(p.begin) + ", ...)";
+      });
+
+  py::class_<PagedCacheArgs>(m, "PagedKvCache", R"doc(
+An engine's paged KV cache on a GPU, in vLLM's layout, for Space.put_paged, scatter_to and
+gather_to: PagedKvCache(keys, values), for each layer a K and a V torch tensor of shape
+(num_blocks, block_tokens, kv_heads, head_dim), contiguous, all of one dtype and device.
+block_tokens (the engine's block size) need not be the layout's.
+
+Raises TypeError for what is not a torch tensor and kvtier.InvalidArgument for tensors that do
+not make one cache. The tensors are held, not copied: each call checks them against the space's
+layout (layers, kv_heads, head_dim, dtype, device) and reads their data_ptr() then.
+)doc")
+      .def(py::init(&makePagedCache), "keys"_a, "values"_a)
+      .def_readonly("keys", &PagedCacheArgs::keys, "The K tensor of each layer.")
+      .def_readonly("values", &PagedCacheArgs::values, "The V tensor of each layer.")
+      .def_readonly("block_tokens", &PagedCacheArgs::blockTokens, "The engine's block size.")
+      .def("__repr__", [](const PagedCacheArgs& c) {
+        return "kvtier.PagedKvCache(" + std::to_string(c.keys.size()) +
+               " layers, block_tokens=" + std::to_string(c.blockTokens) + ")";
+      });
+
   py::class_<SpaceState, std::shared_ptr<SpaceState>>(m, "Space", R"doc(
 One namespace (tenant, layout) on the daemon; made by Client.open().
 
@@ -674,6 +936,13 @@ are packed arrays (Layout.packed_shape). Every mutation is atomic: on error noth
 )doc")
       .def_property_readonly("layout", &SpaceState::layout)
       .def_property_readonly("fingerprint", &SpaceState::fingerprint)
+      .def_property_readonly(
+          "device",
+          [](const SpaceState& s) -> std::optional<int> {
+            if (s.device() < 0) return std::nullopt;
+            return s.device();
+          },
+          "The CUDA device of the space's pool, None for the host pool.")
       .def(
           "put",
           [](SpaceState& s, const std::string& seq, uint64_t begin, py::handle tokens,
@@ -705,10 +974,80 @@ Asks for the blocks of positions [begin, begin + len(tokens)) of `seq` and retur
 write each block in place (handle.block(i)) or packed (handle.write), then commit. Nothing is
 visible to anyone before the commit. One writer per sequence at a time (kvtier.Conflict).
 )doc")
+      .def("put_many", &putMany, "items"_a, R"doc(
+Several puts in one call, for a writer that hands over KV continuously (a prefill batch, an
+engine offloading finished requests): each item — a PutItem, or a tuple (seq, begin, tokens, kv)
+— is stored as put() would store it, in order, while the daemon grants the next item's blocks
+during this item's copy.
+
+Every item's arguments are checked before anything is sent: a bad one raises (TypeError,
+kvtier.InvalidArgument) and nothing is stored. Then each item succeeds or fails on its own: the
+result is a list with, for each item, its CommitInfo or the kvtier.Error it failed with
+(returned, not raised: `raise r` re-raises it). An Unavailable item may or may not have been
+stored (the connection ended under it).
+)doc")
+      .def(
+          "put_paged",
+          [](SpaceState& s, const std::string& seq, uint64_t begin, py::handle tokens,
+             const PagedCacheArgs& cache, py::handle blockTable, py::handle stream, bool detached,
+             uint64_t window, uint64_t chunk, py::handle keys) {
+            s.client().checkUsable();
+            const std::vector<uint32_t> ids = tokensFrom(tokens);
+            const PagedKvCache paged = pagedCacheFor(cache, s);
+            const std::vector<int32_t> table = blockTableFrom(blockTable);
+            void* cudaStream = streamFrom(stream);
+            PutOptions options = putOptions(detached, window, chunk);
+            if (!keys.is_none()) options.keys = keysFrom(keys);
+            return unwrap(s.call([&](Space& space) {
+              return space.putPaged(seq, begin, ids, paged, table, cudaStream, options);
+            }));
+          },
+          "seq"_a, "begin"_a, "tokens"_a, "cache"_a, "block_table"_a, py::kw_only(),
+          "stream"_a = py::none(), "detached"_a = false, "window"_a = 0, "chunk"_a = 0,
+          "keys"_a = py::none(), R"doc(
+put() from an engine's paged cache on the GPU: positions [begin, begin + len(tokens)) of `seq`
+are scattered by a kernel from `cache` (a PagedKvCache) into the granted pool blocks, then
+committed. block_table[i]: the engine block holding positions [i * cache.block_tokens, ...)
+(ints, a 1-D integer array). stream: the engine's CUDA stream (a torch.cuda.Stream, a
+cudaStream_t as an int, None: the default stream); returns once the kernel finished on it.
+
+Only for a space opened on a GPU (Client.open(layout, device=...)) by a client built with CUDA:
+kvtier.NotSupported otherwise, nothing changed.
+)doc")
+      .def(
+          "scatter_to",
+          [](SpaceState& s, WriteHandleState& h, uint64_t start, uint64_t stop,
+             const PagedCacheArgs& cache, py::handle blockTable, py::handle stream) {
+            checkHandleOf(s, h);
+            const PagedKvCache paged = pagedCacheFor(cache, s);
+            const std::vector<int32_t> table = blockTableFrom(blockTable);
+            h.scatterFrom(start, stop, paged, table, streamFrom(stream));
+          },
+          "handle"_a, "start"_a, "stop"_a, "cache"_a, "block_table"_a, py::kw_only(),
+          "stream"_a = py::none(), R"doc(
+The copy step of put_paged, for engines that batch: scatters positions [start, stop) of a
+WriteHandle of this space (begin_put) from the engine's paged cache into its blocks; commit the
+handle afterwards. As put_paged: a space on a GPU only (kvtier.NotSupported otherwise).
+)doc")
+      .def(
+          "gather_to",
+          [](SpaceState& s, ReadHandleState& h, uint64_t start, uint64_t stop,
+             const PagedCacheArgs& cache, py::handle blockTable, py::handle stream) {
+            checkHandleOf(s, h);
+            const PagedKvCache paged = pagedCacheFor(cache, s);
+            const std::vector<int32_t> table = blockTableFrom(blockTable);
+            h.gatherTo(start, stop, paged, table, streamFrom(stream));
+          },
+          "handle"_a, "start"_a, "stop"_a, "cache"_a, "block_table"_a, py::kw_only(),
+          "stream"_a = py::none(), R"doc(
+Gathers positions [start, stop) of a ReadHandle of this space (get, lookup) into the engine's
+paged cache with a kernel on `stream`, and returns once it finished. A space on a GPU only
+(kvtier.NotSupported otherwise, nothing changed).
+)doc")
       .def(
           "get",
           [](SpaceState& s, const std::string& seq, uint64_t begin, std::optional<uint64_t> end) {
-            return readHandle(
+            return adoptHandle<ReadHandleState>(
                 s, [&](Space& space) { return space.get(seq, begin, end.value_or(kEndPosition)); });
           },
           "seq"_a, "begin"_a = 0, "end"_a = py::none(), R"doc(
@@ -727,7 +1066,8 @@ until the handle is released. kvtier.NotFound for an unknown sequence.
             options.window = window;
             options.chunk = chunk;
             options.remote = remoteMode(remote);
-            return readHandle(s, [&](Space& space) { return space.lookup(ids, options); });
+            return adoptHandle<ReadHandleState>(
+                s, [&](Space& space) { return space.lookup(ids, options); });
           },
           "tokens"_a, py::kw_only(), "bind_seq"_a = "", "detached"_a = false, "window"_a = 0,
           "chunk"_a = 0, "remote"_a = "fetch", R"doc(
@@ -852,6 +1192,40 @@ stop only at them.
           },
           "seq"_a, "The positions of seq's checkpoints, ascending.")
       .def(
+          "get_checkpoint",
+          [](SpaceState& s, const std::string& seq, uint64_t pos) {
+            return adoptHandle<BlobHandleState>(
+                s, [&](Space& space) { return space.getCheckpoint(seq, pos); });
+          },
+          "seq"_a, "pos"_a, R"doc(
+The checkpoint of seq at position `pos` as a BlobHandle (its bytes in place, pinned until
+release). kvtier.NotFound when seq has no checkpoint there, or no such sequence.
+)doc")
+      .def(
+          "put_entry",
+          [](SpaceState& s, py::handle key, py::handle data) {
+            const Key128 k = keyFrom(key);
+            const BytesLike bytes(data, "data");
+            unwrap(s.call(
+                [&](Space& space) { return space.putEntry(k, bytes.data(), bytes.size()); }));
+          },
+          "key"_a, "data"_a, R"doc(
+Stores a position-independent entry (an encoder output, an image embedding): `data`, any
+non-empty bytes-like object (bytes, a NumPy array), under the 16-byte `key` (content_key(data),
+or the engine's own). A key that exists already keeps its bytes. Entries are shared by every
+client of the layout and evicted like blocks.
+)doc")
+      .def(
+          "get_entry",
+          [](SpaceState& s, py::handle key) {
+            const Key128 k = keyFrom(key);
+            return adoptHandle<BlobHandleState>(s, [&](Space& space) { return space.getEntry(k); });
+          },
+          "key"_a, R"doc(
+The entry stored under the 16-byte `key` as a BlobHandle (its bytes in place, pinned until
+release). kvtier.NotFound when there is none (never stored, or evicted).
+)doc")
+      .def(
           "copy_range",
           [](SpaceState& s, const std::string& node, const std::string& seq, uint64_t begin,
              std::optional<uint64_t> end, bool move) {
@@ -912,16 +1286,20 @@ other bytes: never another block's bytes.
       .def(
           "lookup_keys",
           [](SpaceState& s, py::handle keys, const std::string& bindSeq, bool detached,
-             const std::string& remote) {
+             uint64_t window, uint64_t chunk, const std::string& remote) {
             s.client().checkUsable();
             const std::vector<Key128> chain = keysFrom(keys);
             LookupOptions options;
             options.bindSeq = bindSeq;
             options.detached = detached;
+            options.window = window;
+            options.chunk = chunk;
             options.remote = remoteMode(remote);
-            return readHandle(s, [&](Space& space) { return space.lookupKeys(chain, options); });
+            return adoptHandle<ReadHandleState>(
+                s, [&](Space& space) { return space.lookupKeys(chain, options); });
           },
-          "keys"_a, py::kw_only(), "bind_seq"_a = "", "detached"_a = false, "remote"_a = "fetch",
+          "keys"_a, py::kw_only(), "bind_seq"_a = "", "detached"_a = false, "window"_a = 0,
+          "chunk"_a = 0, "remote"_a = "fetch",
           R"doc(
 lookup() for an engine that keys its own blocks: the longest cached prefix of a chain of 16-byte
 keys, one per block (bytes objects), as a ReadHandle.
@@ -972,11 +1350,53 @@ else a writable C-contiguous array of shape layout.packed_shape(stop - start)) a
       .def("release", &ReadHandleState::release, "Unpins the blocks. Idempotent.")
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](ReadHandleState& h, py::handle excType, py::handle,
-                          py::handle) { return exitRead(h, excType); })
+                          py::handle) { return exitRelease(h, excType); })
       .def("__repr__", [](const ReadHandleState& h) {
         return "<kvtier.ReadHandle [" + std::to_string(h.begin()) + ", " + std::to_string(h.end()) +
                "), " + std::to_string(h.blockCount()) + " blocks" + (h.open() ? "" : ", released") +
                ">";
+      });
+
+  py::class_<BlobHandleState, std::shared_ptr<BlobHandleState>>(m, "BlobHandle", R"doc(
+A blob — a recurrent-state checkpoint (Space.get_checkpoint) or a position-independent entry
+(Space.get_entry) — pinned under a read lease, readable in place.
+
+numpy() (or np.asarray(handle)) is a NumPy array viewing its bytes in the daemon's shared pool,
+no copy: read-only, 1-D uint8; it is a buffer (memoryview(a), np.frombuffer(a, dtype),
+torch.frombuffer(a, dtype=...) share the memory) and a.view(dtype) reads another dtype.
+tobytes() copies the bytes. The handle itself is not a buffer.
+
+A context manager: leaving the `with` block releases the lease. release() refuses
+(kvtier.BufferInUse, nothing changed) while an array of the bytes — or a memoryview, array or
+tensor made from one — is alive. When an exception leaves the `with` block the release happens as soon
+as the last of them is gone, so the exception is never masked. After release every method
+raises kvtier.Released.
+)doc")
+      .def_property_readonly("nbytes", &BlobHandleState::size, "Bytes of the blob.")
+      .def_property_readonly("closed", [](const BlobHandleState& h) { return !h.open(); })
+      .def(
+          "numpy", [](const std::shared_ptr<BlobHandleState>& h) { return bytesArray(h, 0); },
+          "The blob's bytes as a read-only 1-D uint8 NumPy array over the shared pool (no copy).")
+      .def(
+          "__array__",
+          [](const std::shared_ptr<BlobHandleState>& h, const py::args&, const py::kwargs&) {
+            return bytesArray(h, 0);
+          },
+          "np.asarray(handle): handle.numpy().")
+      .def(
+          "tobytes",
+          [](const BlobHandleState& h) {
+            const std::span<const uint8_t> b = h.bytes(0);
+            return py::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+          },
+          "A copy of the blob's bytes.")
+      .def("release", &BlobHandleState::release, "Unpins the blob. Idempotent.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](BlobHandleState& h, py::handle excType, py::handle,
+                          py::handle) { return exitRelease(h, excType); })
+      .def("__repr__", [](const BlobHandleState& h) {
+        return "<kvtier.BlobHandle " + std::to_string(h.size()) + " bytes" +
+               (h.open() ? "" : ", released") + ">";
       });
 
   py::class_<WriteHandleState, std::shared_ptr<WriteHandleState>>(m, "WriteHandle", R"doc(

@@ -16,13 +16,8 @@ void raise(const py::object& cls, const std::string& message) {
 }
 
 void setSdkError(const SdkError& e) {
-  py::module_ errors = py::module_::import("kvtier.errors");
-  const int code = static_cast<int>(e.error().code());
-  py::object cls = errors.attr("error_class")(code);
-  py::object error = cls(e.what());
-  // A code this package has no class for is raised as kvtier.Error carrying the number.
-  if (cls.is(errors.attr("Error"))) error.attr("code") = code;
-  PyErr_SetObject(cls.ptr(), error.ptr());
+  py::object error = exceptionOf(e.error());
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
 }
 
 void setPackageError(const PackageError& e) {
@@ -32,6 +27,16 @@ void setPackageError(const PackageError& e) {
 }
 
 }  // namespace
+
+py::object exceptionOf(const Error& error) {
+  py::module_ errors = py::module_::import("kvtier.errors");
+  const int code = static_cast<int>(error.code());
+  py::object cls = errors.attr("error_class")(code);
+  py::object exception = cls(error.toString());
+  // A code this package has no class for is kvtier.Error carrying the number.
+  if (cls.is(errors.attr("Error"))) exception.attr("code") = code;
+  return exception;
+}
 
 void setPythonError() {
   try {

@@ -10,6 +10,8 @@
 #include <string>
 #include <utility>
 
+#include <pybind11/pybind11.h>
+
 #include "kvtier/error.h"
 
 namespace kvtier::python {
@@ -56,6 +58,10 @@ T unwrap(Result<T>&& result) {
 inline void unwrap(const Status& status) {
   if (!status) throw SdkError(status.error());
 }
+
+// The kvtier.errors exception for `error`, made but not raised (GIL held): for calls that return
+// one error per item (Space.put_many) instead of raising.
+pybind11::object exceptionOf(const Error& error);
 
 // Sets the Python error for the exception being handled (call inside a catch block, with the GIL
 // held): for C callbacks such as the buffer protocol, where pybind11 translates nothing.

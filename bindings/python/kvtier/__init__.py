@@ -18,6 +18,7 @@ memory, valid only while their handle is open; see docs/sdk.md for lifetimes and
 """
 
 from kvtier._kvtier import (
+    BlobHandle,
     Block,
     BlockRef,
     BlockTransfer,
@@ -26,6 +27,8 @@ from kvtier._kvtier import (
     CommitInfo,
     DrainStep,
     Layout,
+    PagedKvCache,
+    PutItem,
     ReadHandle,
     Rope,
     Snapshot,
@@ -53,6 +56,7 @@ from kvtier.errors import (
 )
 
 __all__ = [
+    "BlobHandle",
     "Block",
     "BlockRef",
     "BlockTransfer",
@@ -70,8 +74,10 @@ __all__ = [
     "Layout",
     "NotFound",
     "NotSupported",
+    "PagedKvCache",
     "PermissionDenied",
     "ProtocolMismatch",
+    "PutItem",
     "ReadHandle",
     "Released",
     "Rope",

@@ -10,8 +10,8 @@ from Python itself: BufferInUse (no code) and UsedAfterFork (an InvalidArgument)
 class Error(Exception):
     """Base of every kvtier error."""
 
-    code = None  #: the stable kvtier error code (int), None for Python-only conditions
-    retryable = False  #: True where the same call may succeed later
+    code: int | None = None  #: the stable kvtier error code, None for Python-only conditions
+    retryable: bool = False  #: True where the same call may succeed later
 
 
 class InvalidArgument(Error, ValueError):
@@ -104,7 +104,7 @@ class BufferInUse(Error, BufferError):
     """
 
 
-_BY_CODE = {
+_BY_CODE: dict[int | None, type[Error]] = {
     cls.code: cls
     for cls in (
         InvalidArgument,
@@ -123,6 +123,6 @@ _BY_CODE = {
 }
 
 
-def error_class(code):
+def error_class(code: int) -> type[Error]:
     """The exception class for a kvtier error code (Error for a code this version does not know)."""
     return _BY_CODE.get(code, Error)

@@ -18,6 +18,8 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
+from types import TracebackType
 
 _READY_TIMEOUT_S = 20.0
 _STOP_TIMEOUT_S = 20.0
@@ -26,23 +28,30 @@ _STOP_TIMEOUT_S = 20.0
 class Daemon:
     """A kvtierd process in a temporary data directory (a context manager)."""
 
-    def __init__(self, kvtierd=None, host_pool_bytes=64 << 20, extra_args=()):
+    def __init__(
+        self,
+        kvtierd: str | None = None,
+        host_pool_bytes: int = 64 << 20,
+        extra_args: Sequence[str] = (),
+    ) -> None:
         """kvtierd: the daemon's path (default: $KVTIER_DAEMON)."""
-        self.kvtierd = kvtierd or os.environ.get("KVTIER_DAEMON")
-        if not self.kvtierd:
+        path = kvtierd or os.environ.get("KVTIER_DAEMON")
+        if not path:
             raise ValueError("no kvtierd: pass its path or set KVTIER_DAEMON")
+        self.kvtierd = path
         self.host_pool_bytes = host_pool_bytes
         self.extra_args = list(extra_args)
-        self.data_dir = None
-        self.socket = None
-        self.segment_prefix = None
-        self.exit_status = None
-        self.output = []  # the daemon's stdout lines
-        self.leftover_segments = []  # segments stop() found (and removed) after the daemon exited
-        self._process = None
-        self._reader = None
+        self.data_dir: str | None = None
+        self.socket = ""  # the daemon's Unix socket, once started
+        self.segment_prefix: str | None = None
+        self.exit_status: int | None = None
+        self.output: list[str] = []  # the daemon's stdout lines
+        # Segments stop() found (and removed) after the daemon exited.
+        self.leftover_segments: list[str] = []
+        self._process: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
 
-    def __enter__(self):
+    def __enter__(self) -> "Daemon":
         self.data_dir = tempfile.mkdtemp(prefix="kvtier-py-")
         self.socket = os.path.join(self.data_dir, "kvtierd.sock")
         try:
@@ -52,11 +61,16 @@ class Daemon:
             raise
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         self.stop()
-        return False
 
-    def _start(self):
+    def _start(self) -> None:
+        assert self.data_dir is not None
         args = [
             self.kvtierd,
             "--data-dir",
@@ -80,7 +94,8 @@ class Daemon:
         self._reader = threading.Thread(target=self._drain, daemon=True)
         self._reader.start()
 
-    def _read_until_ready(self):
+    def _read_until_ready(self) -> str | None:
+        assert self._process is not None and self._process.stdout is not None
         deadline = time.monotonic() + _READY_TIMEOUT_S
         stream = self._process.stdout
         with selectors.DefaultSelector() as selector:
@@ -101,18 +116,19 @@ class Daemon:
                     if text.startswith("kvtierd ready"):
                         return text
 
-    def _drain(self):
+    def _drain(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
         stream = self._process.stdout
         for line in iter(stream.readline, b""):
             self.output.append(line.decode(errors="replace"))
 
-    def segments(self):
+    def segments(self) -> list[str]:
         """The daemon's shared-memory segments that exist now."""
         if not self.segment_prefix:
             return []
         return glob.glob(os.path.join("/dev/shm", glob.escape(self.segment_prefix) + "*"))
 
-    def stop(self, sig=signal.SIGTERM):
+    def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
         """Stops the daemon (if running) and removes everything it left. Idempotent."""
         if self._process is not None and self.exit_status is None:
             if self._process.poll() is None:
@@ -125,6 +141,7 @@ class Daemon:
             self.exit_status = self._process.returncode
             if self._reader is not None:
                 self._reader.join(_STOP_TIMEOUT_S)
+            assert self._process.stdout is not None
             self._process.stdout.close()
         self.leftover_segments = self.segments()
         for path in self.leftover_segments:
