@@ -70,7 +70,9 @@ interface Peer {
   # home knows; the list stops after the last key anyone holds.
 
   pin @3 (layout :Kv.Layout, salt :Data, keys :Data, leaseMs :UInt32)
-      -> (lease :PinLease, blocks :List(PinnedBlock));
+      -> (lease :PinLease, blocks :List(PinnedBlock), grant :Data);
+  # `grant` (16 bytes): the token the caller names in its UCX gets of these blocks; the holder
+  # answers a get only for bytes a live grant covers (until the lease ends).
   # Pins the longest prefix of `keys` that this node holds, in memory (blocks only on disk are
   # read back first), for at most leaseMs (or until the lease is released or dropped), and
   # describes where each block lies in the extents of transportInfo.
@@ -88,7 +90,8 @@ interface Peer {
   # The members this node sees (for `kvtier cluster`).
 
   pinSnapshot @7 (layout :Kv.Layout, salt :Data, id :UInt64, leaseMs :UInt32)
-      -> (manifest :Data, lease :PinLease, parts :List(PinnedBlock));
+      -> (manifest :Data, lease :PinLease, parts :List(PinnedBlock), grant :Data);
+  # `grant`: as pin's, for the parts.
   # Snapshot `id` of the namespace (read back from disk first if memory does not hold it): its
   # encoded manifest, and where the bytes of each manifest block (a released one: bytes 0) and
   # then of each checkpoint lie, with their xxh3 (keys are empty), pinned as for pin().

@@ -4,11 +4,13 @@
 #include <ucp/api/ucp.h>
 
 #include <netdb.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 
 namespace kvtier {
 namespace {
@@ -51,6 +53,7 @@ Result<sockaddr_storage> resolve(const std::string& host, uint16_t port, socklen
 constexpr unsigned kAmAsk = 1, kAmAnswer = 2;
 struct AskHeader {
   uint64_t id, address, bytes;
+  UcxGrant grant;
 };
 struct AnswerHeader {
   uint64_t id;
@@ -112,7 +115,7 @@ struct UcxCallbacks {
     }
     AskHeader ask;
     std::memcpy(&ask, header, sizeof ask);
-    worker->asked_.push_back({param->reply_ep, ask.id, ask.address, ask.bytes});
+    worker->asked_.push_back({param->reply_ep, ask.id, ask.address, ask.bytes, ask.grant});
     return UCS_OK;
   }
   // Fetcher: the holder's answer. The bytes are copied into the get's block only while the get
@@ -196,7 +199,7 @@ kj::Promise<std::vector<bool>> UcxEndpoint::get(std::vector<UcxGet> gets, kj::Ti
   batches_.push_back(std::move(owned));
   for (size_t i = 0; i < gets.size(); ++i) {
     const UcxGet& g = gets[i];
-    batch.asks.push_back({&batch, i, {0, g.remoteAddress, g.bytes}});
+    batch.asks.push_back({&batch, i, {0, g.remoteAddress, g.bytes, g.grant}});
     if (g.region >= regions_.size() || g.remoteAddress < regions_[g.region].address ||
         g.bytes > regions_[g.region].bytes ||
         g.remoteAddress - regions_[g.region].address > regions_[g.region].bytes - g.bytes) {
@@ -418,11 +421,16 @@ void UcxWorker::answerAsked() {
     const bool open = std::any_of(accepted_.begin(), accepted_.end(),
                                   [&](const auto& a) { return a->ep == ask.reply && !a->failed; });
     if (!open) continue;
-    const bool inside = std::any_of(mapped_.begin(), mapped_.end(), [&](const auto& m) {
-      const auto base = reinterpret_cast<uint64_t>(m.first);
-      return ask.address >= base && ask.bytes <= m.second &&
-             ask.address - base <= m.second - ask.bytes;
-    });
+    // Inside one of the ranges the named grant gives (each inside mapped memory).
+    const auto within = [&](const auto& range) {
+      const auto base = reinterpret_cast<uint64_t>(range.first);
+      return ask.address >= base && ask.bytes <= range.second &&
+             ask.address - base <= range.second - ask.bytes;
+    };
+    const auto granted = grants_.find(ask.grant);
+    const bool inside = granted != grants_.end() &&
+                        std::any_of(granted->second.begin(), granted->second.end(), within) &&
+                        std::any_of(mapped_.begin(), mapped_.end(), within);
     auto* header = new AnswerHeader{ask.id, inside ? 1u : 0u};
     ucp_request_param_t param{};
     param.op_attr_mask =
@@ -438,6 +446,20 @@ void UcxWorker::answerAsked() {
     if (req == nullptr || UCS_PTR_IS_ERR(req)) delete header;  // sent already, or failed
   }
 }
+
+UcxGrant UcxWorker::grant(std::vector<std::pair<const uint8_t*, uint64_t>> ranges) {
+  UcxGrant token{};
+  // Unguessable: it is all that stands between a stranger on the UCX port and the pool's bytes.
+  while (token == UcxGrant{} || grants_.count(token)) {
+    if (::getrandom(token.data(), sizeof token, 0) != static_cast<ssize_t>(sizeof token)) {
+      throw std::runtime_error("getrandom failed");
+    }
+  }
+  grants_.emplace(token, std::move(ranges));
+  return token;
+}
+
+void UcxWorker::revoke(const UcxGrant& grant) { grants_.erase(grant); }
 
 void UcxWorker::answered(uint64_t id, bool ok, const void* data, size_t length) {
   auto it = pending_.find(id);

@@ -29,6 +29,7 @@
 #include <kj/async-unix.h>
 #include <kj/timer.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -74,13 +75,18 @@ class UcxRegion {
   uint64_t bytes_;
 };
 
+// What a holder hands a peer (over its authenticated peer RPC) with the bytes it pinned for it:
+// the holder answers a get only for bytes inside a live grant, named by this unguessable token.
+using UcxGrant = std::array<uint64_t, 2>;
+
 // One get: `bytes` from `remoteAddress` inside remote region `region` (an index returned by
-// UcxEndpoint::addRemoteRegion) into `local`.
+// UcxEndpoint::addRemoteRegion) into `local`, under the holder's `grant`.
 struct UcxGet {
   uint8_t* local = nullptr;
   uint32_t region = 0;
   uint64_t remoteAddress = 0;
   uint64_t bytes = 0;
+  UcxGrant grant = {};
 };
 
 // An endpoint to a peer's worker, with the bounds of the peer's regions. A peer that fails (its
@@ -151,6 +157,9 @@ class UcxWorker {
   Result<uint16_t> listen(const std::string& host);
   // Connections accepted from peers that are open now.
   size_t acceptedConnections() const { return accepted_.size(); }
+  // Lets peers read `ranges` (inside mapped regions) under a fresh random token, until revoked.
+  UcxGrant grant(std::vector<std::pair<const uint8_t*, uint64_t>> ranges);
+  void revoke(const UcxGrant& grant);
   // The transports UCX chose for this worker (for logs and stats).
   const std::string& transports() const { return transports_; }
 
@@ -190,6 +199,7 @@ class UcxWorker {
   struct Ask {
     ucp_ep* reply = nullptr;
     uint64_t id = 0, address = 0, bytes = 0;
+    UcxGrant grant = {};
   };
   // Answers the gets peers asked for: each with the bytes when they lie in a mapped region and
   // the asking endpoint is still open, else with a refusal.
@@ -217,6 +227,11 @@ class UcxWorker {
   std::list<std::unique_ptr<Accepted>> accepted_;      // open, from peers
   std::vector<Ask> asked_;                             // queued by the get request handler
   std::vector<std::pair<uint8_t*, uint64_t>> mapped_;  // regions peers may read (map())
+  struct GrantHash {
+    size_t operator()(const UcxGrant& g) const { return g[0] ^ (g[1] * 0x9e3779b97f4a7c15ull); }
+  };
+  // Live grants: what each lets a peer read.
+  std::unordered_map<UcxGrant, std::vector<std::pair<const uint8_t*, uint64_t>>, GrantHash> grants_;
   // Gets of this worker's endpoints waiting for their answer, by id.
   struct Pending {
     UcxEndpoint* endpoint;

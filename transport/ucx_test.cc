@@ -20,6 +20,7 @@ struct Pair {
   std::unique_ptr<UcxRegion> remoteRegion;
   std::unique_ptr<UcxEndpoint> ep;
   uint32_t region = 0;
+  UcxGrant grant{};  // the holder's, for all of `remote` (as a pin of it would give)
 
   explicit Pair(size_t bytes) : remote(bytes), local(bytes, 0) {
     holder = UcxWorker::create(io.unixEventPort, io.provider->getTimer()).value();
@@ -30,6 +31,7 @@ struct Pair {
     ep = fetcher->connect("127.0.0.1", port).value();
     ep->connected(io.provider->getTimer().now() + 10 * kj::SECONDS).wait(io.waitScope);
     region = ep->addRemoteRegion(reinterpret_cast<uint64_t>(remote.data()), remote.size()).value();
+    grant = holder->grant({{remote.data(), remote.size()}});
   }
   std::vector<bool> get(std::vector<UcxGet> gets, kj::Duration timeout = 10 * kj::SECONDS) {
     auto deadline = io.provider->getTimer().now() + timeout;
@@ -37,7 +39,7 @@ struct Pair {
   }
   UcxGet whole(uint64_t offset, uint64_t bytes) {
     return UcxGet{local.data() + offset, region, reinterpret_cast<uint64_t>(remote.data()) + offset,
-                  bytes};
+                  bytes, grant};
   }
 };
 
@@ -62,19 +64,33 @@ TEST(Ucx, AGetOutsideItsRegionFailsAndTheOthersStillRead) {
   EXPECT_EQ(0, std::memcmp(p.local.data(), p.remote.data(), 8192));
 }
 
-// The holder answers only for bytes inside memory it mapped: a fetcher that names more (a region
-// it was told wrongly) is refused, and nothing is written.
-TEST(Ucx, TheHolderRefusesBytesOutsideItsMappedMemory) {
+// The holder answers only for bytes inside its grant (and its mapped memory): a fetcher that names
+// more (a region it was told wrongly) is refused, and nothing is written.
+TEST(Ucx, TheHolderRefusesBytesOutsideItsGrant) {
   Pair p(64 << 10);
   const uint32_t wider =
       p.ep->addRemoteRegion(reinterpret_cast<uint64_t>(p.remote.data()), 2 * p.remote.size())
           .value();
   std::vector<uint8_t> out(8192, 0xEE);
-  const auto ok = p.get(
-      {UcxGet{out.data(), wider, reinterpret_cast<uint64_t>(p.remote.data()) + (60 << 10), 8192},
-       p.whole(0, 4096)});
+  const auto ok =
+      p.get({UcxGet{out.data(), wider, reinterpret_cast<uint64_t>(p.remote.data()) + (60 << 10),
+                    8192, p.grant},
+             p.whole(0, 4096)});
   EXPECT_EQ(ok, (std::vector<bool>{false, true}));
   EXPECT_EQ(out, std::vector<uint8_t>(8192, 0xEE));
+}
+
+// Bytes are answered only under a live grant: a guessed token, or one the holder revoked (the pin
+// ended), gets a refusal — a stranger who reaches the UCX port reads nothing.
+TEST(Ucx, TheHolderAnswersOnlyUnderALiveGrant) {
+  Pair p(16 << 10);
+  UcxGet guessed = p.whole(0, 4096);
+  guessed.grant = {p.grant[0] ^ 1, p.grant[1]};
+  EXPECT_EQ(p.get({guessed, p.whole(4096, 4096)}), (std::vector<bool>{false, true}));
+  p.holder->revoke(p.grant);
+  std::fill(p.local.begin(), p.local.end(), 0);
+  EXPECT_EQ(p.get({p.whole(0, 4096)}), std::vector<bool>{false});
+  EXPECT_EQ(p.local, std::vector<uint8_t>(p.local.size(), 0));
 }
 
 TEST(Ucx, AClosedEndpointFailsAtOnceAndNothingIsWritten) {

@@ -89,6 +89,13 @@ inline capnp::ReaderOptions peerReaderOptions() {
 
 Error invalid(std::string what) { return makeError(ErrorCode::kInvalidArgument, what); }
 
+// A holder's UCX grant as it came in a pin answer (any other size: none, which it refuses).
+inline UcxGrant grantFrom(capnp::Data::Reader in) {
+  UcxGrant grant{};
+  if (in.size() == sizeof grant) std::memcpy(grant.data(), in.begin(), sizeof grant);
+  return grant;
+}
+
 inline Salt saltFrom(capnp::Data::Reader in) {
   Salt s{};
   if (in.size() != s.size()) throwRpcError(invalid("a salt has 16 bytes"));

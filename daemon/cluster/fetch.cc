@@ -176,6 +176,7 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
       })
       .then([this, link, run, keys](capnp::Response<peer::Peer::PinResults> response) {
         run->lease = response.getLease();
+        const UcxGrant grant = grantFrom(response.getGrant());
         auto blocks = response.getBlocks();
         std::vector<UcxGet> gets;
         std::vector<size_t> which;
@@ -195,7 +196,7 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
           }
           gets.push_back(UcxGet{pool_.extentBase(t.location.extent) + t.location.offset,
                                 region->second.index, region->second.address + b.getOffset(),
-                                t.location.bytes});
+                                t.location.bytes, grant});
           which.push_back(i);
           expected.push_back(b.getChecksum());
         }

@@ -4,7 +4,8 @@
 namespace kvtier {
 
 // A pin on blocks served to a peer: released when the peer releases or drops it, when its
-// connection ends, or when its lease runs out — whichever comes first.
+// connection ends, or when its lease runs out — whichever comes first. While it stands, the peer
+// may read the pinned blocks over UCX under its grant (and nothing else).
 class ClusterService::Impl::PinLeaseImpl final : public peer::PinLease::Server {
  public:
   PinLeaseImpl(Impl& impl, LeaseId id, kj::Duration lease) : impl_(impl), id_(id) {
@@ -21,8 +22,18 @@ class ClusterService::Impl::PinLeaseImpl final : public peer::PinLease::Server {
     releaseNow();
     return kj::READY_NOW;
   }
+  // Lets the peer read `blocks` (host-pool locations) under a fresh grant; returns its token.
+  capnp::Data::Reader grant(const std::vector<BlockLocation>& blocks) {
+    std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
+    for (const BlockLocation& b : blocks) {
+      if (b.bytes != 0) ranges.emplace_back(impl_.pool_.extentBase(b.extent) + b.offset, b.bytes);
+    }
+    if (id_ != 0) grant_ = impl_.ucx_->grant(std::move(ranges));
+    return capnp::Data::Reader(reinterpret_cast<const uint8_t*>(grant_.data()), sizeof grant_);
+  }
   void releaseNow() {
     if (id_ == 0) return;
+    impl_.ucx_->revoke(grant_);
     impl_.ucx_->holdEnd();
     (void)impl_.engine_.releaseRead(std::exchange(id_, 0));
     if (impl_.cold_) impl_.cold_->kick();
@@ -31,6 +42,7 @@ class ClusterService::Impl::PinLeaseImpl final : public peer::PinLease::Server {
  private:
   Impl& impl_;
   LeaseId id_;
+  UcxGrant grant_ = {};
   kj::Promise<void> expiry_ = nullptr;
 };
 
@@ -177,6 +189,7 @@ class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
               ++impl_.stats_.servedBlocks;
               impl_.stats_.servedBytes += parts[i].bytes;
             }
+            out.setGrant(pinned->grant(parts));
             out.setLease(kj::mv(pinned));
           });
     });
@@ -290,6 +303,7 @@ kj::Promise<void> ClusterService::Impl::PeerImpl::pin(PinContext context) {
             ++impl_.stats_.servedBlocks;
             impl_.stats_.servedBytes += b.bytes;
           }
+          out.setGrant(pinned->grant(result.blocks));
           out.setLease(kj::mv(pinned));
         });
   });

@@ -35,6 +35,7 @@ kj::Promise<SnapshotId> ClusterService::Impl::pullSnapshot(SpaceId space, std::s
       .then([this, link, info, space, id,
              pull](capnp::Response<peer::Peer::PinSnapshotResults> response) {
         pull->lease = response.getLease();
+        const UcxGrant grant = grantFrom(response.getGrant());
         auto bytes = response.getManifest();
         auto manifest = orThrow(decodeManifest(
             std::string_view(reinterpret_cast<const char*>(bytes.begin()), bytes.size()),
@@ -63,7 +64,7 @@ kj::Promise<SnapshotId> ClusterService::Impl::pullSnapshot(SpaceId space, std::s
           pull->getOf[r] = gets.size();
           gets.push_back(UcxGet{pool_.extentBase(read.dest.extent) + read.dest.offset,
                                 region->second.index, region->second.address + part.getOffset(),
-                                read.bytes});
+                                read.bytes, grant});
         }
         // Each part is checked on the hasher thread as soon as it has arrived, while the
         // others are still on the wire.
