@@ -1,4 +1,5 @@
-// GPU: paged KV <-> pool blocks with kernels/ on the engine's stream.
+// Paged KV <-> pool blocks: with kernels/ on the engine's stream for a space on a GPU, with the
+// CPU kernels for a host space (an engine whose paged cache is in host memory).
 
 #include "client/client_internal.h"
 
@@ -12,14 +13,6 @@ namespace kvtier {
 Status Space::pagedCopy(bool scatter, const std::vector<BlockRef>& refs, uint64_t firstPosition,
                         uint64_t from, uint64_t to, const PagedKvCache& cache,
                         std::span<const int32_t> blockTable, void* stream) {
-#ifndef KVTIER_HAVE_CUDA
-  (void)scatter, (void)refs, (void)firstPosition, (void)from, (void)to, (void)cache,
-      (void)blockTable, (void)stream;
-  return makeError(ErrorCode::kNotSupported, "this kvtier client was built without CUDA");
-#else
-  if (device_ < 0) {
-    return makeError(ErrorCode::kNotSupported, "the space was not opened on a GPU device");
-  }
   if (cache.keys.size() != layout_.numLayers || cache.values.size() != layout_.numLayers) {
     return invalid("paged cache has ", cache.keys.size(), " K and ", cache.values.size(),
                    " V tensors; the layout has ", layout_.numLayers, " layers");
@@ -31,27 +24,51 @@ Status Space::pagedCopy(bool scatter, const std::vector<BlockRef>& refs, uint64_
   }
   if (from == to) return {};
   auto* client = client_.impl_.get();
-  std::lock_guard<std::mutex> lock(client->gpuMutex);
   std::vector<uint8_t*> tensors;
   for (uint32_t l = 0; l < layout_.numLayers; ++l) {
     tensors.push_back(static_cast<uint8_t*>(cache.keys[l]));
     tensors.push_back(static_cast<uint8_t*>(cache.values[l]));
   }
+  const kernels::PagedKv kv{layout_.numLayers, cache.blockTokens, layout_.tokenBytes()};
+  kernels::PagedCopy copy;
+  copy.tensors = tensors.data();
+  copy.blockTable = blockTable.data();
+  copy.poolTokens = layout_.blockTokens;
+  copy.poolFirst = firstPosition / layout_.blockTokens;
+  copy.begin = from;
+  copy.end = to;
   std::vector<uint8_t*> pool;
+  if (device_ < 0) {
+    // A host space: the engine's tensors are in host memory, the blocks in the mapped pool.
+    if (!client->mapped) {
+      return makeError(ErrorCode::kNotSupported,
+                       "paged copies need the pool mapped (this client moves bytes inline)");
+    }
+    for (const auto& ref : refs) {
+      auto v = client->grantedView(ref);
+      if (!v) return v.error();
+      pool.push_back(v->data());
+    }
+    copy.poolBlocks = pool.data();
+    if (auto why = kernels::checkPagedCopy(kv, copy); !why.empty()) return invalid(why);
+    if (scatter) {
+      kernels::scatterCpu(kv, copy);
+    } else {
+      kernels::gatherCpu(kv, copy);
+    }
+    return {};
+  }
+#ifndef KVTIER_HAVE_CUDA
+  (void)stream;
+  return makeError(ErrorCode::kNotSupported, "this kvtier client was built without CUDA");
+#else
+  std::lock_guard<std::mutex> lock(client->gpuMutex);
   for (const auto& ref : refs) {
     auto p = client->devicePointer(ref);
     if (!p) return p.error();
     pool.push_back(*p);
   }
-  const kernels::PagedKv kv{layout_.numLayers, cache.blockTokens, layout_.tokenBytes()};
-  kernels::PagedCopy copy;
-  copy.tensors = tensors.data();
-  copy.blockTable = blockTable.data();
   copy.poolBlocks = pool.data();
-  copy.poolTokens = layout_.blockTokens;
-  copy.poolFirst = firstPosition / layout_.blockTokens;
-  copy.begin = from;
-  copy.end = to;
   if (auto why = kernels::checkPagedCopy(kv, copy); !why.empty()) return invalid(why);
   auto& copier = client->copiers[device_];
   if (!copier) copier = std::make_unique<kernels::gpu::PagedCopier>(device_);
@@ -71,9 +88,6 @@ Result<CommitInfo> Space::putPaged(std::string_view seq, uint64_t begin,
                                    std::span<const uint32_t> tokens, const PagedKvCache& cache,
                                    std::span<const int32_t> blockTable, void* stream,
                                    const PutOptions& options) {
-  if (device_ < 0) {
-    return makeError(ErrorCode::kNotSupported, "the space was not opened on a GPU device");
-  }
   auto handle = beginPut(seq, begin, tokens, options);
   if (!handle) return handle.error();
   if (auto s = scatterTo(*handle, begin, begin + tokens.size(), cache, blockTable, stream); !s) {

@@ -644,7 +644,7 @@ def paged_cache(
 
 
 @needs_torch
-def test_paged_copies_check_their_arguments_and_need_a_space_on_a_gpu(
+def test_paged_copies_check_their_arguments_and_change_nothing(
     client: kvtier.Client, layout: kvtier.Layout, seq: str
 ) -> None:
     space = client.open(layout)
@@ -689,12 +689,8 @@ def test_paged_copies_check_their_arguments_and_need_a_space_on_a_gpu(
         (kvtier.InvalidArgument, lambda: other.gather_to(r, 0, 32, cache, [0, 1])),
         (TypeError, lambda: space.gather_to(w, 0, 32, cache, [0, 1])),  # type: ignore[arg-type]
         (TypeError, lambda: space.scatter_to(r, 0, 32, cache, [0, 1])),  # type: ignore[arg-type]
-        # Well-formed: a space on the host pool has no kernels to run them.
-        (kvtier.NotSupported, lambda: space.put_paged(seq, 0, prompt(32), cache, [0, 1])),
-        (kvtier.NotSupported, lambda: space.put_paged(
-            seq + "-p", 0, prompt(32), cache, np.array([2, 3], np.int32), stream=0)),
-        (kvtier.NotSupported, lambda: space.gather_to(r, 0, 32, cache, [0, 1])),
-        (kvtier.NotSupported, lambda: space.scatter_to(w, 0, 32, cache, [0, 1])),
+        # A table naming an engine block the cache does not have.
+        (kvtier.InvalidArgument, lambda: space.put_paged(seq, 0, prompt(32), cache, [0, 4])),
     ]
     for exception, call in bad:
         with pytest.raises(exception):
@@ -713,6 +709,52 @@ def test_paged_copies_check_their_arguments_and_need_a_space_on_a_gpu(
     assert leases(client) == (0, 0, 0) and space.length(seq + "-p") is None
     with space.get(seq) as h:
         np.testing.assert_array_equal(h.copy_to(), kv)
+
+
+def engine_rows(keys: list[torch.Tensor], values: list[torch.Tensor], table: list[int],
+                n: int) -> npt.NDArray[Any]:
+    """Positions [0, n) of an engine's paged cache (per-layer K and V tensors of 16-token blocks)
+    under `table`, packed as kvtier packs KV: [layer][K|V][token][kv head][head dim]."""
+    planes = []
+    for k, v in zip(keys, values):
+        for t in (k, v):
+            planes.append(np.stack([t[table[p // 16], p % 16].numpy() for p in range(n)]))
+    return np.stack(planes).reshape(len(keys), 2, n, *planes[0].shape[1:])
+
+
+@needs_torch
+def test_paged_copies_move_bytes_between_a_cpu_paged_cache_and_the_pool(
+    client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
+    space = client.open(layout)
+    torch.manual_seed(7)
+    shape = (4, 16, 2, 8)  # 4 engine blocks of 16 tokens
+    keys = [torch.randn(shape) for _ in range(2)]
+    values = [torch.randn(shape) for _ in range(2)]
+    engine = kvtier.PagedKvCache(keys, values)
+    tokens = prompt(40)  # two whole pool blocks and part of a third
+    table = [2, 0, 3]
+    info = space.put_paged(seq, 0, tokens, engine, np.array(table, np.int32))
+    assert (info.length, info.sealed_blocks) == (40, 2)
+    with space.get(seq) as h:
+        np.testing.assert_array_equal(h.copy_to(), engine_rows(keys, values, table, 40))
+    # Back into another engine's cache under another table: exactly the rows the first held.
+    back_keys = [torch.zeros(shape) for _ in range(2)]
+    back_values = [torch.zeros(shape) for _ in range(2)]
+    with space.lookup(tokens[:32]) as hit:
+        assert hit.matched_tokens == 32
+        space.gather_to(hit, 0, 32, kvtier.PagedKvCache(back_keys, back_values), [1, 3])
+    np.testing.assert_array_equal(engine_rows(back_keys, back_values, [1, 3], 32),
+                                  engine_rows(keys, values, table, 32))
+    assert not back_keys[0][0].any() and not back_keys[0][2].any()  # other blocks untouched
+    # The steps: a write handle, a scatter of part of its grant, a plain write of the rest.
+    w = space.begin_put(seq + "-steps", 0, tokens[:32])
+    space.scatter_to(w, 0, 16, engine, table)
+    w.write(16, 32, np.ascontiguousarray(engine_rows(keys, values, table, 32)[:, :, 16:32]))
+    w.commit()
+    with space.get(seq + "-steps") as h:
+        np.testing.assert_array_equal(h.copy_to(), engine_rows(keys, values, table, 32))
+    assert leases(client) == (0, 0, 0)
 
 
 def test_cluster_calls_outside_a_cluster(client: kvtier.Client) -> None:

@@ -540,13 +540,16 @@ PagedKvCache pagedCacheFor(const PagedCacheArgs& cache, const SpaceState& s) {
     throwError(ErrorCode::kInvalidArgument, "the paged cache has dtype ",
                std::string(py::str(first.attr("dtype"))), ", the layout ", dtypeName(l.dtype));
   }
+  const py::object device = first.attr("device");
   if (s.device() >= 0) {
-    const py::object device = first.attr("device");
     if (device.attr("type").cast<std::string>() != "cuda" || device.attr("index").is_none() ||
         device.attr("index").cast<int>() != s.device()) {
       throwError(ErrorCode::kInvalidArgument, "the paged cache is on ",
                  std::string(py::str(device)), "; the space's pool is on cuda:", s.device());
     }
+  } else if (device.attr("type").cast<std::string>() != "cpu") {
+    throwError(ErrorCode::kInvalidArgument, "the paged cache is on ", std::string(py::str(device)),
+               "; the space is on the host pool (CPU tensors)");
   }
   PagedKvCache out;
   out.blockTokens = static_cast<uint32_t>(shape[1]);
@@ -560,9 +563,19 @@ PagedKvCache pagedCacheFor(const PagedCacheArgs& cache, const SpaceState& s) {
 }
 
 // Engine block numbers, one per block_tokens positions of the paged cache.
-std::vector<int32_t> blockTableFrom(py::handle obj) {
-  return integersFrom<int32_t>(obj, "block_table", "block table entry",
-                               "engine block numbers are 0 <= b < 2**31");
+// The block table of a copy of `cache`: engine block numbers, each one the cache has (a kernel
+// would read or write past the tensors otherwise).
+std::vector<int32_t> blockTableFrom(py::handle obj, const PagedCacheArgs& cache) {
+  std::vector<int32_t> table = integersFrom<int32_t>(obj, "block_table", "block table entry",
+                                                     "engine block numbers are 0 <= b < 2**31");
+  const int64_t blocks = pagedShape(cache.keys, cache.values)[0];
+  for (size_t i = 0; i < table.size(); ++i) {
+    if (table[i] >= blocks) {
+      throwError(ErrorCode::kInvalidArgument, "block_table[", i, "] is ", table[i],
+                 "; the paged cache has ", blocks, " blocks");
+    }
+  }
+  return table;
 }
 
 // A CUDA stream: None (the default stream), a torch.cuda.Stream (anything with a `cuda_stream`
@@ -766,8 +779,7 @@ which changes whenever the block is reused. Space.read_refs reads it back while 
                             "What Space.copy_range, copy_keys and copy_prompt did.")
       .def_readonly("blocks", &BlockTransfer::blocks, "Blocks asked for.")
       .def_readonly("held", &BlockTransfer::held, "Of them, how many the destination now holds.")
-      .def_readonly("dropped", &BlockTransfer::dropped,
-                    "With move: freed from this node's memory.")
+      .def_readonly("dropped", &BlockTransfer::dropped, "With move: freed from this node's memory.")
       .def("__repr__", [](const BlockTransfer& t) {
         return "kvtier.BlockTransfer(blocks=" + std::to_string(t.blocks) +
                ", held=" + std::to_string(t.held) + ", dropped=" + std::to_string(t.dropped) + ")";
@@ -828,9 +840,7 @@ device (one of Client.devices) to open it on that GPU's pool, None for the host 
           "The CUDA devices with a GPU pool on the daemon (empty without).")
       .def(
           "cluster",
-          [](ClientState& c) {
-            return unwrap(c.call([&] { return c.client().cluster(); }));
-          },
+          [](ClientState& c) { return unwrap(c.call([&] { return c.client().cluster(); })); },
           R"doc(
 The cluster as the daemon sees it: (its node id, [ClusterMember, ...]); ('', []) outside one.
 )doc")
@@ -994,7 +1004,7 @@ stored (the connection ended under it).
             s.client().checkUsable();
             const std::vector<uint32_t> ids = tokensFrom(tokens);
             const PagedKvCache paged = pagedCacheFor(cache, s);
-            const std::vector<int32_t> table = blockTableFrom(blockTable);
+            const std::vector<int32_t> table = blockTableFrom(blockTable, cache);
             void* cudaStream = streamFrom(stream);
             PutOptions options = putOptions(detached, window, chunk);
             if (!keys.is_none()) options.keys = keysFrom(keys);
@@ -1020,7 +1030,7 @@ kvtier.NotSupported otherwise, nothing changed.
              const PagedCacheArgs& cache, py::handle blockTable, py::handle stream) {
             checkHandleOf(s, h);
             const PagedKvCache paged = pagedCacheFor(cache, s);
-            const std::vector<int32_t> table = blockTableFrom(blockTable);
+            const std::vector<int32_t> table = blockTableFrom(blockTable, cache);
             h.scatterFrom(start, stop, paged, table, streamFrom(stream));
           },
           "handle"_a, "start"_a, "stop"_a, "cache"_a, "block_table"_a, py::kw_only(),
@@ -1035,7 +1045,7 @@ handle afterwards. As put_paged: a space on a GPU only (kvtier.NotSupported othe
              const PagedCacheArgs& cache, py::handle blockTable, py::handle stream) {
             checkHandleOf(s, h);
             const PagedKvCache paged = pagedCacheFor(cache, s);
-            const std::vector<int32_t> table = blockTableFrom(blockTable);
+            const std::vector<int32_t> table = blockTableFrom(blockTable, cache);
             h.gatherTo(start, stop, paged, table, streamFrom(stream));
           },
           "handle"_a, "start"_a, "stop"_a, "cache"_a, "block_table"_a, py::kw_only(),
@@ -1126,8 +1136,8 @@ remote: in a cluster, 'fetch' (default) the continuation from other nodes, 'loca
               return space.restore(seq, snapshotId, target, putOptions(detached, 0, 0), node);
             }));
           },
-          "seq"_a, "snapshot_id"_a, "target"_a, py::kw_only(), "detached"_a = false,
-          "node"_a = "", R"doc(
+          "seq"_a, "snapshot_id"_a, "target"_a, py::kw_only(), "detached"_a = false, "node"_a = "",
+          R"doc(
 seq becomes its own [0, snapshot.start) plus the snapshot up to target. node: the cluster node
 holding the snapshot (Snapshot.node), when it is another: its manifest and blocks are pulled
 here first, each checked, and nothing changes if that fails.
@@ -1143,7 +1153,8 @@ here first, each checked, and nothing changes if that fails.
           [](SpaceState& s, uint64_t id) {
             return unwrap(s.call([&](Space& space) { return space.snapshotInfo(id); }));
           },
-          "snapshot_id"_a, "The Snapshot `snapshot_id` of this namespace (kvtier.NotFound if none).")
+          "snapshot_id"_a,
+          "The Snapshot `snapshot_id` of this namespace (kvtier.NotFound if none).")
       .def(
           "merge_snapshots",
           [](SpaceState& s, uint64_t a, uint64_t b) {
@@ -1244,8 +1255,7 @@ fewer (nothing here changed). Returns BlockTransfer.
           "copy_keys",
           [](SpaceState& s, const std::string& node, py::handle keys, bool move) {
             const std::vector<Key128> chain = keysFrom(keys);
-            return unwrap(
-                s.call([&](Space& space) { return space.copyKeys(node, chain, move); }));
+            return unwrap(s.call([&](Space& space) { return space.copyKeys(node, chain, move); }));
           },
           "node"_a, "keys"_a, py::kw_only(), "move"_a = false,
           "copy_range for the blocks of 16-byte client keys (from memory or disk).")
@@ -1261,8 +1271,7 @@ fewer (nothing here changed). Returns BlockTransfer.
       .def(
           "copy_snapshot",
           [](SpaceState& s, const std::string& node, uint64_t id, bool move) {
-            return unwrap(
-                s.call([&](Space& space) { return space.copySnapshot(node, id, move); }));
+            return unwrap(s.call([&](Space& space) { return space.copySnapshot(node, id, move); }));
           },
           "node"_a, "snapshot_id"_a, py::kw_only(), "move"_a = false, R"doc(
 Copies snapshot `snapshot_id` of cluster node `node` to this daemon as a snapshot of its own (a
@@ -1311,8 +1320,7 @@ keys, one per block (bytes objects), as a ReadHandle.
         const BytesLike bytes(data, "data");
         return keyBytes(contentKey(bytes.data(), bytes.size()));
       },
-      "data"_a,
-      "SHA-256 of a bytes-like object truncated to 16 bytes: a content key for entries.");
+      "data"_a, "SHA-256 of a bytes-like object truncated to 16 bytes: a content key for entries.");
 
   py::class_<ReadHandleState, std::shared_ptr<ReadHandleState>>(m, "ReadHandle", R"doc(
 Blocks pinned under a read lease (Space.get or Space.lookup), readable in place.

@@ -287,8 +287,9 @@ struct OpenOptions {
   int device = -1;
 };
 
-// An engine's paged KV cache on a GPU, in vLLM's layout: for each layer a K and a V tensor of
-// shape [numBlocks, blockTokens, kvHeads, headDim] with the space's dtype, in device memory.
+// An engine's paged KV cache, in vLLM's layout: for each layer a K and a V tensor of shape
+// [numBlocks, blockTokens, kvHeads, headDim] with the space's dtype, contiguous — in the device
+// memory of the space's GPU, or in host memory for a space on the host pool.
 struct PagedKvCache {
   std::vector<void*> keys, values;  // one per layer
   uint32_t blockTokens = 16;        // the engine's block size (need not be the layout's)
@@ -346,10 +347,11 @@ class Space {
   Result<bool> canResume(std::string_view seq, uint64_t pos);
   // Length of seq; nullopt if it does not exist.
   Result<std::optional<uint64_t>> length(std::string_view seq);
-  // --- GPU (a space opened on a device, a Client built with CUDA; NOT_SUPPORTED otherwise).
-  // `blockTable[i]` names the engine block holding positions [i * cache.blockTokens, ...).
-  // `stream` is the engine's cudaStream_t (nullptr: the default stream); both calls return once
-  // their kernel has finished on it.
+  // --- Paged copies. On a space opened on a device (a Client built with CUDA), by kernels on the
+  // engine's `stream` (a cudaStream_t; nullptr: the default stream), returning once they finished
+  // on it; on a host space, by the CPU on the calling thread (`stream` unused; NOT_SUPPORTED for a
+  // client that does not map the pool). `blockTable[i]` names the engine block holding positions
+  // [i * cache.blockTokens, ...).
   // Stores positions [begin, begin + n) of seq from the engine's paged cache: a write lease, one
   // scatter kernel into the granted pool blocks, then the commit.
   Result<CommitInfo> putPaged(std::string_view seq, uint64_t begin,
