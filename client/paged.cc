@@ -2,6 +2,7 @@
 // CPU kernels for a host space (an engine whose paged cache is in host memory).
 
 #include "client/client_internal.h"
+#include "kernels/paged_copy.h"
 
 #ifdef KVTIER_HAVE_CUDA
 #include <cuda_runtime_api.h>
