@@ -28,6 +28,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -40,23 +41,30 @@ namespace kvtier::test {
 
 inline constexpr const char* kEtcdBinary = "/usr/bin/etcd";
 
-// A TCP port on 127.0.0.1 the kernel considers free right now (bound to
-// port 0, then released): for test processes to listen on.
+// A TCP port on 127.0.0.1 that is free right now, for test processes to listen on: picked at
+// random below the kernel's ephemeral range, so that no port the kernel hands out on its own
+// (outgoing connections, listeners on port 0 such as every daemon's UCX listener) can take it
+// between this check and the test's own listen.
 inline uint16_t freePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::runtime_error("socket failed");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+  int ephemeralLow = 32768;
+  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) range >> ephemeralLow;
+  static std::mt19937 rng{std::random_device{}()};
+  const bool below = ephemeralLow > 11000;
+  std::uniform_int_distribution<int> pick(10000, below ? ephemeralLow - 1 : 10000);
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) throw std::runtime_error("socket failed");
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(below ? static_cast<uint16_t>(pick(rng)) : 0);  // else: any
+    socklen_t len = sizeof(addr);
+    const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                       ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
     ::close(fd);
-    throw std::runtime_error("bind to a free port failed");
+    if (bound) return ntohs(addr.sin_port);
   }
-  ::close(fd);
-  return ntohs(addr.sin_port);
+  throw std::runtime_error("no free port to bind");
 }
 
 class EtcdProcess {

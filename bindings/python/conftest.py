@@ -7,6 +7,7 @@ segments behind after a clean SIGTERM fails the test that used it.
 
 import contextlib
 import os
+import random
 import socket
 from collections.abc import Iterator
 
@@ -62,9 +63,20 @@ def seq(request: pytest.FixtureRequest) -> str:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, picked below the kernel's ephemeral range: no port the kernel
+    hands out on its own (outgoing connections, the daemons' UCX listeners on port 0) can take it
+    before the daemon listens on it."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    for _ in range(1000):
+        port = random.randint(10000, low - 1) if low > 11000 else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
+    raise RuntimeError("no free port to bind")
 
 
 @pytest.fixture
