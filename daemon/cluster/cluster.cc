@@ -5,8 +5,7 @@
 namespace kvtier {
 
 bool isLoopbackHost(const std::string& hostPort) {
-  std::string host = hostPort.substr(0, hostPort.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  const std::string host = hostOf(hostPort);
   return host == "localhost" || host == "::1" || host.starts_with("127.");
 }
 
@@ -25,10 +24,7 @@ Status ClusterService::Impl::start() {
   if (!ucx) return ucx.error();
   ucx_ = std::move(ucx).value();
   // UCX's listener on the host of the peer listener (a fetcher reaches it where it reaches that).
-  std::string ucxHost = options_.listen.substr(0, options_.listen.rfind(':'));
-  if (ucxHost.size() >= 2 && ucxHost.front() == '[')
-    ucxHost = ucxHost.substr(1, ucxHost.size() - 2);
-  auto ucxPort = ucx_->listen(ucxHost);
+  auto ucxPort = ucx_->listen(hostOf(options_.listen));
   if (!ucxPort) return ucxPort.error();
   ucxPort_ = *ucxPort;
   for (uint32_t i = 0; i < pool_.extentCount(); ++i) {

@@ -89,6 +89,13 @@ inline capnp::ReaderOptions peerReaderOptions() {
 
 Error invalid(std::string what) { return makeError(ErrorCode::kInvalidArgument, what); }
 
+// The host of HOST:PORT, without the brackets of an IPv6 address ("[::1]:7" -> "::1").
+inline std::string hostOf(const std::string& hostPort) {
+  std::string host = hostPort.substr(0, hostPort.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  return host;
+}
+
 // A holder's UCX grant as it came in a pin answer (any other size: none, which it refuses).
 inline UcxGrant grantFrom(capnp::Data::Reader in) {
   UcxGrant grant{};

@@ -166,9 +166,8 @@ kj::Promise<void> ClusterService::Impl::ensureTransport(std::shared_ptr<Link> li
               }
               if (response.getUcxPort() == 0) throwRpcError(invalid("a peer without a UCX port"));
               // The peer's UCX listener, on the host this node reaches its peer port at.
-              std::string host = link->address.substr(0, link->address.rfind(':'));
-              if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
-              std::shared_ptr<UcxEndpoint> ep = orThrow(ucx_->connect(host, response.getUcxPort()));
+              std::shared_ptr<UcxEndpoint> ep =
+                  orThrow(ucx_->connect(hostOf(link->address), response.getUcxPort()));
               auto ready = ep->connected(timer_.now() + options_.peerTimeout);
               return ready.then([this, link, ep, response = kj::mv(response)]() mutable {
                 for (auto x : response.getExtents()) {
