@@ -468,6 +468,7 @@ Result<Stats> Client::stats() {
           out.publishBacklog = s.getPublishBacklog();
           out.directoryRehomed = s.getDirectoryRehomed();
           out.remoteLookups = s.getRemoteLookups();
+          out.remoteLookupsCut = s.getRemoteLookupsCut();
           out.remoteHitBlocks = s.getRemoteHitBlocks();
           out.remoteHitBytes = s.getRemoteHitBytes();
           out.servedBlocks = s.getServedBlocks();
@@ -543,6 +544,7 @@ std::string Stats::toJson() const {
     << ", \"members_up\": " << clusterMembersUp << ", \"directory_entries\": " << directoryEntries
     << ", \"held_keys\": " << heldKeys << ", \"publish_backlog\": " << publishBacklog
     << ", \"rehomed\": " << directoryRehomed << ", \"remote_lookups\": " << remoteLookups
+    << ", \"remote_lookups_cut\": " << remoteLookupsCut
     << ", \"remote_hit_blocks\": " << remoteHitBlocks
     << ", \"remote_hit_bytes\": " << remoteHitBytes << ", \"served_blocks\": " << servedBlocks
     << ", \"fetch_errors\": {\"timeout\": " << fetchTimeouts

@@ -830,6 +830,7 @@ class SessionImpl final : public rpc::Session::Server {
       out.setPublishBacklog(r.publishBacklog);
       out.setDirectoryRehomed(r.rehomed);
       out.setRemoteLookups(r.remoteLookups);
+      out.setRemoteLookupsCut(r.remoteLookupsCut);
       out.setRemoteHitBlocks(r.remoteHitBlocks);
       out.setRemoteHitBytes(r.remoteHitBytes);
       out.setServedBlocks(r.servedBlocks);
@@ -1139,6 +1140,9 @@ std::string Server::metricsText() {
     counter("kvtier_directory_rehomed_total", "Keys re-sent because their home changed.",
             r.rehomed);
     counter("kvtier_remote_lookups_total", "Lookups that asked the cluster.", r.remoteLookups);
+    counter("kvtier_remote_lookups_cut_total",
+            "Lookups answered at their deadline, with what had arrived, while their fetch went on.",
+            r.remoteLookupsCut);
     counter("kvtier_remote_hit_blocks_total", "Blocks fetched from other nodes.",
             r.remoteHitBlocks);
     counter("kvtier_remote_hit_bytes_total", "Bytes fetched from other nodes.", r.remoteHitBytes);

@@ -192,6 +192,7 @@ struct Stats {
   lanesAttached @54 :UInt64;        # sessions whose fast lane is attached now
   lanesRefused @55 :UInt64;         # lane attaches refused (bad token, another process, twice)
   lanePuts @56 :UInt64;             # write leases granted over sessions' fast lanes
+  remoteLookupsCut @57 :UInt64;     # lookups answered at their deadline while their fetch went on
 }
 
 interface Daemon {

@@ -503,6 +503,32 @@ TEST(Cluster, AHolderThatStopsAnsweringCostsAMissWithinTheDeadline) {
                          std::chrono::seconds(10)));
 }
 
+// A lookup's remote steps run in sequence — ask the homes, then pin on the holder — each with its
+// own deadline; a silent holder that is also home of some keys used to cost more than one (1.5 s
+// here). The lookup itself waits one deadline at most, and answers with what it has.
+TEST(Cluster, ALookupWaitsForPeersOneDeadlineAtMostWhateverStepsTimeOut) {
+  Cluster c(nodes(3));  // --peer-timeout-ms 1000
+  ASSERT_TRUE(c.formed(3));
+  putPrompt(c[0], "frozen", 23, 2048);  // 128 blocks: homes on every node
+  ASSERT_TRUE(c.published(0));
+  auto client = c[2].connect();
+  const uint64_t cutBefore = client->stats().value().remoteLookupsCut;
+  ::kill(c[0].pid(), SIGSTOP);
+  const auto t0 = Clock::now();
+  const Hit hit = lookupPrompt(*client, 23, 2048);
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  ::kill(c[0].pid(), SIGCONT);
+  EXPECT_EQ(hit.matched, 0u);
+  EXPECT_LT(seconds, 1.35) << "one peer deadline (1 s) and the local work, not one per step";
+  EXPECT_EQ(client->stats().value().remoteLookupsCut, cutBefore + 1);
+  // The fetch went on in the background and ended within its own deadlines: nothing is left
+  // allocated on the asker, and the holder serves again once awake.
+  expectNoLeakedBlocks(c[2]);
+  ASSERT_TRUE(c.formed(3));
+  EXPECT_TRUE(eventually([&] { return lookupPrompt(*client, 23, 2048).matched == 2048; },
+                         std::chrono::seconds(10)));
+}
+
 TEST(Cluster, NoBlockCrossesTokensTenantsOrLayouts) {
   std::vector<NodeSpec> specs = nodes(3);
   specs[2].token = "a-different-token-that-is-long-enough-0000";

@@ -232,6 +232,7 @@ class _ClusterStats(TypedDict):
     publish_backlog: int
     rehomed: int
     remote_lookups: int
+    remote_lookups_cut: int
     remote_hit_blocks: int
     remote_hit_bytes: int
     served_blocks: int
