@@ -228,27 +228,48 @@ Status Client::Impl::connect() {
   return status;
 }
 
-Status Client::Impl::mapExtents(
-    const std::vector<std::pair<uint32_t, std::pair<std::string, uint64_t>>>& extents) {
+Status Client::Impl::mapExtents(const std::vector<HostExtent>& extents) {
   if (!options.mapPool) return {};
   // Streaming stores or memcpy into the pool, as this machine copies faster (measured once).
   kernels::chooseCopyMethodsOnce();
-  for (const auto& [id, e] : extents) {
-    if (mappings.count(id)) continue;
-    if (e.first.empty()) {
+  // Anonymous (hugetlb) extents have no name: their descriptors come in one reply, asked for once.
+  std::map<uint32_t, pool_fds::ReceivedExtent> received;
+  bool asked = false;
+  const auto unmapped = [this](Error error) {
+    // Another host, no permission or no memory: bytes go inline for this client.
+    mapped = false;
+    mappings.clear();
+    return error;
+  };
+  for (const auto& e : extents) {
+    if (mappings.count(e.id)) continue;
+    Result<std::unique_ptr<ShmSegment>> seg = makeError(ErrorCode::kInternal, "unreachable");
+    if (e.byDescriptor) {
+      if (!asked) {
+        asked = true;
+        auto got = pool_fds::request(options.socketPath, kPoolFdsTimeout);
+        if (!got) return unmapped(got.error());
+        for (auto& r : *got) received.emplace(r.id, std::move(r));
+      }
+      auto it = received.find(e.id);
+      if (it == received.end() || it->second.bytes != e.bytes) {
+        return unmapped(makeError(ErrorCode::kProtocolMismatch, "kvtierd sent no descriptor for ",
+                                  "extent ", e.id, " of ", e.bytes, " bytes"));
+      }
+      seg = ShmSegment::adopt(kj::mv(it->second.fd), e.bytes);
+      // Huge pages: this process's page tables too, at one entry per 2 MiB, so that no write
+      // here faults. (With 4 KiB pages that would cost ~0.2 s per GiB at every client's open: a
+      // client takes one minor fault per page as it first touches it.)
+      if (seg && (*seg)->pages() == PageKind::kHuge2M) (void)(*seg)->populate();
+    } else if (!e.shmName.empty()) {
+      seg = ShmSegment::open(e.shmName, e.bytes);
+    } else {
       // The daemon hands the pool's names to its own user and root only (docs/security.md).
-      mapped = false;
-      mappings.clear();
-      return makeError(ErrorCode::kPermissionDenied, "kvtierd offers this client no pool mapping");
+      return unmapped(
+          makeError(ErrorCode::kPermissionDenied, "kvtierd offers this client no pool mapping"));
     }
-    auto seg = ShmSegment::open(e.first, e.second);
-    if (!seg) {
-      // Another host or no permission: fall back to inline bytes for this client.
-      mapped = false;
-      mappings.clear();
-      return seg.error();
-    }
-    mappings.emplace(id, std::move(seg).value());
+    if (!seg) return unmapped(seg.error());
+    mappings.emplace(e.id, std::move(seg).value());
   }
   mapped = true;
   return {};
@@ -317,7 +338,7 @@ Result<std::unique_ptr<Space>> Client::open(const Layout& layout, const OpenOpti
   struct Opened {
     kj::Own<Space::Impl> impl;
     uint64_t fingerprint;
-    std::vector<std::pair<uint32_t, std::pair<std::string, uint64_t>>> extents;
+    std::vector<Impl::HostExtent> extents;
     std::vector<GpuExtent> gpuExtents;
   };
   // The daemon numbers devices as it sees them; this process may see them under other ordinals
@@ -355,7 +376,8 @@ Result<std::unique_ptr<Space>> Client::open(const Layout& layout, const OpenOpti
           auto h = e.getIpcHandle();
           o.gpuExtents.push_back({e.getId(), e.getBytes(), {h.begin(), h.end()}});
         } else {
-          o.extents.push_back({e.getId(), {e.getShmName().cStr(), e.getBytes()}});
+          o.extents.push_back(
+              {e.getId(), e.getShmName().cStr(), e.getBytes(), e.getByDescriptor()});
         }
       }
       return o;
@@ -481,6 +503,8 @@ Result<Stats> Client::stats() {
           out.peerRttMicros = s.getPeerRttMicros();
           out.tenantBytesUsed = s.getTenantBytesUsed();
           out.tenantQuotaBytes = s.getTenantQuotaBytes();
+          out.poolPages = s.getPoolPages().cStr();
+          out.poolPagesReason = s.getPoolPagesReason().cStr();
           out.laneLookups = s.getLaneLookups();
           out.lanesAttached = s.getLanesAttached();
           out.lanesRefused = s.getLanesRefused();
@@ -522,6 +546,28 @@ Result<DrainStep> Client::drain(uint32_t maxSnapshots, uint32_t maxBlocks) {
   });
 }
 
+namespace {
+
+// `s` as a JSON string: quotes and backslashes escaped, control bytes as \u00XX.
+std::string jsonText(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
 std::string Stats::toJson() const {
   std::ostringstream o;
   o << "{\"blocks\": {\"total\": " << blocksTotal << ", \"used\": " << blocksUsed
@@ -554,8 +600,8 @@ std::string Stats::toJson() const {
     << "}, \"tenant\": {\"bytes_used\": " << tenantBytesUsed
     << ", \"quota_bytes\": " << tenantQuotaBytes << "}, \"lanes\": {\"lookups\": " << laneLookups
     << ", \"puts\": " << lanePuts << ", \"attached\": " << lanesAttached
-    << ", \"refused\": " << lanesRefused
-    << "}, \"spaces\": [";
+    << ", \"refused\": " << lanesRefused << "}, \"pool\": {\"pages\": " << jsonText(poolPages)
+    << ", \"reason\": " << jsonText(poolPagesReason) << "}, \"spaces\": [";
   for (size_t i = 0; i < spaces.size(); ++i) {
     const auto& s = spaces[i];
     o << (i ? ", " : "") << "{\"fingerprint\": \"" << std::hex << s.fingerprint << std::dec

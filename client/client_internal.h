@@ -27,6 +27,7 @@
 #include "transport/buffered_stream.h"
 #include "transport/busy_poll.h"
 #include "transport/cross_thread.h"
+#include "transport/pool_fds.h"
 #include "transport/rpc_codec.h"
 #include "transport/shm_segment.h"
 #include "transport/socket_stream.h"
@@ -38,6 +39,9 @@
 #endif
 
 namespace kvtier {
+
+// How long a client waits for the daemon's answer with the pool's descriptors (at its first open).
+inline constexpr std::chrono::milliseconds kPoolFdsTimeout{5000};
 
 // ---------------------------------------------------------------------------------------------
 // The client's event-loop thread. Every capnp object lives there. In own-thread mode other threads
@@ -212,8 +216,18 @@ struct Client::Impl {
   void teardown();
   void loop(std::promise<Status>& ready);
   rpc::Session::Client& sessionCap() { return KJ_ASSERT_NONNULL(session); }
-  Status mapExtents(
-      const std::vector<std::pair<uint32_t, std::pair<std::string, uint64_t>>>& extents);
+  // A host extent as Session.open offers it: a name to open, or a descriptor to ask for over the
+  // daemon's socket (transport/pool_fds.h), or neither (not offered: bytes move inline).
+  struct HostExtent {
+    uint32_t id = 0;
+    std::string shmName;
+    uint64_t bytes = 0;
+    bool byDescriptor = false;
+  };
+  // Maps the extents not mapped yet (on the loop thread: writes `mappings`). Any that cannot be
+  // mapped leaves the client unmapped (inline bytes) and says why. Blocks while it asks the
+  // daemon for descriptors (one connection, at most kPoolFdsTimeout).
+  Status mapExtents(const std::vector<HostExtent>& extents);
   const uint8_t* view(const BlockRef& ref) const;
   // The host view of a granted block: its bytes in the mapped pool, or an empty span for a block
   // in GPU memory (reached with kernels). INTERNAL for a block outside every mapping.

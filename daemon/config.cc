@@ -75,6 +75,17 @@ Result<DaemonConfig> parseDaemonArgs(const std::vector<std::string>& args) {
         return makeError(ErrorCode::kInvalidArgument, flag, " is on or off, not '", value, "'");
       }
       (flag == "--cold-tier" ? config.coldTier : config.flushOnExit) = value == "on";
+    } else if (flag == "--huge-pages") {
+      if (value == "auto") {
+        config.hugePages = HugePages::kAuto;
+      } else if (value == "on") {
+        config.hugePages = HugePages::kOn;
+      } else if (value == "off") {
+        config.hugePages = HugePages::kOff;
+      } else {
+        return makeError(ErrorCode::kInvalidArgument, "--huge-pages is auto, on or off, not '",
+                         value, "'");
+      }
     } else if (flag == "--eviction") {
       auto kind = parseEvictionKind(value);
       if (!kind) return makeError(ErrorCode::kInvalidArgument, "--eviction: ", kind.error().message());
@@ -223,6 +234,9 @@ const char* daemonUsage() {
          "  --data-dir DIR          lock file and socket live here (default: ./kvtier-data)\n"
          "  --host-pool-bytes N     host shared-memory pool size, K/M/G suffixes (default: 1G)\n"
          "  --extent-bytes N        size of one shared-memory extent (default: 1G)\n"
+         "  --huge-pages auto|on|off\n"
+         "                          the host pool on 2 MiB huge pages when enough are free\n"
+         "                          (auto), or no start without them (on), or never (off)\n"
          "  --cold-tier on|off      spill evicted blocks to RocksDB under <data-dir>/cold (on)\n"
          "  --disk-bytes N          cold tier capacity, oldest access dropped first (64G; 0: "
          "none)\n"

@@ -7,16 +7,21 @@
 
 #include "kvtier/error.h"
 #include "store/eviction.h"
+#include "transport/host_pool.h"
 
 namespace kvtier {
 
 struct DaemonConfig {
   // With no flags at all the daemon serves from the working directory: ./kvtier-data holds its
-  // lock and socket, and a 1 GiB host pool lives in POSIX shared memory.
+  // lock and socket, and a 1 GiB host pool lives in shared memory (on huge pages if enough are
+  // free).
   std::string dataDir = "kvtier-data";
   std::string socketPath;  // empty: <dataDir>/kvtierd.sock
   uint64_t hostPoolBytes = uint64_t{1} << 30;
   uint64_t extentBytes = uint64_t{1} << 30;
+  // The host pool's pages (docs/performance.md, "The pool's memory"): 2 MiB hugetlb pages when
+  // enough are free (auto), always (on: no start without them) or never (off: 4 KiB pages).
+  HugePages hugePages = HugePages::kAuto;
   // Cold tier: RocksDB under <dataDir>/cold; evicted blocks spill there and are promoted back.
   bool coldTier = true;
   uint64_t diskBytes = uint64_t{64} << 30;  // payload bytes kept on disk; 0: unbounded

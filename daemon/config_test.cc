@@ -37,6 +37,22 @@ TEST(DaemonConfig, EvictionDefaultsToArcAndTakesLru) {
   }
 }
 
+TEST(DaemonConfig, HugePagesDefaultToAutoAndTakeOnOrOff) {
+  EXPECT_EQ(parseDaemonArgs({}).value().hugePages, HugePages::kAuto);
+  EXPECT_EQ(parseDaemonArgs({"--huge-pages", "on"}).value().hugePages, HugePages::kOn);
+  EXPECT_EQ(parseDaemonArgs({"--huge-pages=off"}).value().hugePages, HugePages::kOff);
+  EXPECT_EQ(parseDaemonArgs({"--huge-pages", "off", "--huge-pages", "auto"}).value().hugePages,
+            HugePages::kAuto);
+  for (const char* bad : {"", "yes", "ON", "2M", "always"}) {
+    auto c = parseDaemonArgs({"--huge-pages", bad});
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_EQ(c.error().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(c.error().message().find("--huge-pages is auto, on or off"), std::string::npos)
+        << bad;
+  }
+  EXPECT_NE(std::string(daemonUsage()).find("--huge-pages auto|on|off"), std::string::npos);
+}
+
 TEST(DaemonConfig, GpusTakeAllNoneOrAList) {
   auto none = parseDaemonArgs({"--gpus", "none"});
   ASSERT_TRUE(none.ok());

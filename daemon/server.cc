@@ -15,6 +15,7 @@
 #include "kernels/block_copy.h"
 #include "schemas/kvtier.capnp.h"
 #include "transport/buffered_stream.h"
+#include "transport/pool_fds.h"
 #include "transport/rpc_codec.h"
 #include "transport/socket_stream.h"
 
@@ -719,10 +720,15 @@ class SessionImpl final : public rpc::Session::Server {
     auto extents = out.initExtents(pool.extentCount() + gpuExtents);
     for (uint32_t i = 0; i < pool.extentCount(); ++i) {
       extents[i].setId(i);
-      // The segment's name maps the whole pool: for root and the daemon's own user only (the
-      // segment is theirs, 0600). Other tenants get no name and move bytes inline.
-      if (mapsPool_) extents[i].setShmName(pool.segment(i).name());
-      extents[i].setBytes(pool.segment(i).size());
+      // The segment's name (or descriptor) maps the whole pool: for root and the daemon's own
+      // user only (the segment is theirs, 0600). Other tenants get neither and move bytes inline.
+      const ShmSegment& segment = pool.segment(i);
+      if (mapsPool_ && segment.anonymous()) {
+        extents[i].setByDescriptor(true);  // fetched by a pool_fds connection (servePoolFds)
+      } else if (mapsPool_) {
+        extents[i].setShmName(segment.name());
+      }
+      extents[i].setBytes(segment.size());
     }
     for (uint32_t i = 0; i < gpuExtents; ++i) {
       auto x = extents[pool.extentCount() + i];
@@ -810,6 +816,8 @@ class SessionImpl final : public rpc::Session::Server {
     out.setLanesAttached(lanes.attached);
     out.setLanesRefused(lanes.refused);
     out.setLanePuts(lanes.puts);
+    out.setPoolPages(pageKindName(server_.hostPool().pages()));
+    out.setPoolPagesReason(server_.hostPool().pagesReason());
     if (auto* cold = server_.cold()) {
       const ColdServiceStats c = cold->stats();
       out.setColdRecords(c.tier.records);
@@ -976,9 +984,10 @@ void Server::accept(kj::Own<kj::AsyncIoStream> stream) {
     logWarn("peer_refused",
             describePeer(peer) + " allowed_gid=" + std::to_string(access_.allowedGid));
   }
-  // A session's fast lane starts with lane::kMagic, a Cap'n Proto connection with its first
-  // message's segment count (never that large): the first four bytes tell which this is, and
-  // a Cap'n Proto connection gets them back.
+  // A session's fast lane starts with lane::kMagic, a request for the pool's descriptors with
+  // pool_fds::kMagic, a Cap'n Proto connection with its first message's segment count (never
+  // that large): the first four bytes tell which this is, and a Cap'n Proto connection gets them
+  // back.
   auto buffered = kj::heap<BufferedIoStream>(kj::mv(stream), poller_);
   auto first = kj::heap<uint32_t>(0);
   auto read = buffered->tryRead(first.get(), sizeof(uint32_t), sizeof(uint32_t));
@@ -986,6 +995,9 @@ void Server::accept(kj::Own<kj::AsyncIoStream> stream) {
                         allowed](size_t n) mutable -> kj::Promise<void> {
     if (n == sizeof(uint32_t) && *first == lane::kMagic && allowed) {
       return attachLane(kj::mv(buffered), peer);
+    }
+    if (n == sizeof(uint32_t) && *first == pool_fds::kMagic && allowed) {
+      return servePoolFds(kj::mv(buffered), peer);
     }
     buffered->unread(n);
     serveRpc(kj::mv(buffered), peer, allowed);
@@ -1044,6 +1056,47 @@ kj::Promise<void> Server::attachLane(kj::Own<kj::AsyncIoStream> stream,
   });
 }
 
+kj::Promise<void> Server::servePoolFds(kj::Own<kj::AsyncIoStream> stream,
+                                       const PeerCredentials& peer) {
+  // The rest of the Request: its version.
+  auto version = kj::heap<uint32_t>(0);
+  auto read = stream->tryRead(version.get(), sizeof(uint32_t), sizeof(uint32_t));
+  return read.then([this, stream = kj::mv(stream), version = kj::mv(version), peer](size_t n) {
+    // The connection ends with the stream, once answered (or when the peer left).
+    if (n == sizeof(uint32_t)) answerPoolFds(*stream, *version, peer);
+  });
+}
+
+void Server::answerPoolFds(const kj::AsyncIoStream& stream, uint32_t version,
+                           const PeerCredentials& peer) {
+  int fd = -1;
+  KJ_IF_MAYBE (f, stream.getFd()) {
+    fd = *f;
+  }
+  if (fd < 0) {
+    logWarn("pool_fds_refused", describePeer(peer) + " why=\"the connection has no socket\"");
+    return;
+  }
+  // The same check as for the segments' names in Session.open: the descriptors map the whole
+  // pool, every tenant's blocks.
+  pool_fds::ReplyStatus status = pool_fds::ReplyStatus::kAccepted;
+  if (version != pool_fds::kVersion) {
+    status = pool_fds::ReplyStatus::kUnknownVersion;
+  } else if (!peerMapsPool(peer, access_)) {
+    status = pool_fds::ReplyStatus::kRefused;
+    logWarn("pool_fds_refused",
+            describePeer(peer) + " why=\"only root and the daemon's user map the pool\"");
+  }
+  std::vector<pool_fds::ExtentFd> extents;
+  for (uint32_t i = 0; i < pool_.extentCount(); ++i) {
+    const ShmSegment& segment = pool_.segment(i);
+    if (segment.fd() >= 0) extents.push_back({i, segment.size(), segment.fd()});
+  }
+  if (auto s = pool_fds::sendReply(fd, status, extents); !s) {
+    logWarn("pool_fds_failed", describePeer(peer) + " why=\"" + s.error().message() + "\"");
+  }
+}
+
 std::string Server::metricsText() {
   const EngineStats s = engine_.stats();
   std::string out;
@@ -1060,6 +1113,9 @@ std::string Server::metricsText() {
   gauge("kvtier_blocks_cached", "Sealed blocks held by nothing (evictable).", s.blocksCached);
   gauge("kvtier_pool_bytes", "Bytes of the host pool.", s.bytesTotal);
   gauge("kvtier_pool_bytes_used", "Bytes of the host pool in use.", s.bytesUsed);
+  gauge("kvtier_pool_huge_pages",
+        "1 when the host pool is on 2 MiB hugetlb pages, 0 on 4 KiB pages (kvtierd --huge-pages).",
+        pool_.pages() == PageKind::kHuge2M ? 1 : 0);
   counter("kvtier_lookup_hit_blocks_total", "Blocks found by lookups.", s.hits);
   counter("kvtier_lookup_misses_total", "Lookups that stopped short.", s.misses);
   counter("kvtier_evictions_total", "Blocks evicted from memory.", s.evictions);

@@ -88,6 +88,11 @@ class Server final : private kj::TaskSet::ErrorHandler {
   void accept(kj::Own<kj::AsyncIoStream> stream);
   void serveRpc(kj::Own<kj::AsyncIoStream> stream, const PeerCredentials& peer, bool allowed);
   kj::Promise<void> attachLane(kj::Own<kj::AsyncIoStream> stream, const PeerCredentials& peer);
+  // A pool_fds connection (transport/pool_fds.h): the descriptors of the pool's anonymous segments
+  // for a peer that may map the pool, then the connection ends.
+  kj::Promise<void> servePoolFds(kj::Own<kj::AsyncIoStream> stream, const PeerCredentials& peer);
+  void answerPoolFds(const kj::AsyncIoStream& stream, uint32_t version,
+                     const PeerCredentials& peer);
 
   Engine& engine_;
   HostPool& pool_;

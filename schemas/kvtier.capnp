@@ -106,14 +106,17 @@ struct Layout {
 }
 
 struct Extent {
-  # One exportable allocation of the pool. Host extents are POSIX shared-memory segments; GPU
-  # extents are whole cudaMalloc allocations exported with CUDA IPC.
+  # One exportable allocation of the pool. Host extents are POSIX shared-memory segments (4 KiB
+  # pages) or anonymous hugetlb memory (2 MiB pages); GPU extents are whole cudaMalloc allocations
+  # exported with CUDA IPC.
   id @0 :UInt32;
   shmName @1 :Text;         # host extents; empty: not offered to this client (another user's
                             # process, docs/security.md): it moves bytes inline
   bytes @2 :UInt64;
   device @3 :Int32 = -1;    # the CUDA device of a GPU extent; -1 for host extents
   ipcHandle @4 :Data;       # a GPU extent's cudaIpcMemHandle_t (64 bytes)
+  byDescriptor @5 :Bool;    # a host extent offered without a name (anonymous hugetlb memory): its
+                            # file descriptor comes over the daemon's socket (transport/pool_fds.h)
 }
 
 struct BlockRef {
@@ -193,6 +196,9 @@ struct Stats {
   lanesRefused @55 :UInt64;         # lane attaches refused (bad token, another process, twice)
   lanePuts @56 :UInt64;             # write leases granted over sessions' fast lanes
   remoteLookupsCut @57 :UInt64;     # lookups answered at their deadline while their fetch went on
+  poolPages @58 :Text;              # the host pool's pages: "hugetlb-2M" or "4k" (kvtierd --huge-pages)
+  poolPagesReason @59 :Text;        # why 4 KiB pages ("only 12 huge pages free, 512 needed", "huge
+                                    # pages off"); empty on huge pages
 }
 
 interface Daemon {

@@ -170,8 +170,8 @@ int main(int argc, char** argv) {
     options.detached = a.size() > 5 && a[5] == "detached";
     auto info = space->put(a[2], 0, tokens, kv.data(), kv.size(), options);
     if (!info) fail("put", info.error());
-    std::printf("OK sealed=%u length=%lu\n", info->sealedBlocks,
-                static_cast<unsigned long>(info->length));
+    std::printf("OK sealed=%u length=%lu mapped=%d\n", info->sealedBlocks,
+                static_cast<unsigned long>(info->length), client->mapped() ? 1 : 0);
     return 0;
   }
   if (a[0] == "verify" && a.size() == 6) {

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -25,10 +26,12 @@ extern char** environ;
 namespace kvtier::test {
 namespace {
 
-// Spawns argv with stdout on a pipe (returned in *out) and stderr inherited. The child gets
-// `deathSignal` when the thread that spawned it dies (PR_SET_PDEATHSIG): a test that crashes or
-// is killed by ctest's timeout leaves no process behind.
-pid_t spawnPiped(const std::vector<std::string>& args, int* out, int deathSignal) {
+// Spawns argv with stdout on a pipe (returned in *out) and stderr inherited (or on the same pipe:
+// `withStderr`). The child gets `deathSignal` when the thread that spawned it dies
+// (PR_SET_PDEATHSIG): a test that crashes or is killed by ctest's timeout leaves no process
+// behind.
+pid_t spawnPiped(const std::vector<std::string>& args, int* out, int deathSignal,
+                 bool withStderr = false) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
   // exec's errno comes back on this pipe; it closes on a successful exec.
@@ -48,6 +51,7 @@ pid_t spawnPiped(const std::vector<std::string>& args, int* out, int deathSignal
     prctl(PR_SET_PDEATHSIG, deathSignal);
     if (getppid() != parent) _exit(127);  // the parent died before prctl
     dup2(fds[1], STDOUT_FILENO);
+    if (withStderr) dup2(fds[1], STDERR_FILENO);
     execve(argv[0], argv.data(), environ);
     const int err = errno;
     (void)!write(errs[1], &err, sizeof err);
@@ -168,6 +172,9 @@ DaemonProcess::DaemonProcess(uint64_t hostPoolBytes, std::string dataDir,
                                    "off",
                                    "--gpus",
                                    "none"};
+  if (std::find(extraArgs.begin(), extraArgs.end(), "--huge-pages") == extraArgs.end()) {
+    args.insert(args.end(), {"--huge-pages", "off"});
+  }
   args.insert(args.end(), extraArgs.begin(), extraArgs.end());
   // SIGTERM: a daemon whose test died still removes its socket and segments.
   pid_ = spawnPiped(args, &out, SIGTERM);
@@ -178,6 +185,7 @@ DaemonProcess::DaemonProcess(uint64_t hostPoolBytes, std::string dataDir,
     stop(SIGKILL);
     throw std::runtime_error("kvtierd did not become ready");
   }
+  readyLine_ = line;
   segmentPrefix_ = line.substr(line.find("segments=") + 9);
   segmentPrefix_ = segmentPrefix_.substr(0, segmentPrefix_.find(' '));
   const auto field = [&line](const std::string& name) {
@@ -189,6 +197,37 @@ DaemonProcess::DaemonProcess(uint64_t hostPoolBytes, std::string dataDir,
   metricsAddr_ = field("metrics");
   peerAddr_ = field("peer");
   nodeId_ = field("node");
+}
+
+int runDaemonExpectingFailure(uint64_t hostPoolBytes, const std::vector<std::string>& extraArgs,
+                              std::string* output) {
+  const std::string dataDir = makeTestDir();
+  madeDirs().paths.push_back(dataDir);
+  std::vector<std::string> args = {KVTIER_DAEMON_PATH,
+                                   "--data-dir",
+                                   dataDir,
+                                   "--host-pool-bytes",
+                                   std::to_string(hostPoolBytes),
+                                   "--cold-tier",
+                                   "off",
+                                   "--gpus",
+                                   "none"};
+  args.insert(args.end(), extraArgs.begin(), extraArgs.end());
+  int out = -1;
+  const pid_t pid = spawnPiped(args, &out, SIGTERM, /*withStderr=*/true);
+  std::string buffer;
+  // Returns at the ready line, at end of file (the daemon exited) or after 20 s.
+  const bool ready = !readLine(out, buffer, "kvtierd ready").empty();
+  // Stopped if it became ready; killed if it hung (a daemon that exited is a zombie: no effect).
+  ::kill(pid, ready ? SIGTERM : SIGKILL);
+  char chunk[4096];
+  ssize_t n;
+  while ((n = read(out, chunk, sizeof chunk)) > 0) buffer.append(chunk, static_cast<size_t>(n));
+  close(out);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (output) *output = buffer;
+  return ready ? -1 : exitCode(status);
 }
 
 DaemonProcess::~DaemonProcess() {

@@ -20,7 +20,9 @@ inline Layout testLayout() { return Layout{"test/tiny", 4, 2, 32, DType::kFloat1
 class DaemonProcess {
  public:
   // The cold tier and GPU pools are off unless `extraArgs` turn them on ("--cold-tier", "on",
-  // "--gpus", "0", ...).
+  // "--gpus", "0", ...). So are huge pages ("--huge-pages", "auto"|"on"): what a test sees does
+  // not depend on the machine's free huge pages, and no test's daemon takes pages that another
+  // test reserved for its own (tests/huge_page_reservation.h).
   explicit DaemonProcess(uint64_t hostPoolBytes = 64 << 20, std::string dataDir = "",
                          std::vector<std::string> extraArgs = {});
   ~DaemonProcess();
@@ -34,15 +36,23 @@ class DaemonProcess {
   const std::string& peerAddr() const { return peerAddr_; }  // HOST:PORT, "off" outside a cluster
   const std::string& nodeId() const { return nodeId_; }      // "-" outside a cluster
   pid_t pid() const { return pid_; }
+  // The line the daemon printed when it became ready ("kvtierd ready socket=... pool_pages=...").
+  const std::string& readyLine() const { return readyLine_; }
   // Sends `signal` and waits; returns the wait status. The daemon is gone afterwards.
   int stop(int signal);
 
   std::unique_ptr<Client> connect(bool mapPool = true) const;
 
  private:
-  std::string dataDir_, socket_, segmentPrefix_, metricsAddr_, peerAddr_, nodeId_;
+  std::string dataDir_, socket_, segmentPrefix_, metricsAddr_, peerAddr_, nodeId_, readyLine_;
   pid_t pid_ = -1;
 };
+
+// Starts a kvtierd as DaemonProcess does, for a test that expects it not to start: waits for it to
+// exit and returns its exit code, with everything it wrote (stdout and stderr) in `output`. If it
+// becomes ready after all, it is stopped and the answer is -1.
+int runDaemonExpectingFailure(uint64_t hostPoolBytes, const std::vector<std::string>& extraArgs,
+                              std::string* output);
 
 // A peer process (tests/test_peer.cc) with stdout piped back to the test.
 class PeerProcess {

@@ -250,6 +250,10 @@ class _LaneStats(TypedDict):
     attached: int
     refused: int
 
+class _PoolStats(TypedDict):
+    pages: str  # "hugetlb-2M" or "4k"
+    reason: str  # why 4 KiB pages; empty on huge pages
+
 class _SpaceStats(TypedDict):
     fingerprint: str  # hexadecimal, as format(layout.fingerprint, "x")
     block_bytes: int
@@ -274,6 +278,7 @@ class _Stats(TypedDict):
     cluster: _ClusterStats
     tenant: _TenantStats
     lanes: _LaneStats
+    pool: _PoolStats
     spaces: list[_SpaceStats]
 
 class Client(_Pybind11Object):

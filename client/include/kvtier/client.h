@@ -120,6 +120,9 @@ struct Stats {
   // Fast lanes (ClientOptions::lane): lookups served over them, lanes attached now, attaches
   // refused.
   uint64_t laneLookups = 0, lanesAttached = 0, lanesRefused = 0, lanePuts = 0;
+  // The host pool's pages: "hugetlb-2M" or "4k" (kvtierd --huge-pages), and why 4 KiB pages
+  // ("only 12 huge pages free, 512 needed", "huge pages off"; empty on huge pages).
+  std::string poolPages, poolPagesReason;
   std::vector<SpaceStats> spaces;
   std::string toJson() const;
 };
