@@ -11,17 +11,31 @@
 // hashing 64-byte messages (one 16-token block's worth), in tokens per second. After one warm-up
 // repetition, every repetition measures each kvtier figure next to its anchor, interleaved round by
 // round.
+//
+// The suite's daemon keeps its pool on 4 KiB pages (--huge-pages off). A second daemon, its pool
+// on 2 MiB huge pages, takes the same puts in the same rounds (put_vs_memcpy_hugepages); the bench
+// reserves those pages itself (vm.nr_hugepages, root only) while that daemon starts, and puts the
+// old value back as soon as the daemon's pool holds them (they stay its own until it exits). Where
+// they cannot be had the figure is skipped, with the reason.
+#include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "bench/harness.h"
 #include "client/bench_hooks.h"
+#include "tests/huge_page_reservation.h"
 #include "tools/json_string.h"
 #include "tools/synthetic_kv.h"
 
@@ -32,6 +46,7 @@ namespace {
 constexpr uint64_t kPrefixTokens = 1024;
 constexpr uint32_t kPrefixBlocks = 64;
 constexpr const char* kPoolBytes = "256M";
+constexpr uint64_t kPoolHugePages = 128;  // kPoolBytes in 2 MiB pages
 // A repetition is kRounds rounds; a round runs every measurement once, back to back. Per
 // repetition that is 32 gets, puts and memcpys of 16 MiB, 8 pipelined redis batches each way, and
 // 2000 round trips of each kind (a repetition's round-trip figure is their median).
@@ -201,19 +216,93 @@ Result<double> timeRedisGet(redisContext* c, const Workload& w, bool verify) {
   return secondsSince(t0);
 }
 
+// A thread that runs what it is handed, one thing at a time, until destroyed. The huge-page pool's
+// client lives there: a client in the suite's default mode (ClientThreading::kCallerThread) runs
+// its event loop on the thread that made it, and this one has the suite's client already.
+class WorkerThread {
+ public:
+  WorkerThread() : thread_([this] { serve(); }) {}
+  ~WorkerThread() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  WorkerThread(const WorkerThread&) = delete;
+  WorkerThread& operator=(const WorkerThread&) = delete;
+
+  // Runs `f` there and waits for its result.
+  template <typename F>
+  auto run(F&& f) -> decltype(f()) {
+    std::packaged_task<decltype(f())()> task(std::forward<F>(f));
+    auto result = task.get_future();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      tasks_.push_back([&task] { task(); });
+    }
+    wake_.notify_all();
+    return result.get();
+  }
+
+ private:
+  void serve() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+        if (tasks_.empty()) return;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> tasks_;  // guarded by mutex_
+  bool stop_ = false;                        // guarded by mutex_
+  std::thread thread_;                       // last: starts once the rest exists
+};
+
+// The second daemon, its pool on 2 MiB huge pages, with its client and a space of `layout` (both
+// made, used and closed on `worker`); or, in `skipped`, why there is none.
+struct HugePagePool {
+  ~HugePagePool() {
+    if (worker) {
+      worker->run([this] {
+        space.reset();
+        client.reset();
+      });
+    }
+  }
+  std::optional<TempDir> dir;
+  BenchDaemon daemon;  // after dir: stopped before the directory goes
+  std::unique_ptr<WorkerThread> worker;
+  std::unique_ptr<Client> client;
+  std::unique_ptr<Space> space;
+  std::string skipped;
+};
+
 // One repetition's figures: bytes/s for the bandwidths, median seconds for the round trips.
 struct RepFigures {
   double memcpy = 0, get = 0, put = 0, putUnsummed = 0, putMany = 0, lookupRtt = 0, echoRtt = 0,
          pollingEchoRtt = 0;
-  std::optional<double> redisSet, redisGet;
+  std::optional<double> putHugePages, redisSet, redisGet;
 };
 
 // One repetition is kRounds rounds of every measurement back to back, so a change in the shared
 // machine's load hits kvtier and its anchors alike instead of whichever ran at the time.
-Result<RepFigures> measureRepetition(Space& space, Workload& w, EchoPeer& echo,
+// `huge`, when not null, is the daemon whose pool is on huge pages, with a space of the same
+// layout.
+Result<RepFigures> measureRepetition(Space& space, HugePagePool* huge, Workload& w, EchoPeer& echo,
                                      EchoPeer& pollingEcho, redisContext* redis, bool verify) {
-  double memcpySeconds = 0, getSeconds = 0, putSeconds = 0, putUnsummedSeconds = 0,
-         putManySeconds = 0, setSeconds = 0, redisGetSeconds = 0;
+  double memcpySeconds = 0, getSeconds = 0, putManySeconds = 0, setSeconds = 0, redisGetSeconds = 0;
+  enum PutKind { kSummed, kUnsummed, kHugePages, kPutKinds };
+  double putSeconds[kPutKinds] = {};
   std::vector<double> lookups, pings, pollingPings;
   for (int round = 0; round < kRounds; ++round) {
     if (gInterrupted) return unavailable("interrupted");
@@ -221,15 +310,22 @@ Result<RepFigures> measureRepetition(Space& space, Workload& w, EchoPeer& echo,
     auto get = timeGet(space, w, kBandwidthIterationsPerRound);
     if (!get) return get.error();
     getSeconds += *get;
-    // The same puts without the writer's checksums (a bench-only switch), to see what they cost;
-    // which of the two goes first alternates by round (the first put after the gets runs on a
-    // colder cache).
-    for (bool summed : {round % 2 == 0, round % 2 != 0}) {
-      bench_hooks::setWriterChecksums(summed);
-      auto put = timePut(space, w, kBandwidthIterationsPerRound);
+    // The same puts without the writer's checksums (a bench-only switch), to see what they cost,
+    // and into the pool on huge pages; which goes first rotates by round (the first put after the
+    // gets runs on a colder cache).
+    std::vector<PutKind> kinds = {kSummed, kUnsummed};
+    if (huge) kinds.push_back(kHugePages);
+    std::rotate(kinds.begin(), kinds.begin() + round % kinds.size(), kinds.end());
+    for (PutKind kind : kinds) {
+      bench_hooks::setWriterChecksums(kind != kUnsummed);
+      // The huge-page pool's puts run on its client's thread; the time is taken there.
+      auto put = kind == kHugePages ? huge->worker->run([&] {
+        return timePut(*huge->space, w, kBandwidthIterationsPerRound);
+      })
+                                    : timePut(space, w, kBandwidthIterationsPerRound);
       bench_hooks::setWriterChecksums(true);
       if (!put) return put.error();
-      (summed ? putSeconds : putUnsummedSeconds) += *put;
+      putSeconds[kind] += *put;
     }
     auto putMany = timePutMany(space, w, kBandwidthIterationsPerRound);
     if (!putMany) return putMany.error();
@@ -253,8 +349,9 @@ Result<RepFigures> measureRepetition(Space& space, Workload& w, EchoPeer& echo,
   RepFigures f;
   f.memcpy = bandwidthBytes / memcpySeconds;
   f.get = bandwidthBytes / getSeconds;
-  f.put = bandwidthBytes / putSeconds;
-  f.putUnsummed = bandwidthBytes / putUnsummedSeconds;
+  f.put = bandwidthBytes / putSeconds[kSummed];
+  f.putUnsummed = bandwidthBytes / putSeconds[kUnsummed];
+  if (huge) f.putHugePages = bandwidthBytes / putSeconds[kHugePages];
   f.putMany = bandwidthBytes / putManySeconds;
   f.lookupRtt = medianOf(std::move(lookups));
   f.echoRtt = medianOf(std::move(pings));
@@ -397,6 +494,43 @@ Result<Breakdown> measureBreakdown(Space& space, Workload& w, EchoPeer& pollingE
   return b;
 }
 
+void startHugePagePool(const Options& options, const Layout& layout, HugePagePool& pool) {
+  auto dir = TempDir::create();
+  if (!dir) {
+    pool.skipped = dir.error().message();
+    return;
+  }
+  pool.dir.emplace(std::move(dir).value());
+  const std::string socket = pool.dir->file("kvtierd.sock");
+  {
+    // Held only while the daemon starts: its pool then holds the pages, and the old
+    // vm.nr_hugepages goes back when this ends.
+    auto reservation = test::HugePageReservation::reserve(kPoolHugePages);
+    if (!reservation) {
+      pool.skipped = "cannot reserve " + std::to_string(kPoolHugePages) +
+                     " huge pages of 2 MiB: " + reservation.error().message();
+      return;
+    }
+    const auto flags = options.daemonFlags(
+        {"--host-pool-bytes", kPoolBytes, "--cold-tier", "off", "--huge-pages", "on"});
+    if (auto s = pool.daemon.start(options.daemon, *pool.dir, socket, flags); !s) {
+      pool.skipped = "kvtierd --huge-pages on did not start: " + s.error().message();
+      return;
+    }
+  }
+  pool.worker = std::make_unique<WorkerThread>();
+  pool.skipped = pool.worker->run([&]() -> std::string {
+    auto client = startClient(socket, options, options.threading);
+    if (!client) return client.error().message();
+    pool.client = std::move(client).value();
+    auto space = pool.client->open(layout);
+    if (!space) return space.error().message();
+    pool.space = std::move(space).value();
+    if (!pool.client->mapped()) return "the client could not map the pool on huge pages";
+    return "";
+  });
+}
+
 // Everything the suite owns lives in this function's scope, so any early return stops the
 // daemon, redis and the echo peer and removes the temporary directory.
 Status run(const Options& options) {
@@ -415,7 +549,9 @@ Status run(const Options& options) {
   if (auto s = daemon.start(options.daemon, *dir, socket,
                             options.daemonFlags({"--host-pool-bytes", kPoolBytes,
                                                  // Memory only: the cold suite measures spills.
-                                                 "--cold-tier", "off"}));
+                                                 "--cold-tier", "off",
+                                                 // 4 KiB pages: huge pages are the second daemon's.
+                                                 "--huge-pages", "off"}));
       !s)
     return s;
 
@@ -445,6 +581,12 @@ Status run(const Options& options) {
   }
   if (w.layout.blockBytes() * kPrefixBlocks != w.bytes())
     return makeError(ErrorCode::kInternal, "bad workload size");
+  HugePagePool huge;
+  startHugePagePool(options, w.layout, huge);
+  if (!huge.skipped.empty()) {
+    std::fprintf(stderr, "kvtier-bench: %s; put_vs_memcpy_hugepages is skipped\n",
+                 huge.skipped.c_str());
+  }
 
   // The prefix every reader looks up, checked once end to end before anything is timed.
   if (auto info = (*space)->put("bench-prefix", 0, w.tokens, w.kv.data(), w.kv.size()); !info)
@@ -471,6 +613,10 @@ Status run(const Options& options) {
   RatioReport putUnsummedMem =
       report("put_vs_memcpy_no_checksums", "put+commit, no writer checksums", "memcpy", "bytes/s",
              true, std::nullopt);
+  // The same puts into a pool on 2 MiB huge pages, in the same rounds.
+  RatioReport putHugeMem = report("put_vs_memcpy_hugepages", "put+commit, pool on 2 MiB huge pages",
+                                  "memcpy", "bytes/s", true, std::nullopt);
+  putHugeMem.skipped = huge.skipped;
   // The same target for a writer that puts continuously, pipelined (Space::putMany).
   RatioReport putManyMem =
       report("put_many_vs_memcpy", "putMany of 4 prompts", "memcpy", "bytes/s", true, 0.9);
@@ -493,16 +639,18 @@ Status run(const Options& options) {
   for (int rep = 0; rep <= options.reps; ++rep) {
     const bool warmup = rep == 0;
     const auto t0 = Clock::now();
-    auto f = measureRepetition(**space, w, *echo, *pollingEcho, redis ? redis->context() : nullptr,
-                               warmup);
+    auto f = measureRepetition(**space, huge.space ? &huge : nullptr, w, *echo, *pollingEcho,
+                               redis ? redis->context() : nullptr, warmup);
     if (!f) return f.error();
     std::fprintf(
         stderr,
-        "%s %d: memcpy %s, get %s, put %s (no checksums %s), putMany %s, redis GET %s SET %s, "
-        "lookup rtt %s, uds rtt %s (%.1f s)\n",
+        "%s %d: memcpy %s, get %s, put %s (no checksums %s, huge pages %s), putMany %s, redis "
+        "GET %s SET %s, lookup rtt %s, uds rtt %s (%.1f s)\n",
         warmup ? "warm-up" : "rep", rep, human(f->memcpy, "bytes/s").c_str(),
         human(f->get, "bytes/s").c_str(), human(f->put, "bytes/s").c_str(),
-        human(f->putUnsummed, "bytes/s").c_str(), human(f->putMany, "bytes/s").c_str(),
+        human(f->putUnsummed, "bytes/s").c_str(),
+        human(f->putHugePages.value_or(std::nan("")), "bytes/s").c_str(),
+        human(f->putMany, "bytes/s").c_str(),
         human(f->redisGet.value_or(std::nan("")), "bytes/s").c_str(),
         human(f->redisSet.value_or(std::nan("")), "bytes/s").c_str(),
         human(f->lookupRtt, "s").c_str(), human(f->echoRtt, "s").c_str(), secondsSince(t0));
@@ -527,6 +675,10 @@ Status run(const Options& options) {
     putMem.anchor.perRep.push_back(f->memcpy);
     putUnsummedMem.kvtier.perRep.push_back(f->putUnsummed);
     putUnsummedMem.anchor.perRep.push_back(f->memcpy);
+    if (f->putHugePages) {
+      putHugeMem.kvtier.perRep.push_back(*f->putHugePages);
+      putHugeMem.anchor.perRep.push_back(f->memcpy);
+    }
     putManyMem.kvtier.perRep.push_back(f->putMany);
     putManyMem.anchor.perRep.push_back(f->memcpy);
     rtt.kvtier.perRep.push_back(f->lookupRtt);
@@ -543,8 +695,9 @@ Status run(const Options& options) {
   auto breakdown = measureBreakdown(**space, w, *pollingEcho);
   if (!breakdown) return breakdown.error();
 
-  const std::vector<RatioReport> reports = {getMem,     putMem, putUnsummedMem, putManyMem, rtt,
-                                            pollingRtt, sha,    getRedis,       putRedis};
+  const std::vector<RatioReport> reports = {getMem,     putMem,  putUnsummedMem, putHugeMem,
+                                            putManyMem, rtt,     pollingRtt,     sha,
+                                            getRedis,   putRedis};
   printTable("local", reports, options.reps);
   printBreakdown(*breakdown);
   return writeReport(options, reports, *breakdown,

@@ -42,7 +42,8 @@ uint64_t HugePageReservation::available() {
 }
 
 Result<std::unique_ptr<HugePageReservation>> HugePageReservation::reserve(uint64_t pages) {
-  const int raw = ::open(kLockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  // Read-only is enough for flock, and opens a lock file another user made.
+  const int raw = ::open(kLockPath, O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
   if (raw < 0) {
     return makeError(ErrorCode::kUnavailable, "cannot open ", kLockPath, ": ",
                      std::strerror(errno));
