@@ -58,7 +58,7 @@ PROFILES = {
     "full": (320, 4, 2, 8, (0.3, 1.2)),
     "quick": (36, 3, 2, 8, (0.4, 1.0)),
 }
-FAULT_WEIGHTS = {"kill": 3, "stop": 3, "partition": 3, "etcd": 1, "flip": 2}
+FAULT_WEIGHTS = {"kill": 3, "stop": 3, "partition": 3, "etcd": 1, "flip": 3}
 
 
 def node_ip(i):
@@ -454,7 +454,7 @@ class Run:
             self.windows[n].append((t0, time.monotonic()))
 
     def fault(self):
-        kinds = list(FAULT_WEIGHTS)
+        kinds = self.args.kinds
         weights = [FAULT_WEIGHTS[k] for k in kinds]
         free = self.free_nodes()
         for _ in range(10):
@@ -477,7 +477,7 @@ class Run:
         elif kind == "flip":
             n = r.choice(free)
             k = len(self.flips)
-            self.flips[k] = {"node": n}
+            self.flips[k] = {"node": n, "at": time.monotonic()}
             self.busy[n] = time.monotonic() + 3.0
             pid = base.fork_child(self.path(f"flip-{k}.err"), flip_main, self.net.ns(n),
                                   self.sock(n), self.args.seed, k, self.path(f"flip-{k}.json"))
@@ -519,13 +519,21 @@ class Run:
             self.etcd.start()
             self.etcd_down = False
         elif action == "check_flip":
+            # Checked from another node while the flipped one is up and reachable (else the
+            # check would only show the fault); postponed up to 15 s for that.
             k = arg
-            others = [n for n in self.free_nodes() if n != self.flips[k]["node"]]
-            if not others:
+            holder = self.flips[k]["node"]
+            free = self.free_nodes()
+            others = [n for n in free if n != holder]
+            if (not others or holder not in free or self.etcd_down) and \
+                    now < self.flips[k]["at"] + 15:
                 self.later(0.5, "check_flip", k)
                 return
+            if not others:
+                others = [n for n in self.nodes if n != holder]
             n = self.rng.choice(others)
-            self.busy[n] = max(self.busy.get(n, 0), now + 2.0)
+            for m in (n, holder):
+                self.busy[m] = max(self.busy.get(m, 0), now + 2.0)
             self.flips[k]["checker"] = n
             pid = base.fork_child(self.path(f"check-{k}.err"), check_flip_main, self.net.ns(n),
                                   self.sock(n), self.args.seed, k, self.flips[k]["block"],
@@ -720,6 +728,8 @@ def main():
     p.add_argument("--clients", type=int, help="client processes per node")
     p.add_argument("--rate", type=float, help="lookups a second per client")
     p.add_argument("--prompts", type=int, default=400, help="prompts in the shared set")
+    p.add_argument("--kinds", default=",".join(FAULT_WEIGHTS),
+                   help="the kinds of fault to use, comma-separated (default: all)")
     p.add_argument("--pool", default="12M", help="each daemon's host pool (spills to disk)")
     p.add_argument("--peer-timeout-ms", type=int, default=1000)
     p.add_argument("--local-allowance", type=float, default=1.0,
@@ -735,6 +745,9 @@ def main():
     args.clients = clients if args.clients is None else args.clients
     args.rate = rate if args.rate is None else args.rate
     args.gap = gap
+    args.kinds = [k for k in args.kinds.split(",") if k]
+    if not args.kinds or any(k not in FAULT_WEIGHTS for k in args.kinds):
+        p.error(f"--kinds wants some of {','.join(FAULT_WEIGHTS)}")
     if not 2 <= args.nodes <= 8:
         p.error("--nodes wants 2 to 8")
     if args.seed is None:
@@ -772,6 +785,9 @@ def main():
     totals = run.counter_totals()
     flips_checked = len(run.flip_results)
     flips_served = sum(1 for r in run.flip_results if r["matched"] > r["cut_at"])
+    # The check's hit ended right at the flipped block: the blocks before it came from the
+    # holder, and the flipped one was refused (elsewhere, the check met a fault first).
+    flips_cut = sum(1 for r in run.flip_results if r["matched"] == r["cut_at"])
     summary = {
         "faults": dict(sorted(run.faults.items())),
         "lookups": looked["lookups"],
@@ -792,6 +808,8 @@ def main():
         "leaked_segments": run.counts["leaked_segments"],
         "flipped_blocks_served": flips_served,
         "flips_checked": flips_checked,
+        "flips_cut_at_the_flipped_block": flips_cut,
+        "flip_checks": [[r["matched"] // BT, r["cut_at"] // BT] for r in run.flip_results][:80],
         "lookup_latency": latency,
         "lookups_during_own_daemon_fault": looked["lookups_during_own_daemon_fault"],
         "hit_tokens": looked["hit_tokens"],
