@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/huge_page_reservation.h"
 #include "tests/temp_dir.h"
 #include "tests/test_support.h"
 #include "tools/synthetic_kv.h"
@@ -87,6 +88,25 @@ uint64_t matchedIdentical(Space& space, const std::vector<uint32_t>& tokens) {
   EXPECT_TRUE(hit->copyTo(0, matched, got.data(), got.size()).ok());
   EXPECT_EQ(got, synthetic::packedKv(testLayout(), tokens, 0, matched)) << "bytes differ";
   return matched;
+}
+
+// On huge pages the pool has no name to withhold: its descriptors map it, and they go to root and
+// the daemon's user only. Another user's process, admitted by its group, is refused them and moves
+// its bytes inline; root's own process gets them.
+TEST(AccessControl, AnotherUserGetsNoPoolDescriptors) {
+  REQUIRE_ROOT_AND_NOBODY(user);
+  auto reservation = test::HugePageReservation::reserve(8);
+  if (!reservation) GTEST_SKIP() << "cannot reserve 8 huge pages: " << reservation.error();
+  DaemonProcess daemon(16 << 20, "", {"--allow-group", user.group, "--huge-pages", "on"});
+  letOthersReachTheSocket(daemon);
+  std::string out;
+  ASSERT_EQ(runPeer(as(user, {"pool-fds", daemon.socket()}), &out), 0) << out;
+  EXPECT_NE(out.find("POOL_FDS PERMISSION_DENIED"), std::string::npos) << out;
+  ASSERT_EQ(runPeer(as(user, {"put", daemon.socket(), "p", "7", "100"}), &out), 0) << out;
+  EXPECT_NE(out.find("sealed=6"), std::string::npos) << out;
+  EXPECT_NE(out.find("mapped=0"), std::string::npos) << out;
+  ASSERT_EQ(runPeer({"pool-fds", daemon.socket()}, &out), 0) << out;
+  EXPECT_NE(out.find("POOL_FDS OK 1"), std::string::npos) << out;
 }
 
 TEST(AccessControl, AnotherUserIsRefusedUnlessInTheAllowedGroup) {

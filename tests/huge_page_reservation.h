@@ -5,13 +5,13 @@
 // assertion too, as the destructor runs. Pages a process still holds then stay its own (the
 // kernel counts them as surplus) and go back to ordinary memory when it lets them go.
 //
-// A reservation holds an exclusive flock on kLockPath for its life, taken in its constructor
+// A reservation holds an exclusive flock on kLockPath for its life, taken by reserve()
 // (waiting for the holder to let go): reservations of concurrent tests and benchmarks take turns,
 // so each restores the value it found and none sees another's pages. A kvtierd under
-// `--huge-pages auto` that another test starts meanwhile takes free pages when enough for its
-// whole pool are: the tests' own daemons are on 4 KiB pages unless a test asks (test_support.h),
-// the others' pools are 64 MiB (the Python package's, with_daemon.sh's: 32 pages), so a test that
-// reserves fewer than 32 keeps them.
+// `--huge-pages auto` that another test starts meanwhile takes free pages whenever enough for its
+// whole pool are, so the daemons of the test helpers run on 4 KiB pages unless a test asks
+// (test_support.h, kvtier.testing.Daemon, with_daemon.sh, the soak); the rest must do the same or
+// have pools larger than any reservation (the cluster demo's 256 MiB: 128 pages).
 #pragma once
 
 #include <kj/io.h>

@@ -4,8 +4,7 @@
 // and what a SIGKILLed daemon leaves behind for each kind.
 //
 // Tests that need huge pages reserve them (vm.nr_hugepages, root only) and give them back, and
-// skip, saying why, where they cannot; they reserve fewer than the 32 pages a 64 MiB pool of
-// another test's daemon would take (tests/huge_page_reservation.h).
+// skip, saying why, where they cannot (tests/huge_page_reservation.h).
 #include <signal.h>
 #include <sys/wait.h>
 

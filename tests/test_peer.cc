@@ -1,7 +1,8 @@
 // A separate client process for integration tests. Each subcommand connects to a daemon, does one
 // thing and exits 0 on success; results are printed on stdout for the test to check.
 //
-//   put SOCKET SEQ SEED N [detached]         put tokens(SEED, N) with their synthetic KV
+//   put SOCKET SEQ SEED N [detached]         put tokens(SEED, N) with their synthetic KV; print
+//                                            "OK sealed=.. length=.. mapped=0|1"
 //   verify SOCKET SEED N DIVERGE EXPECTED    lookup tokens(SEED, N) altered from DIVERGE on;
 //                                            exit 0 iff EXPECTED tokens match with identical bytes
 //   verify-seq SOCKET SEQ SEED N             get SEQ; exit 0 iff it is N tokens of tokens(SEED, N)
@@ -19,6 +20,8 @@
 //   as-user UID GID COMMAND ...              drop to uid UID, group GID and no supplementary
 //                                            groups (as login would), then run COMMAND ...
 //   connect SOCKET                           connect; print "CONNECT OK" or "CONNECT <code>"
+//   pool-fds SOCKET                          ask for the pool's descriptors (transport/pool_fds.h);
+//                                            print "POOL_FDS OK <count>" or "POOL_FDS <code>"
 //   put-entry SOCKET SEED                    put a 4 KiB entry under keyOf(SEED)
 //   probe SOCKET SEQ SNAPSHOT SEED           try to reach another tenant's sequence SEQ,
 //                                            snapshot SNAPSHOT, entry keyOf(SEED) and the first
@@ -41,6 +44,7 @@
 
 #include "kvtier/client.h"
 #include "schemas/peer.capnp.h"
+#include "transport/pool_fds.h"
 #include "transport/rpc_codec.h"
 #include "tests/test_support.h"
 #include "tools/synthetic_kv.h"
@@ -99,6 +103,16 @@ int main(int argc, char** argv) {
       return 5;
     }
     a.erase(a.begin(), a.begin() + 3);
+  }
+  if (a[0] == "pool-fds" && a.size() == 2) {
+    // The pool's descriptors, asked for as a client does for a pool on huge pages.
+    auto got = pool_fds::request(a[1], std::chrono::milliseconds(5000));
+    if (got) {
+      std::printf("POOL_FDS OK %zu\n", got->size());
+    } else {
+      std::printf("POOL_FDS %s\n", errorName(got.error().code()));
+    }
+    return 0;
   }
   if (a[0] == "connect" && a.size() == 2) {
     auto client = Client::connect({.socketPath = a[1], .clientName = "test-peer"});

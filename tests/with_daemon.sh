@@ -3,12 +3,13 @@
 #
 #   with_daemon.sh KVTIERD COMMAND [ARGS...]
 #
-# Starts KVTIERD in a new temporary data directory (64 MiB host pool, cold tier off, no GPUs),
-# waits for its ready line, and runs COMMAND with KVTIER_SOCKET set to the daemon's socket. Then
-# it stops the daemon and removes its data directory, socket and shared-memory segments — on
-# success, failure, Ctrl-C or SIGTERM alike; if this script is killed outright, the daemon gets
-# SIGTERM (parent-death signal) and unlinks its own socket and segments. Exits with COMMAND's
-# status (77, "skipped", passes through); on a failure the daemon's last log lines are printed.
+# Starts KVTIERD in a new temporary data directory (64 MiB host pool on 4 KiB pages, cold tier
+# off, no GPUs), waits for its ready line, and runs COMMAND with KVTIER_SOCKET set to the daemon's
+# socket. Then it stops the daemon and removes its data directory, socket and shared-memory
+# segments — on success, failure, Ctrl-C or SIGTERM alike; if this script is killed outright, the
+# daemon gets SIGTERM (parent-death signal) and unlinks its own socket and segments. Exits with
+# COMMAND's status (77, "skipped", passes through); on a failure the daemon's last log lines are
+# printed.
 set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 KVTIERD COMMAND [ARGS...]" >&2; exit 2; }
 kvtierd=$1
@@ -48,7 +49,7 @@ trap 'exit 143' TERM
 # The daemon's stdout is a fifo: its ready line is read as it comes, with no polling.
 mkfifo "$tmp/stdout"
 setpriv --pdeathsig TERM -- "$kvtierd" --data-dir "$tmp/data" --host-pool-bytes 64M \
-  --cold-tier off --gpus none >"$tmp/stdout" 2>"$tmp/daemon.log" &
+  --cold-tier off --gpus none --huge-pages off >"$tmp/stdout" 2>"$tmp/daemon.log" &
 pid=$!
 exec 3<"$tmp/stdout"
 ready=""

@@ -174,9 +174,7 @@ TEST(HostPool, TheAllocationHasTheLastWord) {
 }
 
 TEST(HostPool, AHugePagePoolIsOnTwoMiBPagesFaultedInAndMapsFromItsDescriptor) {
-  // 8 pages for the pool and a few more: fewer than the 32 a 64 MiB pool of a daemon that other
-  // tests start meanwhile would need (test_support.h).
-  auto reservation = HugePageReservation::reserve(8 + 8);
+  auto reservation = HugePageReservation::reserve(8);
   if (!reservation) GTEST_SKIP() << "cannot reserve huge pages: " << reservation.error();
   const uint64_t before = HugePageReservation::available();
   // 17 MiB in extents of 5 MiB: whole huge pages only, 16 MiB in 4 + 4 + 4 + 4.

@@ -8,7 +8,9 @@
                                     - a process carrying KVTIER_TEST_RUN=ROOT in its environment (every
                                       test's, inherited by the kvtierd, etcd and peers it starts),
                                     - a /dev/shm/kvtier* segment made during the run that no live
-                                      process maps;
+                                      process maps,
+                                    - vm.nr_hugepages other than it was at setup (a test that
+                                      reserved huge pages and did not give them back);
                                     then removes them (the leaked processes get SIGKILL) and ROOT.
 
 Only what this run made is considered: ROOT is this build tree's own, processes are told apart by
@@ -24,6 +26,7 @@ import time
 
 STATE = ".clean_run_state.json"  # written by setup, under ROOT; not a leak
 SHM = "/dev/shm"
+NR_HUGEPAGES = "/proc/sys/vm/nr_hugepages"
 # A process that a test's death signalled (SIGTERM by PR_SET_PDEATHSIG) gets this long to exit.
 EXIT_GRACE_SECONDS = 10
 
@@ -74,6 +77,14 @@ def mapped_segments():
     return names
 
 
+def nr_hugepages():
+    try:
+        with open(NR_HUGEPAGES) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
 def setup(root):
     if os.path.isdir(root):
         left = sorted(os.listdir(root))
@@ -86,7 +97,8 @@ def setup(root):
     # client as another user open theirs to it, and that user must get through ROOT too.
     os.chmod(root, 0o755)
     with open(os.path.join(root, STATE), "w") as f:
-        json.dump({"started": time.time(), "shm": sorted(shm_segments())}, f)
+        json.dump({"started": time.time(), "shm": sorted(shm_segments()),
+                   "nr_hugepages": nr_hugepages()}, f)
     print(f"test scratch directory: {root}")
     return 0
 
@@ -136,6 +148,16 @@ def check(root):
         except OSError:
             continue
         problems.append(f"shared-memory segment left: {path}")
+
+    found = state.get("nr_hugepages")
+    now = nr_hugepages()
+    if found is not None and now is not None and now != found:
+        problems.append(f"vm.nr_hugepages is {now}, was {found} at setup")
+        try:
+            with open(NR_HUGEPAGES, "w") as f:
+                f.write(f"{found}\n")
+        except OSError:
+            pass
 
     if problems:
         print(f"the test run left {len(problems)} thing(s) behind (now removed):")

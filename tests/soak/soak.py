@@ -722,7 +722,9 @@ class Run:
         self.daemon_log = self.path("daemon.log")
         args = [a.kvtierd, "--data-dir", self.path("data"), "--socket", self.socket,
                 "--host-pool-bytes", a.pool, "--extent-bytes", a.pool, "--cold-tier", "on",
-                "--disk-bytes", a.disk_bytes, "--gpus", "none", "--busy-poll-us", "0"]
+                "--disk-bytes", a.disk_bytes, "--gpus", "none", "--busy-poll-us", "0",
+                # 4 KiB pages, as the tests' daemons: never the huge pages a test reserved.
+                "--huge-pages", "off"]
         parent = os.getpid()
         with open(self.daemon_log, "wb") as log:
             # SIGTERM if we die: it still removes its socket and shared-memory segments.

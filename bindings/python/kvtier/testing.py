@@ -3,7 +3,9 @@
     with kvtier.testing.Daemon("build/daemon/kvtierd") as daemon:
         client = kvtier.Client(daemon.socket)
 
-The daemon runs in a fresh temporary data directory with the cold tier off and no GPU pools.
+The daemon runs in a fresh temporary data directory with the cold tier off, no GPU pools and its
+pool on 4 KiB pages (unless extra_args name --huge-pages), so that what a test sees does not
+depend on the machine's huge pages.
 Leaving the block stops it (SIGTERM, then SIGKILL if it does not exit within 20 s) and removes
 its data directory, its socket and any shared-memory segment it left behind, also when the body
 raised.
@@ -81,7 +83,10 @@ class Daemon:
             "off",
             "--gpus",
             "none",
-        ] + self.extra_args
+        ]
+        if "--huge-pages" not in self.extra_args:
+            args += ["--huge-pages", "off"]
+        args += self.extra_args
         self._process = subprocess.Popen(args, stdout=subprocess.PIPE)
         ready = self._read_until_ready()
         if ready is None:
