@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "kernels/gpu.h"
+#include "tests/huge_page_reservation.h"
 #include "tests/test_support.h"
 
 namespace kvtier::test {
@@ -75,11 +76,12 @@ TEST(GpuIntegration, AKilledGpuClientLeaksNothing) {
 
 // More prompts than the GPU pool holds: the oldest are demoted to the host pool, and a later
 // lookup promotes them back; every prompt gathers identical bytes, from a GPU session and from a
-// host session alike.
-TEST(GpuIntegration, DemotionToHostAndPromotionBackKeepTheBytes) {
-  SKIP_WITHOUT_GPU();
+// host session alike. `hostPoolArgs`: how the host pool is made (--huge-pages).
+void demoteAndPromote(const std::vector<std::string>& hostPoolArgs) {
   // 2 MiB of GPU pool: 128 blocks of 16 KiB; 12 prompts of 16 blocks each do not fit.
-  DaemonProcess daemon(64 << 20, "", gpuDaemonArgs("2M"));
+  std::vector<std::string> args = gpuDaemonArgs("2M");
+  args.insert(args.end(), hostPoolArgs.begin(), hostPoolArgs.end());
+  DaemonProcess daemon(64 << 20, "", args);
   std::string out;
   for (int p = 0; p < 12; ++p) {
     ASSERT_EQ(runGpuPeer({"put-paged", daemon.socket(), "p" + std::to_string(p),
@@ -105,6 +107,20 @@ TEST(GpuIntegration, DemotionToHostAndPromotionBackKeepTheBytes) {
         runPeer({"verify", daemon.socket(), std::to_string(100 + p), "256", "256", "256"}, &out), 0)
         << "host read of prompt " << p << ": " << out;
   }
+}
+
+TEST(GpuIntegration, DemotionToHostAndPromotionBackKeepTheBytes) {
+  SKIP_WITHOUT_GPU();
+  demoteAndPromote({});
+}
+
+// The same with the host pool on 2 MiB hugetlb pages: the daemon registers it with
+// cudaHostRegister for its moves, and GPU clients register their own mapping of it.
+TEST(GpuIntegration, AHostPoolOnHugePagesStagesBlocksBothWays) {
+  SKIP_WITHOUT_GPU();
+  auto reservation = HugePageReservation::reserve(32);  // the 64 MiB host pool
+  if (!reservation) GTEST_SKIP() << "cannot reserve 32 huge pages: " << reservation.error();
+  demoteAndPromote({"--huge-pages", "on"});
 }
 
 // SIGTERM stops a daemon with GPU pools cleanly (exit 0: socket and segments removed) after GPU
