@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "daemon/cluster/cluster.h"
+#include "daemon/cluster/hash_ring.h"
 
 namespace kvtier {
 namespace {
@@ -80,6 +81,86 @@ TEST(Rendezvous, AMemberLeavingMovesOnlyTheKeysItWasHomeFor) {
     }
   }
   EXPECT_GT(moved, 0u);
+}
+
+// --- the consistent-hash ring
+
+Members memberIds(size_t n, const char* prefix = "node-") {
+  Members out;
+  for (size_t i = 0; i < n; ++i) out.push_back(prefix + std::to_string(i));
+  return out;
+}
+
+std::vector<uint64_t> randomHashes(size_t n, uint64_t seed = 7) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint64_t> out(n);
+  for (auto& h : out) h = rng();
+  return out;
+}
+
+TEST(HashRing, EveryNodeBuildsTheSameRingWhateverTheMemberOrder) {
+  Members members = memberIds(12);
+  const HashRing ring(members);
+  std::shuffle(members.begin(), members.end(), std::mt19937_64(3));
+  members.push_back(members.front());  // a duplicate counts once
+  const HashRing other(members);
+  ASSERT_EQ(other.size(), 12u);
+  for (uint64_t h : randomHashes(5000)) ASSERT_EQ(ring.home(h), other.home(h));
+}
+
+TEST(HashRing, AMemberJoiningTakesAboutItsShareAndOnlyForItself) {
+  for (size_t n : {3, 16, 128}) {
+    const Members before = memberIds(n);
+    Members after = before;
+    after.push_back("joining");
+    const HashRing a(before), b(after);
+    const auto hashes = randomHashes(200000);
+    size_t moved = 0;
+    for (uint64_t h : hashes) {
+      if (a.home(h) != b.home(h)) {
+        ASSERT_EQ(b.home(h), "joining") << "a hash moved between two members that stayed";
+        ++moved;
+      }
+    }
+    const double ideal = double(hashes.size()) / double(n + 1);
+    EXPECT_LE(moved, 1.5 * ideal) << n << " members";
+    EXPECT_GE(moved, 0.5 * ideal) << n << " members";
+  }
+}
+
+TEST(HashRing, AMemberLeavingHandsOnlyItsOwnHashesToOthers) {
+  const Members before = memberIds(16);
+  Members after = before;
+  after.erase(after.begin() + 5);
+  const HashRing a(before), b(after);
+  for (uint64_t h : randomHashes(50000)) {
+    if (a.home(h) != b.home(h)) {
+      ASSERT_EQ(a.home(h), before[5]);
+    }
+  }
+}
+
+TEST(HashRing, EachMembersShareIsNearOneOverN) {
+  const size_t n = 64;
+  const HashRing ring(memberIds(n));
+  std::vector<size_t> count(n, 0);
+  const auto hashes = randomHashes(640000);
+  for (uint64_t h : hashes) ++count[ring.homeIndex(h)];
+  const double mean = double(hashes.size()) / n;
+  EXPECT_LE(*std::max_element(count.begin(), count.end()), 1.5 * mean);
+  EXPECT_GE(*std::min_element(count.begin(), count.end()), 0.5 * mean);
+}
+
+TEST(HashRing, ReplicasAreDistinctMembersStartingWithTheHome) {
+  const HashRing ring(memberIds(5));
+  for (uint64_t h : randomHashes(2000)) {
+    const auto homes = ring.homes(h, 3);
+    ASSERT_EQ(homes.size(), 3u);
+    EXPECT_EQ(homes[0], ring.homeIndex(h));
+    EXPECT_EQ(std::unordered_set<size_t>(homes.begin(), homes.end()).size(), 3u);
+  }
+  EXPECT_EQ(ring.homes(42, 9).size(), 5u) << "never more replicas than members";
+  EXPECT_TRUE(HashRing().homes(42, 3).empty());
 }
 
 // --- HomeDirectory

@@ -232,7 +232,9 @@ class Daemon:
         args = [self.run.kvtierd, "--data-dir", self.data_dir, "--socket", self.run.socket,
                 "--host-pool-bytes", str(self.pool_bytes), "--extent-bytes", str(self.pool_bytes),
                 "--cold-tier", "on" if self.cold else "off", "--disk-bytes", str(self.disk_bytes),
-                "--gpus", "none", "--busy-poll-us", "0"]
+                "--gpus", "none", "--busy-poll-us", "0",
+                # 4 KiB pages: never the huge pages a test beside this run reserved for its own.
+                "--huge-pages", "off"]
         parent = os.getpid()
         t0 = time.monotonic()
         with open(log_path, "wb") as log:

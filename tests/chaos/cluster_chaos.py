@@ -388,7 +388,9 @@ class Run:
                 "--cluster", "chaos", "--etcd-lease-ttl", "3",
                 "--peer-timeout-ms", str(a.peer_timeout_ms), "--pin-lease-ms", "3000",
                 "--host-pool-bytes", a.pool, "--extent-bytes", a.pool, "--cold-tier", "on",
-                "--disk-bytes", "256M", "--gpus", "none", "--busy-poll-us", "0"],
+                "--disk-bytes", "256M", "--gpus", "none", "--busy-poll-us", "0",
+                # 4 KiB pages: never the huge pages a test beside this run reserved for its own.
+                "--huge-pages", "off"],
                 "kvtierd ready", env)
             self.start_daemon(n)
         # Every daemon sees every other before the load starts.
