@@ -102,7 +102,7 @@ echo "etcd $("$etcd" --version | sed -n 's/^etcd Version: //p') serving on $clie
 # their data dirs are thrown away.
 sockets=()
 for n in 1 2 3; do
-  "$kvtierd" --data-dir "$tmp/node$n" --host-pool-bytes 256M --gpus none \
+  "$kvtierd" --data-dir "$tmp/node$n" --host-pool-bytes 256M --gpus none --huge-pages off \
     --flush-on-exit off --disk-bytes 1G \
     --listen 127.0.0.1:0 --cluster-token-file "$tmp/cluster-token" \
     --etcd "$client_url" --cluster demo --node-id "node$n" >"$tmp/node$n.log" 2>&1 &

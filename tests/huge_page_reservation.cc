@@ -42,8 +42,11 @@ uint64_t HugePageReservation::available() {
 }
 
 Result<std::unique_ptr<HugePageReservation>> HugePageReservation::reserve(uint64_t pages) {
-  // Read-only is enough for flock, and opens a lock file another user made.
-  const int raw = ::open(kLockPath, O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
+  // Read-only is enough for flock, and opens a lock file another user made — without O_CREAT,
+  // which fs.protected_regular refuses (even to root) on another user's file in a sticky /tmp;
+  // created only when there is none.
+  int raw = ::open(kLockPath, O_RDONLY | O_CLOEXEC);
+  if (raw < 0 && errno == ENOENT) raw = ::open(kLockPath, O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
   if (raw < 0) {
     return makeError(ErrorCode::kUnavailable, "cannot open ", kLockPath, ": ",
                      std::strerror(errno));

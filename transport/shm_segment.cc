@@ -92,9 +92,11 @@ Status ShmSegment::populate() {
                      "': ", std::strerror(errno));
   }
   // A kernel before 5.14: one write per page. Safe from SIGBUS where allocate() has run (the
-  // creators), and the pages hold nothing yet there; a client's pages exist already.
-  volatile uint8_t* p = data_;
-  for (uint64_t off = 0; off < size_; off += pageBytes_) p[off] = p[off];
+  // creators); a client's pages exist already. An atomic add of zero, not a read and a write
+  // back: a client populates a pool that other processes are writing, and a plain write back
+  // could put an old byte over a new one.
+  for (uint64_t off = 0; off < size_; off += pageBytes_)
+    __atomic_fetch_add(data_ + off, uint8_t{0}, __ATOMIC_RELAXED);
   return {};
 }
 
@@ -140,8 +142,13 @@ Result<std::unique_ptr<ShmSegment>> ShmSegment::createHuge(const std::string& la
     return makeError(ErrorCode::kUnavailable, "cannot have ", bytes / kHugePageBytes,
                      " huge pages of 2 MiB for '", label, "': ", std::strerror(errno));
   }
-  // Best effort (a memfd made without MFD_ALLOW_SEALING refuses): the size is fixed from now on.
-  (void)::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  // The size is fixed from now on — where the kernel could make the memfd sealable (4.16 and
+  // later); a memfd made without MFD_ALLOW_SEALING refuses, and only that is allowed to fail.
+  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 &&
+      errno != EPERM) {
+    return makeError(ErrorCode::kUnavailable, "cannot seal huge-page segment '", label,
+                     "': ", std::strerror(errno));
+  }
   if (auto s = seg->map(fd.get(), bytes); !s) return s.error();
   if (seg->pages_ != PageKind::kHuge2M) {
     return makeError(ErrorCode::kInternal, "memfd_create(MFD_HUGETLB) for '", label,

@@ -52,6 +52,10 @@ using cluster::MemberRecord;
 // Bounds on what a peer may send (schemas/peer.capnp).
 // Keys in one who-holds or pin call: a 64k-token prompt in 16-token blocks.
 constexpr size_t kMaxChainKeys = 4096;
+// Fetches running at once. A lookup answers after one peer deadline while its fetch goes on, so
+// a client looping lookups against a silent peer could otherwise start fetches faster than they
+// end, each holding fresh blocks; past the bound a lookup asks nobody (fetch_errors kind "full").
+constexpr size_t kMaxFetchesInFlight = 64;
 // Blocks pinned by one call: 1024 blocks of 2 MiB are 2 GiB, more than one fetch needs at once.
 constexpr size_t kMaxPinBlocks = 1024;
 // A run of blocks on one holder is pinned and read in pieces of this many blocks (16 MiB of
@@ -378,6 +382,7 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   // Blocks being fetched, and the fetch that brings them: a lookup that needs one of them waits
   // for that fetch rather than reading the same bytes again.
   std::unordered_map<DirKey, std::shared_ptr<kj::ForkedPromise<void>>, DirKeyHash> fetching_;
+  size_t fetchesInFlight_ = 0;  // fetch(): at most kMaxFetchesInFlight
 
   void taskFailed(kj::Exception&& e) override {
     logWarn("cluster_task_failed", e.getDescription().cStr());

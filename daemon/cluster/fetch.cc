@@ -20,8 +20,14 @@ kj::Promise<void> ClusterService::Impl::fetch(SpaceId space, std::vector<Key128>
   if (!active() || keys.empty()) return kj::READY_NOW;
   if (keys.size() > kMaxChainKeys) keys.resize(kMaxChainKeys);
   ++stats_.remoteLookups;
+  if (fetchesInFlight_ >= kMaxFetchesInFlight) {
+    ++stats_.fetchFull;
+    return kj::READY_NOW;
+  }
+  ++fetchesInFlight_;
   auto job = fetchChain(space, std::move(keys))
                  .catch_([this](kj::Exception&& e) { countFailure(e); })
+                 .then([this] { --fetchesInFlight_; })
                  .fork();
   tasks_.add(job.addBranch());  // goes on if the lookup that asked is dropped
   // The lookup waits for its fetch one peer deadline at most, whatever the steps inside took
