@@ -17,6 +17,10 @@
 // reserves those pages itself (vm.nr_hugepages, root only) while that daemon starts, and puts the
 // old value back as soon as the daemon's pool holds them (they stay its own until it exits). Where
 // they cannot be had the figure is skipped, with the reason.
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
@@ -149,6 +153,145 @@ Result<double> timePutMany(Space& space, Workload& w, int iterations) {
     }
   }
   return seconds;
+}
+
+// --- The data path against a raw copy on the same memory.
+//
+// A put's write and a get's copy move 16 MiB as runs of 16 KiB (one per layer, K or V, and block:
+// the block layout), between the caller's packed buffer and pool blocks. Their anchor here does
+// the same work on the same memory: plain code copying the same runs into the very blocks the put
+// was granted (or out of the very blocks the lookup pinned), in the same process, right beside
+// the SDK's copy into (out of) the same addresses, with the best of two methods: glibc memcpy and
+// AVX2 streaming stores. What the SDK adds to a raw copy — the layout's loop, the writer's
+// checksum fused into the write, the choice of copy method — is what the ratio shows, whatever
+// this machine's memory is worth.
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) void streamRun(uint8_t* dst, const uint8_t* src, size_t n) {
+  auto* d = reinterpret_cast<__m256i*>(dst);
+  const auto* s = reinterpret_cast<const __m256i*>(src);
+  size_t i = 0;
+  for (; i + 4 <= n / 32; i += 4) {
+    const __m256i a = _mm256_loadu_si256(s + i), b = _mm256_loadu_si256(s + i + 1);
+    const __m256i c = _mm256_loadu_si256(s + i + 2), e = _mm256_loadu_si256(s + i + 3);
+    _mm256_stream_si256(d + i, a);
+    _mm256_stream_si256(d + i + 1, b);
+    _mm256_stream_si256(d + i + 2, c);
+    _mm256_stream_si256(d + i + 3, e);
+  }
+  std::memcpy(dst + i * 32, src + i * 32, n - i * 32);
+}
+bool haveStreamRun() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx"); }
+#else
+void streamRun(uint8_t* dst, const uint8_t* src, size_t n) { std::memcpy(dst, src, n); }
+bool haveStreamRun() { return false; }
+#endif
+
+// Copies the prefix's runs between the packed buffer and the blocks: into them (`into`) or out.
+// `stream`: AVX2 streaming stores, else memcpy. Returns seconds.
+double rawRuns(std::span<uint8_t* const> blocks, uint8_t* packed, const Layout& layout, bool into,
+               bool stream) {
+  const size_t bt = layout.blockTokens, tokenBytes = layout.tokenBytes();
+  const size_t run = bt * tokenBytes;
+  const size_t lkvs = 2 * size_t{layout.numLayers};
+  const auto t0 = Clock::now();
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    for (size_t lkv = 0; lkv < lkvs; ++lkv) {
+      uint8_t* inBlock = blocks[b] + lkv * run;
+      uint8_t* inPacked = packed + (lkv * kPrefixTokens + b * bt) * tokenBytes;
+      uint8_t* dst = into ? inBlock : inPacked;
+      const uint8_t* src = into ? inPacked : inBlock;
+      if (stream) {
+        streamRun(dst, src, run);
+      } else {
+        std::memcpy(dst, src, run);
+      }
+    }
+  }
+#if defined(__x86_64__)
+  if (stream) _mm_sfence();
+#endif
+  asm volatile("" : : "r"(blocks.data()) : "memory");
+  return secondsSince(t0);
+}
+
+// Seconds of each, over `iterations` fresh puts and as many gets of the prefix.
+struct PoolCopySeconds {
+  double write = 0, writeUnsummed = 0, copyOut = 0;
+  double rawInto[2] = {}, rawOut[2] = {};  // by method: memcpy, streaming (0: not run)
+};
+
+// Per iteration: a put's grant of 64 fresh blocks; into them the SDK's write with and without the
+// writer's checksums and the raw copy by both methods, in an order that rotates; the grant
+// aborted. Then a lookup of the prefix; out of its blocks copyTo and the raw copy by both
+// methods, likewise. The anchor is the method faster over the whole repetition (not the faster
+// of each pair, which would favour the anchor with the noise).
+Result<PoolCopySeconds> timePoolCopies(Space& space, Workload& w, int iterations) {
+  PoolCopySeconds out;
+  const bool stream = haveStreamRun();
+  for (int i = 0; i < iterations; ++i) {
+    auto lease = space.beginPut("bench-raw", 0, w.nextPutTokens());
+    if (!lease) return lease.error();
+    std::vector<uint8_t*> blocks;
+    for (size_t b = 0; b < lease->blockCount(); ++b) blocks.push_back(lease->block(b).data());
+    if (blocks.size() != kPrefixBlocks || !blocks[0]) {
+      return makeError(ErrorCode::kInternal, "the put was granted ", blocks.size(),
+                       " mapped blocks, expected ", kPrefixBlocks);
+    }
+    for (int k = 0; k < 4; ++k) {
+      switch ((k + i) % 4) {
+        case 0: {
+          const auto t0 = Clock::now();
+          auto s = lease->write(0, kPrefixTokens, w.kv.data(), w.kv.size());
+          if (!s) return s.error();
+          out.write += secondsSince(t0);
+          break;
+        }
+        case 1: {
+          bench_hooks::setWriterChecksums(false);
+          const auto t0 = Clock::now();
+          auto s = lease->write(0, kPrefixTokens, w.kv.data(), w.kv.size());
+          out.writeUnsummed += secondsSince(t0);
+          bench_hooks::setWriterChecksums(true);
+          if (!s) return s.error();
+          break;
+        }
+        case 2:
+          out.rawInto[0] += rawRuns(blocks, w.kv.data(), w.layout, true, false);
+          break;
+        case 3:
+          if (stream) out.rawInto[1] += rawRuns(blocks, w.kv.data(), w.layout, true, true);
+          break;
+      }
+    }
+    if (auto s = lease->abort(); !s) return s.error();
+
+    auto hit = space.lookup(w.tokens);
+    if (!hit) return hit.error();
+    if (auto s = expectMatched(*hit, kPrefixTokens); !s) return s.error();
+    std::vector<uint8_t*> pinned;
+    for (size_t b = 0; b < hit->blockCount(); ++b)
+      pinned.push_back(const_cast<uint8_t*>(hit->block(b).data()));
+    for (int k = 0; k < 3; ++k) {
+      switch ((k + i) % 3) {
+        case 0: {
+          const auto t0 = Clock::now();
+          auto s = hit->copyTo(0, kPrefixTokens, w.out.data(), w.out.size());
+          if (!s) return s.error();
+          out.copyOut += secondsSince(t0);
+          break;
+        }
+        case 1:
+          out.rawOut[0] += rawRuns(pinned, w.out.data(), w.layout, false, false);
+          break;
+        case 2:
+          if (stream) out.rawOut[1] += rawRuns(pinned, w.out.data(), w.layout, false, true);
+          break;
+      }
+    }
+    hit->release();
+  }
+  return out;
 }
 
 // Seconds of each lookup that hits exactly one block, its ReadHandle dropped right after (the drop
@@ -291,6 +434,8 @@ struct HugePagePool {
 struct RepFigures {
   double memcpy = 0, get = 0, put = 0, putUnsummed = 0, putMany = 0, lookupRtt = 0, echoRtt = 0,
          pollingEchoRtt = 0;
+  // The SDK's copies and a raw copy on the same pool blocks (timePoolCopies), bytes/s.
+  double poolWrite = 0, poolWriteUnsummed = 0, rawInto = 0, copyOut = 0, rawOut = 0;
   std::optional<double> putHugePages, redisSet, redisGet;
 };
 
@@ -301,6 +446,7 @@ struct RepFigures {
 Result<RepFigures> measureRepetition(Space& space, HugePagePool* huge, Workload& w, EchoPeer& echo,
                                      EchoPeer& pollingEcho, redisContext* redis, bool verify) {
   double memcpySeconds = 0, getSeconds = 0, putManySeconds = 0, setSeconds = 0, redisGetSeconds = 0;
+  PoolCopySeconds pool;
   enum PutKind { kSummed, kUnsummed, kHugePages, kPutKinds };
   double putSeconds[kPutKinds] = {};
   std::vector<double> lookups, pings, pollingPings;
@@ -330,6 +476,15 @@ Result<RepFigures> measureRepetition(Space& space, HugePagePool* huge, Workload&
     auto putMany = timePutMany(space, w, kBandwidthIterationsPerRound);
     if (!putMany) return putMany.error();
     putManySeconds += *putMany;
+    auto copies = timePoolCopies(space, w, kBandwidthIterationsPerRound);
+    if (!copies) return copies.error();
+    pool.write += copies->write;
+    pool.writeUnsummed += copies->writeUnsummed;
+    pool.copyOut += copies->copyOut;
+    for (int m = 0; m < 2; ++m) {
+      pool.rawInto[m] += copies->rawInto[m];
+      pool.rawOut[m] += copies->rawOut[m];
+    }
     if (redis) {
       auto set = timeRedisSet(redis, w);
       if (!set) return set.error();
@@ -353,6 +508,14 @@ Result<RepFigures> measureRepetition(Space& space, HugePagePool* huge, Workload&
   f.putUnsummed = bandwidthBytes / putSeconds[kUnsummed];
   if (huge) f.putHugePages = bandwidthBytes / putSeconds[kHugePages];
   f.putMany = bandwidthBytes / putManySeconds;
+  f.poolWrite = bandwidthBytes / pool.write;
+  f.poolWriteUnsummed = bandwidthBytes / pool.writeUnsummed;
+  const auto fastest = [&](const double (&s)[2]) {
+    return bandwidthBytes / (s[1] > 0 ? std::min(s[0], s[1]) : s[0]);
+  };
+  f.rawInto = fastest(pool.rawInto);
+  f.copyOut = bandwidthBytes / pool.copyOut;
+  f.rawOut = fastest(pool.rawOut);
   f.lookupRtt = medianOf(std::move(lookups));
   f.echoRtt = medianOf(std::move(pings));
   f.pollingEchoRtt = medianOf(std::move(pollingPings));
@@ -620,6 +783,19 @@ Status run(const Options& options) {
   // The same target for a writer that puts continuously, pipelined (Space::putMany).
   RatioReport putManyMem =
       report("put_many_vs_memcpy", "putMany of 4 prompts", "memcpy", "bytes/s", true, 0.9);
+  // The data path against a raw copy of the same runs on the same pool blocks (timePoolCopies).
+  RatioReport putWriteRaw =
+      report("put_write_vs_raw_pool_copy", "a put's write of 16 MiB into its granted blocks",
+             "raw copy of the same runs into the same blocks, best of memcpy and streaming",
+             "bytes/s", true, 0.95);
+  RatioReport putWriteUnsummedRaw = report(
+      "put_write_vs_raw_pool_copy_no_checksums", "the same write, no writer checksums",
+      "raw copy of the same runs into the same blocks, best of memcpy and streaming", "bytes/s",
+      true, std::nullopt);
+  RatioReport getCopyRaw =
+      report("get_copy_vs_raw_pool_copy", "a get's copyTo of 16 MiB out of its pinned blocks",
+             "raw copy of the same runs out of the same blocks, best of memcpy and streaming",
+             "bytes/s", true, 0.95);
   RatioReport rtt =
       report("rpc_vs_uds_rtt", "lookup 1 block", "uds ping-pong 64 B", "s", false, 1.3);
   RatioReport sha = report("sha256_vs_openssl", "chained keys of 128k tokens",
@@ -681,6 +857,12 @@ Status run(const Options& options) {
     }
     putManyMem.kvtier.perRep.push_back(f->putMany);
     putManyMem.anchor.perRep.push_back(f->memcpy);
+    putWriteRaw.kvtier.perRep.push_back(f->poolWrite);
+    putWriteRaw.anchor.perRep.push_back(f->rawInto);
+    putWriteUnsummedRaw.kvtier.perRep.push_back(f->poolWriteUnsummed);
+    putWriteUnsummedRaw.anchor.perRep.push_back(f->rawInto);
+    getCopyRaw.kvtier.perRep.push_back(f->copyOut);
+    getCopyRaw.anchor.perRep.push_back(f->rawOut);
     rtt.kvtier.perRep.push_back(f->lookupRtt);
     rtt.anchor.perRep.push_back(f->echoRtt);
     pollingRtt.kvtier.perRep.push_back(f->lookupRtt);
@@ -695,9 +877,9 @@ Status run(const Options& options) {
   auto breakdown = measureBreakdown(**space, w, *pollingEcho);
   if (!breakdown) return breakdown.error();
 
-  const std::vector<RatioReport> reports = {getMem,     putMem,  putUnsummedMem, putHugeMem,
-                                            putManyMem, rtt,     pollingRtt,     sha,
-                                            getRedis,   putRedis};
+  const std::vector<RatioReport> reports = {
+      getMem, putMem,     putUnsummedMem, putHugeMem, putManyMem, putWriteRaw, putWriteUnsummedRaw,
+      getCopyRaw, rtt,    pollingRtt,     sha,        getRedis,   putRedis};
   printTable("local", reports, options.reps);
   printBreakdown(*breakdown);
   return writeReport(options, reports, *breakdown,

@@ -114,11 +114,27 @@ struct CalibrationBuffers {
   size_t at = 0;  // where in the shared mapping the next pass goes: on from the last one
 };
 
+// Writes `n` bytes at `p` back out of the caches. A real copy's source and destination come from
+// memory — a model's KV of many MiB, pool blocks last touched long ago — not from what the last
+// pass left in cache: with both cached, memcpy looked 10 % faster than streaming into the pool on
+// a machine whose puts streamed 25 % faster.
+void evict(const uint8_t* p, size_t n) {
+#if defined(__x86_64__)
+  for (size_t off = 0; off < n; off += 64) _mm_clflush(p + off);
+  _mm_mfence();
+#else
+  (void)p;
+  (void)n;
+#endif
+}
+
 CopyCalibration calibrate(CopyDirection direction, CalibrationBuffers& b) {
   CopyCalibration c;
   if (!b.shared) return c;  // no memory for it: keep streaming
   const bool into = direction == CopyDirection::kIntoPool;
   const auto pass = [&](CopyMethod method) {
+    evict(b.own.get(), kCalibrationPrivate);
+    evict(b.shared + b.at, kCalibrationPrivate);
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t off = 0; off < kCalibrationPrivate; off += kCalibrationRun) {
       if (into) {

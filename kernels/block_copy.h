@@ -40,7 +40,8 @@ struct CopyCalibration {
 };
 // Times both methods for `direction` on this machine — 16 KiB runs (a block's run for a common
 // layout) between a private 4 MiB buffer and a 16 MiB shared mapping (memfd, MAP_SHARED: the pool
-// is one), each pass on a part of the mapping the last one did not touch, best of 3 each,
+// is one), each pass on a part of the mapping the last one did not touch, both sides flushed out
+// of the caches first (as a put's source and the pool's blocks come from memory), best of 3 each,
 // alternating — and chooses memcpy only where it beats streaming by at least 10% (noise must not
 // flip a machine to the slower method). No effect on copyMethod() (setCopyMethod does).
 CopyCalibration calibrateCopyMethod(CopyDirection direction);
