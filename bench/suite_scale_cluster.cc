@@ -33,17 +33,12 @@
 // directory queries each member answers (max over mean), the directory entries each member keeps
 // (max over mean), the entries re-homed when a member joins against the ideal 1/(N+1) share, and
 // the CPU of placement per lookup (finding the homes to ask).
-#include <sys/resource.h>
-
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
-#include <map>
 #include <numeric>
-#include <sstream>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -276,17 +271,13 @@ class Model {
     uint64_t pins = 0;
     while (i < ids.size()) {
       auto it = holders_.find(ids[i]);
-      uint32_t best = 0;
-      size_t bestLen = 0;
+      size_t bestLen = 0;  // the holder that covers the longest stretch from here
       if (it != holders_.end()) {
         for (uint32_t h : it->second) {
-          if (h == asker) continue;
-          const size_t len = runOn(h, ids, i, kMaxPinBlocks);
-          if (len > bestLen) bestLen = len, best = h;
+          if (h != asker) bestLen = std::max(bestLen, runOn(h, ids, i, kMaxPinBlocks));
         }
       }
       if (bestLen == 0) break;
-      (void)best;
       ++pins;
       l.pinPieces += (bestLen + 7) / 8;
       i += bestLen;

@@ -1,5 +1,6 @@
 #include "transport/pool_fds.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -181,11 +182,22 @@ Result<std::vector<ReceivedExtent>> request(const std::string& socketPath,
     return makeError(ErrorCode::kInvalidArgument, "socket path too long: ", socketPath);
   }
   std::memcpy(addr.sun_path, socketPath.data(), socketPath.size());
-  const int raw = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  // Non-blocking while it connects: a Unix socket's connect waits, without a bound, while the
+  // daemon's listen backlog is full; this one gives up at the deadline instead.
+  const int raw = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (raw < 0) return makeError(ErrorCode::kUnavailable, "socket: ", std::strerror(errno));
   kj::AutoCloseFd fd(raw);
-  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
-    return makeError(ErrorCode::kUnavailable, "connect ", socketPath, ": ", std::strerror(errno));
+  const auto deadline = Clock::now() + timeout;
+  while (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+    if ((errno == EAGAIN || errno == EINTR) && Clock::now() < deadline) {
+      ::usleep(1000);  // a full backlog: no event says when it has room
+      continue;
+    }
+    return makeError(ErrorCode::kUnavailable, "connect ", socketPath, ": ",
+                     errno == EAGAIN ? "the daemon's backlog stayed full" : std::strerror(errno));
+  }
+  if (::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK) != 0) {
+    return makeError(ErrorCode::kUnavailable, "fcntl: ", std::strerror(errno));
   }
   const Request req;
   if (::send(fd.get(), &req, sizeof req, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof req)) {

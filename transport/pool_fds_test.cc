@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -126,6 +127,37 @@ TEST(PoolFds, AReplyShortOfDescriptorsIsRefusedAndLeaksNone) {
     EXPECT_EQ(got.code(), ErrorCode::kProtocolMismatch);
   }
   EXPECT_EQ(openFds(), before);
+}
+
+// A daemon whose listen backlog is full (it accepts nothing): the request gives up at its deadline
+// instead of waiting in connect for as long as the backlog stays full.
+TEST(PoolFds, ADaemonThatAcceptsNothingCostsTheDeadlineNotAHang) {
+  char dir[] = "/tmp/kvtier-pool-fds-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string path = std::string(dir) + "/sock";
+  struct Cleanup {  // also when an assertion below fails
+    ~Cleanup() {
+      ::unlink(path.c_str());
+      ::rmdir(dir);
+    }
+    const std::string& path;
+    const char* dir;
+  } cleanup{path, dir};
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size());
+  kj::AutoCloseFd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener.get(), 0), 0);
+  // Fill the backlog with connections nobody accepts.
+  std::vector<kj::AutoCloseFd> queued;
+  for (int i = 0; i < 8; ++i) {
+    kj::AutoCloseFd c(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (::connect(c.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) break;
+    queued.push_back(kj::mv(c));
+  }
+  const auto got = request(path, milliseconds(200));
+  EXPECT_EQ(got.code(), ErrorCode::kUnavailable);
 }
 
 TEST(PoolFds, AConnectionThatEndsMidReplyIsUnavailable) {
