@@ -42,13 +42,11 @@ uint64_t HugePageReservation::available() {
 }
 
 Result<std::unique_ptr<HugePageReservation>> HugePageReservation::reserve(uint64_t pages) {
-  // Read-only is enough for flock, and opens a lock file another user made — without O_CREAT,
-  // which fs.protected_regular refuses (even to root) on another user's file in a sticky /tmp;
-  // created only when there is none.
-  int raw = ::open(kLockPath, O_RDONLY | O_CLOEXEC);
-  if (raw < 0 && errno == ENOENT) raw = ::open(kLockPath, O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
+  // The lock is the sysctl file itself, opened read-only (flock needs no more, and every user
+  // may read it).
+  const int raw = ::open(kNrHugePages, O_RDONLY | O_CLOEXEC);
   if (raw < 0) {
-    return makeError(ErrorCode::kUnavailable, "cannot open ", kLockPath, ": ",
+    return makeError(ErrorCode::kUnavailable, "cannot open ", kNrHugePages, ": ",
                      std::strerror(errno));
   }
   kj::AutoCloseFd lock(raw);
@@ -56,7 +54,7 @@ Result<std::unique_ptr<HugePageReservation>> HugePageReservation::reserve(uint64
   while ((rc = ::flock(lock.get(), LOCK_EX)) != 0 && errno == EINTR) {
   }
   if (rc != 0) {
-    return makeError(ErrorCode::kUnavailable, "cannot lock ", kLockPath, ": ",
+    return makeError(ErrorCode::kUnavailable, "cannot lock ", kNrHugePages, ": ",
                      std::strerror(errno));
   }
   std::unique_ptr<HugePageReservation> r(new HugePageReservation(kj::mv(lock)));

@@ -5,8 +5,9 @@
 // assertion too, as the destructor runs. Pages a process still holds then stay its own (the
 // kernel counts them as surplus) and go back to ordinary memory when it lets them go.
 //
-// A reservation holds an exclusive flock on kLockPath for its life, taken by reserve()
-// (waiting for the holder to let go): reservations of concurrent tests and benchmarks take turns,
+// A reservation holds an exclusive flock on kNrHugePages itself for its life (the file it changes,
+// which always exists: no lock file to create or leave behind), taken by reserve() (waiting for
+// the holder to let go): reservations of concurrent tests and benchmarks take turns,
 // so each restores the value it found and none sees another's pages. A kvtierd under
 // `--huge-pages auto` that another test starts meanwhile takes free pages whenever enough for its
 // whole pool are, so the daemons of the test helpers run on 4 KiB pages unless a test asks
@@ -26,7 +27,6 @@ namespace kvtier::test {
 
 class HugePageReservation {
  public:
-  static constexpr const char* kLockPath = "/tmp/kvtier-nr-hugepages.lock";
   static constexpr const char* kNrHugePages = "/proc/sys/vm/nr_hugepages";
 
   // Takes the lock, then makes `pages` 2 MiB pages available (0: only the lock, nothing changed).
