@@ -1,31 +1,18 @@
 #include "client/lane.h"
 
-#include <poll.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
+
+#include "transport/unix_connect.h"
 
 namespace kvtier {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Waits until `fd` is readable, at most until `deadline`.
-bool waitReadable(int fd, Clock::time_point deadline) {
-  for (;;) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return false;
-    pollfd p{fd, POLLIN, 0};
-    const int n = ::poll(&p, 1, static_cast<int>(left) + 1);
-    if (n > 0) return true;
-    if (n < 0 && errno != EINTR) return false;
-  }
-}
 
 }  // namespace
 
@@ -36,18 +23,11 @@ Result<std::shared_ptr<ClientLane>> ClientLane::attach(const std::string& socket
   if (token.size() != lane::kTokenBytes) {
     return makeError(ErrorCode::kProtocolMismatch, "lane token of ", token.size(), " bytes");
   }
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (socketPath.size() >= sizeof addr.sun_path) {
-    return makeError(ErrorCode::kInvalidArgument, "socket path too long: ", socketPath);
-  }
-  std::memcpy(addr.sun_path, socketPath.data(), socketPath.size());
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return makeError(ErrorCode::kUnavailable, "socket: ", std::strerror(errno));
+  const auto deadline = Clock::now() + timeout;
+  auto connected = connectUnixSocket(socketPath, deadline);
+  if (!connected) return connected.error();
+  const int fd = connected->release();
   std::shared_ptr<ClientLane> lane(new ClientLane(fd, busyPoll));
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
-    return makeError(ErrorCode::kUnavailable, "connect ", socketPath, ": ", std::strerror(errno));
-  }
   lane::Attach hello;
   std::memcpy(hello.token, token.data(), token.size());
   std::vector<uint8_t> bytes(sizeof hello);
@@ -58,7 +38,6 @@ Result<std::shared_ptr<ClientLane>> ClientLane::attach(const std::string& socket
   }
   uint32_t status = 1;
   size_t got = 0;
-  const auto deadline = Clock::now() + timeout;
   while (got < sizeof status) {
     if (!waitReadable(fd, deadline)) {
       return makeError(ErrorCode::kUnavailable, "the daemon did not accept the lane within ",

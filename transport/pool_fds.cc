@@ -1,14 +1,12 @@
 #include "transport/pool_fds.h"
 
-#include <fcntl.h>
-#include <poll.h>
 #include <sys/socket.h>
-#include <sys/un.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+
+#include "transport/unix_connect.h"
 
 namespace kvtier::pool_fds {
 
@@ -46,19 +44,6 @@ Status sendChunk(int socket, const uint8_t* bytes, size_t size, std::span<const 
     sent += static_cast<size_t>(n);
   }
   return {};
-}
-
-// Waits until `fd` is readable, at most until `deadline`.
-bool waitReadable(int fd, Clock::time_point deadline) {
-  for (;;) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) return false;
-    pollfd p{fd, POLLIN, 0};
-    const int n = ::poll(&p, 1, static_cast<int>(left) + 1);
-    if (n > 0) return true;
-    if (n < 0 && errno != EINTR) return false;
-  }
 }
 
 }  // namespace
@@ -176,35 +161,14 @@ Result<std::vector<ReceivedExtent>> receiveReply(int socket, std::chrono::millis
 
 Result<std::vector<ReceivedExtent>> request(const std::string& socketPath,
                                             std::chrono::milliseconds timeout) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (socketPath.size() >= sizeof addr.sun_path) {
-    return makeError(ErrorCode::kInvalidArgument, "socket path too long: ", socketPath);
-  }
-  std::memcpy(addr.sun_path, socketPath.data(), socketPath.size());
-  // Non-blocking while it connects: a Unix socket's connect waits, without a bound, while the
-  // daemon's listen backlog is full; this one gives up at the deadline instead.
-  const int raw = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (raw < 0) return makeError(ErrorCode::kUnavailable, "socket: ", std::strerror(errno));
-  kj::AutoCloseFd fd(raw);
-  const auto deadline = Clock::now() + timeout;
-  while (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
-    if ((errno == EAGAIN || errno == EINTR) && Clock::now() < deadline) {
-      ::usleep(1000);  // a full backlog: no event says when it has room
-      continue;
-    }
-    return makeError(ErrorCode::kUnavailable, "connect ", socketPath, ": ",
-                     errno == EAGAIN ? "the daemon's backlog stayed full" : std::strerror(errno));
-  }
-  if (::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK) != 0) {
-    return makeError(ErrorCode::kUnavailable, "fcntl: ", std::strerror(errno));
-  }
+  auto fd = connectUnixSocket(socketPath, Clock::now() + timeout);
+  if (!fd) return fd.error();
   const Request req;
-  if (::send(fd.get(), &req, sizeof req, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof req)) {
+  if (::send(fd->get(), &req, sizeof req, MSG_NOSIGNAL) != static_cast<ssize_t>(sizeof req)) {
     return makeError(ErrorCode::kUnavailable,
                      "cannot ask kvtierd for the pool's descriptors: ", std::strerror(errno));
   }
-  return receiveReply(fd.get(), timeout);
+  return receiveReply(fd->get(), timeout);
 }
 
 }  // namespace kvtier::pool_fds
