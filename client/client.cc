@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <sstream>
+
+#include "tools/json_string.h"  // header-only: the stats JSON's strings
 #ifdef KVTIER_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #include <strings.h>
@@ -546,28 +548,6 @@ Result<DrainStep> Client::drain(uint32_t maxSnapshots, uint32_t maxBlocks) {
   });
 }
 
-namespace {
-
-// `s` as a JSON string: quotes and backslashes escaped, control bytes as \u00XX.
-std::string jsonText(std::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-}  // namespace
-
 std::string Stats::toJson() const {
   std::ostringstream o;
   o << "{\"blocks\": {\"total\": " << blocksTotal << ", \"used\": " << blocksUsed
@@ -600,8 +580,8 @@ std::string Stats::toJson() const {
     << "}, \"tenant\": {\"bytes_used\": " << tenantBytesUsed
     << ", \"quota_bytes\": " << tenantQuotaBytes << "}, \"lanes\": {\"lookups\": " << laneLookups
     << ", \"puts\": " << lanePuts << ", \"attached\": " << lanesAttached
-    << ", \"refused\": " << lanesRefused << "}, \"pool\": {\"pages\": " << jsonText(poolPages)
-    << ", \"reason\": " << jsonText(poolPagesReason) << "}, \"spaces\": [";
+    << ", \"refused\": " << lanesRefused << "}, \"pool\": {\"pages\": " << jsonString(poolPages)
+    << ", \"reason\": " << jsonString(poolPagesReason) << "}, \"spaces\": [";
   for (size_t i = 0; i < spaces.size(); ++i) {
     const auto& s = spaces[i];
     o << (i ? ", " : "") << "{\"fingerprint\": \"" << std::hex << s.fingerprint << std::dec
