@@ -154,6 +154,25 @@ std::string httpGet(const std::string& addr, const std::string& path) {
 
 std::string peerPath() { return KVTIER_PEER_PATH; }
 
+namespace {
+
+// A test daemon's command line: its data directory and pool, no cold tier, no GPU, and a pool on
+// 4 KiB pages unless `extraArgs` say otherwise (never the huge pages another test reserved).
+std::vector<std::string> daemonArgs(const std::string& dataDir, uint64_t hostPoolBytes,
+                                    const std::vector<std::string>& extraArgs) {
+  std::vector<std::string> args = {KVTIER_DAEMON_PATH, "--data-dir",  dataDir,
+                                   "--host-pool-bytes", std::to_string(hostPoolBytes),
+                                   "--cold-tier",       "off",
+                                   "--gpus",            "none"};
+  if (std::find(extraArgs.begin(), extraArgs.end(), "--huge-pages") == extraArgs.end()) {
+    args.insert(args.end(), {"--huge-pages", "off"});
+  }
+  args.insert(args.end(), extraArgs.begin(), extraArgs.end());
+  return args;
+}
+
+}  // namespace
+
 DaemonProcess::DaemonProcess(uint64_t hostPoolBytes, std::string dataDir,
                              std::vector<std::string> extraArgs) {
   if (dataDir.empty()) {
@@ -163,19 +182,7 @@ DaemonProcess::DaemonProcess(uint64_t hostPoolBytes, std::string dataDir,
   dataDir_ = dataDir;
   socket_ = dataDir_ + "/kvtierd.sock";
   int out = -1;
-  std::vector<std::string> args = {KVTIER_DAEMON_PATH,
-                                   "--data-dir",
-                                   dataDir_,
-                                   "--host-pool-bytes",
-                                   std::to_string(hostPoolBytes),
-                                   "--cold-tier",
-                                   "off",
-                                   "--gpus",
-                                   "none"};
-  if (std::find(extraArgs.begin(), extraArgs.end(), "--huge-pages") == extraArgs.end()) {
-    args.insert(args.end(), {"--huge-pages", "off"});
-  }
-  args.insert(args.end(), extraArgs.begin(), extraArgs.end());
+  const std::vector<std::string> args = daemonArgs(dataDir_, hostPoolBytes, extraArgs);
   // SIGTERM: a daemon whose test died still removes its socket and segments.
   pid_ = spawnPiped(args, &out, SIGTERM);
   std::string buffer;
@@ -203,16 +210,7 @@ int runDaemonExpectingFailure(uint64_t hostPoolBytes, const std::vector<std::str
                               std::string* output) {
   const std::string dataDir = makeTestDir();
   madeDirs().paths.push_back(dataDir);
-  std::vector<std::string> args = {KVTIER_DAEMON_PATH,
-                                   "--data-dir",
-                                   dataDir,
-                                   "--host-pool-bytes",
-                                   std::to_string(hostPoolBytes),
-                                   "--cold-tier",
-                                   "off",
-                                   "--gpus",
-                                   "none"};
-  args.insert(args.end(), extraArgs.begin(), extraArgs.end());
+  const std::vector<std::string> args = daemonArgs(dataDir, hostPoolBytes, extraArgs);
   int out = -1;
   const pid_t pid = spawnPiped(args, &out, SIGTERM, /*withStderr=*/true);
   std::string buffer;
