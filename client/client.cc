@@ -493,6 +493,9 @@ Result<Stats> Client::stats() {
           out.directoryRehomed = s.getDirectoryRehomed();
           out.remoteLookups = s.getRemoteLookups();
           out.remoteLookupsCut = s.getRemoteLookupsCut();
+          out.lookupPeerMessages = s.getLookupPeerMessages();
+          out.lookupPeerMessagesMax = s.getLookupPeerMessagesMax();
+          out.directoryQueries = s.getDirectoryQueries();
           out.remoteHitBlocks = s.getRemoteHitBlocks();
           out.remoteHitBytes = s.getRemoteHitBytes();
           out.servedBlocks = s.getServedBlocks();
@@ -571,6 +574,9 @@ std::string Stats::toJson() const {
     << ", \"held_keys\": " << heldKeys << ", \"publish_backlog\": " << publishBacklog
     << ", \"rehomed\": " << directoryRehomed << ", \"remote_lookups\": " << remoteLookups
     << ", \"remote_lookups_cut\": " << remoteLookupsCut
+    << ", \"lookup_peer_messages\": " << lookupPeerMessages
+    << ", \"lookup_peer_messages_max\": " << lookupPeerMessagesMax
+    << ", \"directory_queries\": " << directoryQueries
     << ", \"remote_hit_blocks\": " << remoteHitBlocks
     << ", \"remote_hit_bytes\": " << remoteHitBytes << ", \"served_blocks\": " << servedBlocks
     << ", \"fetch_errors\": {\"timeout\": " << fetchTimeouts

@@ -28,8 +28,7 @@ kj::Maybe<kj::Promise<void>> prepareLookup(const LookupSite& site,
         keys.empty() ? std::min(tokens.size() / bt, kMaxBlocksPerLease) : keys.size();
     if (plan.size() < candidates) {
       auto all = orThrow(site.engine.chainKeys(site.space, tokens, keys, chain));
-      std::vector<Key128> rest(all.begin() + plan.size(), all.end());
-      kj::Promise<void> fetched = site.remote->fetch(site.space, std::move(rest));
+      kj::Promise<void> fetched = site.remote->fetch(site.space, std::move(all), plan.size());
       if (mode == rpc::RemoteMode::FETCH) waits.add(kj::mv(fetched));
     }
   }

@@ -364,6 +364,7 @@ int run(const DaemonConfig& config) {
     co.pinLease = config.pinLeaseMs * kj::MILLISECONDS;
     const char* corrupt = std::getenv("KVTIER_TEST_CORRUPT_SERVED");
     co.corruptServedForTest = corrupt && std::string(corrupt) == "1";
+    if (cold) co.placesFile = config.dataDir + "/cluster-places";
     cluster = std::make_unique<ClusterService>(engine, **pool, cold.get(), tiers.get(), io,
                                                std::move(co));
     if (auto s = cluster->start(); !s) {

@@ -35,6 +35,9 @@ struct RemoteStats {
   uint64_t rehomed = 0;                     // keys re-sent because their home changed
   uint64_t remoteLookups = 0;               // lookups that asked the cluster
   uint64_t remoteLookupsCut = 0;            // of them, answered at their deadline, fetch unfinished
+  // Peer messages those lookups sent (directory queries and pins), in all and at most for one.
+  uint64_t lookupPeerMessages = 0, lookupPeerMessagesMax = 0;
+  uint64_t directoryQueries = 0;            // who-holds queries this node answered as a home
   uint64_t remoteHitBlocks = 0, remoteHitBytes = 0;
   uint64_t servedBlocks = 0, servedBytes = 0;  // blocks this node pinned for other nodes
   uint64_t pinsExpired = 0;                 // pins whose lease ran out before release
@@ -57,11 +60,12 @@ class RemoteTier {
   virtual ~RemoteTier() = default;
   // Whether any other node could hold blocks (a cluster with live members).
   virtual bool active() const = 0;
-  // Fetches the longest run of `keys` (the chain right after the local prefix of `space`) that
-  // other nodes hold, sealing each block into the local index once verified. Resolves when done
-  // or after one peer deadline, whichever is first; never rejects (what could not be fetched is
-  // simply not there). The fetch goes on if the returned promise is dropped or resolved early.
-  virtual kj::Promise<void> fetch(SpaceId space, std::vector<Key128> keys) = 0;
+  // Fetches the longest run of `chain` (a prompt's block keys from its first block on) from
+  // position `from` (the first block past the local prefix of `space`) that other nodes hold,
+  // sealing each block into the local index once verified. Resolves when done or after one peer
+  // deadline, whichever is first; never rejects (what could not be fetched is simply not there).
+  // The fetch goes on if the returned promise is dropped or resolved early.
+  virtual kj::Promise<void> fetch(SpaceId space, std::vector<Key128> chain, size_t from) = 0;
   virtual RemoteStats stats() const = 0;
   // This node's id in the cluster.
   virtual const std::string& nodeId() const = 0;

@@ -839,6 +839,9 @@ class SessionImpl final : public rpc::Session::Server {
       out.setDirectoryRehomed(r.rehomed);
       out.setRemoteLookups(r.remoteLookups);
       out.setRemoteLookupsCut(r.remoteLookupsCut);
+      out.setLookupPeerMessages(r.lookupPeerMessages);
+      out.setLookupPeerMessagesMax(r.lookupPeerMessagesMax);
+      out.setDirectoryQueries(r.directoryQueries);
       out.setRemoteHitBlocks(r.remoteHitBlocks);
       out.setRemoteHitBytes(r.remoteHitBytes);
       out.setServedBlocks(r.servedBlocks);
@@ -1199,6 +1202,13 @@ std::string Server::metricsText() {
     counter("kvtier_remote_lookups_cut_total",
             "Lookups answered at their deadline, with what had arrived, while their fetch went on.",
             r.remoteLookupsCut);
+    counter("kvtier_lookup_peer_messages_total",
+            "Peer messages remote lookups sent: directory queries and pins.",
+            r.lookupPeerMessages);
+    gauge("kvtier_lookup_peer_messages_max", "The most peer messages one remote lookup sent.",
+          r.lookupPeerMessagesMax);
+    counter("kvtier_directory_queries_total",
+            "Who-holds queries this node answered as a directory home.", r.directoryQueries);
     counter("kvtier_remote_hit_blocks_total", "Blocks fetched from other nodes.",
             r.remoteHitBlocks);
     counter("kvtier_remote_hit_bytes_total", "Bytes fetched from other nodes.", r.remoteHitBytes);

@@ -199,6 +199,9 @@ struct Stats {
   poolPages @58 :Text;              # the host pool's pages: "hugetlb-2M" or "4k" (kvtierd --huge-pages)
   poolPagesReason @59 :Text;        # why 4 KiB pages ("only 12 huge pages free, 512 needed", "huge
                                     # pages off"); empty on huge pages
+  lookupPeerMessages @60 :UInt64;   # peer messages remote lookups sent: directory queries and pins
+  lookupPeerMessagesMax @61 :UInt64;  # the most one remote lookup sent
+  directoryQueries @62 :UInt64;     # who-holds queries this node answered as a directory home
 }
 
 interface Daemon {

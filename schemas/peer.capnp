@@ -14,7 +14,7 @@ $Cxx.namespace("kvtier::rpc::peer");
 
 using Kv = import "kvtier.capnp";
 
-const peerProtocolVersion :UInt32 = 1;
+const peerProtocolVersion :UInt32 = 2;
 
 struct Namespace {
   # Blocks are shared only inside one namespace: (layout fingerprint, tenant salt).
@@ -26,6 +26,9 @@ struct KeyGroup {
   # Block keys of one namespace, packed: 16 bytes each.
   space @0 :Namespace;
   keys @1 :Data;
+  unders @2 :Data;
+  # In a publish: for each key, the anchor it is filed under (16 bytes each, as many as keys):
+  # the directory's entry is (key, anchor), at the anchor's home (daemon/cluster/directory.h).
 }
 
 struct PinnedBlock {
@@ -34,6 +37,8 @@ struct PinnedBlock {
   bytes @2 :UInt32;
   checksum @3 :UInt64;      # xxh3-64 of the block's bytes, checked by the fetcher before sealing
   key @4 :Data;             # the block key it holds: the fetcher checks it against the one it asked for
+  under @5 :Data;           # the anchors the holder files the block under (16 bytes each; empty:
+                            # unknown): the fetcher files its copy the same
 }
 
 struct RemoteExtent {
@@ -62,12 +67,14 @@ interface Peer {
   ping @0 () -> (nodeId :Text);
 
   publish @1 (add :List(KeyGroup), withdraw :List(KeyGroup)) -> ();
-  # The caller holds the keys of `add` (in any tier) and no longer holds those of `withdraw`.
-  # Sent to the keys' home (rendezvous hashing over the live members), in batches.
+  # The caller holds the keys of `add` (in any tier) and no longer holds those of `withdraw`,
+  # each filed under its anchor (KeyGroup.unders). Sent to the anchors' home (the consistent-hash
+  # ring of the live members), in batches.
 
-  whoHolds @2 (space :Namespace, keys :Data) -> (nodes :List(Text), holders :List(UInt64));
-  # For each key (packed, 16 bytes each) a bit mask of the `nodes` that hold it, as far as this
-  # home knows; the list stops after the last key anyone holds.
+  whoHolds @2 (space :Namespace, keys :Data, under :Data) -> (nodes :List(Text), holders :List(UInt64));
+  # For each key (packed, 16 bytes each) filed under anchor `under` (16 bytes), a bit mask of the
+  # `nodes` that hold it, as far as this home knows; the list stops after the last key anyone
+  # holds.
 
   pin @3 (layout :Kv.Layout, salt :Data, keys :Data, leaseMs :UInt32)
       -> (lease :PinLease, blocks :List(PinnedBlock), grant :Data);

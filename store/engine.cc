@@ -405,7 +405,9 @@ BlockId Engine::seal(SpaceId space, Sequence& seq, size_t index, const Key128& k
     m.state = BlockState::kSealed;
     m.space = space;
     m.key = key;
-    if (observer_) observer_->blockIndexed(space, key);
+    if (observer_) {
+      observer_->blockIndexed(space, key, std::span<const Key128>(seq.keys).first(index + 1));
+    }
     return id;
   }
   // The same prefix was sealed before (by this or another sequence): share it, drop ours.

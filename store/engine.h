@@ -223,7 +223,10 @@ struct EngineStats {
 class IndexObserver {
  public:
   virtual ~IndexObserver() = default;
-  virtual void blockIndexed(SpaceId space, const Key128& key) = 0;
+  // `chain`: the keys of the block's prefix, from the chain's first block to this one (its last
+  // key is `key`), where the engine knows them (a sequence sealing its blocks); empty otherwise
+  // (a block read back from disk or fetched from another node). Valid during the call only.
+  virtual void blockIndexed(SpaceId space, const Key128& key, std::span<const Key128> chain) = 0;
   virtual void blockUnindexed(SpaceId space, const Key128& key) = 0;
 };
 

@@ -156,7 +156,7 @@ bool Engine::indexPromoted(SpaceId space, const Key128& key, BlockId block,
     ++promoted_;
     ++coldHits_;
   }
-  if (observer_) observer_->blockIndexed(space, key);
+  if (observer_) observer_->blockIndexed(space, key, {});
   return true;
 }
 

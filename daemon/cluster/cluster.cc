@@ -2,6 +2,11 @@
 // (cluster_impl.h lists the files that implement it).
 #include "daemon/cluster/cluster_impl.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+
 namespace kvtier {
 
 bool isLoopbackHost(const std::string& hostPort) {
@@ -50,8 +55,13 @@ Status ClusterService::Impl::start() {
   // What the cold tier holds (after a restart: every block this node can serve) is published
   // like the blocks indexed from here on.
   if (cold_) {
-    for (const ColdKey& k : cold_->blockKeys())
-      held_.hold(DirKey{k.fingerprint, k.salt, k.key}, members_);
+    auto places = loadPlaces();
+    for (const ColdKey& k : cold_->blockKeys()) {
+      const DirKey dk{k.fingerprint, k.salt, k.key};
+      auto place = places.find(dk);
+      held_.hold(dk, place == places.end() ? std::vector<Key128>{} : std::move(place->second),
+                 ring_);
+    }
     schedulePublish();
   }
   if (!options_.etcd.empty()) {
@@ -77,9 +87,70 @@ Status ClusterService::Impl::start() {
 }
 
 kj::Promise<void> ClusterService::Impl::leave() {
+  savePlaces();
   if (etcd_)
     return timer_.timeoutAfter(options_.peerTimeout, etcd_->leave()).catch_([](kj::Exception&&) {});
   return kj::READY_NOW;
+}
+
+// The places file: "KVTPLACE" then, per held key, its namespace and key (8 + 16 + 16 bytes), the
+// number of anchors (4) and the anchors (16 each); written whole to a temporary file and renamed.
+namespace {
+constexpr char kPlacesMagic[8] = {'K', 'V', 'T', 'P', 'L', 'A', 'C', 'E'};
+}  // namespace
+
+void ClusterService::Impl::savePlaces() const {
+  if (options_.placesFile.empty()) return;
+  const std::string tmp = options_.placesFile + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) {
+    logWarn("places_not_saved", "path=" + tmp + " " + std::strerror(errno));
+    return;
+  }
+  bool ok = std::fwrite(kPlacesMagic, sizeof kPlacesMagic, 1, f) == 1;
+  held_.forEach([&](const DirKey& k, const std::vector<Key128>& under) {
+    if (!ok || (under.size() == 1 && under[0] == k.key)) return;  // unknown: nothing to keep
+    const uint32_t n = static_cast<uint32_t>(under.size());
+    ok = std::fwrite(&k.fingerprint, 8, 1, f) == 1 && std::fwrite(k.salt.data(), 16, 1, f) == 1 &&
+         std::fwrite(k.key.bytes.data(), 16, 1, f) == 1 && std::fwrite(&n, 4, 1, f) == 1;
+    for (const Key128& u : under) ok = ok && std::fwrite(u.bytes.data(), 16, 1, f) == 1;
+  });
+  ok = std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0 && ok;
+  std::fclose(f);
+  if (!ok || std::rename(tmp.c_str(), options_.placesFile.c_str()) != 0) {
+    logWarn("places_not_saved", "path=" + options_.placesFile);
+    std::remove(tmp.c_str());
+  }
+}
+
+std::unordered_map<DirKey, std::vector<Key128>, DirKeyHash> ClusterService::Impl::loadPlaces()
+    const {
+  std::unordered_map<DirKey, std::vector<Key128>, DirKeyHash> out;
+  if (options_.placesFile.empty()) return out;
+  FILE* f = std::fopen(options_.placesFile.c_str(), "rb");
+  if (!f) return out;
+  char magic[sizeof kPlacesMagic];
+  if (std::fread(magic, sizeof magic, 1, f) == 1 && std::memcmp(magic, kPlacesMagic, 8) == 0) {
+    while (true) {
+      DirKey k;
+      uint32_t n = 0;
+      if (std::fread(&k.fingerprint, 8, 1, f) != 1 || std::fread(k.salt.data(), 16, 1, f) != 1 ||
+          std::fread(k.key.bytes.data(), 16, 1, f) != 1 || std::fread(&n, 4, 1, f) != 1 ||
+          n == 0 || n > kMaxAnchorsPerBlock) {
+        break;  // the end, or a damaged tail: what was read so far stands
+      }
+      std::vector<Key128> under(n);
+      bool whole = true;
+      for (auto& u : under) whole = whole && std::fread(u.bytes.data(), 16, 1, f) == 1;
+      if (!whole) break;
+      out.emplace(k, std::move(under));
+    }
+  }
+  std::fclose(f);
+  // Read once: a crash later must not file blocks by places older than the ones it then holds.
+  std::remove(options_.placesFile.c_str());
+  logInfo("places_loaded", "blocks=" + std::to_string(out.size()));
+  return out;
 }
 
 RemoteStats ClusterService::Impl::stats() const {
@@ -123,8 +194,8 @@ const std::string& ClusterService::address() const { return impl_->advertise_; }
 const std::string& ClusterService::nodeId() const { return impl_->options_.nodeId; }
 kj::Promise<void> ClusterService::leave() { return impl_->leave(); }
 bool ClusterService::active() const { return impl_->active(); }
-kj::Promise<void> ClusterService::fetch(SpaceId space, std::vector<Key128> keys) {
-  return impl_->fetch(space, std::move(keys));
+kj::Promise<void> ClusterService::fetch(SpaceId space, std::vector<Key128> chain, size_t from) {
+  return impl_->fetch(space, std::move(chain), from);
 }
 RemoteStats ClusterService::stats() const { return impl_->stats(); }
 kj::Promise<SnapshotId> ClusterService::pullSnapshot(SpaceId space, std::string node,

@@ -53,6 +53,10 @@ struct ClusterOptions {
   // Test hook (KVTIER_TEST_CORRUPT_SERVED=1): this node describes every block it serves with a
   // checksum that does not match its bytes, as a block corrupted in flight would arrive.
   bool corruptServedForTest = false;
+  // Where the directory's places of held blocks (the anchors each is filed under) are kept across
+  // a graceful restart (written at leave, read and removed at start): blocks on disk after a
+  // restart are filed where peers look for them. Empty: not kept.
+  std::string placesFile;
 };
 
 // A daemon that listens off loopback needs a token of at least this many bytes.
@@ -82,7 +86,7 @@ class ClusterService final : public RemoteTier {
 
   // RemoteTier
   bool active() const override;
-  kj::Promise<void> fetch(SpaceId space, std::vector<Key128> keys) override;
+  kj::Promise<void> fetch(SpaceId space, std::vector<Key128> chain, size_t from) override;
   RemoteStats stats() const override;
   std::vector<RemoteMember> members() const override;
   kj::Promise<SnapshotId> pullSnapshot(SpaceId space, std::string node, SnapshotId id) override;

@@ -56,6 +56,9 @@ constexpr size_t kMaxChainKeys = 4096;
 // a client looping lookups against a silent peer could otherwise start fetches faster than they
 // end, each holding fresh blocks; past the bound a lookup asks nobody (fetch_errors kind "full").
 constexpr size_t kMaxFetchesInFlight = 64;
+// Anchors one block is filed under (a block at chain position d: d / 64 + 1 for an anchor): a
+// 4-million-token prompt's deepest anchor.
+constexpr size_t kMaxAnchorsPerBlock = 4096;
 // Blocks pinned by one call: 1024 blocks of 2 MiB are 2 GiB, more than one fetch needs at once.
 constexpr size_t kMaxPinBlocks = 1024;
 // A run of blocks on one holder is pinned and read in pieces of this many blocks (16 MiB of
@@ -210,6 +213,7 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
         hasher_("kvtier:xxh3"),
         tasks_(*this) {
     members_ = {options_.nodeId};
+    ring_ = HashRing(members_);
     engine_.setIndexObserver(this);
   }
 
@@ -220,19 +224,24 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
 
   Status start();
   kj::Promise<void> leave();
-  kj::Promise<void> fetch(SpaceId space, std::vector<Key128> keys);
+  // The places of held blocks across a graceful restart (ClusterOptions::placesFile).
+  void savePlaces() const;
+  std::unordered_map<DirKey, std::vector<Key128>, DirKeyHash> loadPlaces() const;
+  kj::Promise<void> fetch(SpaceId space, std::vector<Key128> chain, size_t from);
   RemoteStats stats() const;
   std::vector<RemoteMember> memberList() const;
   bool active() const { return members_.size() > 1; }
 
-  void blockIndexed(SpaceId space, const Key128& key) override {
-    held_.hold(dirKey(space, key), members_);
+  void blockIndexed(SpaceId space, const Key128& key, std::span<const Key128> chain) override {
+    std::vector<Key128> under = anchorsFiledUnder(chain);
+    if (under.empty() && placeHint_) under = *placeHint_;  // a fetched block: as its holder files it
+    held_.hold(dirKey(space, key), std::move(under), ring_);
     schedulePublish();
   }
   void blockUnindexed(SpaceId space, const Key128& key) override {
     const DirKey k = dirKey(space, key);
     if (cold_ && cold_->directory().contains(k.fingerprint, k.salt, k.key)) return;  // on disk
-    held_.drop(k, members_);
+    held_.drop(k, ring_);
     schedulePublish();
   }
 
@@ -259,12 +268,15 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   size_t connections_ = 0;
 
   std::vector<std::string> members_;                    // live node ids, self included, sorted
+  HashRing ring_;                                       // of members_: the directory's homes
   std::map<std::string, std::shared_ptr<Link>> links_;  // by address
   kj::Own<EtcdMembership> etcd_;
   std::vector<MemberRecord> etcdMembers_;
 
   HomeDirectory home_;
   HeldKeys held_;
+  // While a fetched block is sealed: the anchors its holder files it under.
+  const std::vector<Key128>* placeHint_ = nullptr;
   bool publishScheduled_ = false;
   size_t publishInFlight_ = 0;  // keys sent to homes and not yet acknowledged
 
@@ -304,7 +316,22 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   void flushPublish();
 
   // Fetch.
-  kj::Promise<void> fetchChain(SpaceId space, std::vector<Key128> keys);
+  // Asks the directory about `chain` from position `from` on and fetches what other nodes hold.
+  kj::Promise<void> fetchChain(SpaceId space, std::vector<Key128> chain, size_t from);
+  // A pin a lookup sends: chain positions [begin, end) on `link`'s node.
+  struct PinPlan {
+    std::shared_ptr<Link> link;
+    size_t begin, end;
+  };
+  // At most two pins, from a home's answer: holders[j] hold chain position asked[j] (the rest of
+  // the segment from `from` to segEnd, then each later anchor); local[i]: this node holds
+  // position i already.
+  std::vector<PinPlan> planPins(size_t chainSize, size_t from, size_t segEnd,
+                                const std::vector<size_t>& asked,
+                                const std::vector<std::vector<std::string>>& holders,
+                                const std::vector<bool>& local) const;
+  // A remote lookup's peer messages (who-holds queries and pins), for stats.
+  void countLookupMessages(uint32_t messages);
   // `replica`: the holder keeps its copy (a remote hit); false when the blocks are handed over
   // for good (a drain, a move). With `awaitRelease`, resolves only once the holder has released
   // its pin (a move then frees the holder's blocks at once).
@@ -362,6 +389,16 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   kj::Promise<void> dropRemoteSnapshot(SpaceId space, std::string node, SnapshotId id);
   kj::Promise<size_t> pushBlocks(SpaceId space, std::string node, std::vector<Key128> keys);
   // Drains.
+  // The first key of the chain a held block belongs to, as far as the directory's places tell
+  // (the block's own key when its place is unknown).
+  Key128 chainRoot(const DirKey& dk) const {
+    const std::vector<Key128>* place = held_.placeOf(dk);
+    if (!place || place->empty()) return dk.key;
+    if (place->size() > 1 || place->front() == dk.key) return place->front();
+    const std::vector<Key128>* anchor =
+        held_.placeOf(DirKey{dk.fingerprint, dk.salt, place->front()});
+    return anchor && !anchor->empty() ? anchor->front() : place->front();
+  }
   kj::Promise<DrainProgress> drainStep(uint32_t maxSnapshots, uint32_t maxBlocks);
   // Fetches `keys` of `space` from `link`'s node straight (no directory): resolves with how many
   // of them this node holds afterwards.

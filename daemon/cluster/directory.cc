@@ -7,6 +7,24 @@
 
 namespace kvtier {
 
+std::vector<Key128> anchorsFiledUnder(std::span<const Key128> chain) {
+  if (chain.empty()) return {};
+  const size_t d = chain.size() - 1;
+  if (d % kSegmentBlocks != 0) return {chain[d - d % kSegmentBlocks]};
+  std::vector<Key128> out;
+  out.reserve(d / kSegmentBlocks + 1);
+  for (size_t a = 0; a <= d; a += kSegmentBlocks) out.push_back(chain[a]);
+  return out;
+}
+
+uint64_t anchorHash(uint64_t fingerprint, const Salt& salt, const Key128& under) {
+  uint8_t buf[8 + 16 + 16];
+  std::memcpy(buf, &fingerprint, 8);
+  std::memcpy(buf + 8, salt.data(), 16);
+  std::memcpy(buf + 24, under.bytes.data(), 16);
+  return XXH3_64bits(buf, sizeof buf);
+}
+
 uint64_t rendezvousScore(std::string_view node, const DirKey& key) {
   uint8_t buf[8 + 16 + 16];
   std::memcpy(buf, &key.fingerprint, 8);
@@ -31,15 +49,15 @@ const std::string& homeOf(const DirKey& key, const std::vector<std::string>& mem
 
 // --- HomeDirectory
 
-void HomeDirectory::add(const std::string& node, const DirKey& key) {
-  auto& holders = entries_[key];
+void HomeDirectory::add(const std::string& node, const DirEntry& entry) {
+  auto& holders = entries_[entry];
   if (std::find(holders.begin(), holders.end(), node) != holders.end()) return;
   if (holders.size() >= kMaxHoldersPerKey) holders.erase(holders.begin());  // keep the newest
   holders.push_back(node);
 }
 
-void HomeDirectory::withdraw(const std::string& node, const DirKey& key) {
-  auto it = entries_.find(key);
+void HomeDirectory::withdraw(const std::string& node, const DirEntry& entry) {
+  auto it = entries_.find(entry);
   if (it == entries_.end()) return;
   auto& holders = it->second;
   holders.erase(std::remove(holders.begin(), holders.end(), node), holders.end());
@@ -62,12 +80,11 @@ size_t HomeDirectory::forgetNode(const std::string& node) {
   return changed;
 }
 
-size_t HomeDirectory::dropNotHome(const std::string& self,
-                                  const std::vector<std::string>& members) {
-  if (members.empty()) return 0;
+size_t HomeDirectory::dropNotHome(const std::string& self, const HashRing& ring) {
+  if (ring.empty()) return 0;
   size_t dropped = 0;
   for (auto it = entries_.begin(); it != entries_.end();) {
-    if (homeOf(it->first, members) != self) {
+    if (homeOf(it->first, ring) != self) {
       it = entries_.erase(it);
       ++dropped;
     } else {
@@ -77,52 +94,91 @@ size_t HomeDirectory::dropNotHome(const std::string& self,
   return dropped;
 }
 
-const std::vector<std::string>& HomeDirectory::holders(const DirKey& key) const {
+const std::vector<std::string>& HomeDirectory::holders(const DirEntry& entry) const {
   static const std::vector<std::string> kNone;
-  auto it = entries_.find(key);
+  auto it = entries_.find(entry);
   return it == entries_.end() ? kNone : it->second;
 }
 
 // --- HeldKeys
 
-void HeldKeys::queue(const std::string& home, const DirKey& key, bool add) {
-  auto [it, inserted] = queues_[home].insert_or_assign(key, add);
+void HeldKeys::queue(const std::string& home, const DirEntry& entry, bool add) {
+  auto [it, inserted] = queues_[home].insert_or_assign(entry, add);
   (void)it;
   pending_ += inserted;
 }
 
-bool HeldKeys::hold(const DirKey& key, const std::vector<std::string>& members) {
-  if (!held_.insert(key).second) return false;
-  if (!members.empty()) queue(homeOf(key, members), key, true);
+bool HeldKeys::filed(const DirEntry& e) const {
+  auto it = held_.find(e.key);
+  return it != held_.end() && std::find(it->second.begin(), it->second.end(), e.under) !=
+                                  it->second.end();
+}
+
+bool HeldKeys::hold(const DirKey& key, std::vector<Key128> under, const HashRing& ring) {
+  if (under.empty()) under = {key.key};
+  auto [it, inserted] = held_.try_emplace(key);
+  if (!inserted) {
+    // Only a key whose place was unknown moves: a known place never changes (a key names its
+    // whole prefix, so its chain positions are fixed).
+    const bool unknown = it->second.size() == 1 && it->second[0] == key.key;
+    if (!unknown || under == it->second) return false;
+    if (!ring.empty()) {
+      for (const Key128& u : it->second) {
+        if (std::find(under.begin(), under.end(), u) != under.end()) continue;
+        const DirEntry e{key, u};
+        queue(homeOf(e, ring), e, false);
+      }
+    }
+  }
+  it->second = std::move(under);
+  if (!ring.empty()) {
+    for (const Key128& u : it->second) {
+      const DirEntry e{key, u};
+      queue(homeOf(e, ring), e, true);
+    }
+  }
+  return inserted;
+}
+
+bool HeldKeys::drop(const DirKey& key, const HashRing& ring) {
+  auto it = held_.find(key);
+  if (it == held_.end()) return false;
+  const std::vector<Key128> under = std::move(it->second);
+  held_.erase(it);
+  if (!ring.empty()) {
+    for (const Key128& u : under) {
+      const DirEntry e{key, u};
+      queue(homeOf(e, ring), e, false);
+    }
+  }
   return true;
 }
 
-bool HeldKeys::drop(const DirKey& key, const std::vector<std::string>& members) {
-  if (held_.erase(key) == 0) return false;
-  if (!members.empty()) queue(homeOf(key, members), key, false);
-  return true;
-}
-
-size_t HeldKeys::rehome(const std::vector<std::string>& before,
-                        const std::vector<std::string>& after) {
+size_t HeldKeys::rehome(const HashRing& before, const HashRing& after) {
   if (after.empty()) return 0;
   size_t moved = 0;
-  for (const DirKey& key : held_) {
-    const std::string& to = homeOf(key, after);
-    if (!before.empty() && homeOf(key, before) == to) continue;
-    queue(to, key, true);
-    ++moved;
+  for (const auto& [key, under] : held_) {
+    for (const Key128& u : under) {
+      const DirEntry e{key, u};
+      const std::string& to = homeOf(e, after);
+      if (!before.empty() && homeOf(e, before) == to) continue;
+      queue(to, e, true);
+      ++moved;
+    }
   }
   return moved;
 }
 
-size_t HeldKeys::resendTo(const std::string& home, const std::vector<std::string>& members) {
-  if (members.empty()) return 0;
+size_t HeldKeys::resendTo(const std::string& home, const HashRing& ring) {
+  if (ring.empty()) return 0;
   size_t sent = 0;
-  for (const DirKey& key : held_) {
-    if (homeOf(key, members) != home) continue;
-    queue(home, key, true);
-    ++sent;
+  for (const auto& [key, under] : held_) {
+    for (const Key128& u : under) {
+      const DirEntry e{key, u};
+      if (homeOf(e, ring) != home) continue;
+      queue(home, e, true);
+      ++sent;
+    }
   }
   return sent;
 }
@@ -156,11 +212,11 @@ size_t HeldKeys::pendingFor(const std::string& home) const {
 
 void HeldKeys::requeue(const std::string& home, const Batch& batch) {
   auto& q = queues_[home];
-  for (const auto& k : batch.add) {
-    if (held_.count(k)) pending_ += q.emplace(k, true).second;
+  for (const auto& e : batch.add) {
+    if (filed(e)) pending_ += q.emplace(e, true).second;
   }
-  for (const auto& k : batch.withdraw) {
-    if (!held_.count(k)) pending_ += q.emplace(k, false).second;
+  for (const auto& e : batch.withdraw) {
+    if (!filed(e)) pending_ += q.emplace(e, false).second;
   }
   if (q.empty()) queues_.erase(home);
 }

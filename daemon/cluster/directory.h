@@ -1,22 +1,31 @@
 // The cluster's key directory: which nodes hold which sealed blocks.
 //
-// Every block key has a home among the live members, chosen by rendezvous (highest random weight)
-// hashing: the member with the highest score(member, key). A membership change moves only the
-// keys whose home was the member that left, or whose home becomes the member that joined. Each
-// node tells the homes, in batches, which keys it holds (in any tier), and withdraws them when it
-// no longer does; a home answers who-holds queries for the keys it is home for.
+// A prompt's chain of block keys is cut into segments of kSegmentBlocks keys; the key opening a
+// segment (chain positions 0, 64, 128, ...) is its *anchor*. A holder files each block it holds
+// under the anchor of the block's segment, and each anchor it holds also under every earlier
+// anchor of its chain. The entries filed under an anchor live at the anchor's home on a
+// consistent-hash ring of the live members (hash_ring.h), so one home knows who holds every key
+// of a segment and how far each holder reaches down the chain past it. A lookup that misses
+// locally asks one home — that of the anchor of its first missing block — about the rest of its
+// segment and its later anchors, then pins the longest reach on up to two holders: a round trip
+// or two and at most three messages, whatever the number of members, and a prompt nobody holds
+// costs one message. A membership change moves only the anchors whose ring arc changed hands.
+//
+// Rendezvous hashing (homeOf) is kept for choosing where a drained block goes.
 //
 // Pure bookkeeping, no I/O: daemon/cluster/cluster.h moves the messages.
 // Thread-safety: none; the daemon's event loop owns it.
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
+#include "daemon/cluster/hash_ring.h"
 #include "kvtier/block_key.h"
 
 namespace kvtier {
@@ -35,76 +44,119 @@ struct DirKeyHash {
   }
 };
 
+// Keys a segment has: 64 blocks of 16 tokens are 1,024 tokens (measured with the scale harness,
+// docs/cluster.md "Scale": a lookup then asks one home whatever the prompt's length).
+constexpr size_t kSegmentBlocks = 64;
+
+// The anchors a block is filed under, given its chain: the keys from the chain's first block to
+// the block itself (chain.back()). A block is filed under its segment's anchor; an anchor (whose
+// segment's anchor is itself) also under every earlier anchor. An empty chain (the block's place
+// is unknown) files `key` under itself.
+std::vector<Key128> anchorsFiledUnder(std::span<const Key128> chain);
+
+// A directory entry: the block `key` (of key's namespace) filed under the anchor `under`.
+struct DirEntry {
+  DirKey key;
+  Key128 under;
+  bool operator==(const DirEntry&) const = default;
+};
+
+struct DirEntryHash {
+  size_t operator()(const DirEntry& e) const noexcept {
+    return DirKeyHash()(e.key) ^ (std::hash<Key128>()(e.under) * 0x9e3779b97f4a7c15ull);
+  }
+};
+
+// Where on the ring the entries filed under `under` (of namespace fingerprint/salt) live.
+uint64_t anchorHash(uint64_t fingerprint, const Salt& salt, const Key128& under);
+inline const std::string& homeOf(const DirEntry& e, const HashRing& ring) {
+  return ring.home(anchorHash(e.key.fingerprint, e.key.salt, e.under));
+}
+
 // Rendezvous score of `node` for `key` (xxh3 over both: placement, not identity).
 uint64_t rendezvousScore(std::string_view node, const DirKey& key);
 // The member with the highest score; `members` must not be empty. Ties (never in practice) go to
 // the smaller id, so every node computes the same home.
 const std::string& homeOf(const DirKey& key, const std::vector<std::string>& members);
 
-// The entries this node is home for: key -> the nodes that hold it.
+// The entries this node is home for: entry -> the nodes that hold it.
 class HomeDirectory {
  public:
-  // A home keeps at most this many holders per key: a fetch needs one, and a few spare ones
+  // A home keeps at most this many holders per entry: a fetch needs one, and a few spare ones
   // cover a holder that has just evicted the block.
   static constexpr size_t kMaxHoldersPerKey = 8;
 
-  void add(const std::string& node, const DirKey& key);
-  void withdraw(const std::string& node, const DirKey& key);
+  void add(const std::string& node, const DirEntry& entry);
+  void withdraw(const std::string& node, const DirEntry& entry);
   // Forgets everything of a member that left. Returns how many entries changed.
   size_t forgetNode(const std::string& node);
-  // Drops the entries whose home among `members` is not `self` (after a membership change).
-  size_t dropNotHome(const std::string& self, const std::vector<std::string>& members);
-  // The nodes holding `key` (empty: nobody this home knows of).
-  const std::vector<std::string>& holders(const DirKey& key) const;
+  // Drops the entries whose home on `ring` is not `self` (after a membership change).
+  size_t dropNotHome(const std::string& self, const HashRing& ring);
+  // The nodes holding `entry` (empty: nobody this home knows of).
+  const std::vector<std::string>& holders(const DirEntry& entry) const;
   size_t size() const { return entries_.size(); }
 
  private:
-  std::unordered_map<DirKey, std::vector<std::string>, DirKeyHash> entries_;
+  std::unordered_map<DirEntry, std::vector<std::string>, DirEntryHash> entries_;
 };
 
-// The keys this node holds, and the publish messages owed to their homes.
+// The keys this node holds, where each is filed, and the publish messages owed to their homes.
 class HeldKeys {
  public:
   struct Batch {
-    std::vector<DirKey> add, withdraw;
+    std::vector<DirEntry> add, withdraw;
     bool empty() const { return add.empty() && withdraw.empty(); }
     size_t size() const { return add.size() + withdraw.size(); }
   };
 
-  // A key this node now holds (true if it was new). Queues an add for its home.
-  bool hold(const DirKey& key, const std::vector<std::string>& members);
-  // A key this node no longer holds (true if it was held). Queues a withdraw for its home.
-  bool drop(const DirKey& key, const std::vector<std::string>& members);
+  // A key this node now holds, filed under `under` (anchorsFiledUnder). Queues an add for each
+  // entry's home. Returns true if the key was new. A key held already whose place was unknown
+  // (filed under itself) and is now given moves to its anchors (withdrawn from the old entry).
+  bool hold(const DirKey& key, std::vector<Key128> under, const HashRing& ring);
+  // A key this node no longer holds (true if it was held). Queues a withdraw of each entry.
+  bool drop(const DirKey& key, const HashRing& ring);
   bool holds(const DirKey& key) const { return held_.count(key) != 0; }
+  // Calls f(key, anchors) for every held key.
+  template <typename F>
+  void forEach(F&& f) const {
+    for (const auto& [key, under] : held_) f(key, under);
+  }
+  // The anchors a held key is filed under (nullptr: not held).
+  const std::vector<Key128>* placeOf(const DirKey& key) const {
+    auto it = held_.find(key);
+    return it == held_.end() ? nullptr : &it->second;
+  }
   size_t size() const { return held_.size(); }
 
   // After a membership change from `before` to `after`: queues an add to the new home of every
-  // held key whose home changed. Returns how many keys moved (the messages the change costs).
-  size_t rehome(const std::vector<std::string>& before, const std::vector<std::string>& after);
+  // entry whose home changed. Returns how many entries moved (the messages the change costs).
+  size_t rehome(const HashRing& before, const HashRing& after);
 
-  // Queues an add to `home` of every held key whose home among `members` is `home` (a home
-  // that (re)connected may have forgotten them). Returns how many.
-  size_t resendTo(const std::string& home, const std::vector<std::string>& members);
+  // Queues an add to `home` of every entry whose home on `ring` is `home` (a home that
+  // (re)connected may have forgotten them). Returns how many.
+  size_t resendTo(const std::string& home, const HashRing& ring);
 
   // Takes up to `max` queued messages for `home` (all homes: see pendingHomes).
   Batch take(const std::string& home, size_t max);
   std::vector<std::string> pendingHomes() const;
   size_t pending() const { return pending_; }
   size_t pendingFor(const std::string& home) const;
-  // Puts back a batch that could not be sent, unless a newer message for a key was queued
-  // meanwhile; only what still holds is sent again (an add for a key still held, a withdraw for
-  // one not held).
+  // Puts back a batch that could not be sent, unless a newer message for an entry was queued
+  // meanwhile; only what still holds is sent again (an add for an entry still filed, a withdraw
+  // for one not).
   void requeue(const std::string& home, const Batch& batch);
-  // Forgets what is queued for a home that left (its keys were re-homed by rehome()).
+  // Forgets what is queued for a home that left (its entries were re-homed by rehome()).
   void dropQueue(const std::string& home);
 
  private:
-  void queue(const std::string& home, const DirKey& key, bool add);
+  void queue(const std::string& home, const DirEntry& entry, bool add);
+  bool filed(const DirEntry& e) const;
 
-  std::unordered_set<DirKey, DirKeyHash> held_;
-  // Per home, the latest message owed for each key (true: add, false: withdraw): a key added and
-  // withdrawn before the batch leaves costs one message, and the last one wins.
-  std::unordered_map<std::string, std::unordered_map<DirKey, bool, DirKeyHash>> queues_;
+  // Each held key and the anchors it is filed under.
+  std::unordered_map<DirKey, std::vector<Key128>, DirKeyHash> held_;
+  // Per home, the latest message owed for each entry (true: add, false: withdraw): an entry
+  // added and withdrawn before the batch leaves costs one message, and the last one wins.
+  std::unordered_map<std::string, std::unordered_map<DirEntry, bool, DirEntryHash>> queues_;
   size_t pending_ = 0;
 };
 

@@ -163,10 +163,117 @@ TEST(HashRing, ReplicasAreDistinctMembersStartingWithTheHome) {
   EXPECT_TRUE(HashRing().homes(42, 3).empty());
 }
 
+// --- filing by anchor
+
+// A key filed under itself (its place unknown).
+DirEntry self(const DirKey& k) { return DirEntry{k, k.key}; }
+std::vector<DirEntry> selves(const std::vector<DirKey>& keys) {
+  std::vector<DirEntry> out;
+  for (const DirKey& k : keys) out.push_back(self(k));
+  return out;
+}
+KeySet keysOf(const std::vector<DirEntry>& entries) {
+  KeySet out;
+  for (const DirEntry& e : entries) out.insert(e.key);
+  return out;
+}
+// Keys of one namespace, as a prompt's chain has.
+std::vector<DirKey> chainKeys(size_t n) {
+  auto keys = randomKeys(n);
+  for (auto& k : keys) {
+    k.fingerprint = keys[0].fingerprint;
+    k.salt = keys[0].salt;
+  }
+  return keys;
+}
+std::vector<Key128> chainOf(const std::vector<DirKey>& keys) {
+  std::vector<Key128> out;
+  for (const DirKey& k : keys) out.push_back(k.key);
+  return out;
+}
+
+TEST(Anchors, ABlockIsFiledUnderItsSegmentsAnchorAndAnAnchorUnderEveryEarlierOne) {
+  const auto chain = chainOf(randomKeys(3 * kSegmentBlocks + 5));
+  auto filed = [&](size_t position) {
+    return anchorsFiledUnder(std::span<const Key128>(chain).first(position + 1));
+  };
+  EXPECT_TRUE(anchorsFiledUnder({}).empty()) << "no chain: the place is unknown";
+  EXPECT_EQ(filed(0), (std::vector<Key128>{chain[0]})) << "the first block is its own anchor";
+  EXPECT_EQ(filed(1), (std::vector<Key128>{chain[0]}));
+  EXPECT_EQ(filed(kSegmentBlocks - 1), (std::vector<Key128>{chain[0]}));
+  EXPECT_EQ(filed(kSegmentBlocks), (std::vector<Key128>{chain[0], chain[kSegmentBlocks]}));
+  EXPECT_EQ(filed(kSegmentBlocks + 7), (std::vector<Key128>{chain[kSegmentBlocks]}));
+  EXPECT_EQ(filed(3 * kSegmentBlocks),
+            (std::vector<Key128>{chain[0], chain[kSegmentBlocks], chain[2 * kSegmentBlocks],
+                                 chain[3 * kSegmentBlocks]}));
+  EXPECT_EQ(filed(3 * kSegmentBlocks + 4), (std::vector<Key128>{chain[3 * kSegmentBlocks]}));
+}
+
+TEST(Anchors, OneHomeKnowsAWholeSegmentAndTheDeeperAnchorsPastIt) {
+  const HashRing ring(memberIds(64));
+  const auto keys = chainKeys(4 * kSegmentBlocks);
+  const auto chain = chainOf(keys);
+  HeldKeys held;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    held.hold(keys[i], anchorsFiledUnder(std::span<const Key128>(chain).first(i + 1)), ring);
+  }
+  // Everything filed under the second segment's anchor: its 64 keys and the two anchors after
+  // it, at one home.
+  const DirKey anchor = keys[kSegmentBlocks];
+  const std::string& home = homeOf(DirEntry{anchor, anchor.key}, ring);
+  const auto batch = held.take(home, SIZE_MAX);
+  KeySet under;
+  for (const DirEntry& e : batch.add) {
+    if (e.under == anchor.key) under.insert(e.key);
+  }
+  KeySet want(keys.begin() + kSegmentBlocks, keys.begin() + 2 * kSegmentBlocks);
+  want.insert(keys[2 * kSegmentBlocks]);
+  want.insert(keys[3 * kSegmentBlocks]);
+  EXPECT_EQ(under, want);
+  // Entries in all: a key each, plus each anchor under the anchors before it (1 + 2 + 3).
+  size_t total = batch.add.size();
+  for (const auto& h : held.pendingHomes()) total += held.take(h, SIZE_MAX).add.size();
+  EXPECT_EQ(total, keys.size() + 6);
+}
+
+TEST(HeldKeys, AKeyWhosePlaceWasUnknownMovesToItsAnchorOnce) {
+  const HashRing ring(memberIds(16));
+  const auto keys = chainKeys(kSegmentBlocks + 1);
+  const auto chain = chainOf(keys);
+  const DirKey k = keys[5];
+  const Key128 anchor = keys[0].key;
+  HeldKeys held;
+  ASSERT_TRUE(held.hold(k, {}, ring));  // read back from disk: place unknown
+  (void)held.take(homeOf(self(k), ring), SIZE_MAX);
+  EXPECT_FALSE(held.hold(k, {anchor}, ring)) << "not new";
+  EXPECT_EQ(*held.placeOf(k), (std::vector<Key128>{anchor}));
+  const std::string& oldHome = homeOf(self(k), ring);
+  const std::string& newHome = homeOf(DirEntry{k, anchor}, ring);
+  auto withdrawn = held.take(oldHome, SIZE_MAX).withdraw;
+  if (oldHome == newHome) {
+    EXPECT_EQ(withdrawn, (std::vector<DirEntry>{self(k)}));
+  } else {
+    EXPECT_EQ(withdrawn, (std::vector<DirEntry>{self(k)}));
+    EXPECT_EQ(held.take(newHome, SIZE_MAX).add, (std::vector<DirEntry>{DirEntry{k, anchor}}));
+  }
+  // A known place never changes again.
+  EXPECT_FALSE(held.hold(k, {}, ring));
+  EXPECT_FALSE(held.hold(k, {keys[1].key}, ring));
+  EXPECT_EQ(*held.placeOf(k), (std::vector<Key128>{anchor}));
+  EXPECT_EQ(held.pending(), 0u);
+  // Dropping it withdraws each entry it is filed under.
+  const DirKey a = keys[kSegmentBlocks];
+  held.hold(a, anchorsFiledUnder(chain), ring);
+  for (const auto& h : held.pendingHomes()) (void)held.take(h, SIZE_MAX);
+  ASSERT_TRUE(held.drop(a, ring));
+  EXPECT_EQ(held.pending(), 2u) << "an anchor of the second segment is filed under two anchors";
+  EXPECT_EQ(held.placeOf(a), nullptr);
+}
+
 // --- HomeDirectory
 
 TEST(HomeDirectory, AddAndWithdrawHolders) {
-  const DirKey k = randomKeys(1)[0];
+  const DirEntry k = self(randomKeys(1)[0]);
   HomeDirectory dir;
   EXPECT_TRUE(dir.holders(k).empty());
   dir.add("a", k);
@@ -184,7 +291,7 @@ TEST(HomeDirectory, AddAndWithdrawHolders) {
 }
 
 TEST(HomeDirectory, KeepsAtMostMaxHoldersPerKeyAndTheNewest) {
-  const DirKey k = randomKeys(1)[0];
+  const DirEntry k = self(randomKeys(1)[0]);
   HomeDirectory dir;
   const size_t n = HomeDirectory::kMaxHoldersPerKey + 3;
   for (size_t i = 0; i < n; ++i) dir.add("node-" + std::to_string(i), k);
@@ -196,7 +303,7 @@ TEST(HomeDirectory, KeepsAtMostMaxHoldersPerKeyAndTheNewest) {
 }
 
 TEST(HomeDirectory, ForgetNodeRemovesItEverywhereAndCountsTheEntries) {
-  const auto keys = randomKeys(3);
+  const auto keys = selves(randomKeys(3));
   HomeDirectory dir;
   dir.add("a", keys[0]);
   dir.add("b", keys[0]);
@@ -213,19 +320,19 @@ TEST(HomeDirectory, ForgetNodeRemovesItEverywhereAndCountsTheEntries) {
 }
 
 TEST(HomeDirectory, DropNotHomeDropsExactlyTheEntriesAnotherMemberIsHomeFor) {
-  const Members members{"a", "b", "c"};
-  const auto keys = randomKeys(3000);
+  const HashRing members(Members{"a", "b", "c"});
+  const auto keys = selves(randomKeys(3000));
   HomeDirectory dir;
   size_t notMine = 0;
-  for (const DirKey& k : keys) {
+  for (const DirEntry& k : keys) {
     dir.add("x", k);
     notMine += homeOf(k, members) != "a";
   }
-  EXPECT_EQ(dir.dropNotHome("a", {}), 0u);  // no members: nothing to judge by
+  EXPECT_EQ(dir.dropNotHome("a", HashRing()), 0u);  // no members: nothing to judge by
   EXPECT_EQ(dir.size(), keys.size());
   EXPECT_EQ(dir.dropNotHome("a", members), notMine);
   EXPECT_EQ(dir.size(), keys.size() - notMine);
-  for (const DirKey& k : keys) {
+  for (const DirEntry& k : keys) {
     EXPECT_EQ(dir.holders(k).empty(), homeOf(k, members) != "a");
   }
 }
@@ -233,18 +340,18 @@ TEST(HomeDirectory, DropNotHomeDropsExactlyTheEntriesAnotherMemberIsHomeFor) {
 // --- HeldKeys
 
 TEST(HeldKeys, HoldAndDropQueueAMessageForTheKeysHome) {
-  const Members members{"a", "b", "c"};
+  const HashRing members(Members{"a", "b", "c"});
   const DirKey k = randomKeys(1)[0];
-  const std::string home = homeOf(k, members);
+  const std::string home = homeOf(self(k), members);
   HeldKeys held;
-  EXPECT_TRUE(held.hold(k, members));
-  EXPECT_FALSE(held.hold(k, members));
+  EXPECT_TRUE(held.hold(k, {}, members));
+  EXPECT_FALSE(held.hold(k, {}, members));
   EXPECT_TRUE(held.holds(k));
   EXPECT_EQ(held.pending(), 1u);
   EXPECT_EQ(held.pendingFor(home), 1u);
   EXPECT_EQ(held.pendingHomes(), (Members{home}));
   auto batch = held.take(home, 10);
-  EXPECT_EQ(batch.add, (std::vector<DirKey>{k}));
+  EXPECT_EQ(batch.add, (std::vector<DirEntry>{self(k)}));
   EXPECT_TRUE(batch.withdraw.empty());
   EXPECT_EQ(held.pending(), 0u);
   EXPECT_TRUE(held.pendingHomes().empty());
@@ -254,35 +361,35 @@ TEST(HeldKeys, HoldAndDropQueueAMessageForTheKeysHome) {
   EXPECT_FALSE(held.holds(k));
   batch = held.take(home, 10);
   EXPECT_TRUE(batch.add.empty());
-  EXPECT_EQ(batch.withdraw, (std::vector<DirKey>{k}));
+  EXPECT_EQ(batch.withdraw, (std::vector<DirEntry>{self(k)}));
   EXPECT_EQ(held.pending(), 0u);
 }
 
 TEST(HeldKeys, OnlyTheLastMessageForAKeyLeaves) {
-  const Members members{"a"};
+  const HashRing members(Members{"a"});
   const DirKey k = randomKeys(1)[0];
   HeldKeys held;
-  ASSERT_TRUE(held.hold(k, members));
+  ASSERT_TRUE(held.hold(k, {}, members));
   ASSERT_TRUE(held.drop(k, members));
   EXPECT_EQ(held.pending(), 1u);
   auto batch = held.take("a", 10);
   EXPECT_TRUE(batch.add.empty());
-  EXPECT_EQ(batch.withdraw, (std::vector<DirKey>{k}));
+  EXPECT_EQ(batch.withdraw, (std::vector<DirEntry>{self(k)}));
 
-  ASSERT_TRUE(held.hold(k, members));
+  ASSERT_TRUE(held.hold(k, {}, members));
   ASSERT_TRUE(held.drop(k, members));
-  ASSERT_TRUE(held.hold(k, members));
+  ASSERT_TRUE(held.hold(k, {}, members));
   EXPECT_EQ(held.pending(), 1u);
   batch = held.take("a", 10);
-  EXPECT_EQ(batch.add, (std::vector<DirKey>{k}));
+  EXPECT_EQ(batch.add, (std::vector<DirEntry>{self(k)}));
   EXPECT_TRUE(batch.withdraw.empty());
 }
 
 TEST(HeldKeys, TakeRespectsMaxAndPendingCounts) {
-  const Members members{"a"};
+  const HashRing members(Members{"a"});
   const auto keys = randomKeys(10);
   HeldKeys held;
-  for (const DirKey& k : keys) held.hold(k, members);
+  for (const DirKey& k : keys) held.hold(k, {}, members);
   EXPECT_EQ(held.pending(), 10u);
   EXPECT_TRUE(held.take("b", 10).empty());  // nothing queued for b
   EXPECT_EQ(held.take("a", 0).size(), 0u);
@@ -294,22 +401,22 @@ TEST(HeldKeys, TakeRespectsMaxAndPendingCounts) {
   EXPECT_EQ(rest.size(), 7u);
   EXPECT_EQ(held.pending(), 0u);
   EXPECT_TRUE(held.pendingHomes().empty());
-  KeySet taken = setOf(first.add);
-  taken.insert(rest.add.begin(), rest.add.end());
+  KeySet taken = keysOf(first.add);
+  for (const auto& e : rest.add) taken.insert(e.key);
   EXPECT_EQ(taken, setOf(keys));
 }
 
 TEST(HeldKeys, RehomeQueuesAnAddToTheNewHomeOfExactlyTheKeysThatMoved) {
-  const Members before{"a", "b", "c"}, after{"a", "b", "c", "d"};
+  const HashRing before(Members{"a", "b", "c"}), after(Members{"a", "b", "c", "d"});
   const auto keys = randomKeys(4000);
   HeldKeys held;
-  for (const DirKey& k : keys) held.hold(k, before);
+  for (const DirKey& k : keys) held.hold(k, {}, before);
   for (const auto& home : held.pendingHomes()) (void)held.take(home, SIZE_MAX);
   ASSERT_EQ(held.pending(), 0u);
 
   KeySet moved;
   for (const DirKey& k : keys) {
-    if (homeOf(k, before) != homeOf(k, after)) moved.insert(k);
+    if (homeOf(self(k), before) != homeOf(self(k), after)) moved.insert(k);
   }
   ASSERT_FALSE(moved.empty());
   EXPECT_EQ(held.rehome(before, after), moved.size());
@@ -317,16 +424,16 @@ TEST(HeldKeys, RehomeQueuesAnAddToTheNewHomeOfExactlyTheKeysThatMoved) {
   EXPECT_EQ(held.pendingHomes(), (Members{"d"}));
   auto batch = held.take("d", SIZE_MAX);
   EXPECT_TRUE(batch.withdraw.empty());
-  EXPECT_EQ(setOf(batch.add), moved);
+  EXPECT_EQ(keysOf(batch.add), moved);
 
   // c leaves: its keys go to their new homes among a, b and d.
-  const Members afterLeave{"a", "b", "d"};
+  const HashRing afterLeave(Members{"a", "b", "d"});
   size_t fromC = 0;
-  for (const DirKey& k : keys) fromC += homeOf(k, after) == "c";
+  for (const DirKey& k : keys) fromC += homeOf(self(k), after) == "c";
   EXPECT_EQ(held.rehome(after, afterLeave), fromC);
   size_t queued = 0;
   for (const auto& home : held.pendingHomes()) {
-    for (const DirKey& k : held.take(home, SIZE_MAX).add) {
+    for (const DirEntry& k : held.take(home, SIZE_MAX).add) {
       EXPECT_EQ(homeOf(k, after), "c");
       EXPECT_EQ(homeOf(k, afterLeave), home);
       ++queued;
@@ -336,42 +443,42 @@ TEST(HeldKeys, RehomeQueuesAnAddToTheNewHomeOfExactlyTheKeysThatMoved) {
 }
 
 TEST(HeldKeys, RehomeFromNoMembersQueuesEveryKey) {
-  const Members members{"a", "b"};
+  const HashRing members(Members{"a", "b"});
   const auto keys = randomKeys(500);
   HeldKeys held;
-  for (const DirKey& k : keys) held.hold(k, {});
+  for (const DirKey& k : keys) held.hold(k, {}, HashRing());
   EXPECT_EQ(held.pending(), 0u);  // no home to tell yet
-  EXPECT_EQ(held.rehome({}, {}), 0u);
-  EXPECT_EQ(held.rehome({}, members), keys.size());
+  EXPECT_EQ(held.rehome(HashRing(), HashRing()), 0u);
+  EXPECT_EQ(held.rehome(HashRing(), members), keys.size());
   EXPECT_EQ(held.pending(), keys.size());
-  for (const auto& home : members) {
-    for (const DirKey& k : held.take(home, SIZE_MAX).add) EXPECT_EQ(homeOf(k, members), home);
+  for (const auto& home : members.members()) {
+    for (const DirEntry& k : held.take(home, SIZE_MAX).add) EXPECT_EQ(homeOf(k, members), home);
   }
   EXPECT_EQ(held.pending(), 0u);
 }
 
 TEST(HeldKeys, ResendToQueuesExactlyTheKeysAReconnectingHomeIsHomeFor) {
-  const Members members{"a", "b", "c"};
+  const HashRing members(Members{"a", "b", "c"});
   const auto keys = randomKeys(900);
   HeldKeys held;
-  for (const DirKey& k : keys) held.hold(k, {});
+  for (const DirKey& k : keys) held.hold(k, {}, HashRing());
   size_t homedAtB = 0;
-  for (const DirKey& k : keys) homedAtB += homeOf(k, members) == "b";
+  for (const DirKey& k : keys) homedAtB += homeOf(self(k), members) == "b";
   EXPECT_EQ(held.resendTo("b", members), homedAtB);
   EXPECT_EQ(held.pending(), homedAtB);
   EXPECT_TRUE(held.pendingHomes() == std::vector<std::string>{"b"});
-  for (const DirKey& k : held.take("b", SIZE_MAX).add) EXPECT_EQ(homeOf(k, members), "b");
+  for (const DirEntry& k : held.take("b", SIZE_MAX).add) EXPECT_EQ(homeOf(k, members), "b");
   EXPECT_EQ(held.resendTo("d", members), 0u);  // not a member: home of nothing
-  EXPECT_EQ(held.resendTo("b", {}), 0u);
+  EXPECT_EQ(held.resendTo("b", HashRing()), 0u);
 }
 
 TEST(HeldKeys, RequeuePutsBackOnlyWhatStillHolds) {
-  const Members members{"a"};
+  const HashRing members(Members{"a"});
   const auto k = randomKeys(6);
   HeldKeys held;
-  for (int i = 0; i < 3; ++i) held.hold(k[i], members);
+  for (int i = 0; i < 3; ++i) held.hold(k[i], {}, members);
   for (int i = 3; i < 6; ++i) {
-    held.hold(k[i], members);
+    held.hold(k[i], {}, members);
     held.drop(k[i], members);
   }
   const auto batch = held.take("a", SIZE_MAX);  // add k0-k2, withdraw k3-k5
@@ -379,13 +486,13 @@ TEST(HeldKeys, RequeuePutsBackOnlyWhatStillHolds) {
   ASSERT_EQ(batch.withdraw.size(), 3u);
 
   // Meanwhile, with no home to tell (members empty): k1 is dropped, k4 held again.
-  held.drop(k[1], {});
-  held.hold(k[4], {});
+  held.drop(k[1], HashRing());
+  held.hold(k[4], {}, HashRing());
   held.requeue("a", batch);
   EXPECT_EQ(held.pending(), 4u);
   const auto again = held.take("a", SIZE_MAX);
-  EXPECT_EQ(setOf(again.add), (KeySet{k[0], k[2]}));
-  EXPECT_EQ(setOf(again.withdraw), (KeySet{k[3], k[5]}));
+  EXPECT_EQ(keysOf(again.add), (KeySet{k[0], k[2]}));
+  EXPECT_EQ(keysOf(again.withdraw), (KeySet{k[3], k[5]}));
 
   // Nothing of the batch still holds: nothing is queued for the home.
   HeldKeys none;
@@ -397,32 +504,32 @@ TEST(HeldKeys, RequeuePutsBackOnlyWhatStillHolds) {
 }
 
 TEST(HeldKeys, RequeueNeverOverridesANewerMessage) {
-  const Members members{"a"};
+  const HashRing members(Members{"a"});
   const auto k = randomKeys(2);
   HeldKeys held;
-  held.hold(k[0], members);
-  held.hold(k[1], members);
+  held.hold(k[0], {}, members);
+  held.hold(k[1], {}, members);
   held.drop(k[1], members);
   const auto batch = held.take("a", SIZE_MAX);  // add k0, withdraw k1
   // Newer messages: a withdraw of k0, an add of k1. Each key is then changed back without a home
   // to tell, so that the batch's message alone would pass requeue's still-holds check.
   held.drop(k[0], members);
-  held.hold(k[0], {});
-  held.hold(k[1], members);
-  held.drop(k[1], {});
+  held.hold(k[0], {}, HashRing());
+  held.hold(k[1], {}, members);
+  held.drop(k[1], HashRing());
   ASSERT_EQ(held.pending(), 2u);
   held.requeue("a", batch);
   EXPECT_EQ(held.pending(), 2u);
   const auto sent = held.take("a", SIZE_MAX);
-  EXPECT_EQ(sent.withdraw, (std::vector<DirKey>{k[0]}));
-  EXPECT_EQ(sent.add, (std::vector<DirKey>{k[1]}));
+  EXPECT_EQ(sent.withdraw, (std::vector<DirEntry>{self(k[0])}));
+  EXPECT_EQ(sent.add, (std::vector<DirEntry>{self(k[1])}));
 }
 
 TEST(HeldKeys, DropQueueForgetsOnlyThatHomesMessages) {
-  const Members members{"a", "b"};
+  const HashRing members(Members{"a", "b"});
   const auto keys = randomKeys(200);
   HeldKeys held;
-  for (const DirKey& k : keys) held.hold(k, members);
+  for (const DirKey& k : keys) held.hold(k, {}, members);
   const size_t forA = held.pendingFor("a"), forB = held.pendingFor("b");
   ASSERT_GT(forA, 0u);
   ASSERT_GT(forB, 0u);

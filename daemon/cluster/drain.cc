@@ -93,7 +93,8 @@ kj::Promise<DrainProgress> ClusterService::Impl::drainStep(uint32_t maxSnapshots
           });
     });
   }
-  // Blocks in memory not yet handed over, each to its home among the others (they spread).
+  // Blocks in memory not yet handed over, each chain to one of the others (chains spread, and a
+  // chain stays whole: a lookup finds it on one holder).
   return moving.then([this, maxBlocks, targets, targetIds, progress]() {
     std::map<std::pair<SpaceId, size_t>, std::vector<Key128>> batches;  // (space, target)
     size_t taken = 0;
@@ -101,7 +102,7 @@ kj::Promise<DrainProgress> ClusterService::Impl::drainStep(uint32_t maxSnapshots
       if (taken >= maxBlocks) break;
       const DirKey dk = dirKey(space, key);
       if (drained_.count(dk)) continue;
-      const std::string& home = homeOf(dk, targetIds);
+      const std::string& home = homeOf(DirKey{dk.fingerprint, dk.salt, chainRoot(dk)}, targetIds);
       const size_t t = std::find(targetIds.begin(), targetIds.end(), home) - targetIds.begin();
       batches[{space, t}].push_back(key);
       ++taken;

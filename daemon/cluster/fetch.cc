@@ -16,16 +16,17 @@ void ClusterService::Impl::countFailure(const kj::Exception& e) {
   logWarn("fetch_failed", std::string(e.getDescription().cStr()).substr(0, 300));
 }
 
-kj::Promise<void> ClusterService::Impl::fetch(SpaceId space, std::vector<Key128> keys) {
-  if (!active() || keys.empty()) return kj::READY_NOW;
-  if (keys.size() > kMaxChainKeys) keys.resize(kMaxChainKeys);
+kj::Promise<void> ClusterService::Impl::fetch(SpaceId space, std::vector<Key128> chain,
+                                              size_t from) {
+  if (!active() || from >= chain.size()) return kj::READY_NOW;
+  if (chain.size() - from > kMaxChainKeys) chain.resize(from + kMaxChainKeys);
   ++stats_.remoteLookups;
   if (fetchesInFlight_ >= kMaxFetchesInFlight) {
     ++stats_.fetchFull;
     return kj::READY_NOW;
   }
   ++fetchesInFlight_;
-  auto job = fetchChain(space, std::move(keys))
+  auto job = fetchChain(space, std::move(chain), from)
                  .catch_([this](kj::Exception&& e) { countFailure(e); })
                  .then([this] { --fetchesInFlight_; })
                  .fork();
@@ -38,102 +39,163 @@ kj::Promise<void> ClusterService::Impl::fetch(SpaceId space, std::vector<Key128>
       timer_.afterDelay(options_.peerTimeout).then([this] { ++stats_.remoteLookupsCut; }));
 }
 
-kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Key128> keys) {
-  const SpaceInfo& info = engine_.space(space);
-  std::map<std::string, std::vector<size_t>> byHome;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    byHome[homeOf(DirKey{info.fingerprint, info.salt, keys[i]}, members_)].push_back(i);
+void ClusterService::Impl::countLookupMessages(uint32_t messages) {
+  stats_.lookupPeerMessages += messages;
+  stats_.lookupPeerMessagesMax = std::max<uint64_t>(stats_.lookupPeerMessagesMax, messages);
+}
+
+kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Key128> chain,
+                                                   size_t from) {
+  // A block another lookup's fetch is bringing: wait for that fetch instead (it brings the chain
+  // from there on as far as its holders reach).
+  if (auto f = fetching_.find(dirKey(space, chain[from])); f != fetching_.end()) {
+    countLookupMessages(0);
+    return f->second->addBranch();
   }
-  auto holders = std::make_shared<std::vector<std::vector<std::string>>>(keys.size());
-  kj::Vector<kj::Promise<void>> asks;
-  for (auto& [home, idx] : byHome) {
-    if (home == options_.nodeId) {
-      for (size_t i : idx)
-        (*holders)[i] = home_.holders(DirKey{info.fingerprint, info.salt, keys[i]});
-      continue;
+  const SpaceInfo& info = engine_.space(space);
+  // One home knows the rest of the first missing block's segment, key by key, and how far each
+  // holder reaches down the chain past it: the holders of each later anchor.
+  const size_t segEnd = std::min(chain.size(), (from / kSegmentBlocks + 1) * kSegmentBlocks);
+  const Key128 anchor = chain[from - from % kSegmentBlocks];
+  std::vector<size_t> asked;  // chain positions
+  for (size_t i = from; i < segEnd; ++i) asked.push_back(i);
+  for (size_t a = segEnd; a < chain.size(); a += kSegmentBlocks) asked.push_back(a);
+  auto holders = std::make_shared<std::vector<std::vector<std::string>>>(asked.size());
+  const DirEntry probe{DirKey{info.fingerprint, info.salt, anchor}, anchor};
+  const std::string home = homeOf(probe, ring_);
+  kj::Promise<void> answered = kj::READY_NOW;
+  uint32_t queries = 0;
+  if (home == options_.nodeId) {
+    for (size_t j = 0; j < asked.size(); ++j) {
+      (*holders)[j] =
+          home_.holders(DirEntry{DirKey{info.fingerprint, info.salt, chain[asked[j]]}, anchor});
     }
+  } else {
     auto link = linkTo(home);
-    if (!link) continue;
+    if (!link) {
+      countLookupMessages(0);
+      return kj::READY_NOW;  // the home is not reachable: nobody to ask until membership settles
+    }
     KJ_IF_MAYBE (p, link->peer) {
       auto req = p->whoHoldsRequest();
       req.getSpace().setFingerprint(info.fingerprint);
       req.getSpace().setSalt(capnp::Data::Reader(info.salt.data(), 16));
-      auto packed = req.initKeys(idx.size() * 16);
-      for (size_t j = 0; j < idx.size(); ++j)
-        std::memcpy(packed.begin() + 16 * j, keys[idx[j]].bytes.data(), 16);
-      asks.add(withDeadline(timer_, options_.peerTimeout, req.send())
-                   .then([holders, idx = idx](auto response) {
-                     auto nodes = response.getNodes();
-                     auto masks = response.getHolders();
-                     const size_t n = std::min<size_t>(masks.size(), idx.size());
-                     for (size_t j = 0; j < n; ++j) {
-                       for (size_t b = 0; b < nodes.size() && b < 64; ++b) {
-                         if (masks[j] & (uint64_t{1} << b))
-                           (*holders)[idx[j]].push_back(text(nodes[b]));
+      req.setUnder(capnp::Data::Reader(anchor.bytes.data(), 16));
+      auto packed = req.initKeys(asked.size() * 16);
+      for (size_t j = 0; j < asked.size(); ++j)
+        std::memcpy(packed.begin() + 16 * j, chain[asked[j]].bytes.data(), 16);
+      queries = 1;
+      answered = withDeadline(timer_, options_.peerTimeout, req.send())
+                     .then([holders](auto response) {
+                       auto nodes = response.getNodes();
+                       auto masks = response.getHolders();
+                       const size_t n = std::min<size_t>(masks.size(), holders->size());
+                       for (size_t j = 0; j < n; ++j) {
+                         for (size_t b = 0; b < nodes.size() && b < 64; ++b) {
+                           if (masks[j] & (uint64_t{1} << b))
+                             (*holders)[j].push_back(text(nodes[b]));
+                         }
                        }
-                     }
-                   })
-                   .catch_([this](kj::Exception&& e) { countFailure(e); }));
+                     });
+    } else {
+      countLookupMessages(0);
+      return kj::READY_NOW;
     }
   }
-  return kj::joinPromises(asks.releaseAsArray())
-      .then([this, space, keys = std::move(keys), holders]() mutable {
-        // Runs: from the first key on, the holder that covers the longest stretch.
+  return answered.then(
+      [this, space, chain = std::move(chain), from, segEnd, asked = std::move(asked), holders,
+       queries]() mutable -> kj::Promise<void> {
+        // Another lookup's fetch may have set out for the same blocks while the home answered.
+        if (auto f = fetching_.find(dirKey(space, chain[from])); f != fetching_.end()) {
+          countLookupMessages(queries);
+          return f->second->addBranch();
+        }
+        // Blocks this node holds already (a drain spreads a chain over several nodes) are no
+        // gap: a holder's reach runs past them, and no pin asks for them.
+        std::vector<bool> local(chain.size(), false);
+        for (size_t i = from; i < chain.size(); ++i) local[i] = engine_.indexed(space, chain[i]);
+        const auto plan = planPins(chain.size(), from, segEnd, asked, *holders, local);
+        countLookupMessages(queries + static_cast<uint32_t>(plan.size()));
         kj::Vector<kj::Promise<void>> runs;
-        size_t i = 0;
-        while (i < keys.size()) {
-          // A block this node holds already (the chain's holdings may interleave: a drain
-          // spreads a prefix over several nodes) is no gap: the walk goes on past it.
-          if (engine_.indexed(space, keys[i])) {
-            ++i;
-            continue;
+        for (const PinPlan& pin : plan) {
+          std::vector<Key128> keys;
+          for (size_t i = pin.begin; i < pin.end; ++i) {
+            if (!local[i]) keys.push_back(chain[i]);
           }
-          // A block another lookup's fetch is bringing: wait for that fetch instead.
-          if (auto f = fetching_.find(dirKey(space, keys[i])); f != fetching_.end()) {
-            runs.add(f->second->addBranch());
-            ++i;
-            continue;
-          }
-          std::shared_ptr<Link> best;
-          size_t bestEnd = i;
-          for (const auto& h : (*holders)[i]) {
-            if (h == options_.nodeId) continue;
-            auto link = linkTo(h);
-            if (!link) continue;
-            size_t j = i;
-            while (j < keys.size() && j - i < kMaxPinBlocks &&
-                   (j == i || !fetching_.count(dirKey(space, keys[j]))) &&
-                   std::find((*holders)[j].begin(), (*holders)[j].end(), h) !=
-                       (*holders)[j].end()) {
-              ++j;
+          auto run = std::make_shared<kj::ForkedPromise<void>>(
+              fetchRun(space, pin.link, keys).fork());
+          for (const Key128& k : keys) fetching_[dirKey(space, k)] = run;
+          // Once done (it never rejects), its blocks are no longer in flight.
+          runs.add(run->addBranch().then([this, space, keys = std::move(keys), run]() {
+            for (const Key128& k : keys) {
+              auto f = fetching_.find(dirKey(space, k));
+              if (f != fetching_.end() && f->second == run) fetching_.erase(f);
             }
-            if (j > bestEnd) {
-              best = link;
-              bestEnd = j;
-            }
-          }
-          if (!best) break;
-          // The run goes in pieces, all at once: while the holder hashes one piece for its pin
-          // answer, the pieces before it are on the wire, and the asker checks each piece while
-          // the next arrive.
-          for (size_t from = i; from < bestEnd; from += kPinPieceBlocks) {
-            const size_t to = std::min(bestEnd, from + kPinPieceBlocks);
-            std::vector<Key128> piece(keys.begin() + from, keys.begin() + to);
-            auto run =
-                std::make_shared<kj::ForkedPromise<void>>(fetchRun(space, best, piece).fork());
-            for (const Key128& k : piece) fetching_[dirKey(space, k)] = run;
-            // Once done (it never rejects), its blocks are no longer in flight.
-            runs.add(run->addBranch().then([this, space, piece = std::move(piece), run]() {
-              for (const Key128& k : piece) {
-                auto f = fetching_.find(dirKey(space, k));
-                if (f != fetching_.end() && f->second == run) fetching_.erase(f);
-              }
-            }));
-          }
-          i = bestEnd;
+          }));
         }
         return kj::joinPromises(runs.releaseAsArray());
       });
+}
+
+std::vector<ClusterService::Impl::PinPlan> ClusterService::Impl::planPins(
+    size_t chainSize, size_t from, size_t segEnd, const std::vector<size_t>& asked,
+    const std::vector<std::vector<std::string>>& holders, const std::vector<bool>& local) const {
+  // For each live holder: which positions of the segment it holds, and the deepest later anchor
+  // it holds (a holder keeps a block's prefix: the tail goes first).
+  struct Reach {
+    std::vector<bool> held;  // positions from .. segEnd
+    size_t deepest = 0;      // chain position of its deepest later anchor, 0 for none
+  };
+  std::map<std::string, Reach> reach;
+  for (size_t j = 0; j < asked.size(); ++j) {
+    for (const auto& h : holders[j]) {
+      if (h == options_.nodeId || !linkTo(h)) continue;
+      Reach& r = reach[h];
+      if (asked[j] < segEnd) {
+        r.held.resize(segEnd - from, false);
+        r.held[asked[j] - from] = true;
+      } else {
+        r.deepest = std::max(r.deepest, asked[j]);
+      }
+    }
+  }
+  // Where a holder's reach from position `p` ends: the first block of the segment that neither
+  // it nor this node holds; past the segment, the end of its deepest anchor's segment.
+  auto endFrom = [&](const Reach& r, size_t p) {
+    if (p < segEnd) {
+      while (p < segEnd && (local[p] || (r.held.size() > p - from && r.held[p - from]))) ++p;
+      if (p < segEnd) return p;
+    }
+    return r.deepest >= p ? std::min(chainSize, r.deepest + kSegmentBlocks) : p;
+  };
+  auto holdsAt = [&](const Reach& r, size_t p) {
+    return p < segEnd ? r.held.size() > p - from && r.held[p - from] : r.deepest >= p;
+  };
+  auto best = [&](size_t p, const std::string* not_) -> const std::string* {
+    const std::string* pick = nullptr;
+    size_t pickEnd = p;
+    for (const auto& [node, r] : reach) {
+      if (&node == not_ || !holdsAt(r, p)) continue;
+      const size_t e = endFrom(r, p);
+      if (e > pickEnd) pick = &node, pickEnd = e;
+    }
+    return pick;
+  };
+  std::vector<PinPlan> plan;
+  // The first pin: a holder of the first missing block, the one that reaches furthest.
+  const std::string* first = best(from, nullptr);
+  if (!first) return plan;
+  const size_t end1 = std::min(endFrom(reach.at(*first), from), from + kMaxPinBlocks);
+  plan.push_back(PinPlan{linkTo(*first), from, end1});
+  // A second, at once: the holder that reaches furthest from where the first one's reach ends.
+  size_t at = end1;
+  while (at < chainSize && local[at]) ++at;
+  if (at >= chainSize) return plan;
+  if (const std::string* second = best(at, first)) {
+    const size_t end2 = std::min(endFrom(reach.at(*second), at), at + kMaxPinBlocks);
+    plan.push_back(PinPlan{linkTo(*second), at, end2});
+  }
+  return plan;
 }
 
 kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<Link> link,
@@ -143,6 +205,8 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
   struct Run {
     std::vector<PromoteTicket> tickets;
     std::vector<bool> finished;
+    // The anchors the holder files each block under: this node files it the same.
+    std::vector<std::vector<Key128>> under;
     kj::Maybe<peer::PinLease::Client> lease;
     kj::Maybe<kj::Promise<void>> released;
   };
@@ -156,19 +220,31 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
     run->tickets.push_back(*t);
   }
   run->finished.assign(run->tickets.size(), false);
+  run->under.resize(run->tickets.size());
   keys.resize(run->tickets.size());
   if (keys.empty()) return kj::READY_NOW;
-  auto finishAll = [this, run, replica](const std::vector<bool>& good) {
-    for (size_t i = 0; i < run->tickets.size(); ++i) {
+  // Seals the blocks `which` that arrived good; the others are freed.
+  auto finish = [this, run, replica](const std::vector<size_t>& which,
+                                     const std::vector<bool>& good) {
+    for (size_t j = 0; j < which.size(); ++j) {
+      const size_t i = which[j];
       if (run->finished[i]) continue;
       run->finished[i] = true;
-      const bool ok = i < good.size() && good[i];
+      const bool ok = j < good.size() && good[j];
+      placeHint_ = &run->under[i];
       engine_.finishPromote(run->tickets[i], ok, /*remote=*/true, replica);
+      placeHint_ = nullptr;
       if (ok && run->tickets[i].block != kNoBlock) {
         ++stats_.remoteHitBlocks;
         stats_.remoteHitBytes += run->tickets[i].location.bytes;
       }
     }
+  };
+  // Frees what did not arrive and lets the holder's pin go.
+  auto finishAll = [this, run, finish]() {
+    std::vector<size_t> all(run->tickets.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    finish(all, {});
     run->released = releasePin(run->lease);
     if (cold_) cold_->kick();
   };
@@ -185,7 +261,7 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
         return kj::Promise<capnp::Response<peer::Peer::PinResults>>(
             KJ_EXCEPTION(DISCONNECTED, "peer is not connected"));
       })
-      .then([this, link, run, keys](capnp::Response<peer::Peer::PinResults> response) {
+      .then([this, link, run, keys, finish](capnp::Response<peer::Peer::PinResults> response) {
         run->lease = response.getLease();
         const UcxGrant grant = grantFrom(response.getGrant());
         auto blocks = response.getBlocks();
@@ -210,57 +286,75 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
                                 t.location.bytes, grant});
           which.push_back(i);
           expected.push_back(b.getChecksum());
+          auto under = b.getUnder();
+          if (under.size() % 16 == 0 && under.size() / 16 <= kMaxAnchorsPerBlock) {
+            for (size_t u = 0; u < under.size(); u += 16) {
+              Key128 k;
+              std::memcpy(k.bytes.data(), under.begin() + u, 16);
+              run->under[i].push_back(k);
+            }
+          }
         }
-        if (gets.empty() || !link->ucx) return kj::Promise<std::vector<bool>>(std::vector<bool>());
+        if (gets.empty() || !link->ucx) return kj::Promise<void>(kj::READY_NOW);
+        // The run is read in pieces, all at once: each piece is checked and sealed as soon as
+        // it is here, while the next are still on the wire.
         const kj::TimePoint deadline = timer_.now() + transferDeadline(gets);
         const kj::TimePoint started = timer_.now();
-        return link->ucx->get(gets, deadline)
-            .then([this, run, gets, which, expected, link, started](std::vector<bool> ok) {
-              const size_t failed = std::count(ok.begin(), ok.end(), false);
-              if (failed > 0) {
-                logWarn(
-                    "fetch_transfer_failed",
-                    "node=" + link->nodeId + " failed=" + std::to_string(failed) +
-                        " of=" + std::to_string(ok.size()) +
-                        " ms=" + std::to_string((timer_.now() - started) / kj::MILLISECONDS) +
-                        " endpoint_failed=" + (link->ucx && link->ucx->failed() ? "yes" : "no"));
-              }
-              std::vector<BlockLocation> verify;
-              for (size_t j = 0; j < gets.size(); ++j) {
-                if (!ok[j]) continue;
-                verify.push_back(run->tickets[which[j]].location);
-              }
-              return checksumsOf(std::move(verify))
-                  .then([this, run, which, expected, ok,
-                         node = link->nodeId](std::vector<uint64_t> sums) {
-                    std::vector<bool> good(run->tickets.size(), false);
-                    size_t s = 0;
-                    for (size_t j = 0; j < which.size(); ++j) {
-                      bool fine = false;
-                      if (ok[j]) {
-                        fine = sums[s++] == expected[j];
-                        PromoteTicket& t = run->tickets[which[j]];
-                        if (fine) {
-                          t.checksum = expected[j];  // the writer's, verified: the block's own
-                        } else {
-                          ++stats_.fetchChecksum;
-                          logCorrupt("fetch_checksum_mismatch", t.key, node);
-                        }
-                      } else {
-                        ++stats_.fetchTransfer;
-                      }
-                      // A block after a gap is still a valid block: keep it (a later lookup
-                      // may reach it once the gap is filled).
-                      good[which[j]] = fine;
-                    }
-                    return good;
-                  });
-            });
+        kj::Vector<kj::Promise<void>> pieces;
+        for (size_t p = 0; p < gets.size(); p += kPinPieceBlocks) {
+          const size_t q = std::min(gets.size(), p + kPinPieceBlocks);
+          std::vector<UcxGet> pg(gets.begin() + p, gets.begin() + q);
+          std::vector<size_t> pw(which.begin() + p, which.begin() + q);
+          std::vector<uint64_t> pe(expected.begin() + p, expected.begin() + q);
+          pieces.add(link->ucx->get(pg, deadline)
+                         .then([this, run, pw, pe, link, started,
+                                finish](std::vector<bool> ok) mutable {
+                           const size_t failed = std::count(ok.begin(), ok.end(), false);
+                           if (failed > 0) {
+                             logWarn("fetch_transfer_failed",
+                                     "node=" + link->nodeId + " failed=" + std::to_string(failed) +
+                                         " of=" + std::to_string(ok.size()) + " ms=" +
+                                         std::to_string((timer_.now() - started) /
+                                                        kj::MILLISECONDS) +
+                                         " endpoint_failed=" +
+                                         (link->ucx && link->ucx->failed() ? "yes" : "no"));
+                           }
+                           std::vector<BlockLocation> verify;
+                           for (size_t j = 0; j < pw.size(); ++j) {
+                             if (j < ok.size() && ok[j])
+                               verify.push_back(run->tickets[pw[j]].location);
+                           }
+                           return checksumsOf(std::move(verify))
+                               .then([this, run, pw = std::move(pw), pe = std::move(pe), ok,
+                                      node = link->nodeId, finish](std::vector<uint64_t> sums) {
+                                 std::vector<bool> good(pw.size(), false);
+                                 size_t s = 0;
+                                 for (size_t j = 0; j < pw.size(); ++j) {
+                                   if (j < ok.size() && ok[j]) {
+                                     PromoteTicket& t = run->tickets[pw[j]];
+                                     good[j] = sums[s++] == pe[j];
+                                     if (good[j]) {
+                                       t.checksum = pe[j];  // the writer's, verified
+                                     } else {
+                                       ++stats_.fetchChecksum;
+                                       logCorrupt("fetch_checksum_mismatch", t.key, node);
+                                     }
+                                   } else {
+                                     ++stats_.fetchTransfer;
+                                   }
+                                 }
+                                 // A block after a gap is still a valid block: keep it (a
+                                 // later lookup may reach it once the gap is filled).
+                                 finish(pw, good);
+                               });
+                         }));
+        }
+        return kj::joinPromises(pieces.releaseAsArray());
       })
-      .then([finishAll](std::vector<bool> good) { finishAll(good); },
+      .then([finishAll]() { finishAll(); },
             [this, finishAll](kj::Exception&& e) {
               countFailure(e);
-              finishAll({});
+              finishAll();
             })
       .then([run, awaitRelease]() -> kj::Promise<void> {
         if (!awaitRelease) return kj::READY_NOW;

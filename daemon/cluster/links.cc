@@ -112,15 +112,17 @@ void ClusterService::Impl::updateMembers() {
   if (next == members_) return;
   const std::vector<std::string> before = std::move(members_);
   members_ = std::move(next);
+  HashRing beforeRing = std::move(ring_);
+  ring_ = HashRing(members_);
   for (const auto& n : before) {
     if (!std::binary_search(members_.begin(), members_.end(), n)) {
       home_.forgetNode(n);
       held_.dropQueue(n);
     }
   }
-  const size_t moved = held_.rehome(before, members_);
+  const size_t moved = held_.rehome(beforeRing, ring_);
   stats_.rehomed += moved;
-  const size_t dropped = home_.dropNotHome(options_.nodeId, members_);
+  const size_t dropped = home_.dropNotHome(options_.nodeId, ring_);
   logInfo("membership", "members=" + std::to_string(members_.size()) + " keys_rehomed=" +
                             std::to_string(moved) + " entries_dropped=" + std::to_string(dropped));
   schedulePublish();

@@ -62,17 +62,18 @@ class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
       for (auto g : groups) {
         const Salt salt = saltFrom(g.getSpace().getSalt());
         const auto keys = unpackKeys(g.getKeys(), kMaxPublishKeys);
+        const auto unders = unpackKeys(g.getUnders(), kMaxPublishKeys);
         total += keys.size();
         if (total > kMaxPublishKeys) {
           throwRpcError(makeError(ErrorCode::kInvalidArgument, "a publish of more than ",
                                   kMaxPublishKeys, " keys"));
         }
-        for (const Key128& k : keys) {
-          const DirKey dk{g.getSpace().getFingerprint(), salt, k};
+        for (size_t i = 0; i < keys.size(); ++i) {
+          const DirEntry e{DirKey{g.getSpace().getFingerprint(), salt, keys[i]}, unders[i]};
           if (add) {
-            impl_.home_.add(node_, dk);
+            impl_.home_.add(node_, e);
           } else {
-            impl_.home_.withdraw(node_, dk);
+            impl_.home_.withdraw(node_, e);
           }
         }
       }
@@ -81,7 +82,10 @@ class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
     for (auto list : {p.getAdd(), p.getWithdraw()}) {
       for (auto g : list) {
         (void)saltFrom(g.getSpace().getSalt());
-        (void)unpackKeys(g.getKeys(), kMaxPublishKeys);
+        if (unpackKeys(g.getKeys(), kMaxPublishKeys).size() !=
+            unpackKeys(g.getUnders(), kMaxPublishKeys).size()) {
+          throwRpcError(invalid("a key group names one anchor per key"));
+        }
       }
     }
     apply(p.getWithdraw(), false);
@@ -93,11 +97,15 @@ class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
     auto p = context.getParams();
     const Salt salt = saltFrom(p.getSpace().getSalt());
     const auto keys = unpackKeys(p.getKeys(), kMaxChainKeys);
+    const auto under = unpackKeys(p.getUnder(), 1);
+    if (under.size() != 1) throwRpcError(invalid("who-holds names the anchor its keys are under"));
+    ++impl_.stats_.directoryQueries;
     std::vector<std::string> nodes;
     std::vector<uint64_t> masks;
     for (const Key128& k : keys) {
       uint64_t mask = 0;
-      for (const auto& n : impl_.home_.holders(DirKey{p.getSpace().getFingerprint(), salt, k})) {
+      const DirEntry e{DirKey{p.getSpace().getFingerprint(), salt, k}, under[0]};
+      for (const auto& n : impl_.home_.holders(e)) {
         auto it = std::find(nodes.begin(), nodes.end(), n);
         if (it == nodes.end()) {
           if (nodes.size() >= kMaxAnswerNodes) continue;
@@ -284,12 +292,12 @@ kj::Promise<void> ClusterService::Impl::PeerImpl::pin(PinContext context) {
       const DirKey missing = impl_.dirKey(space, keys[result.blocks.size()]);
       const bool onDisk = impl_.cold_ && impl_.cold_->directory().contains(
                                              missing.fingerprint, missing.salt, missing.key);
-      if (!onDisk && impl_.held_.drop(missing, impl_.members_)) impl_.schedulePublish();
+      if (!onDisk && impl_.held_.drop(missing, impl_.ring_)) impl_.schedulePublish();
     }
     auto blocks = result.blocks;
     auto stored = result.checksums;
     return impl_.servedChecksums(std::move(blocks), std::move(stored))
-        .then([this, context, result = std::move(result), keys = std::move(keys),
+        .then([this, context, space, result = std::move(result), keys = std::move(keys),
                pinned = kj::mv(pinned)](std::vector<uint64_t> sums) mutable {
           auto out = context.getResults();
           auto list = out.initBlocks(result.blocks.size());
@@ -300,6 +308,11 @@ kj::Promise<void> ClusterService::Impl::PeerImpl::pin(PinContext context) {
             list[i].setBytes(b.bytes);
             list[i].setChecksum(impl_.options_.corruptServedForTest ? sums[i] ^ 1 : sums[i]);
             list[i].setKey(capnp::Data::Reader(keys[i].bytes.data(), 16));
+            if (const auto* under = impl_.held_.placeOf(impl_.dirKey(space, keys[i]))) {
+              auto packed = list[i].initUnder(under->size() * 16);
+              for (size_t u = 0; u < under->size(); ++u)
+                std::memcpy(packed.begin() + 16 * u, (*under)[u].bytes.data(), 16);
+            }
             ++impl_.stats_.servedBlocks;
             impl_.stats_.servedBytes += b.bytes;
           }
@@ -353,7 +366,7 @@ class ClusterService::Impl::PeerGateImpl final : public peer::PeerGate::Server {
     connection_.authenticated = true;
     // A peer that (re)connects may be a home that forgot what we hold (it restarted, or it saw
     // us leave while we still saw it): send it again what it is home for.
-    const size_t resent = impl_.held_.resendTo(node, impl_.members_);
+    const size_t resent = impl_.held_.resendTo(node, impl_.ring_);
     impl_.stats_.rehomed += resent;
     impl_.schedulePublish();
     auto out = context.getResults();

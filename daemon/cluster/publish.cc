@@ -29,41 +29,38 @@ void ClusterService::Impl::flushPublish() {
     KJ_IF_MAYBE (p, link->peer) {
       auto batch = std::make_shared<HeldKeys::Batch>(held_.take(home, kPublishBatch));
       auto req = p->publishRequest();
-      auto fill = [](auto groups, const std::vector<DirKey>& keys) {
-        // One group per key run of the same namespace (a batch rarely spans more than a few).
+      auto sameSpace = [](const DirEntry& a, const DirEntry& b) {
+        return a.key.fingerprint == b.key.fingerprint && a.key.salt == b.key.salt;
+      };
+      auto fill = [&](auto groups, const std::vector<DirEntry>& entries) {
+        // One group per run of entries of the same namespace (a batch rarely spans more than a
+        // few).
         size_t i = 0, g = 0;
-        while (i < keys.size()) {
+        while (i < entries.size()) {
           size_t j = i;
-          while (j < keys.size() && keys[j].fingerprint == keys[i].fingerprint &&
-                 keys[j].salt == keys[i].salt) {
-            ++j;
-          }
+          while (j < entries.size() && sameSpace(entries[j], entries[i])) ++j;
           auto group = groups[g++];
-          group.getSpace().setFingerprint(keys[i].fingerprint);
-          group.getSpace().setSalt(capnp::Data::Reader(keys[i].salt.data(), 16));
-          auto packed = group.initKeys((j - i) * 16);
-          for (size_t k = i; k < j; ++k)
-            std::memcpy(packed.begin() + 16 * (k - i), keys[k].key.bytes.data(), 16);
+          group.getSpace().setFingerprint(entries[i].key.fingerprint);
+          group.getSpace().setSalt(capnp::Data::Reader(entries[i].key.salt.data(), 16));
+          auto keys = group.initKeys((j - i) * 16);
+          auto unders = group.initUnders((j - i) * 16);
+          for (size_t k = i; k < j; ++k) {
+            std::memcpy(keys.begin() + 16 * (k - i), entries[k].key.key.bytes.data(), 16);
+            std::memcpy(unders.begin() + 16 * (k - i), entries[k].under.bytes.data(), 16);
+          }
           i = j;
         }
       };
-      auto groupsOf = [](const std::vector<DirKey>& keys) {
+      auto groupsOf = [&](const std::vector<DirEntry>& entries) {
         size_t n = 0;
-        for (size_t i = 0; i < keys.size(); ++i) {
-          if (i == 0 || keys[i].fingerprint != keys[i - 1].fingerprint ||
-              keys[i].salt != keys[i - 1].salt) {
-            ++n;
-          }
-        }
+        for (size_t i = 0; i < entries.size(); ++i) n += i == 0 || !sameSpace(entries[i], entries[i - 1]);
         return n;
       };
-      std::sort(batch->add.begin(), batch->add.end(), [](const DirKey& a, const DirKey& b) {
-        return std::tie(a.fingerprint, a.salt) < std::tie(b.fingerprint, b.salt);
-      });
-      std::sort(batch->withdraw.begin(), batch->withdraw.end(),
-                [](const DirKey& a, const DirKey& b) {
-                  return std::tie(a.fingerprint, a.salt) < std::tie(b.fingerprint, b.salt);
-                });
+      auto bySpace = [](const DirEntry& a, const DirEntry& b) {
+        return std::tie(a.key.fingerprint, a.key.salt) < std::tie(b.key.fingerprint, b.key.salt);
+      };
+      std::sort(batch->add.begin(), batch->add.end(), bySpace);
+      std::sort(batch->withdraw.begin(), batch->withdraw.end(), bySpace);
       fill(req.initAdd(groupsOf(batch->add)), batch->add);
       fill(req.initWithdraw(groupsOf(batch->withdraw)), batch->withdraw);
       link->publishing = true;

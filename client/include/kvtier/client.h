@@ -111,6 +111,9 @@ struct Stats {
   uint64_t clusterMembers = 0, clusterMembersUp = 0, directoryEntries = 0, heldKeys = 0,
            publishBacklog = 0, directoryRehomed = 0;
   uint64_t remoteLookups = 0, remoteLookupsCut = 0, remoteHitBlocks = 0, remoteHitBytes = 0, servedBlocks = 0;
+  // Peer messages remote lookups sent (directory queries and pins), the most for one lookup, and
+  // the directory queries this node answered as a home.
+  uint64_t lookupPeerMessages = 0, lookupPeerMessagesMax = 0, directoryQueries = 0;
   uint64_t fetchTimeouts = 0, fetchUnavailable = 0, fetchTransfer = 0, fetchChecksum = 0,
            fetchFull = 0, peerAuthFailures = 0;
   uint64_t peerRttMicros = 0;  // median heartbeat round trip to the live peers
