@@ -241,7 +241,7 @@ const char* daemonUsage() {
          "  --disk-bytes N          cold tier capacity, oldest access dropped first (64G; 0: "
          "none)\n"
          "  --flush-on-exit on|off  on SIGTERM, write blocks still only in memory (on)\n"
-         "  --eviction arc|lru      which cached blocks go first when memory is full (arc)\n"
+         "  --eviction arc|lru|2q   which cached blocks go first when memory is full (arc)\n"
          "  --metrics-addr H:P      serve GET /metrics (Prometheus text) on H:P (off)\n"
          "  --gpus all|none|0,1     CUDA devices that get a GPU pool (all; needs a CUDA build)\n"
          "  --gpu-pool-bytes N      GPU pool size per device, 2 MiB-aligned (1G; 0: none)\n"

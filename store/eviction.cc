@@ -18,6 +18,8 @@ const char* evictionName(EvictionKind kind) {
       return "lru";
     case EvictionKind::kArc:
       return "arc";
+    case EvictionKind::kTwoQ:
+      return "2q";
   }
   return "?";
 }
@@ -25,11 +27,14 @@ const char* evictionName(EvictionKind kind) {
 Result<EvictionKind> parseEvictionKind(std::string_view name) {
   if (name == "lru") return EvictionKind::kLru;
   if (name == "arc") return EvictionKind::kArc;
-  return makeError(ErrorCode::kInvalidArgument, "eviction policy is lru or arc, not '", name, "'");
+  if (name == "2q") return EvictionKind::kTwoQ;
+  return makeError(ErrorCode::kInvalidArgument, "eviction policy is lru, arc or 2q, not '", name,
+                   "'");
 }
 
 std::unique_ptr<EvictionPolicy> makeEvictionPolicy(EvictionKind kind) {
   if (kind == EvictionKind::kLru) return std::make_unique<LruEvictionPolicy>();
+  if (kind == EvictionKind::kTwoQ) return std::make_unique<TwoQEvictionPolicy>();
   return std::make_unique<ArcEvictionPolicy>();
 }
 
@@ -408,6 +413,239 @@ uint64_t ArcEvictionPolicy::frequentBlocks(uint32_t sizeClass) const {
 }
 
 uint64_t ArcEvictionPolicy::capacity(uint32_t sizeClass) const {
+  const Class* k = findClass(sizeClass);
+  return k ? k->capacity : 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// EvictionHistory
+
+uint64_t EvictionHistory::mix(uint64_t tag) {
+  // Tags may be small numbers (tests) or slices of a cryptographic key: a full 64-bit mix
+  // (murmur3's finalizer).
+  tag ^= tag >> 33;
+  tag *= 0xff51afd7ed558ccdULL;
+  tag ^= tag >> 33;
+  tag *= 0xc4ceb9fe1a85ec53ULL;
+  tag ^= tag >> 33;
+  return tag;
+}
+
+uint64_t EvictionHistory::Generation::bit(uint64_t h, int probe) const {
+  // Probe i: the hash mixed again i times, mapped onto the bits by a multiply (Lemire's
+  // fastrange): any number of bits, no power of two needed.
+  for (int i = 0; i < probe; ++i) h = mix(h + 0x9e3779b97f4a7c15ULL);
+  return static_cast<uint64_t>((static_cast<unsigned __int128>(h) * bitCount) >> 64);
+}
+
+bool EvictionHistory::Generation::has(uint64_t h) const {
+  if (bitCount == 0) return false;
+  for (int i = 0; i < kProbes; ++i) {
+    const uint64_t b = bit(h, i);
+    if (((bits[b >> 6] >> (b & 63)) & 1) == 0) return false;
+  }
+  return true;
+}
+
+void EvictionHistory::add(uint64_t tag, uint64_t span) {
+  if (gens_[newer_].bitCount == 0 || gens_[newer_].count >= gens_[newer_].span) {
+    // The older generation goes; the new one is sized for the span asked now (c grows).
+    newer_ ^= 1;
+    Generation& g = gens_[newer_];
+    g.span = std::max<uint64_t>(span, 64);
+    g.bits.assign((g.span * kBitsPerEntry + 63) / 64, 0);
+    g.bits.shrink_to_fit();
+    g.bitCount = g.bits.size() * 64;
+    g.count = 0;
+  }
+  Generation& g = gens_[newer_];
+  const uint64_t h = mix(tag);
+  for (int i = 0; i < kProbes; ++i) {
+    const uint64_t b = g.bit(h, i);
+    g.bits[b >> 6] |= uint64_t{1} << (b & 63);
+  }
+  ++g.count;
+}
+
+bool EvictionHistory::contains(uint64_t tag) const {
+  const uint64_t h = mix(tag);
+  return gens_[0].has(h) || gens_[1].has(h);
+}
+
+size_t EvictionHistory::memoryBytes() const {
+  return (gens_[0].bits.capacity() + gens_[1].bits.capacity()) * sizeof(uint64_t);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2Q
+
+TwoQEvictionPolicy::Class& TwoQEvictionPolicy::cls(uint32_t c) {
+  if (c >= classes_.size()) classes_.resize(size_t{c} + 1);
+  return classes_[c];
+}
+
+TwoQEvictionPolicy::State& TwoQEvictionPolicy::stateOf(BlockId id) {
+  links_.reserve(id);
+  if (id >= state_.size()) state_.resize(size_t{id} + 1);
+  return state_[id];
+}
+
+void TwoQEvictionPolicy::settleProvisional(Class& k, bool keep) {
+  // The run is contiguous at the protected tail: its blocks were inserted one after the other,
+  // deepest first. Amortized O(1): each block is settled once.
+  runScratch_.clear();
+  for (BlockId b = k.lists[kProtected].tail; b != kNoBlock && state_[b].provisional;
+       b = links_.prev(b)) {
+    state_[b].provisional = false;
+    runScratch_.push_back(b);
+  }
+  if (keep) return;
+  for (BlockId b : runScratch_) links_.unlink(k.lists[kProtected], b);
+  // Deepest first, as they were released.
+  for (size_t i = runScratch_.size(); i-- > 0;) {
+    links_.link(k.lists[kProbation], runScratch_[i]);
+    state_[runScratch_[i]].list = kProbation;
+  }
+}
+
+void TwoQEvictionPolicy::insert(BlockId id, uint32_t sizeClass, bool first, uint64_t tag) {
+  State& s = stateOf(id);
+  if (s.linked) erase(id);
+  Class& k = cls(sizeClass);
+  uint8_t list = kProbation;
+  bool provisional = false;
+  if (first) {
+    list = kReplica;
+  } else if (s.list != kUnknown || s.continues) {
+    list = kProtected;  // used again while in memory, or the next turn of a reused prefix
+  } else if (tag != 0 && k.history.contains(tag)) {
+    list = kProtected;  // evicted lately and wanted again
+    provisional = s.freshParent;
+  } else if (s.deadEnd) {
+    list = kDeadEnd;
+  }
+  // Blocks protected provisionally just before this one are its descendants (released tail
+  // first): they keep their protection only with it.
+  const BlockId tail = k.lists[kProtected].tail;
+  if (!provisional && tail != kNoBlock && state_[tail].provisional) {
+    settleProvisional(k, list == kProtected);
+  }
+  if (s.list == kUnknown) {
+    ++k.resident;
+    k.capacity = std::max(k.capacity, k.resident);
+  } else if (s.sizeClass != sizeClass) {
+    // Its content came from another class (moved between tiers): its count comes along.
+    --classes_[s.sizeClass].resident;
+    ++k.resident;
+    k.capacity = std::max(k.capacity, k.resident);
+  }
+  // Replicas: the last one in goes first, as LRU's `first` gives.
+  links_.link(k.lists[list], id, /*atHead=*/list == kReplica);
+  s = State{};
+  s.list = list;
+  s.linked = true;
+  s.provisional = provisional;
+  s.sizeClass = sizeClass;
+  ++size_;
+}
+
+void TwoQEvictionPolicy::erase(BlockId id) {
+  if (id >= state_.size() || !state_[id].linked) return;
+  State& s = state_[id];
+  links_.unlink(classes_[s.sizeClass].lists[s.list], id);
+  s.linked = false;
+  s.provisional = false;  // held now: when it comes back it is reused
+  --size_;
+}
+
+void TwoQEvictionPolicy::evicted(BlockId id, uint64_t tag) {
+  if (id >= state_.size() || state_[id].list == kUnknown) return;
+  erase(id);
+  const State s = state_[id];
+  Class& k = classes_[s.sizeClass];
+  --k.resident;
+  // A replica's content lives on its holder: its eviction says nothing about this node's reuse.
+  if (tag != 0 && s.list != kReplica) k.history.add(tag, kHistorySpan * k.capacity);
+  state_[id] = State{};
+}
+
+void TwoQEvictionPolicy::moved(BlockId from, BlockId to) {
+  if (from >= state_.size() || state_[from].list == kUnknown) return;
+  const State s = state_[from];
+  erase(from);
+  // `to` takes the content's list (its insert finds it known) and its resident count.
+  State& t = stateOf(to);
+  t = State{};
+  t.list = s.list;
+  t.sizeClass = s.sizeClass;
+  state_[from] = State{};
+}
+
+void TwoQEvictionPolicy::sealed(std::span<const BlockId> fresh, BlockId parent, uint64_t position) {
+  if (fresh.empty()) return;
+  // A parent the policy has not seen is this request's own block, still held: extended now, it
+  // ends nothing.
+  if (parent != kNoBlock && parent < state_.size() && state_[parent].list == kUnknown) {
+    state_[parent].deadEnd = false;
+  }
+  const bool reusedParent =
+      parent != kNoBlock && parent < state_.size() && state_[parent].list != kUnknown;
+  if (reusedParent && fresh.size() <= kContinuationRatio * position) {
+    for (BlockId id : fresh) {
+      State& s = stateOf(id);
+      if (s.list == kUnknown) s.continues = true;
+    }
+    return;
+  }
+  // Each new block's parent is released right after it (tail first): new too, or this
+  // request's own block of an earlier commit (a parent it reused is known, and protected).
+  for (size_t i = parent != kNoBlock && !reusedParent ? 0 : 1; i < fresh.size(); ++i) {
+    State& s = stateOf(fresh[i]);
+    if (s.list == kUnknown) s.freshParent = true;
+  }
+  State& end = stateOf(fresh.back());
+  if (end.list == kUnknown) end.deadEnd = true;
+}
+
+BlockId TwoQEvictionPolicy::victim(uint32_t sizeClass) const {
+  const Class* k = findClass(sizeClass);
+  if (!k) return kNoBlock;
+  for (const BlockLists::List& l : k->lists) {
+    if (l.head != kNoBlock) return l.head;
+  }
+  return kNoBlock;
+}
+
+void TwoQEvictionPolicy::oldest(uint32_t sizeClass, size_t max, std::vector<BlockId>& out,
+                                std::span<const BlockId> skip) const {
+  const Class* k = findClass(sizeClass);
+  if (!k) return;
+  for (const BlockLists::List& l : k->lists) {
+    for (BlockId id = l.head; id != kNoBlock && max > 0; id = links_.next(id)) {
+      if (skipped(skip, id)) continue;
+      out.push_back(id);
+      --max;
+    }
+  }
+}
+
+uint64_t TwoQEvictionPolicy::probationBlocks(uint32_t sizeClass) const {
+  const Class* k = findClass(sizeClass);
+  return k ? k->lists[kDeadEnd].size + k->lists[kProbation].size : 0;
+}
+
+uint64_t TwoQEvictionPolicy::protectedBlocks(uint32_t sizeClass) const {
+  const Class* k = findClass(sizeClass);
+  return k ? k->lists[kProtected].size : 0;
+}
+
+size_t TwoQEvictionPolicy::historyBytes() const {
+  size_t bytes = 0;
+  for (const Class& k : classes_) bytes += k.history.memoryBytes();
+  return bytes;
+}
+
+uint64_t TwoQEvictionPolicy::capacity(uint32_t sizeClass) const {
   const Class* k = findClass(sizeClass);
   return k ? k->capacity : 0;
 }

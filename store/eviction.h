@@ -3,7 +3,7 @@
 // A block is evictable when it is sealed and in the prefix index, no sequence holds it and no
 // lease pins it. The engine tells the policy when a block becomes evictable (insert), when it
 // stops being so (erase), and when it leaves memory (evicted, moved); the policy only orders them.
-// Pluggable: `kvtierd --eviction lru|arc`; ARC is the default (docs/cache-policy.md).
+// Pluggable: `kvtierd --eviction lru|arc|2q`; ARC is the default (docs/cache-policy.md).
 //
 // Not thread-safe: the engine's owner (the daemon's event loop) calls it. Every call is O(1)
 // (oldest: O(max)); nothing allocates per call once the block ids have been seen.
@@ -65,12 +65,13 @@ class EvictionPolicy {
 
 // The policies `kvtierd --eviction` offers.
 enum class EvictionKind : uint8_t {
-  kLru,  // least recently used first
-  kArc,  // adaptive replacement (recency and frequency), the default
+  kLru,   // least recently used first
+  kArc,   // adaptive replacement (recency and frequency), the default
+  kTwoQ,  // new content on probation, first to go; content seen reused protected (2Q)
 };
 inline constexpr EvictionKind kDefaultEviction = EvictionKind::kArc;
 const char* evictionName(EvictionKind kind);
-// "lru" or "arc"; INVALID_ARGUMENT otherwise.
+// "lru", "arc" or "2q"; INVALID_ARGUMENT otherwise.
 Result<EvictionKind> parseEvictionKind(std::string_view name);
 std::unique_ptr<EvictionPolicy> makeEvictionPolicy(EvictionKind kind);
 
@@ -87,6 +88,7 @@ class BlockLists {
     if (id >= nodes_.size()) nodes_.resize(size_t{id} + 1);
   }
   BlockId next(BlockId id) const { return nodes_[id].next; }
+  BlockId prev(BlockId id) const { return nodes_[id].prev; }
   void prefetch(BlockId id) const {
     if (id < nodes_.size()) __builtin_prefetch(&nodes_[id], 1);
   }
@@ -242,6 +244,120 @@ class ArcEvictionPolicy final : public EvictionPolicy {
   BlockLists links_;
   std::vector<State, HugePageAllocator<State>> state_;
   std::vector<Class> classes_;
+  size_t size_ = 0;
+};
+
+// The tags of the blocks evicted lately, as a set: whether a tag was among roughly the last
+// `span` to 2 * `span` added. Two Bloom filter generations of `span` entries each (10 bits an
+// entry, 3 probes: about 1.7 % false positives a generation); when the newer one is full, the
+// older one is cleared and takes the new entries. Nothing is removed: a tag added once stays until
+// its generation goes. 2.5 bytes per entry of `span` (20 bits for two generations). O(1).
+class EvictionHistory {
+ public:
+  // Adds `tag`; a generation that starts now is sized for `span` entries (at least 64).
+  void add(uint64_t tag, uint64_t span);
+  bool contains(uint64_t tag) const;
+  // Bytes held, for tests and stats.
+  size_t memoryBytes() const;
+
+  static constexpr uint64_t kBitsPerEntry = 10;
+  static constexpr int kProbes = 3;
+
+ private:
+  struct Generation {
+    std::vector<uint64_t> bits;
+    uint64_t bitCount = 0;  // bits.size() * 64; 0: never filled
+    uint64_t count = 0, span = 0;
+    uint64_t bit(uint64_t h, int probe) const;  // the bit of probe `probe` for hash `h`
+    bool has(uint64_t h) const;
+  };
+  static uint64_t mix(uint64_t tag);
+  Generation gens_[2];
+  int newer_ = 0;
+};
+
+// 2Q (Johnson and Shasha, VLDB'94) over the engine's evictable blocks, per size class, made aware
+// of prefixes: content is admitted for good only once it has been seen reused.
+// - Probation (2Q's A1in): new content, in the order it became evictable (a prefix released tail
+//   first goes tail first). It always goes before protected content: a burst of one-time content
+//   never displaces what requests reuse, however long it is.
+// - Protected (Am): content used again while in memory, new blocks that continue a prefix the
+//   request reused (as ARC: at most kContinuationRatio new blocks per reused one: a
+//   conversation's next turn), and new content whose tag is in the eviction history (A1out):
+//   evicted lately, it is wanted again. Least recently used first. A prefix's new blocks are
+//   protected through the history only together with the block before them: the blocks of a
+//   commit released tail first wait, protected provisionally, for their parent's insert, and go
+//   to probation with it if it does (a false positive of the history, or a prefix that lost its
+//   head, must not keep a tail behind a head that goes first).
+// - The eviction history remembers the tags of the last kHistorySpan..2 * kHistorySpan times c
+//   evicted blocks (c: the most blocks of the class in memory at once), in Bloom filters: content
+//   reused at a distance several times the cache's size is recognised on its second use, where
+//   ARC's ghosts (at most c) have forgotten it.
+// - Dead ends: the last block of a commit that continues nothing the request reused (the end of a
+//   prompt; a later commit that extends it while the sequence holds it takes the mark back) goes
+//   first among probation: the end of a request is seldom the start of another.
+// - Replicas (insert with `first`) go before everything, as with LRU and ARC.
+// Per block: 16 bytes (links and state), as LRU; the history: 2 * kHistorySpan *
+// EvictionHistory::kBitsPerEntry bits per block of c (10 bytes).
+class TwoQEvictionPolicy final : public EvictionPolicy {
+ public:
+  void insert(BlockId id, uint32_t sizeClass, bool first = false, uint64_t tag = 0) override;
+  void erase(BlockId id) override;
+  void evicted(BlockId id, uint64_t tag) override;
+  void moved(BlockId from, BlockId to) override;
+  void sealed(std::span<const BlockId> fresh, BlockId parent, uint64_t position) override;
+  BlockId victim(uint32_t sizeClass) const override;
+  void oldest(uint32_t sizeClass, size_t max, std::vector<BlockId>& out,
+              std::span<const BlockId> skip = {}) const override;
+  size_t size() const override { return size_; }
+  void prefetch(BlockId id) const override {
+    links_.prefetch(id);
+    if (id < state_.size()) __builtin_prefetch(&state_[id], 1);
+  }
+
+  // New blocks per reused one up to which a request's new blocks continue what it reused.
+  static constexpr uint64_t kContinuationRatio = 4;
+  // A history generation covers this many times c evictions (measured: docs/cache-policy.md).
+  static constexpr uint64_t kHistorySpan = 4;
+
+  // For tests and stats: evictable blocks of `sizeClass` on probation (dead ends included) and
+  // protected; the history's bytes; the most blocks of the class in memory at once (c).
+  uint64_t probationBlocks(uint32_t sizeClass) const;
+  uint64_t protectedBlocks(uint32_t sizeClass) const;
+  size_t historyBytes() const;
+  uint64_t capacity(uint32_t sizeClass) const;
+
+ private:
+  // Lists in eviction order: replicas, dead ends, probation, protected.
+  enum : uint8_t { kReplica = 0, kDeadEnd = 1, kProbation = 2, kProtected = 3, kLists = 4 };
+  static constexpr uint8_t kUnknown = 0xff;  // not in memory as far as the policy knows
+  struct State {
+    uint8_t list = kUnknown;  // the list of the block's content, in the order or held
+    bool linked : 1 = false;
+    bool continues : 1 = false;    // sealed(): protected at its first insert
+    bool deadEnd : 1 = false;      // sealed(): the end of its commit, at its first insert
+    bool freshParent : 1 = false;  // sealed(): the block before it is new in the same commit
+    bool provisional : 1 = false;  // protected by the history until its parent's insert
+    uint32_t sizeClass = 0;
+  };
+  static_assert(sizeof(State) == 8);
+  struct Class {
+    BlockLists::List lists[kLists];
+    uint64_t resident = 0;  // blocks of the class in memory with a known list (held or not)
+    uint64_t capacity = 0;  // the most resident blocks seen at once
+    EvictionHistory history;
+  };
+  Class& cls(uint32_t c);
+  const Class* findClass(uint32_t c) const { return c < classes_.size() ? &classes_[c] : nullptr; }
+  State& stateOf(BlockId id);  // grown to hold `id`
+  // The provisionally protected blocks at the tail of `k`'s protected list (the last ones
+  // inserted: a parent's descendants) stay protected (`keep`) or go to probation's tail.
+  void settleProvisional(Class& k, bool keep);
+
+  BlockLists links_;
+  std::vector<State, HugePageAllocator<State>> state_;
+  std::vector<Class> classes_;
+  std::vector<BlockId> runScratch_;
   size_t size_ = 0;
 };
 
