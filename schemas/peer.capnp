@@ -48,6 +48,14 @@ struct RemoteExtent {
   rkey @3 :Data;            # no longer sent: a fetcher asks the holder for bytes (active messages)
 }
 
+struct HotAnchor {
+  # An anchor whose home answers many who-holds queries: askers skip it when a later anchor of
+  # their chain is not hot, and take its holders from here.
+  space @0 :Namespace;
+  anchor @1 :Data;          # 16 bytes
+  holders @2 :List(Text);   # the nodes that hold the anchor's block, newest last
+}
+
 struct Member {
   nodeId @0 :Text;
   address @1 :Text;         # HOST:PORT of its peer listener
@@ -64,17 +72,20 @@ interface PeerGate {
 }
 
 interface Peer {
-  ping @0 () -> (nodeId :Text);
+  ping @0 () -> (nodeId :Text, hot :List(HotAnchor));
+  # `hot`: the anchors this node is home for that are hot now (sent with every heartbeat).
 
   publish @1 (add :List(KeyGroup), withdraw :List(KeyGroup)) -> ();
   # The caller holds the keys of `add` (in any tier) and no longer holds those of `withdraw`,
   # each filed under its anchor (KeyGroup.unders). Sent to the anchors' home (the consistent-hash
   # ring of the live members), in batches.
 
-  whoHolds @2 (space :Namespace, keys :Data, under :Data) -> (nodes :List(Text), holders :List(UInt64));
+  whoHolds @2 (space :Namespace, keys :Data, under :Data)
+      -> (nodes :List(Text), holders :List(UInt64), hot :Bool, anchorHolders :List(Text));
   # For each key (packed, 16 bytes each) filed under anchor `under` (16 bytes), a bit mask of the
   # `nodes` that hold it, as far as this home knows; the list stops after the last key anyone
-  # holds.
+  # holds. `hot`: `under` is hot (this query or earlier ones made it so), and `anchorHolders`
+  # hold it (as a heartbeat's HotAnchor says).
 
   pin @3 (layout :Kv.Layout, salt :Data, keys :Data, leaseMs :UInt32)
       -> (lease :PinLease, blocks :List(PinnedBlock), grant :Data);

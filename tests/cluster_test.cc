@@ -809,6 +809,113 @@ TEST(Cluster, AMemberJoiningMovesOnlyTheKeysItBecomesHomeFor) {
   EXPECT_TRUE(hit.identical);
 }
 
+// --- a cluster of ten: what a remote lookup costs, from the daemons' own counters
+
+// A prompt that opens with a shared system prompt of `shared` tokens, then its own tokens.
+std::vector<uint32_t> promptTokens(uint64_t seed, size_t shared, size_t tokens) {
+  auto t = synthetic::tokens(7, shared);
+  const auto own = synthetic::tokens(seed, tokens - shared);
+  t.insert(t.end(), own.begin(), own.end());
+  return t;
+}
+
+TEST(ClusterScale, TenDaemonsAnswerALookupWithOneDirectoryQueryAndAtMostTwoPins) {
+  constexpr size_t kNodes = 10, kPrompts = 30, kShared = 70 * 16;
+  std::vector<NodeSpec> specs = nodes(kNodes);
+  specs[3].extraArgs = {"--metrics-addr", "127.0.0.1:0"};
+  Cluster c(specs);
+  ASSERT_TRUE(c.formed(kNodes, std::chrono::seconds(30)));
+  const Layout layout = testLayout();
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::unique_ptr<Space>> spaces;
+  for (size_t i = 0; i < kNodes; ++i) {
+    clients.push_back(c[i].connect());
+    spaces.push_back(clients[i]->open(layout).value());
+  }
+  // 30 prompts of 130 to 275 blocks (2,080 to 4,400 tokens) sharing a 70-block system prompt,
+  // each put on one node. The system prompt ends in the second segment, whose anchor every
+  // lookup would ask about: it becomes hot, and lookups ask the home of their third one.
+  std::vector<std::vector<uint32_t>> prompts;
+  for (size_t p = 0; p < kPrompts; ++p) {
+    prompts.push_back(promptTokens(100 + p, kShared, (130 + 5 * p) * 16));
+    const auto kv = synthetic::packedKv(layout, prompts[p], 0, prompts[p].size());
+    ASSERT_TRUE(spaces[p % kNodes]->put("p" + std::to_string(p), 0, prompts[p], kv.data(),
+                                        kv.size()).ok());
+  }
+  for (size_t i = 0; i < kNodes; ++i) ASSERT_TRUE(c.published(i));
+  auto lookup = [&](size_t node, const std::vector<uint32_t>& t) {
+    auto hit = spaces[node]->lookup(t, LookupOptions{.remote = RemoteMode::kFetch});
+    EXPECT_TRUE(hit.ok()) << hit.error().toString();
+    if (!hit) return uint64_t{0};
+    const uint64_t matched = hit->matchedTokens();
+    std::vector<uint8_t> got(matched * layout.tokenKvBytes());
+    EXPECT_TRUE(hit->copyTo(0, matched, got.data(), got.size()).ok());
+    EXPECT_TRUE(got == synthetic::packedKv(layout, t, 0, matched)) << "wrong bytes on node " << node;
+    return matched;
+  };
+  // Each prompt looked up on three other nodes: a whole hit each time, from one holder. After
+  // the first round the system prompt's anchor is hot, and a few heartbeats later every node
+  // knows.
+  auto directoryQueries = [&] {
+    std::vector<uint64_t> out;
+    for (size_t i = 0; i < kNodes; ++i) out.push_back(clients[i]->stats().value().directoryQueries);
+    return out;
+  };
+  for (size_t p = 0; p < kPrompts; ++p) {
+    EXPECT_EQ(lookup((p + 3) % kNodes, prompts[p]), prompts[p].size()) << "prompt " << p;
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const auto queriesBefore = directoryQueries();
+  for (size_t p = 0; p < kPrompts; ++p) {
+    for (size_t hop : {5, 7}) {
+      EXPECT_EQ(lookup((p + hop) % kNodes, prompts[p]), prompts[p].size()) << "prompt " << p;
+    }
+  }
+  const auto queriesAfter = directoryQueries();
+  uint64_t lookups = 0, messages = 0, queries = 0, busiest = 0;
+  for (size_t i = 0; i < kNodes; ++i) {
+    const Stats s = clients[i]->stats().value();
+    lookups += s.remoteLookups;
+    messages += s.lookupPeerMessages;
+    const uint64_t answered = queriesAfter[i] - queriesBefore[i];
+    queries += answered;
+    busiest = std::max(busiest, answered);
+    EXPECT_LE(s.lookupPeerMessagesMax, 3u) << "node " << i << ": a query and two pins at most";
+  }
+  ASSERT_EQ(lookups, 3 * kPrompts);
+  ASSERT_GT(queries, 0u);
+  const double perLookup = double(messages) / double(lookups);
+  const double spread = double(busiest) / (double(queries) / kNodes);
+  std::printf("10 daemons: %lu remote lookups, %.2f peer messages a lookup; second round: %lu "
+              "directory queries, busiest/mean %.2f\n",
+              static_cast<unsigned long>(lookups), perLookup, static_cast<unsigned long>(queries),
+              spread);
+  EXPECT_LE(perLookup, 3.0);
+  // The hot anchor's home is no longer asked for it: the load is the 30 prompts' own anchors on
+  // 10 homes.
+  EXPECT_LE(spread, 2.0);
+  // A prompt nobody holds past the system prompt: one message (the home says nobody) at most.
+  for (size_t i = 0; i < kNodes; ++i) {
+    const uint64_t before = clients[i]->stats().value().lookupPeerMessages;
+    const uint64_t matched = lookup(i, promptTokens(900 + i, kShared, 150 * 16));
+    EXPECT_LE(matched, kShared) << "nothing past the shared prompt is anywhere";
+    EXPECT_LE(clients[i]->stats().value().lookupPeerMessages - before, 1u) << "node " << i;
+  }
+  // The same counters on /metrics.
+  const Stats s3 = clients[3]->stats().value();
+  const std::string page = httpGet(c[3].metricsAddr(), "/metrics");
+  EXPECT_NE(page.find("\nkvtier_lookup_peer_messages_total " +
+                      std::to_string(s3.lookupPeerMessages) + "\n"),
+            std::string::npos)
+      << page;
+  EXPECT_NE(page.find("\nkvtier_directory_queries_total " + std::to_string(s3.directoryQueries) +
+                      "\n"),
+            std::string::npos);
+  spaces.clear();
+  clients.clear();
+  for (size_t i = 0; i < kNodes; ++i) expectNoLeakedBlocks(c[i]);
+}
+
 TEST(Cluster, TheCliListsTheMembersAndTheMetricsCountTheCluster) {
   std::vector<NodeSpec> specs = nodes(3);
   specs[1].extraArgs = {"--metrics-addr", "127.0.0.1:0"};

@@ -59,6 +59,12 @@ constexpr size_t kMaxFetchesInFlight = 64;
 // Anchors one block is filed under (a block at chain position d: d / 64 + 1 for an anchor): a
 // 4-million-token prompt's deepest anchor.
 constexpr size_t kMaxAnchorsPerBlock = 4096;
+// An anchor whose home answered this many who-holds queries under it is hot (a popular prefix's:
+// measured with the scale harness, docs/cluster.md "Scale"); a home announces its newest hot
+// anchors, at most kMaxHotAnchors, and counts queries for at most kMaxCountedAnchors anchors.
+constexpr uint32_t kHotQueries = 4;
+constexpr size_t kMaxHotAnchors = 256;
+constexpr size_t kMaxCountedAnchors = 65536;
 // Blocks pinned by one call: 1024 blocks of 2 MiB are 2 GiB, more than one fetch needs at once.
 constexpr size_t kMaxPinBlocks = 1024;
 // A run of blocks on one holder is pinned and read in pieces of this many blocks (16 MiB of
@@ -275,6 +281,12 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
 
   HomeDirectory home_;
   HeldKeys held_;
+  // Who-holds queries answered per anchor, until it is hot; the hot anchors this node is home for
+  // (oldest first); those other homes announced in their heartbeat answers, by home.
+  std::unordered_map<DirKey, uint32_t, DirKeyHash> anchorQueries_;
+  std::vector<DirKey> hotAnchors_;
+  std::map<std::string, std::unordered_map<DirKey, std::vector<std::string>, DirKeyHash>>
+      hotKnown_;
   // While a fetched block is sealed: the anchors its holder files it under.
   const std::vector<Key128>* placeHint_ = nullptr;
   bool publishScheduled_ = false;
@@ -323,15 +335,31 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
     std::shared_ptr<Link> link;
     size_t begin, end;
   };
-  // At most two pins, from a home's answer: holders[j] hold chain position asked[j] (the rest of
-  // the segment from `from` to segEnd, then each later anchor); local[i]: this node holds
-  // position i already.
-  std::vector<PinPlan> planPins(size_t chainSize, size_t from, size_t segEnd,
-                                const std::vector<size_t>& asked,
-                                const std::vector<std::vector<std::string>>& holders,
-                                const std::vector<bool>& local) const;
+  // A hot segment skipped by a lookup: chain positions [begin, end) and its anchor's holders.
+  struct HotSegment {
+    size_t begin, end;
+    std::vector<std::string> holders;
+  };
+  // What a lookup knows when it plans its pins: holders[j] hold chain position asked[j] (the
+  // keys of [keyedFrom, keyedEnd), one segment's, then each later anchor), the hot segments it
+  // skipped, and local[i]: this node holds position i already.
+  struct PinInputs {
+    size_t from = 0, keyedFrom = 0, keyedEnd = 0;
+    std::vector<size_t> asked;
+    std::vector<std::vector<std::string>> holders;
+    std::vector<HotSegment> hot;
+    std::vector<bool> local;
+  };
+  // At most two pins: the holder reaching furthest from `from`, and the one reaching furthest
+  // from where the first one stops.
+  std::vector<PinPlan> planPins(size_t chainSize, const PinInputs& in) const;
   // A remote lookup's peer messages (who-holds queries and pins), for stats.
   void countLookupMessages(uint32_t messages);
+  // Directory load. A who-holds query under `anchor` (this node is its home): true if the anchor
+  // is hot (this query made it so, or it was).
+  bool noteQuery(const DirKey& anchor);
+  // The holders of a hot anchor its home announced (nullptr: not hot as far as this node knows).
+  const std::vector<std::string>* hotHolders(const DirKey& anchor) const;
   // `replica`: the holder keeps its copy (a remote hit); false when the blocks are handed over
   // for good (a drain, a move). With `awaitRelease`, resolves only once the holder has released
   // its pin (a move then frees the holder's blocks at once).

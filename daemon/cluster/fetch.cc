@@ -44,6 +44,24 @@ void ClusterService::Impl::countLookupMessages(uint32_t messages) {
   stats_.lookupPeerMessagesMax = std::max<uint64_t>(stats_.lookupPeerMessagesMax, messages);
 }
 
+bool ClusterService::Impl::noteQuery(const DirKey& anchor) {
+  if (std::find(hotAnchors_.begin(), hotAnchors_.end(), anchor) != hotAnchors_.end()) return true;
+  if (anchorQueries_.size() >= kMaxCountedAnchors) anchorQueries_.clear();
+  if (++anchorQueries_[anchor] < kHotQueries) return false;
+  anchorQueries_.erase(anchor);
+  if (hotAnchors_.size() >= kMaxHotAnchors) hotAnchors_.erase(hotAnchors_.begin());
+  hotAnchors_.push_back(anchor);
+  logInfo("anchor_hot", "key=" + anchor.key.hex());
+  return true;
+}
+
+const std::vector<std::string>* ClusterService::Impl::hotHolders(const DirKey& anchor) const {
+  auto home = hotKnown_.find(homeOf(DirEntry{anchor, anchor.key}, ring_));
+  if (home == hotKnown_.end()) return nullptr;
+  auto it = home->second.find(anchor);
+  return it == home->second.end() ? nullptr : &it->second;
+}
+
 kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Key128> chain,
                                                    size_t from) {
   // A block another lookup's fetch is bringing: wait for that fetch instead (it brings the chain
@@ -53,58 +71,78 @@ kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Ke
     return f->second->addBranch();
   }
   const SpaceInfo& info = engine_.space(space);
-  // One home knows the rest of the first missing block's segment, key by key, and how far each
-  // holder reaches down the chain past it: the holders of each later anchor.
-  const size_t segEnd = std::min(chain.size(), (from / kSegmentBlocks + 1) * kSegmentBlocks);
-  const Key128 anchor = chain[from - from % kSegmentBlocks];
-  std::vector<size_t> asked;  // chain positions
-  for (size_t i = from; i < segEnd; ++i) asked.push_back(i);
-  for (size_t a = segEnd; a < chain.size(); a += kSegmentBlocks) asked.push_back(a);
-  auto holders = std::make_shared<std::vector<std::vector<std::string>>>(asked.size());
-  const DirEntry probe{DirKey{info.fingerprint, info.salt, anchor}, anchor};
-  const std::string home = homeOf(probe, ring_);
+  const size_t n = chain.size();
+  auto anchorAt = [&](size_t segment) {
+    return DirKey{info.fingerprint, info.salt, chain[segment * kSegmentBlocks]};
+  };
+  // One home knows a segment key by key, and how far each holder reaches down the chain past it
+  // (the holders of each later anchor): that of the first missing block's segment, unless its
+  // anchor is hot (a popular prefix's) and a later one is not. Then the hot segments' holders
+  // come from the heartbeats, and the asked home's anchor holders hold the prefix before it.
+  auto plan = std::make_shared<PinInputs>();
+  plan->from = from;
+  // (A chain that ends in hot segments asks its last segment's home: only it knows that one.)
+  const size_t last = (n - 1) / kSegmentBlocks;
+  size_t asked = from / kSegmentBlocks;
+  while (asked < last) {
+    const std::vector<std::string>* hot = hotHolders(anchorAt(asked));
+    if (!hot) break;
+    plan->hot.push_back(HotSegment{asked * kSegmentBlocks, (asked + 1) * kSegmentBlocks, *hot});
+    ++asked;
+  }
+  plan->keyedFrom = std::max(from, asked * kSegmentBlocks);
+  plan->keyedEnd = std::min(n, (asked + 1) * kSegmentBlocks);
+  for (size_t i = plan->keyedFrom; i < plan->keyedEnd; ++i) plan->asked.push_back(i);
+  for (size_t a = plan->keyedEnd; a < n; a += kSegmentBlocks) plan->asked.push_back(a);
+  plan->holders.resize(plan->asked.size());
+  const DirKey anchor = anchorAt(asked);
+  const std::string home = homeOf(DirEntry{anchor, anchor.key}, ring_);
   kj::Promise<void> answered = kj::READY_NOW;
   uint32_t queries = 0;
   if (home == options_.nodeId) {
-    for (size_t j = 0; j < asked.size(); ++j) {
-      (*holders)[j] =
-          home_.holders(DirEntry{DirKey{info.fingerprint, info.salt, chain[asked[j]]}, anchor});
+    for (size_t j = 0; j < plan->asked.size(); ++j) {
+      plan->holders[j] =
+          home_.holders(DirEntry{DirKey{info.fingerprint, info.salt, chain[plan->asked[j]]},
+                                 anchor.key});
     }
   } else {
     auto link = linkTo(home);
-    if (!link) {
-      countLookupMessages(0);
-      return kj::READY_NOW;  // the home is not reachable: nobody to ask until membership settles
-    }
-    KJ_IF_MAYBE (p, link->peer) {
+    kj::Maybe<peer::Peer::Client> peer = nullptr;
+    if (link) peer = link->peer;
+    KJ_IF_MAYBE (p, peer) {
       auto req = p->whoHoldsRequest();
       req.getSpace().setFingerprint(info.fingerprint);
       req.getSpace().setSalt(capnp::Data::Reader(info.salt.data(), 16));
-      req.setUnder(capnp::Data::Reader(anchor.bytes.data(), 16));
-      auto packed = req.initKeys(asked.size() * 16);
-      for (size_t j = 0; j < asked.size(); ++j)
-        std::memcpy(packed.begin() + 16 * j, chain[asked[j]].bytes.data(), 16);
+      req.setUnder(capnp::Data::Reader(anchor.key.bytes.data(), 16));
+      auto packed = req.initKeys(plan->asked.size() * 16);
+      for (size_t j = 0; j < plan->asked.size(); ++j)
+        std::memcpy(packed.begin() + 16 * j, chain[plan->asked[j]].bytes.data(), 16);
       queries = 1;
-      answered = withDeadline(timer_, options_.peerTimeout, req.send())
-                     .then([holders](auto response) {
-                       auto nodes = response.getNodes();
-                       auto masks = response.getHolders();
-                       const size_t n = std::min<size_t>(masks.size(), holders->size());
-                       for (size_t j = 0; j < n; ++j) {
-                         for (size_t b = 0; b < nodes.size() && b < 64; ++b) {
-                           if (masks[j] & (uint64_t{1} << b))
-                             (*holders)[j].push_back(text(nodes[b]));
-                         }
-                       }
-                     });
+      answered =
+          withDeadline(timer_, options_.peerTimeout, req.send())
+              .then([this, plan, anchor, home](auto response) {
+                auto nodes = response.getNodes();
+                auto masks = response.getHolders();
+                const size_t m = std::min<size_t>(masks.size(), plan->holders.size());
+                for (size_t j = 0; j < m; ++j) {
+                  for (size_t b = 0; b < nodes.size() && b < 64; ++b) {
+                    if (masks[j] & (uint64_t{1} << b)) plan->holders[j].push_back(text(nodes[b]));
+                  }
+                }
+                // Hot now: the next lookups through it skip it (until the heartbeats say so).
+                if (response.getHot()) {
+                  auto& holders = hotKnown_[home][anchor];
+                  holders.clear();
+                  for (auto h : response.getAnchorHolders()) holders.push_back(text(h));
+                }
+              });
     } else {
       countLookupMessages(0);
-      return kj::READY_NOW;
+      return kj::READY_NOW;  // the home is not reachable: nobody to ask until membership settles
     }
   }
   return answered.then(
-      [this, space, chain = std::move(chain), from, segEnd, asked = std::move(asked), holders,
-       queries]() mutable -> kj::Promise<void> {
+      [this, space, chain = std::move(chain), from, plan, queries]() mutable -> kj::Promise<void> {
         // Another lookup's fetch may have set out for the same blocks while the home answered.
         if (auto f = fetching_.find(dirKey(space, chain[from])); f != fetching_.end()) {
           countLookupMessages(queries);
@@ -112,15 +150,16 @@ kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Ke
         }
         // Blocks this node holds already (a drain spreads a chain over several nodes) are no
         // gap: a holder's reach runs past them, and no pin asks for them.
-        std::vector<bool> local(chain.size(), false);
-        for (size_t i = from; i < chain.size(); ++i) local[i] = engine_.indexed(space, chain[i]);
-        const auto plan = planPins(chain.size(), from, segEnd, asked, *holders, local);
-        countLookupMessages(queries + static_cast<uint32_t>(plan.size()));
+        plan->local.assign(chain.size(), false);
+        for (size_t i = from; i < chain.size(); ++i)
+          plan->local[i] = engine_.indexed(space, chain[i]);
+        const auto pins = planPins(chain.size(), *plan);
+        countLookupMessages(queries + static_cast<uint32_t>(pins.size()));
         kj::Vector<kj::Promise<void>> runs;
-        for (const PinPlan& pin : plan) {
+        for (const PinPlan& pin : pins) {
           std::vector<Key128> keys;
           for (size_t i = pin.begin; i < pin.end; ++i) {
-            if (!local[i]) keys.push_back(chain[i]);
+            if (!plan->local[i]) keys.push_back(chain[i]);
           }
           auto run = std::make_shared<kj::ForkedPromise<void>>(
               fetchRun(space, pin.link, keys).fork());
@@ -138,45 +177,47 @@ kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Ke
 }
 
 std::vector<ClusterService::Impl::PinPlan> ClusterService::Impl::planPins(
-    size_t chainSize, size_t from, size_t segEnd, const std::vector<size_t>& asked,
-    const std::vector<std::vector<std::string>>& holders, const std::vector<bool>& local) const {
-  // For each live holder: which positions of the segment it holds, and the deepest later anchor
-  // it holds (a holder keeps a block's prefix: the tail goes first).
-  struct Reach {
-    std::vector<bool> held;  // positions from .. segEnd
-    size_t deepest = 0;      // chain position of its deepest later anchor, 0 for none
+    size_t chainSize, const PinInputs& in) const {
+  const size_t from = in.from;
+  // What each live holder covers from `from` on, as far as the answer and the heartbeats tell:
+  // the keys the home named it for; everything up to each later anchor it holds (a holder keeps
+  // a block's prefix: the tail goes first) and, likely, the rest of that anchor's segment; the
+  // anchor of each hot segment skipped. (Not the rest of a hot segment: a popular prefix ends
+  // in it, and what follows differs per prompt — a fresh prompt's miss would cost a pin.)
+  std::map<std::string, std::vector<bool>> covers;
+  auto cover = [&](const std::string& node, size_t begin, size_t end) {
+    if (node == options_.nodeId || !linkTo(node)) return;
+    auto& c = covers[node];
+    c.resize(chainSize - from, false);
+    for (size_t p = std::max(begin, from); p < std::min(end, chainSize); ++p) c[p - from] = true;
   };
-  std::map<std::string, Reach> reach;
-  for (size_t j = 0; j < asked.size(); ++j) {
-    for (const auto& h : holders[j]) {
-      if (h == options_.nodeId || !linkTo(h)) continue;
-      Reach& r = reach[h];
-      if (asked[j] < segEnd) {
-        r.held.resize(segEnd - from, false);
-        r.held[asked[j] - from] = true;
+  for (const HotSegment& h : in.hot) {
+    for (const auto& node : h.holders) cover(node, h.begin, h.begin + 1);
+  }
+  for (size_t j = 0; j < in.asked.size(); ++j) {
+    const size_t p = in.asked[j];
+    for (const auto& node : in.holders[j]) {
+      if (p == in.keyedFrom && p > from) {
+        cover(node, from, p + 1);  // the anchor past skipped hot segments: and its prefix
+      } else if (p < in.keyedEnd) {
+        cover(node, p, p + 1);
       } else {
-        r.deepest = std::max(r.deepest, asked[j]);
+        cover(node, from, p + kSegmentBlocks);
       }
     }
   }
-  // Where a holder's reach from position `p` ends: the first block of the segment that neither
-  // it nor this node holds; past the segment, the end of its deepest anchor's segment.
-  auto endFrom = [&](const Reach& r, size_t p) {
-    if (p < segEnd) {
-      while (p < segEnd && (local[p] || (r.held.size() > p - from && r.held[p - from]))) ++p;
-      if (p < segEnd) return p;
-    }
-    return r.deepest >= p ? std::min(chainSize, r.deepest + kSegmentBlocks) : p;
-  };
-  auto holdsAt = [&](const Reach& r, size_t p) {
-    return p < segEnd ? r.held.size() > p - from && r.held[p - from] : r.deepest >= p;
+  auto holds = [&](const std::vector<bool>& c, size_t p) { return c[p - from]; };
+  // Where a holder's reach from `p` ends: the first block neither it nor this node holds.
+  auto endFrom = [&](const std::vector<bool>& c, size_t p) {
+    while (p < chainSize && (in.local[p] || holds(c, p))) ++p;
+    return p;
   };
   auto best = [&](size_t p, const std::string* not_) -> const std::string* {
     const std::string* pick = nullptr;
     size_t pickEnd = p;
-    for (const auto& [node, r] : reach) {
-      if (&node == not_ || !holdsAt(r, p)) continue;
-      const size_t e = endFrom(r, p);
+    for (const auto& [node, c] : covers) {
+      if (&node == not_ || !holds(c, p)) continue;
+      const size_t e = endFrom(c, p);
       if (e > pickEnd) pick = &node, pickEnd = e;
     }
     return pick;
@@ -185,14 +226,14 @@ std::vector<ClusterService::Impl::PinPlan> ClusterService::Impl::planPins(
   // The first pin: a holder of the first missing block, the one that reaches furthest.
   const std::string* first = best(from, nullptr);
   if (!first) return plan;
-  const size_t end1 = std::min(endFrom(reach.at(*first), from), from + kMaxPinBlocks);
+  const size_t end1 = std::min(endFrom(covers.at(*first), from), from + kMaxPinBlocks);
   plan.push_back(PinPlan{linkTo(*first), from, end1});
   // A second, at once: the holder that reaches furthest from where the first one's reach ends.
   size_t at = end1;
-  while (at < chainSize && local[at]) ++at;
+  while (at < chainSize && in.local[at]) ++at;
   if (at >= chainSize) return plan;
   if (const std::string* second = best(at, first)) {
-    const size_t end2 = std::min(endFrom(reach.at(*second), at), at + kMaxPinBlocks);
+    const size_t end2 = std::min(endFrom(covers.at(*second), at), at + kMaxPinBlocks);
     plan.push_back(PinPlan{linkTo(*second), at, end2});
   }
   return plan;

@@ -66,11 +66,27 @@ kj::Promise<void> ClusterService::Impl::heartbeat(Link& link) {
   return timer_.afterDelay(options_.heartbeat).then([this, &link] {
     KJ_IF_MAYBE (p, link.peer) {
       const auto sent = std::chrono::steady_clock::now();
-      return withDeadline(timer_, options_.peerTimeout, p->pingRequest().send().ignoreResult())
-          .then([this, &link, sent] {
+      return withDeadline(timer_, options_.peerTimeout, p->pingRequest().send())
+          .then([this, &link, sent](auto response) {
             link.rtts[link.rttCount++ % kRttSamples] =
                 std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - sent)
                     .count();
+            // The hot anchors the peer is home for, as of now.
+            auto& known = hotKnown_[link.nodeId];
+            known.clear();
+            auto hot = response.getHot();
+            for (size_t i = 0; i < hot.size() && i < kMaxHotAnchors; ++i) {
+              auto anchor = hot[i].getAnchor();
+              auto salt = hot[i].getSpace().getSalt();
+              if (anchor.size() != 16 || salt.size() != 16) continue;
+              DirKey k;
+              k.fingerprint = hot[i].getSpace().getFingerprint();
+              std::memcpy(k.salt.data(), salt.begin(), 16);
+              std::memcpy(k.key.bytes.data(), anchor.begin(), 16);
+              auto& holders = known[k];
+              for (size_t j = 0; j < hot[i].getHolders().size() && j < kMaxAnswerNodes; ++j)
+                holders.push_back(text(hot[i].getHolders()[j]));
+            }
             return heartbeat(link);
           });
     }
@@ -89,6 +105,7 @@ void ClusterService::Impl::linkDown(Link& link, const kj::Exception& why) {
   link.stream = nullptr;
   link.publishing = false;
   link.rttCount = 0;
+  hotKnown_.erase(link.nodeId);
   if (wasUp) {
     logWarn("peer_down", "node=" + link.nodeId + " addr=" + link.address + " reason=\"" +
                              std::string(why.getDescription().cStr()).substr(0, 200) + "\"");
@@ -123,6 +140,11 @@ void ClusterService::Impl::updateMembers() {
   const size_t moved = held_.rehome(beforeRing, ring_);
   stats_.rehomed += moved;
   const size_t dropped = home_.dropNotHome(options_.nodeId, ring_);
+  // Hot anchors: counted again by their homes on the new ring.
+  anchorQueries_.clear();
+  std::erase_if(hotAnchors_, [&](const DirKey& a) {
+    return homeOf(DirEntry{a, a.key}, ring_) != options_.nodeId;
+  });
   logInfo("membership", "members=" + std::to_string(members_.size()) + " keys_rehomed=" +
                             std::to_string(moved) + " entries_dropped=" + std::to_string(dropped));
   schedulePublish();

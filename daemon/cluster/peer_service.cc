@@ -51,7 +51,18 @@ class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
   PeerImpl(Impl& impl, std::string node) : impl_(impl), node_(std::move(node)) {}
 
   kj::Promise<void> ping(PingContext context) override {
-    context.getResults().setNodeId(impl_.options_.nodeId);
+    auto out = context.getResults();
+    out.setNodeId(impl_.options_.nodeId);
+    auto hot = out.initHot(impl_.hotAnchors_.size());
+    for (size_t i = 0; i < impl_.hotAnchors_.size(); ++i) {
+      const DirKey& a = impl_.hotAnchors_[i];
+      hot[i].getSpace().setFingerprint(a.fingerprint);
+      hot[i].getSpace().setSalt(capnp::Data::Reader(a.salt.data(), 16));
+      hot[i].setAnchor(capnp::Data::Reader(a.key.bytes.data(), 16));
+      const auto& holders = impl_.home_.holders(DirEntry{a, a.key});
+      auto list = hot[i].initHolders(holders.size());
+      for (size_t j = 0; j < holders.size(); ++j) list.set(j, holders[j]);
+    }
     return kj::READY_NOW;
   }
 
@@ -100,6 +111,8 @@ class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
     const auto under = unpackKeys(p.getUnder(), 1);
     if (under.size() != 1) throwRpcError(invalid("who-holds names the anchor its keys are under"));
     ++impl_.stats_.directoryQueries;
+    const DirKey anchor{p.getSpace().getFingerprint(), salt, under[0]};
+    const bool hot = impl_.noteQuery(anchor);
     std::vector<std::string> nodes;
     std::vector<uint64_t> masks;
     for (const Key128& k : keys) {
@@ -121,6 +134,12 @@ class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
     for (size_t i = 0; i < nodes.size(); ++i) n.set(i, nodes[i]);
     auto h = out.initHolders(masks.size());
     for (size_t i = 0; i < masks.size(); ++i) h.set(i, masks[i]);
+    if (hot) {
+      out.setHot(true);
+      const auto& holders = impl_.home_.holders(DirEntry{anchor, anchor.key});
+      auto a = out.initAnchorHolders(holders.size());
+      for (size_t i = 0; i < holders.size(); ++i) a.set(i, holders[i]);
+    }
     return kj::READY_NOW;
   }
 
