@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cstring>
 
 namespace kvtier {
 namespace {
@@ -453,8 +454,11 @@ void EvictionHistory::add(uint64_t tag, uint64_t span) {
     newer_ ^= 1;
     Generation& g = gens_[newer_];
     g.span = std::max<uint64_t>(span, 64);
-    g.bits.assign((g.span * kBitsPerEntry + 63) / 64, 0);
-    g.bits.shrink_to_fit();
+    decltype(g.bits)().swap(g.bits);  // the old words go back first
+    g.bits.resize((g.span * kBitsPerEntry + 63) / 64);
+    if (g.bits.size() * sizeof(uint64_t) < kHugePageBytes) {
+      std::memset(g.bits.data(), 0, g.bits.size() * sizeof(uint64_t));
+    }
     g.bitCount = g.bits.size() * 64;
     g.count = 0;
   }
