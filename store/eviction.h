@@ -251,8 +251,8 @@ class ArcEvictionPolicy final : public EvictionPolicy {
 // The tags of the blocks evicted lately, as a set: whether a tag was among roughly the last
 // `span` to 2 * `span` added. Two Bloom filter generations of `span` entries each (10 bits an
 // entry, 3 probes: about 1.7 % false positives a generation); when the newer one is full, the
-// older one is cleared and takes the new entries. Nothing is removed: a tag added once stays until
-// its generation goes. 2.5 bytes per entry of `span` (20 bits for two generations). O(1).
+// older one is dropped and a new one takes the next entries. Nothing is removed: a tag added once
+// stays until its generation goes. 2.5 bytes per entry of `span` (20 bits for two generations). O(1).
 class EvictionHistory {
  public:
   // Adds `tag`; a generation that starts now is sized for `span` entries (at least 64).
@@ -359,7 +359,7 @@ class TwoQEvictionPolicy final : public EvictionPolicy {
     bool linked : 1 = false;
     bool continues : 1 = false;    // sealed(): protected at its first insert
     bool deadEnd : 1 = false;      // sealed(): the end of its commit, at its first insert
-    bool freshParent : 1 = false;  // sealed(): the block before it is new in the same commit
+    bool freshParent : 1 = false;  // sealed(): its parent is released right after it
     bool provisional : 1 = false;  // protected by the history until its parent's insert
     uint32_t sizeClass = 0;
   };
