@@ -252,7 +252,8 @@ class ArcEvictionPolicy final : public EvictionPolicy {
 // `span` to 2 * `span` added. Two Bloom filter generations of `span` entries each (10 bits an
 // entry, 3 probes: about 1.7 % false positives a generation); when the newer one is full, the
 // older one is dropped and a new one takes the next entries. Nothing is removed: a tag added once
-// stays until its generation goes. 2.5 bytes per entry of `span` (20 bits for two generations). O(1).
+// stays until its generation goes. 2.5 bytes per entry of `span` (20 bits for two generations).
+// O(1).
 class EvictionHistory {
  public:
   // Adds `tag`; a generation that starts now is sized for `span` entries (at least 64).
