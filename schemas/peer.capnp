@@ -72,8 +72,10 @@ interface PeerGate {
 }
 
 interface Peer {
-  ping @0 () -> (nodeId :Text, hot :List(HotAnchor));
+  ping @0 () -> (nodeId :Text, hot :List(HotAnchor), queries :UInt64);
   # `hot`: the anchors this node is home for that are hot now (sent with every heartbeat).
+  # `queries`: the who-holds queries it has answered: an asker sends its query to the least loaded
+  # of an anchor's homes.
 
   publish @1 (add :List(KeyGroup), withdraw :List(KeyGroup)) -> ();
   # The caller holds the keys of `add` (in any tier) and no longer holds those of `withdraw`,

@@ -47,6 +47,21 @@ const std::string& homeOf(const DirKey& key, const std::vector<std::string>& mem
   return *best;
 }
 
+std::vector<std::string> homesOf(const DirEntry& e, const HashRing& ring, size_t replicas) {
+  std::vector<std::string> out;
+  if (ring.empty()) return out;
+  const uint64_t h = anchorHash(e.key.fingerprint, e.key.salt, e.under);
+  if (replicas <= 1) return {ring.home(h)};
+  for (size_t m : ring.homes(h, replicas)) out.push_back(ring.members()[m]);
+  return out;
+}
+
+namespace {
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+}  // namespace
+
 // --- HomeDirectory
 
 void HomeDirectory::add(const std::string& node, const DirEntry& entry) {
@@ -80,11 +95,12 @@ size_t HomeDirectory::forgetNode(const std::string& node) {
   return changed;
 }
 
-size_t HomeDirectory::dropNotHome(const std::string& self, const HashRing& ring) {
+size_t HomeDirectory::dropNotHome(const std::string& self, const HashRing& ring,
+                                  size_t replicas) {
   if (ring.empty()) return 0;
   size_t dropped = 0;
   for (auto it = entries_.begin(); it != entries_.end();) {
-    if (homeOf(it->first, ring) != self) {
+    if (!contains(homesOf(it->first, ring, replicas), self)) {
       it = entries_.erase(it);
       ++dropped;
     } else {
@@ -108,6 +124,10 @@ void HeldKeys::queue(const std::string& home, const DirEntry& entry, bool add) {
   pending_ += inserted;
 }
 
+void HeldKeys::queueAll(const DirEntry& entry, bool add, const HashRing& ring) {
+  for (const std::string& home : homesOf(entry, ring, replicas_)) queue(home, entry, add);
+}
+
 bool HeldKeys::filed(const DirEntry& e) const {
   auto it = held_.find(e.key);
   return it != held_.end() && std::find(it->second.begin(), it->second.end(), e.under) !=
@@ -122,21 +142,12 @@ bool HeldKeys::hold(const DirKey& key, std::vector<Key128> under, const HashRing
     // whole prefix, so its chain positions are fixed).
     const bool unknown = it->second.size() == 1 && it->second[0] == key.key;
     if (!unknown || under == it->second) return false;
-    if (!ring.empty()) {
-      for (const Key128& u : it->second) {
-        if (std::find(under.begin(), under.end(), u) != under.end()) continue;
-        const DirEntry e{key, u};
-        queue(homeOf(e, ring), e, false);
-      }
+    for (const Key128& u : it->second) {
+      if (std::find(under.begin(), under.end(), u) == under.end()) queueAll({key, u}, false, ring);
     }
   }
   it->second = std::move(under);
-  if (!ring.empty()) {
-    for (const Key128& u : it->second) {
-      const DirEntry e{key, u};
-      queue(homeOf(e, ring), e, true);
-    }
-  }
+  for (const Key128& u : it->second) queueAll({key, u}, true, ring);
   return inserted;
 }
 
@@ -145,12 +156,7 @@ bool HeldKeys::drop(const DirKey& key, const HashRing& ring) {
   if (it == held_.end()) return false;
   const std::vector<Key128> under = std::move(it->second);
   held_.erase(it);
-  if (!ring.empty()) {
-    for (const Key128& u : under) {
-      const DirEntry e{key, u};
-      queue(homeOf(e, ring), e, false);
-    }
-  }
+  for (const Key128& u : under) queueAll({key, u}, false, ring);
   return true;
 }
 
@@ -160,10 +166,12 @@ size_t HeldKeys::rehome(const HashRing& before, const HashRing& after) {
   for (const auto& [key, under] : held_) {
     for (const Key128& u : under) {
       const DirEntry e{key, u};
-      const std::string& to = homeOf(e, after);
-      if (!before.empty() && homeOf(e, before) == to) continue;
-      queue(to, e, true);
-      ++moved;
+      const auto was = homesOf(e, before, replicas_);
+      for (const std::string& to : homesOf(e, after, replicas_)) {
+        if (contains(was, to)) continue;
+        queue(to, e, true);
+        ++moved;
+      }
     }
   }
   return moved;
@@ -175,7 +183,7 @@ size_t HeldKeys::resendTo(const std::string& home, const HashRing& ring) {
   for (const auto& [key, under] : held_) {
     for (const Key128& u : under) {
       const DirEntry e{key, u};
-      if (homeOf(e, ring) != home) continue;
+      if (!contains(homesOf(e, ring, replicas_), home)) continue;
       queue(home, e, true);
       ++sent;
     }

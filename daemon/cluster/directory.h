@@ -72,6 +72,9 @@ uint64_t anchorHash(uint64_t fingerprint, const Salt& salt, const Key128& under)
 inline const std::string& homeOf(const DirEntry& e, const HashRing& ring) {
   return ring.home(anchorHash(e.key.fingerprint, e.key.salt, e.under));
 }
+// An entry's homes: `replicas` distinct members in ring order from its anchor's point (fewer
+// when the ring has fewer members); the first is homeOf(e, ring).
+std::vector<std::string> homesOf(const DirEntry& e, const HashRing& ring, size_t replicas);
 
 // Rendezvous score of `node` for `key` (xxh3 over both: placement, not identity).
 uint64_t rendezvousScore(std::string_view node, const DirKey& key);
@@ -90,8 +93,9 @@ class HomeDirectory {
   void withdraw(const std::string& node, const DirEntry& entry);
   // Forgets everything of a member that left. Returns how many entries changed.
   size_t forgetNode(const std::string& node);
-  // Drops the entries whose home on `ring` is not `self` (after a membership change).
-  size_t dropNotHome(const std::string& self, const HashRing& ring);
+  // Drops the entries `self` is not one of the `replicas` homes of on `ring` (after a
+  // membership change).
+  size_t dropNotHome(const std::string& self, const HashRing& ring, size_t replicas = 1);
   // The nodes holding `entry` (empty: nobody this home knows of).
   const std::vector<std::string>& holders(const DirEntry& entry) const;
   size_t size() const { return entries_.size(); }
@@ -108,6 +112,9 @@ class HeldKeys {
     bool empty() const { return add.empty() && withdraw.empty(); }
     size_t size() const { return add.size() + withdraw.size(); }
   };
+
+  // Each entry goes to `replicas` homes (homesOf).
+  explicit HeldKeys(size_t replicas = 1) : replicas_(replicas) {}
 
   // A key this node now holds, filed under `under` (anchorsFiledUnder). Queues an add for each
   // entry's home. Returns true if the key was new. A key held already whose place was unknown
@@ -128,11 +135,11 @@ class HeldKeys {
   }
   size_t size() const { return held_.size(); }
 
-  // After a membership change from `before` to `after`: queues an add to the new home of every
-  // entry whose home changed. Returns how many entries moved (the messages the change costs).
+  // After a membership change from `before` to `after`: queues an add of every entry to each of
+  // its homes that is new. Returns how many adds (the messages the change costs).
   size_t rehome(const HashRing& before, const HashRing& after);
 
-  // Queues an add to `home` of every entry whose home on `ring` is `home` (a home that
+  // Queues an add to `home` of every entry `home` is a home of on `ring` (a home that
   // (re)connected may have forgotten them). Returns how many.
   size_t resendTo(const std::string& home, const HashRing& ring);
 
@@ -150,6 +157,9 @@ class HeldKeys {
 
  private:
   void queue(const std::string& home, const DirEntry& entry, bool add);
+  void queueAll(const DirEntry& entry, bool add, const HashRing& ring);
+
+  size_t replicas_;
   bool filed(const DirEntry& e) const;
 
   // Each held key and the anchors it is filed under.

@@ -236,6 +236,49 @@ TEST(Anchors, OneHomeKnowsAWholeSegmentAndTheDeeperAnchorsPastIt) {
   EXPECT_EQ(total, keys.size() + 6);
 }
 
+TEST(HeldKeys, EachEntryGoesToItsReplicaHomesAndARehomeOnlyToTheNewOnes) {
+  const HashRing before(memberIds(8)), after([] {
+    auto m = memberIds(8);
+    m.push_back("joining");
+    return m;
+  }());
+  const auto keys = randomKeys(3000);
+  HeldKeys held(3);
+  for (const DirKey& k : keys) held.hold(k, {}, before);
+  size_t queued = 0;
+  for (const auto& home : before.members()) {
+    for (const DirEntry& e : held.take(home, SIZE_MAX).add) {
+      const auto homes = homesOf(e, before, 3);
+      ASSERT_EQ(homes.size(), 3u);
+      ASSERT_EQ(homes[0], homeOf(e, before));
+      EXPECT_NE(std::find(homes.begin(), homes.end(), home), homes.end());
+      ++queued;
+    }
+  }
+  EXPECT_EQ(queued, 3 * keys.size()) << "three distinct homes each";
+  // A member joins: each entry it becomes a home of goes to it, and only to it.
+  size_t gained = 0;
+  for (const DirKey& k : keys) {
+    const auto homes = homesOf(self(k), after, 3);
+    gained += std::find(homes.begin(), homes.end(), "joining") != homes.end();
+  }
+  EXPECT_EQ(held.rehome(before, after), gained);
+  EXPECT_EQ(held.pendingHomes(), (Members{"joining"}));
+  // About 3/9 of the entries: three homes out of nine members.
+  EXPECT_GT(gained, keys.size() * 2 / 9);
+  EXPECT_LT(gained, keys.size() * 4 / 9);
+  // A home drops exactly the entries it is no longer one of the three homes of.
+  HomeDirectory dir;
+  for (const DirKey& k : keys) dir.add("x", self(k));
+  size_t mine = 0;
+  for (const DirKey& k : keys) {
+    const auto homes = homesOf(self(k), after, 3);
+    mine += std::find(homes.begin(), homes.end(), "node-2") != homes.end();
+  }
+  EXPECT_EQ(dir.dropNotHome("node-2", after, 3), keys.size() - mine);
+  EXPECT_EQ(dir.size(), mine);
+}
+
 TEST(HeldKeys, AKeyWhosePlaceWasUnknownMovesToItsAnchorOnce) {
   const HashRing ring(memberIds(16));
   const auto keys = chainKeys(kSegmentBlocks + 1);

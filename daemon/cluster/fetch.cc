@@ -56,10 +56,29 @@ bool ClusterService::Impl::noteQuery(const DirKey& anchor) {
 }
 
 const std::vector<std::string>* ClusterService::Impl::hotHolders(const DirKey& anchor) const {
-  auto home = hotKnown_.find(homeOf(DirEntry{anchor, anchor.key}, ring_));
-  if (home == hotKnown_.end()) return nullptr;
-  auto it = home->second.find(anchor);
-  return it == home->second.end() ? nullptr : &it->second;
+  for (const std::string& h : homesOf(DirEntry{anchor, anchor.key}, ring_, kAnchorReplicas)) {
+    auto home = hotKnown_.find(h);
+    if (home == hotKnown_.end()) continue;
+    auto it = home->second.find(anchor);
+    if (it != home->second.end()) return &it->second;
+  }
+  return nullptr;
+}
+
+std::string ClusterService::Impl::directoryHomeFor(const DirKey& anchor) {
+  const auto homes = homesOf(DirEntry{anchor, anchor.key}, ring_, kAnchorReplicas);
+  if (std::find(homes.begin(), homes.end(), options_.nodeId) != homes.end())
+    return options_.nodeId;  // asks nobody
+  // The least loaded it knows of; among equals, a choice that differs by asker and anchor.
+  std::shared_ptr<Link> pick;
+  const size_t start = std::hash<Key128>()(anchor.key) ^ std::hash<std::string>()(options_.nodeId);
+  for (size_t i = 0; i < homes.size(); ++i) {
+    auto link = linkTo(homes[(start + i) % homes.size()]);
+    if (link && (!pick || link->load < pick->load)) pick = link;
+  }
+  if (!pick) return homes.empty() ? options_.nodeId : homes.front();
+  ++pick->load;
+  return pick->nodeId;
 }
 
 kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Key128> chain,
@@ -96,7 +115,7 @@ kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Ke
   for (size_t a = plan->keyedEnd; a < n; a += kSegmentBlocks) plan->asked.push_back(a);
   plan->holders.resize(plan->asked.size());
   const DirKey anchor = anchorAt(asked);
-  const std::string home = homeOf(DirEntry{anchor, anchor.key}, ring_);
+  const std::string home = directoryHomeFor(anchor);
   kj::Promise<void> answered = kj::READY_NOW;
   uint32_t queries = 0;
   if (home == options_.nodeId) {

@@ -71,6 +71,7 @@ kj::Promise<void> ClusterService::Impl::heartbeat(Link& link) {
             link.rtts[link.rttCount++ % kRttSamples] =
                 std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - sent)
                     .count();
+            link.load = response.getQueries();
             // The hot anchors the peer is home for, as of now.
             auto& known = hotKnown_[link.nodeId];
             known.clear();
@@ -139,11 +140,12 @@ void ClusterService::Impl::updateMembers() {
   }
   const size_t moved = held_.rehome(beforeRing, ring_);
   stats_.rehomed += moved;
-  const size_t dropped = home_.dropNotHome(options_.nodeId, ring_);
+  const size_t dropped = home_.dropNotHome(options_.nodeId, ring_, kAnchorReplicas);
   // Hot anchors: counted again by their homes on the new ring.
   anchorQueries_.clear();
   std::erase_if(hotAnchors_, [&](const DirKey& a) {
-    return homeOf(DirEntry{a, a.key}, ring_) != options_.nodeId;
+    const auto homes = homesOf(DirEntry{a, a.key}, ring_, kAnchorReplicas);
+    return std::find(homes.begin(), homes.end(), options_.nodeId) == homes.end();
   });
   logInfo("membership", "members=" + std::to_string(members_.size()) + " keys_rehomed=" +
                             std::to_string(moved) + " entries_dropped=" + std::to_string(dropped));

@@ -53,6 +53,7 @@ class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
   kj::Promise<void> ping(PingContext context) override {
     auto out = context.getResults();
     out.setNodeId(impl_.options_.nodeId);
+    out.setQueries(impl_.stats_.directoryQueries);
     auto hot = out.initHot(impl_.hotAnchors_.size());
     for (size_t i = 0; i < impl_.hotAnchors_.size(); ++i) {
       const DirKey& a = impl_.hotAnchors_[i];
