@@ -496,6 +496,7 @@ Result<Stats> Client::stats() {
           out.lookupPeerMessages = s.getLookupPeerMessages();
           out.lookupPeerMessagesMax = s.getLookupPeerMessagesMax();
           out.directoryQueries = s.getDirectoryQueries();
+          out.directoryKeys = s.getDirectoryKeys();
           out.remoteHitBlocks = s.getRemoteHitBlocks();
           out.remoteHitBytes = s.getRemoteHitBytes();
           out.servedBlocks = s.getServedBlocks();
@@ -577,6 +578,7 @@ std::string Stats::toJson() const {
     << ", \"lookup_peer_messages\": " << lookupPeerMessages
     << ", \"lookup_peer_messages_max\": " << lookupPeerMessagesMax
     << ", \"directory_queries\": " << directoryQueries
+    << ", \"directory_keys\": " << directoryKeys
     << ", \"remote_hit_blocks\": " << remoteHitBlocks
     << ", \"remote_hit_bytes\": " << remoteHitBytes << ", \"served_blocks\": " << servedBlocks
     << ", \"fetch_errors\": {\"timeout\": " << fetchTimeouts

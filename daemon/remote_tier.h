@@ -28,7 +28,8 @@ struct RemoteMember {
 struct RemoteStats {
   std::string nodeId;
   uint64_t members = 0, membersUp = 0;      // self included
-  uint64_t directoryEntries = 0;            // keys this node is home for
+  uint64_t directoryEntries = 0;            // entries this node is a home of
+  uint64_t directoryKeys = 0;               // distinct keys it is the first home of
   uint64_t heldKeys = 0;                    // keys this node holds and has published
   uint64_t publishBacklog = 0;              // publish messages not yet sent
   uint64_t published = 0, withdrawn = 0;    // keys sent to homes

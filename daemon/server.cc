@@ -842,6 +842,7 @@ class SessionImpl final : public rpc::Session::Server {
       out.setLookupPeerMessages(r.lookupPeerMessages);
       out.setLookupPeerMessagesMax(r.lookupPeerMessagesMax);
       out.setDirectoryQueries(r.directoryQueries);
+      out.setDirectoryKeys(r.directoryKeys);
       out.setRemoteHitBlocks(r.remoteHitBlocks);
       out.setRemoteHitBytes(r.remoteHitBytes);
       out.setServedBlocks(r.servedBlocks);
@@ -1192,7 +1193,10 @@ std::string Server::metricsText() {
     const RemoteStats r = remote_->stats();
     gauge("kvtier_cluster_members", "Cluster members known, self included.", r.members);
     gauge("kvtier_cluster_members_up", "Live cluster members, self included.", r.membersUp);
-    gauge("kvtier_directory_entries", "Block keys this node is home for.", r.directoryEntries);
+    gauge("kvtier_directory_entries", "Directory entries this node is a home of.",
+          r.directoryEntries);
+    gauge("kvtier_directory_keys", "Distinct block keys this node is the first directory home of.",
+          r.directoryKeys);
     gauge("kvtier_directory_held_keys", "Block keys this node holds, as published.", r.heldKeys);
     gauge("kvtier_publish_backlog", "Directory messages not yet sent to their homes.",
           r.publishBacklog);

@@ -202,6 +202,7 @@ struct Stats {
   lookupPeerMessages @60 :UInt64;   # peer messages remote lookups sent: directory queries and pins
   lookupPeerMessagesMax @61 :UInt64;  # the most one remote lookup sent
   directoryQueries @62 :UInt64;     # who-holds queries this node answered as a directory home
+  directoryKeys @63 :UInt64;        # distinct keys this node is the first directory home of
 }
 
 interface Daemon {

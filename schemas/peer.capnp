@@ -29,6 +29,9 @@ struct KeyGroup {
   unders @2 :Data;
   # In a publish: for each key, the anchor it is filed under (16 bytes each, as many as keys):
   # the directory's entry is (key, anchor), at the anchor's home (daemon/cluster/directory.h).
+  own @3 :Data;
+  # In a publish: one byte per key, 1 where the anchor is the key's own segment's (each key has
+  # one such entry: the homes count distinct keys by them).
 }
 
 struct PinnedBlock {

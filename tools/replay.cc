@@ -502,7 +502,7 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
     run.remoteLookups += a.remoteLookups - b.remoteLookups;
     run.fetchErrors += fetchErrorsOf(a) - fetchErrorsOf(b);
     run.heldKeys += a.heldKeys;
-    run.distinctKeys += a.directoryEntries;
+    run.distinctKeys += a.directoryKeys;
     run.blocksUsedPerNode.push_back(a.blocksUsed);
   }
   return run;

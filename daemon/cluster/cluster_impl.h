@@ -69,6 +69,10 @@ constexpr uint32_t kHotQueries = 4;
 constexpr size_t kAnchorReplicas = 3;
 constexpr size_t kMaxHotAnchors = 256;
 constexpr size_t kMaxCountedAnchors = 65536;
+// Pins one remote lookup sends at most: with its directory query, four messages. A chain is
+// rarely spread over more holders (a fetched or drained block keeps its chain; a node's fetched
+// replicas go first when it needs room, so its own later blocks can outlive their head).
+constexpr size_t kMaxLookupPins = 3;
 // Blocks pinned by one call: 1024 blocks of 2 MiB are 2 GiB, more than one fetch needs at once.
 constexpr size_t kMaxPinBlocks = 1024;
 // A run of blocks on one holder is pinned and read in pieces of this many blocks (16 MiB of
@@ -356,10 +360,18 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
     std::vector<std::vector<std::string>> holders;
     std::vector<HotSegment> hot;
     std::vector<bool> local;
+    std::vector<std::string> tried;  // holders whose pin came back short: not asked again
   };
-  // At most two pins: the holder reaching furthest from `from`, and the one reaching furthest
-  // from where the first one stops.
-  std::vector<PinPlan> planPins(size_t chainSize, const PinInputs& in) const;
+  // At most maxPins pins: the holder reaching furthest from `at`, then the one reaching furthest
+  // from where that one stops, and so on.
+  std::vector<PinPlan> planPins(size_t chainSize, const PinInputs& in, size_t at,
+                                size_t maxPins) const;
+  // Sends the pins planned from chain position `at` (at most pinsLeft), fetches what they pinned,
+  // and, where a holder came back short, plans again from the gap with the pins left. `messages`:
+  // the lookup's peer messages so far, counted when it ends.
+  kj::Promise<void> pinAndFetch(SpaceId space, std::shared_ptr<std::vector<Key128>> chain,
+                                std::shared_ptr<PinInputs> plan, size_t at, size_t pinsLeft,
+                                uint32_t messages);
   // A remote lookup's peer messages (who-holds queries and pins), for stats.
   void countLookupMessages(uint32_t messages);
   // Directory load. A who-holds query under `anchor` (this node is its home): true if the anchor

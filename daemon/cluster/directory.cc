@@ -65,7 +65,9 @@ bool contains(const std::vector<std::string>& v, const std::string& s) {
 // --- HomeDirectory
 
 void HomeDirectory::add(const std::string& node, const DirEntry& entry) {
-  auto& holders = entries_[entry];
+  Holders& h = entries_[entry];
+  h.own = h.own || entry.own;
+  auto& holders = h.nodes;
   if (std::find(holders.begin(), holders.end(), node) != holders.end()) return;
   if (holders.size() >= kMaxHoldersPerKey) holders.erase(holders.begin());  // keep the newest
   holders.push_back(node);
@@ -74,7 +76,7 @@ void HomeDirectory::add(const std::string& node, const DirEntry& entry) {
 void HomeDirectory::withdraw(const std::string& node, const DirEntry& entry) {
   auto it = entries_.find(entry);
   if (it == entries_.end()) return;
-  auto& holders = it->second;
+  auto& holders = it->second.nodes;
   holders.erase(std::remove(holders.begin(), holders.end(), node), holders.end());
   if (holders.empty()) entries_.erase(it);
 }
@@ -82,7 +84,7 @@ void HomeDirectory::withdraw(const std::string& node, const DirEntry& entry) {
 size_t HomeDirectory::forgetNode(const std::string& node) {
   size_t changed = 0;
   for (auto it = entries_.begin(); it != entries_.end();) {
-    auto& holders = it->second;
+    auto& holders = it->second.nodes;
     const size_t before = holders.size();
     holders.erase(std::remove(holders.begin(), holders.end(), node), holders.end());
     changed += before != holders.size();
@@ -113,7 +115,14 @@ size_t HomeDirectory::dropNotHome(const std::string& self, const HashRing& ring,
 const std::vector<std::string>& HomeDirectory::holders(const DirEntry& entry) const {
   static const std::vector<std::string> kNone;
   auto it = entries_.find(entry);
-  return it == entries_.end() ? kNone : it->second;
+  return it == entries_.end() ? kNone : it->second.nodes;
+}
+
+size_t HomeDirectory::keysAsFirstHome(const std::string& self, const HashRing& ring) const {
+  if (ring.empty()) return 0;
+  size_t n = 0;
+  for (const auto& [e, h] : entries_) n += h.own && homeOf(e, ring) == self;
+  return n;
 }
 
 // --- HeldKeys
@@ -124,7 +133,9 @@ void HeldKeys::queue(const std::string& home, const DirEntry& entry, bool add) {
   pending_ += inserted;
 }
 
-void HeldKeys::queueAll(const DirEntry& entry, bool add, const HashRing& ring) {
+void HeldKeys::queueAll(DirEntry entry, bool add, const HashRing& ring) {
+  if (auto it = held_.find(entry.key); it != held_.end() && !it->second.empty())
+    entry.own = it->second.back() == entry.under;
   for (const std::string& home : homesOf(entry, ring, replicas_)) queue(home, entry, add);
 }
 
@@ -156,7 +167,7 @@ bool HeldKeys::drop(const DirKey& key, const HashRing& ring) {
   if (it == held_.end()) return false;
   const std::vector<Key128> under = std::move(it->second);
   held_.erase(it);
-  for (const Key128& u : under) queueAll({key, u}, false, ring);
+  for (const Key128& u : under) queueAll({key, u, u == under.back()}, false, ring);
   return true;
 }
 
@@ -165,7 +176,7 @@ size_t HeldKeys::rehome(const HashRing& before, const HashRing& after) {
   size_t moved = 0;
   for (const auto& [key, under] : held_) {
     for (const Key128& u : under) {
-      const DirEntry e{key, u};
+      const DirEntry e{key, u, u == under.back()};
       const auto was = homesOf(e, before, replicas_);
       for (const std::string& to : homesOf(e, after, replicas_)) {
         if (contains(was, to)) continue;
@@ -182,7 +193,7 @@ size_t HeldKeys::resendTo(const std::string& home, const HashRing& ring) {
   size_t sent = 0;
   for (const auto& [key, under] : held_) {
     for (const Key128& u : under) {
-      const DirEntry e{key, u};
+      const DirEntry e{key, u, u == under.back()};
       if (!contains(homesOf(e, ring, replicas_), home)) continue;
       queue(home, e, true);
       ++sent;

@@ -58,7 +58,10 @@ std::vector<Key128> anchorsFiledUnder(std::span<const Key128> chain);
 struct DirEntry {
   DirKey key;
   Key128 under;
-  bool operator==(const DirEntry&) const = default;
+  // Filed under the key's own segment's anchor: each key has exactly one such entry (which
+  // counts the cluster's distinct keys). Not part of the entry's identity.
+  bool own = false;
+  bool operator==(const DirEntry& o) const { return key == o.key && under == o.under; }
 };
 
 struct DirEntryHash {
@@ -99,9 +102,16 @@ class HomeDirectory {
   // The nodes holding `entry` (empty: nobody this home knows of).
   const std::vector<std::string>& holders(const DirEntry& entry) const;
   size_t size() const { return entries_.size(); }
+  // Distinct keys this node is the first home of (their own entries): summed over the members,
+  // the cluster's distinct keys.
+  size_t keysAsFirstHome(const std::string& self, const HashRing& ring) const;
 
  private:
-  std::unordered_map<DirEntry, std::vector<std::string>, DirEntryHash> entries_;
+  struct Holders {
+    std::vector<std::string> nodes;
+    bool own = false;
+  };
+  std::unordered_map<DirEntry, Holders, DirEntryHash> entries_;
 };
 
 // The keys this node holds, where each is filed, and the publish messages owed to their homes.
@@ -157,7 +167,8 @@ class HeldKeys {
 
  private:
   void queue(const std::string& home, const DirEntry& entry, bool add);
-  void queueAll(const DirEntry& entry, bool add, const HashRing& ring);
+  // `entry.own` is set from the held key's place (a dropped key's entries come with it set).
+  void queueAll(DirEntry entry, bool add, const HashRing& ring);
 
   size_t replicas_;
   bool filed(const DirEntry& e) const;

@@ -167,46 +167,80 @@ kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Ke
           countLookupMessages(queries);
           return f->second->addBranch();
         }
-        // Blocks this node holds already (a drain spreads a chain over several nodes) are no
-        // gap: a holder's reach runs past them, and no pin asks for them.
-        plan->local.assign(chain.size(), false);
-        for (size_t i = from; i < chain.size(); ++i)
-          plan->local[i] = engine_.indexed(space, chain[i]);
-        const auto pins = planPins(chain.size(), *plan);
-        countLookupMessages(queries + static_cast<uint32_t>(pins.size()));
-        kj::Vector<kj::Promise<void>> runs;
-        for (const PinPlan& pin : pins) {
-          std::vector<Key128> keys;
-          for (size_t i = pin.begin; i < pin.end; ++i) {
-            if (!plan->local[i]) keys.push_back(chain[i]);
-          }
-          auto run = std::make_shared<kj::ForkedPromise<void>>(
-              fetchRun(space, pin.link, keys).fork());
-          for (const Key128& k : keys) fetching_[dirKey(space, k)] = run;
-          // Once done (it never rejects), its blocks are no longer in flight.
-          runs.add(run->addBranch().then([this, space, keys = std::move(keys), run]() {
-            for (const Key128& k : keys) {
-              auto f = fetching_.find(dirKey(space, k));
-              if (f != fetching_.end() && f->second == run) fetching_.erase(f);
-            }
-          }));
+        return pinAndFetch(space, std::make_shared<std::vector<Key128>>(std::move(chain)), plan,
+                           from, kMaxLookupPins, queries);
+      });
+}
+
+kj::Promise<void> ClusterService::Impl::pinAndFetch(
+    SpaceId space, std::shared_ptr<std::vector<Key128>> chain, std::shared_ptr<PinInputs> plan,
+    size_t at, size_t pinsLeft, uint32_t messages) {
+  // Blocks this node holds already (a drain spreads a chain over several nodes) are no gap: a
+  // holder's reach runs past them, and no pin asks for them.
+  const size_t n = chain->size();
+  plan->local.assign(n, false);
+  for (size_t i = plan->from; i < n; ++i) plan->local[i] = engine_.indexed(space, (*chain)[i]);
+  const auto pins = planPins(n, *plan, at, pinsLeft);
+  messages += static_cast<uint32_t>(pins.size());
+  kj::Vector<kj::Promise<void>> runs;
+  for (const PinPlan& pin : pins) {
+    std::vector<Key128> keys;
+    for (size_t i = pin.begin; i < pin.end; ++i) {
+      if (!plan->local[i]) keys.push_back((*chain)[i]);
+    }
+    auto run = std::make_shared<kj::ForkedPromise<void>>(fetchRun(space, pin.link, keys).fork());
+    for (const Key128& k : keys) fetching_[dirKey(space, k)] = run;
+    // Once done (it never rejects), its blocks are no longer in flight.
+    runs.add(run->addBranch().then([this, space, keys = std::move(keys), run]() {
+      for (const Key128& k : keys) {
+        auto f = fetching_.find(dirKey(space, k));
+        if (f != fetching_.end() && f->second == run) fetching_.erase(f);
+      }
+    }));
+  }
+  return kj::joinPromises(runs.releaseAsArray())
+      .then([this, space, chain, plan, pins, pinsLeft, messages]() -> kj::Promise<void> {
+        // A holder past the first segment is known by the anchors it holds, not key by key: one
+        // that came back short (it holds less of that segment than its anchor suggested) leaves
+        // a gap the next best holder may fill, with the pins left.
+        size_t p = plan->from;
+        while (p < chain->size() && engine_.indexed(space, (*chain)[p])) ++p;
+        const size_t left = pinsLeft - pins.size();
+        if (pins.empty() || p >= chain->size() || left == 0) {
+          countLookupMessages(messages);
+          return kj::READY_NOW;
         }
-        return kj::joinPromises(runs.releaseAsArray());
+        for (const PinPlan& pin : pins) {
+          if (pin.begin <= p && p < pin.end) plan->tried.push_back(pin.link->nodeId);
+        }
+        return pinAndFetch(space, chain, plan, p, left, messages);
       });
 }
 
 std::vector<ClusterService::Impl::PinPlan> ClusterService::Impl::planPins(
-    size_t chainSize, const PinInputs& in) const {
+    size_t chainSize, const PinInputs& in, size_t at, size_t maxPins) const {
   const size_t from = in.from;
-  // What each live holder covers from `from` on, as far as the answer and the heartbeats tell:
-  // the keys the home named it for; everything up to each later anchor it holds (a holder keeps
-  // a block's prefix: the tail goes first) and, likely, the rest of that anchor's segment; the
-  // anchor of each hot segment skipped. (Not the rest of a hot segment: a popular prefix ends
-  // in it, and what follows differs per prompt — a fresh prompt's miss would cost a pin.)
-  std::map<std::string, std::vector<bool>> covers;
+  // What each live holder covers from `from` on, as far as the answer tells: the keys the home
+  // named it for, exactly; past that segment, the segment of each later anchor it holds (likely
+  // whole: a segment's tail goes before its head). Not the segments between: a node may hold a
+  // chain's later part without its head (a replica fetched for a lookup goes first when room is
+  // needed, the blocks the node sealed itself after it stay). Past skipped hot segments, the
+  // holders of the anchor asked about hold the prefix before it (nothing else is known there);
+  // not the rest of a hot segment: a popular prefix ends in it, and what follows differs per
+  // prompt — a fresh prompt's miss would cost a pin.
+  // In the order the answer names them: a home lists a key's holders oldest first, and among
+  // holders that reach as far the oldest is chosen — the block's first holder rather than a
+  // replica fetched from it (which then stays first to go where it was fetched to).
+  std::vector<std::pair<std::string, std::vector<bool>>> covers;
   auto cover = [&](const std::string& node, size_t begin, size_t end) {
-    if (node == options_.nodeId || !linkTo(node)) return;
-    auto& c = covers[node];
+    if (node == options_.nodeId || !linkTo(node) ||
+        std::find(in.tried.begin(), in.tried.end(), node) != in.tried.end()) {
+      return;  // this node, one gone, or one whose pin came back short of this point
+    }
+    auto it = std::find_if(covers.begin(), covers.end(),
+                           [&](const auto& c) { return c.first == node; });
+    if (it == covers.end()) it = covers.insert(covers.end(), {node, {}});
+    auto& c = it->second;
     c.resize(chainSize - from, false);
     for (size_t p = std::max(begin, from); p < std::min(end, chainSize); ++p) c[p - from] = true;
   };
@@ -221,7 +255,7 @@ std::vector<ClusterService::Impl::PinPlan> ClusterService::Impl::planPins(
       } else if (p < in.keyedEnd) {
         cover(node, p, p + 1);
       } else {
-        cover(node, from, p + kSegmentBlocks);
+        cover(node, p, p + kSegmentBlocks);
       }
     }
   }
@@ -231,29 +265,26 @@ std::vector<ClusterService::Impl::PinPlan> ClusterService::Impl::planPins(
     while (p < chainSize && (in.local[p] || holds(c, p))) ++p;
     return p;
   };
-  auto best = [&](size_t p, const std::string* not_) -> const std::string* {
-    const std::string* pick = nullptr;
+  auto best = [&](size_t p) -> const std::pair<std::string, std::vector<bool>>* {
+    const std::pair<std::string, std::vector<bool>>* pick = nullptr;
     size_t pickEnd = p;
-    for (const auto& [node, c] : covers) {
-      if (&node == not_ || !holds(c, p)) continue;
-      const size_t e = endFrom(c, p);
-      if (e > pickEnd) pick = &node, pickEnd = e;
+    for (const auto& c : covers) {
+      if (!holds(c.second, p)) continue;
+      const size_t e = endFrom(c.second, p);
+      if (e > pickEnd) pick = &c, pickEnd = e;
     }
     return pick;
   };
+  // Pins, at most maxPins: from `at`, the holder that reaches furthest from there; then from where
+  // it stops, the same again.
   std::vector<PinPlan> plan;
-  // The first pin: a holder of the first missing block, the one that reaches furthest.
-  const std::string* first = best(from, nullptr);
-  if (!first) return plan;
-  const size_t end1 = std::min(endFrom(covers.at(*first), from), from + kMaxPinBlocks);
-  plan.push_back(PinPlan{linkTo(*first), from, end1});
-  // A second, at once: the holder that reaches furthest from where the first one's reach ends.
-  size_t at = end1;
-  while (at < chainSize && in.local[at]) ++at;
-  if (at >= chainSize) return plan;
-  if (const std::string* second = best(at, first)) {
-    const size_t end2 = std::min(endFrom(covers.at(*second), at), at + kMaxPinBlocks);
-    plan.push_back(PinPlan{linkTo(*second), at, end2});
+  while (plan.size() < maxPins && at < chainSize) {
+    const auto* pick = best(at);
+    if (!pick) break;
+    const size_t end = std::min(endFrom(pick->second, at), at + kMaxPinBlocks);
+    plan.push_back(PinPlan{linkTo(pick->first), at, end});
+    at = end;
+    while (at < chainSize && in.local[at]) ++at;
   }
   return plan;
 }
@@ -261,7 +292,6 @@ std::vector<ClusterService::Impl::PinPlan> ClusterService::Impl::planPins(
 kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<Link> link,
                                                  std::vector<Key128> keys, bool replica,
                                                  bool awaitRelease) {
-  // Fresh pinned local blocks first: the run is cut where the pool has no room.
   struct Run {
     std::vector<PromoteTicket> tickets;
     std::vector<bool> finished;
@@ -271,17 +301,6 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
     kj::Maybe<kj::Promise<void>> released;
   };
   auto run = std::make_shared<Run>();
-  for (const Key128& k : keys) {
-    auto t = engine_.beginPromote(space, k);
-    if (!t) {
-      ++stats_.fetchFull;
-      break;
-    }
-    run->tickets.push_back(*t);
-  }
-  run->finished.assign(run->tickets.size(), false);
-  run->under.resize(run->tickets.size());
-  keys.resize(run->tickets.size());
   if (keys.empty()) return kj::READY_NOW;
   // Seals the blocks `which` that arrived good; the others are freed.
   auto finish = [this, run, replica](const std::vector<size_t>& which,
@@ -321,10 +340,23 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
         return kj::Promise<capnp::Response<peer::Peer::PinResults>>(
             KJ_EXCEPTION(DISCONNECTED, "peer is not connected"));
       })
-      .then([this, link, run, keys, finish](capnp::Response<peer::Peer::PinResults> response) {
+      .then([this, space, link, run, keys, finish](
+                capnp::Response<peer::Peer::PinResults> response) {
         run->lease = response.getLease();
         const UcxGrant grant = grantFrom(response.getGrant());
         auto blocks = response.getBlocks();
+        // Fresh pinned local blocks for what the holder pinned (no more: a block allocated for
+        // nothing would have evicted one); the run is cut where the pool has no room.
+        for (size_t i = 0; i < std::min<size_t>(blocks.size(), keys.size()); ++i) {
+          auto t = engine_.beginPromote(space, keys[i]);
+          if (!t) {
+            ++stats_.fetchFull;
+            break;
+          }
+          run->tickets.push_back(*t);
+        }
+        run->finished.assign(run->tickets.size(), false);
+        run->under.resize(run->tickets.size());
         std::vector<UcxGet> gets;
         std::vector<size_t> which;
         std::vector<uint64_t> expected;

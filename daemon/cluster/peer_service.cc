@@ -80,8 +80,10 @@ class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
           throwRpcError(makeError(ErrorCode::kInvalidArgument, "a publish of more than ",
                                   kMaxPublishKeys, " keys"));
         }
+        auto own = g.getOwn();
         for (size_t i = 0; i < keys.size(); ++i) {
-          const DirEntry e{DirKey{g.getSpace().getFingerprint(), salt, keys[i]}, unders[i]};
+          const DirEntry e{DirKey{g.getSpace().getFingerprint(), salt, keys[i]}, unders[i],
+                           own.size() == keys.size() && own[i] != 0};
           if (add) {
             impl_.home_.add(node_, e);
           } else {

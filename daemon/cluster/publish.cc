@@ -44,9 +44,11 @@ void ClusterService::Impl::flushPublish() {
           group.getSpace().setSalt(capnp::Data::Reader(entries[i].key.salt.data(), 16));
           auto keys = group.initKeys((j - i) * 16);
           auto unders = group.initUnders((j - i) * 16);
+          auto own = group.initOwn(j - i);
           for (size_t k = i; k < j; ++k) {
             std::memcpy(keys.begin() + 16 * (k - i), entries[k].key.key.bytes.data(), 16);
             std::memcpy(unders.begin() + 16 * (k - i), entries[k].under.bytes.data(), 16);
+            own[k - i] = entries[k].own ? 1 : 0;
           }
           i = j;
         }

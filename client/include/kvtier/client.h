@@ -114,6 +114,9 @@ struct Stats {
   // Peer messages remote lookups sent (directory queries and pins), the most for one lookup, and
   // the directory queries this node answered as a home.
   uint64_t lookupPeerMessages = 0, lookupPeerMessagesMax = 0, directoryQueries = 0;
+  // Distinct keys this node is the first directory home of: summed over the members, the keys
+  // the cluster holds (each counted once, however many copies).
+  uint64_t directoryKeys = 0;
   uint64_t fetchTimeouts = 0, fetchUnavailable = 0, fetchTransfer = 0, fetchChecksum = 0,
            fetchFull = 0, peerAuthFailures = 0;
   uint64_t peerRttMicros = 0;  // median heartbeat round trip to the live peers
