@@ -159,7 +159,12 @@ RemoteStats ClusterService::Impl::stats() const {
   s.members = etcd_ ? std::max<size_t>(etcdMembers_.size(), 1) : links_.size() + 1;
   s.membersUp = members_.size();
   s.directoryEntries = home_.size();
-  s.directoryKeys = home_.keysAsFirstHome(options_.nodeId, ring_);
+  // A walk of the whole directory: done again only when it or the membership changed.
+  if (keysCountedAt_ != std::make_pair(home_.version(), members_)) {
+    keysCounted_ = home_.keysAsFirstHome(options_.nodeId, ring_);
+    keysCountedAt_ = {home_.version(), members_};
+  }
+  s.directoryKeys = keysCounted_;
   s.heldKeys = held_.size();
   s.publishBacklog = held_.pending() + publishInFlight_;
   // The median heartbeat round trip over the live links (a peer call between event loops that

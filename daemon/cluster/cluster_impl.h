@@ -73,6 +73,9 @@ constexpr size_t kMaxCountedAnchors = 65536;
 // rarely spread over more holders (a fetched or drained block keeps its chain; a node's fetched
 // replicas go first when it needs room, so its own later blocks can outlive their head).
 constexpr size_t kMaxLookupPins = 3;
+// Anchors a holder may name for a block it serves without the fetcher knowing the chain (a
+// drain): a 16k-block chain's deepest anchor. More (or repeated ones): filed under the key itself.
+constexpr size_t kMaxHolderAnchors = 256;
 // Blocks pinned by one call: 1024 blocks of 2 MiB are 2 GiB, more than one fetch needs at once.
 constexpr size_t kMaxPinBlocks = 1024;
 // A run of blocks on one holder is pinned and read in pieces of this many blocks (16 MiB of
@@ -213,6 +216,7 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
     // Who-holds queries the peer has answered as a directory home (its last heartbeat answer),
     // plus those this node sent it since: the load an asker compares among an anchor's homes.
     uint64_t load = 0;
+    uint64_t queriesSeen = 0;  // its total in the last heartbeat answer
     // Round trips of the last heartbeats (microseconds), oldest overwritten first.
     std::array<double, kRttSamples> rtts{};
     size_t rttCount = 0;
@@ -291,6 +295,9 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   std::vector<MemberRecord> etcdMembers_;
 
   HomeDirectory home_;
+  // stats(): the directory's distinct keys, as of a directory version and membership.
+  mutable size_t keysCounted_ = 0;
+  mutable std::pair<uint64_t, std::vector<std::string>> keysCountedAt_{~uint64_t{0}, {}};
   HeldKeys held_{kAnchorReplicas};
   // Who-holds queries answered per anchor, until it is hot; the hot anchors this node is home for
   // (oldest first); those other homes announced in their heartbeat answers, by home.
@@ -298,8 +305,16 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   std::vector<DirKey> hotAnchors_;
   std::map<std::string, std::unordered_map<DirKey, std::vector<std::string>, DirKeyHash>>
       hotKnown_;
-  // While a fetched block is sealed: the anchors its holder files it under.
+  // While a fetched block is sealed: the anchors it is filed under.
   const std::vector<Key128>* placeHint_ = nullptr;
+  // Sets placeHint_ for one sealing, whatever happens.
+  struct PlaceHint {
+    PlaceHint(const std::vector<Key128>*& slot, const std::vector<Key128>* place) : slot(slot) {
+      slot = place;
+    }
+    ~PlaceHint() { slot = nullptr; }
+    const std::vector<Key128>*& slot;
+  };
   bool publishScheduled_ = false;
   size_t publishInFlight_ = 0;  // keys sent to homes and not yet acknowledged
 
@@ -384,8 +399,11 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   // `replica`: the holder keeps its copy (a remote hit); false when the blocks are handed over
   // for good (a drain, a move). With `awaitRelease`, resolves only once the holder has released
   // its pin (a move then frees the holder's blocks at once).
+  // `places`: where each key is filed (a lookup knows its chain); empty: as the holder files it
+  // (a drain's or a move's blocks), checked.
   kj::Promise<void> fetchRun(SpaceId space, std::shared_ptr<Link> link, std::vector<Key128> keys,
-                             bool replica = true, bool awaitRelease = false);
+                             bool replica = true, bool awaitRelease = false,
+                             std::vector<std::vector<Key128>> places = {});
   kj::Promise<void> ensureTransport(std::shared_ptr<Link> link);
   void countFailure(const kj::Exception& e);
   // How long a batch of gets may take: a base plus its bytes at a floor bandwidth, at most the

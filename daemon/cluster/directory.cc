@@ -65,6 +65,7 @@ bool contains(const std::vector<std::string>& v, const std::string& s) {
 // --- HomeDirectory
 
 void HomeDirectory::add(const std::string& node, const DirEntry& entry) {
+  ++version_;
   Holders& h = entries_[entry];
   h.own = h.own || entry.own;
   auto& holders = h.nodes;
@@ -74,6 +75,7 @@ void HomeDirectory::add(const std::string& node, const DirEntry& entry) {
 }
 
 void HomeDirectory::withdraw(const std::string& node, const DirEntry& entry) {
+  ++version_;
   auto it = entries_.find(entry);
   if (it == entries_.end()) return;
   auto& holders = it->second.nodes;
@@ -82,6 +84,7 @@ void HomeDirectory::withdraw(const std::string& node, const DirEntry& entry) {
 }
 
 size_t HomeDirectory::forgetNode(const std::string& node) {
+  ++version_;
   size_t changed = 0;
   for (auto it = entries_.begin(); it != entries_.end();) {
     auto& holders = it->second.nodes;
@@ -100,6 +103,7 @@ size_t HomeDirectory::forgetNode(const std::string& node) {
 size_t HomeDirectory::dropNotHome(const std::string& self, const HashRing& ring,
                                   size_t replicas) {
   if (ring.empty()) return 0;
+  ++version_;
   size_t dropped = 0;
   for (auto it = entries_.begin(); it != entries_.end();) {
     if (!contains(homesOf(it->first, ring, replicas), self)) {

@@ -102,6 +102,8 @@ class HomeDirectory {
   // The nodes holding `entry` (empty: nobody this home knows of).
   const std::vector<std::string>& holders(const DirEntry& entry) const;
   size_t size() const { return entries_.size(); }
+  // Changes on every add, withdraw or drop (a caller caches what it computes over the entries).
+  uint64_t version() const { return version_; }
   // Distinct keys this node is the first home of (their own entries): summed over the members,
   // the cluster's distinct keys.
   size_t keysAsFirstHome(const std::string& self, const HashRing& ring) const;
@@ -112,6 +114,7 @@ class HomeDirectory {
     bool own = false;
   };
   std::unordered_map<DirEntry, Holders, DirEntryHash> entries_;
+  uint64_t version_ = 0;
 };
 
 // The keys this node holds, where each is filed, and the publish messages owed to their homes.

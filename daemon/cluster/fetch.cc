@@ -46,6 +46,9 @@ void ClusterService::Impl::countLookupMessages(uint32_t messages) {
 
 bool ClusterService::Impl::noteQuery(const DirKey& anchor) {
   if (std::find(hotAnchors_.begin(), hotAnchors_.end(), anchor) != hotAnchors_.end()) return true;
+  // Only an anchor this node is a home of counts (a peer cannot make others' anchors hot here).
+  const auto homes = homesOf(DirEntry{anchor, anchor.key}, ring_, kAnchorReplicas);
+  if (std::find(homes.begin(), homes.end(), options_.nodeId) == homes.end()) return false;
   if (anchorQueries_.size() >= kMaxCountedAnchors) anchorQueries_.clear();
   if (++anchorQueries_[anchor] < kHotQueries) return false;
   anchorQueries_.erase(anchor);
@@ -152,7 +155,10 @@ kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Ke
                 if (response.getHot()) {
                   auto& holders = hotKnown_[home][anchor];
                   holders.clear();
-                  for (auto h : response.getAnchorHolders()) holders.push_back(text(h));
+                  for (auto h : response.getAnchorHolders()) {
+                    if (holders.size() >= kMaxAnswerNodes) break;
+                    if (validNodeId(text(h))) holders.push_back(text(h));
+                  }
                 }
               });
     } else {
@@ -188,7 +194,14 @@ kj::Promise<void> ClusterService::Impl::pinAndFetch(
     for (size_t i = pin.begin; i < pin.end; ++i) {
       if (!plan->local[i]) keys.push_back((*chain)[i]);
     }
-    auto run = std::make_shared<kj::ForkedPromise<void>>(fetchRun(space, pin.link, keys).fork());
+    // Filed as this node's chain says (not as the holder's answer would have it).
+    std::vector<std::vector<Key128>> places;
+    for (size_t i = pin.begin; i < pin.end; ++i) {
+      if (!plan->local[i])
+        places.push_back(anchorsFiledUnder(std::span<const Key128>(*chain).first(i + 1)));
+    }
+    auto run = std::make_shared<kj::ForkedPromise<void>>(
+        fetchRun(space, pin.link, keys, true, false, std::move(places)).fork());
     for (const Key128& k : keys) fetching_[dirKey(space, k)] = run;
     // Once done (it never rejects), its blocks are no longer in flight.
     runs.add(run->addBranch().then([this, space, keys = std::move(keys), run]() {
@@ -245,7 +258,10 @@ std::vector<ClusterService::Impl::PinPlan> ClusterService::Impl::planPins(
     for (size_t p = std::max(begin, from); p < std::min(end, chainSize); ++p) c[p - from] = true;
   };
   for (const HotSegment& h : in.hot) {
-    for (const auto& node : h.holders) cover(node, h.begin, h.begin + 1);
+    // A hot segment the lookup needs whole (it lacks the popular prefix): its anchor's holders
+    // likely hold it (a short pin is followed by another). One it needs from the middle on (it
+    // holds the prefix's head): only the anchor, as above.
+    for (const auto& node : h.holders) cover(node, h.begin, h.begin >= from ? h.end : h.begin + 1);
   }
   for (size_t j = 0; j < in.asked.size(); ++j) {
     const size_t p = in.asked[j];
@@ -291,7 +307,8 @@ std::vector<ClusterService::Impl::PinPlan> ClusterService::Impl::planPins(
 
 kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<Link> link,
                                                  std::vector<Key128> keys, bool replica,
-                                                 bool awaitRelease) {
+                                                 bool awaitRelease,
+                                                 std::vector<std::vector<Key128>> places) {
   struct Run {
     std::vector<PromoteTicket> tickets;
     std::vector<bool> finished;
@@ -302,6 +319,7 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
   };
   auto run = std::make_shared<Run>();
   if (keys.empty()) return kj::READY_NOW;
+  run->under = std::move(places);
   // Seals the blocks `which` that arrived good; the others are freed.
   auto finish = [this, run, replica](const std::vector<size_t>& which,
                                      const std::vector<bool>& good) {
@@ -310,9 +328,10 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
       if (run->finished[i]) continue;
       run->finished[i] = true;
       const bool ok = j < good.size() && good[j];
-      placeHint_ = &run->under[i];
-      engine_.finishPromote(run->tickets[i], ok, /*remote=*/true, replica);
-      placeHint_ = nullptr;
+      {
+        PlaceHint hint(placeHint_, &run->under[i]);
+        engine_.finishPromote(run->tickets[i], ok, /*remote=*/true, replica);
+      }
       if (ok && run->tickets[i].block != kNoBlock) {
         ++stats_.remoteHitBlocks;
         stats_.remoteHitBytes += run->tickets[i].location.bytes;
@@ -356,6 +375,7 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
           run->tickets.push_back(*t);
         }
         run->finished.assign(run->tickets.size(), false);
+        const bool holderPlaces = run->under.empty();
         run->under.resize(run->tickets.size());
         std::vector<UcxGet> gets;
         std::vector<size_t> which;
@@ -378,13 +398,22 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
                                 t.location.bytes, grant});
           which.push_back(i);
           expected.push_back(b.getChecksum());
+          // Without the chain (a drain's blocks), the place the holder gives: distinct anchors,
+          // a few (an anchor's earlier ones), or none (filed under the key itself).
           auto under = b.getUnder();
-          if (under.size() % 16 == 0 && under.size() / 16 <= kMaxAnchorsPerBlock) {
+          if (holderPlaces && under.size() % 16 == 0 &&
+              under.size() / 16 <= kMaxHolderAnchors) {
+            std::vector<Key128> place;
             for (size_t u = 0; u < under.size(); u += 16) {
               Key128 k;
               std::memcpy(k.bytes.data(), under.begin() + u, 16);
-              run->under[i].push_back(k);
+              if (std::find(place.begin(), place.end(), k) != place.end()) {
+                place.clear();
+                break;
+              }
+              place.push_back(k);
             }
+            run->under[i] = std::move(place);
           }
         }
         if (gets.empty() || !link->ucx) return kj::Promise<void>(kj::READY_NOW);

@@ -71,7 +71,11 @@ kj::Promise<void> ClusterService::Impl::heartbeat(Link& link) {
             link.rtts[link.rttCount++ % kRttSamples] =
                 std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - sent)
                     .count();
-            link.load = response.getQueries();
+            // Load: the queries it answered since the last heartbeat (a total would make a
+            // home that just joined look idle until it caught up).
+            const uint64_t answered = response.getQueries();
+            link.load = answered >= link.queriesSeen ? answered - link.queriesSeen : 0;
+            link.queriesSeen = answered;
             // The hot anchors the peer is home for, as of now.
             auto& known = hotKnown_[link.nodeId];
             known.clear();
@@ -85,8 +89,10 @@ kj::Promise<void> ClusterService::Impl::heartbeat(Link& link) {
               std::memcpy(k.salt.data(), salt.begin(), 16);
               std::memcpy(k.key.bytes.data(), anchor.begin(), 16);
               auto& holders = known[k];
-              for (size_t j = 0; j < hot[i].getHolders().size() && j < kMaxAnswerNodes; ++j)
-                holders.push_back(text(hot[i].getHolders()[j]));
+              for (size_t j = 0; j < hot[i].getHolders().size() && j < kMaxAnswerNodes; ++j) {
+                const std::string node = text(hot[i].getHolders()[j]);
+                if (validNodeId(node)) holders.push_back(node);
+              }
             }
             return heartbeat(link);
           });

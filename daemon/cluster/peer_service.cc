@@ -388,8 +388,9 @@ class ClusterService::Impl::PeerGateImpl final : public peer::PeerGate::Server {
     connection_.authenticated = true;
     // A peer that (re)connects may be a home that forgot what we hold (it restarted, or it saw
     // us leave while we still saw it): send it again what it is home for.
-    const size_t resent = impl_.held_.resendTo(node, impl_.ring_);
-    impl_.stats_.rehomed += resent;
+    // (Not counted as re-homed: nothing moved; the same entries may be queued by a membership
+    // change at the same time, and are sent once.)
+    (void)impl_.held_.resendTo(node, impl_.ring_);
     impl_.schedulePublish();
     auto out = context.getResults();
     out.setNodeId(impl_.options_.nodeId);
