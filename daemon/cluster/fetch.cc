@@ -364,9 +364,23 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
         run->lease = response.getLease();
         const UcxGrant grant = grantFrom(response.getGrant());
         auto blocks = response.getBlocks();
-        // Fresh pinned local blocks for what the holder pinned (no more: a block allocated for
-        // nothing would have evicted one); the run is cut where the pool has no room.
-        for (size_t i = 0; i < std::min<size_t>(blocks.size(), keys.size()); ++i) {
+        // The answer is checked before anything changes here: the run ends at the first block
+        // that does not describe the key asked for (a key, an extent or an offset not ours).
+        size_t described = 0;
+        while (described < std::min<size_t>(blocks.size(), keys.size())) {
+          auto b = blocks[described];
+          auto key = b.getKey();
+          auto region = link->regions.find(b.getExtent());
+          if (key.size() != 16 || std::memcmp(key.begin(), keys[described].bytes.data(), 16) != 0 ||
+              region == link->regions.end() || b.getOffset() > region->second.bytes) {
+            ++stats_.fetchChecksum;
+            break;
+          }
+          ++described;
+        }
+        // Fresh pinned local blocks for those (no more: a block allocated for nothing would have
+        // evicted one); the run is cut where the pool has no room.
+        for (size_t i = 0; i < described; ++i) {
           auto t = engine_.beginPromote(space, keys[i]);
           if (!t) {
             ++stats_.fetchFull;
