@@ -350,6 +350,57 @@ TEST(Cluster, ALookupPinsTheHolderThatReachesFurthestWithOneQueryAndOnePin) {
   EXPECT_EQ(c[0].connect()->stats().value().servedBlocks, 0u);
 }
 
+TEST(Cluster, AFetchNeverEvictsTheLocalBlocksItsLookupJoinsItTo) {
+  // Node 1 holds the second half of a chain, as its oldest blocks, in a full pool; node 0 holds
+  // the whole chain. A lookup on node 1 fetches the first half and joins it to the local second
+  // half: the fetch's fresh blocks take room from other blocks, never from those (the lookup
+  // would answer with half the chain it found).
+  std::vector<NodeSpec> specs = nodes(2);
+  specs[1].poolBytes = 1 << 20;  // 64 blocks
+  specs[1].extraArgs = {"--eviction", "lru"};
+  Cluster c(specs);
+  ASSERT_TRUE(c.formed(2));
+  const Layout layout = testLayout();
+  constexpr size_t kBlocks = 48, kHalf = 24, kBt = 16;
+  const auto tokens = synthetic::tokens(9, kBlocks * kBt);
+  const auto kv = synthetic::packedKv(layout, tokens, 0, tokens.size());
+  std::vector<Key128> chain(kBlocks);
+  for (size_t i = 0; i < kBlocks; ++i)
+    chain[i].bytes[0] = static_cast<uint8_t>(i + 1), chain[i].bytes[15] = 0x5e;
+  {
+    auto client = c[0].connect();
+    auto space = client->open(layout).value();
+    ASSERT_TRUE(
+        space->put("whole", 0, tokens, kv.data(), kv.size(), PutOptions{.keys = chain}).ok());
+  }
+  {
+    auto client = c[1].connect();
+    auto space = client->open(layout).value();
+    const std::span<const uint32_t> tail(tokens.data() + kHalf * kBt, kHalf * kBt);
+    const auto bytes = synthetic::packedKv(layout, tokens, kHalf * kBt, kBlocks * kBt);
+    PutOptions o{.keys = {chain.begin() + kHalf, chain.end()}};
+    ASSERT_TRUE(space->put("tail", 0, tail, bytes.data(), bytes.size(), o).ok());
+  }
+  putPrompt(c[1], "newer", 10, 40 * kBt);  // the pool is full: 24 + 40 blocks
+  {
+    const Stats s = c[1].connect()->stats().value();
+    ASSERT_EQ(s.blocksUsed, s.blocksTotal);
+  }
+  ASSERT_TRUE(c.published(0));
+  ASSERT_TRUE(c.published(1));
+  auto client = c[1].connect();
+  auto space = client->open(layout).value();
+  auto hit = space->lookupKeys(chain);
+  ASSERT_TRUE(hit.ok()) << hit.error().toString();
+  ASSERT_EQ(hit->matchedTokens(), kBlocks * kBt) << "the local half was evicted by the fetch";
+  std::vector<uint8_t> got(kv.size());
+  ASSERT_TRUE(hit->copyTo(0, kBlocks * kBt, got.data(), got.size()).ok());
+  EXPECT_TRUE(got == kv);
+  EXPECT_EQ(client->stats().value().remoteHitBlocks, kHalf);
+  hit->release();
+  expectNoLeakedBlocks(c[1]);
+}
+
 TEST(Cluster, ABlockOnlyInAColdTierIsServed) {
   std::vector<NodeSpec> specs = nodes(2);
   specs[0].coldTier = true;

@@ -249,6 +249,10 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   void savePlaces() const;
   std::unordered_map<DirKey, std::vector<Key128>, DirKeyHash> loadPlaces() const;
   kj::Promise<void> fetch(SpaceId space, std::vector<Key128> chain, size_t from);
+  // Pins the blocks of `chain` this node holds (its local prefix, and any held past the first
+  // missing block) until the returned hold is dropped: the blocks a fetch allocates must not
+  // evict the very blocks the lookup's answer joins them to.
+  std::shared_ptr<void> holdLocal(SpaceId space, std::span<const Key128> chain);
   RemoteStats stats() const;
   std::vector<RemoteMember> memberList() const;
   bool active() const { return members_.size() > 1; }

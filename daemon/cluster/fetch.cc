@@ -26,9 +26,13 @@ kj::Promise<void> ClusterService::Impl::fetch(SpaceId space, std::vector<Key128>
     return kj::READY_NOW;
   }
   ++fetchesInFlight_;
+  auto held = holdLocal(space, chain);
   auto job = fetchChain(space, std::move(chain), from)
                  .catch_([this](kj::Exception&& e) { countFailure(e); })
-                 .then([this] { --fetchesInFlight_; })
+                 .then([this, held = kj::mv(held)]() mutable {
+                   held = nullptr;
+                   --fetchesInFlight_;
+                 })
                  .fork();
   tasks_.add(job.addBranch());  // goes on if the lookup that asked is dropped
   // The lookup waits for its fetch one peer deadline at most, whatever the steps inside took
@@ -37,6 +41,32 @@ kj::Promise<void> ClusterService::Impl::fetch(SpaceId space, std::vector<Key128>
   // for the next lookup.
   return job.addBranch().exclusiveJoin(
       timer_.afterDelay(options_.peerTimeout).then([this] { ++stats_.remoteLookupsCut; }));
+}
+
+std::shared_ptr<void> ClusterService::Impl::holdLocal(SpaceId space,
+                                                     std::span<const Key128> chain) {
+  struct Hold {
+    Engine& engine;
+    std::vector<LeaseId> leases;
+    ~Hold() {
+      for (LeaseId lease : leases) (void)engine.releaseRead(lease);
+    }
+  };
+  auto hold = std::make_shared<Hold>(Hold{engine_, {}});
+  for (size_t i = 0; i < chain.size();) {
+    if (!engine_.indexed(space, chain[i])) {
+      ++i;
+      continue;
+    }
+    size_t end = i + 1;
+    while (end < chain.size() && engine_.indexed(space, chain[end])) ++end;
+    // As a peer's pin: not this node's hit or miss (the lookup that follows counts those).
+    auto held = engine_.lookup(owner_, space, {}, chain.subspan(i, end - i), "", {}, {}, -1,
+                               LookupFor::kPeer);
+    if (held && held->lease != 0) hold->leases.push_back(held->lease);
+    i = end;
+  }
+  return hold;
 }
 
 void ClusterService::Impl::countLookupMessages(uint32_t messages) {
