@@ -158,9 +158,13 @@ namespace {
 
 // A test daemon's command line: its data directory and pool, no cold tier, no GPU, and a pool on
 // 4 KiB pages unless `extraArgs` say otherwise (never the huge pages another test reserved).
+// KVTIER_TEST_KVTIERD names another kvtierd binary (scripts that loop a test for a long time run
+// a private copy, so that a rebuild meanwhile does not pull it from under them).
 std::vector<std::string> daemonArgs(const std::string& dataDir, uint64_t hostPoolBytes,
                                     const std::vector<std::string>& extraArgs) {
-  std::vector<std::string> args = {KVTIER_DAEMON_PATH, "--data-dir",  dataDir,
+  const char* binary = std::getenv("KVTIER_TEST_KVTIERD");
+  std::vector<std::string> args = {binary && *binary ? binary : KVTIER_DAEMON_PATH,
+                                   "--data-dir",        dataDir,
                                    "--host-pool-bytes", std::to_string(hostPoolBytes),
                                    "--cold-tier",       "off",
                                    "--gpus",            "none"};
