@@ -956,6 +956,15 @@ Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<cons
   if (who == LookupFor::kPeer) {
     for (BlockId id : blocks) result.checksums.push_back(pool_.checksum(id));
   }
+  if (who == LookupFor::kHold) {
+    // The settle this hold's release brings is not one of the replica's own (the fetch's and
+    // its lookup's read): it must not spend one.
+    for (BlockId id : blocks) {
+      BlockMeta& m = pool_[id];
+      if (m.replicaSettles > 0 && m.replicaSettles < 255 && m.pins == 0 && m.refs == 0)
+        ++m.replicaSettles;
+    }
+  }
   bytesGot_ += result.matchedTokens * spaces_[space].info.layout.tokenKvBytes();
   result.lease = newReadLease(std::move(blocks));
   return result;

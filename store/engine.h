@@ -168,9 +168,11 @@ struct SnapshotLoad {
   std::vector<BlockId> blocks = {}, checkpoints = {}, pinned = {};
 };
 
-// Whom a lookup serves: the node's own clients, whose lookups its hits and misses count, or a
-// peer pinning blocks it fetches.
-enum class LookupFor : uint8_t { kClient, kPeer };
+// Who a lookup is for: a client (this node's hits and misses), a peer's pin of blocks it fetches
+// (counted as served by the cluster), or this node's own fetch holding the blocks a lookup will
+// join its fetched blocks to (kHold: no hit or miss, and a replica stays one: the settle the
+// hold's release brings is not one of its own, see BlockMeta::replicaSettles).
+enum class LookupFor : uint8_t { kClient, kPeer, kHold };
 
 struct LookupResult {
   uint64_t matchedTokens = 0;

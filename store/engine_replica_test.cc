@@ -25,8 +25,8 @@ class EngineReplicas : protected EngineHarness, public ::testing::Test {
   // removed (the block stays cached, evictable).
   void local(uint8_t k) {
     const std::string seq = "s" + std::to_string(k);
-    ASSERT_TRUE(putAndCommit(space_, seq, 0, toks(layout_.blockTokens, 100u * k), {}, kOwner,
-                             {key(k)}));
+    ASSERT_TRUE(
+        putAndCommit(space_, seq, 0, toks(layout_.blockTokens, 100u * k), {}, kOwner, {key(k)}));
     ASSERT_TRUE(engine_->remove(space_, seq, 0, kEnd).ok());
   }
   // A block fetched from another node under key `k`.
@@ -53,6 +53,27 @@ TEST_F(EngineReplicas, AReplicaIsEvictedBeforeOlderBlocksOfThisNode) {
   use(3);  // the lookup that asked for it
   EXPECT_EQ(engine_->stats().remoteFetched, 1u);
   EXPECT_EQ(engine_->stats().promoted, 0u) << "a replica is not a cold-tier promote";
+  local(4);  // the pool's last free block
+  local(5);  // needs room: the replica goes, not block 1 (the least recently used of ours)
+  EXPECT_FALSE(held(3));
+  EXPECT_TRUE(held(1));
+  EXPECT_TRUE(held(2));
+}
+
+// A fetch holds what it brought while its lookup's other pins run (LookupFor::kHold): the hold is
+// no use of the block, which stays first to go once its lookup has read it.
+TEST_F(EngineReplicas, AFetchsHoldLeavesAReplicaFirstToGo) {
+  local(1);
+  local(2);
+  fetched(3);
+  const std::vector<Key128> keys{key(3)};
+  auto hold = engine_->lookup(kOwner, space_, {}, keys, "", {}, {}, -1, LookupFor::kHold);
+  ASSERT_TRUE(hold.ok());
+  ASSERT_EQ(hold->blocks.size(), 1u);
+  const EngineStats before = engine_->stats();
+  ASSERT_TRUE(engine_->releaseRead(hold->lease).ok());
+  EXPECT_EQ(engine_->stats().hits, before.hits) << "a hold is no hit";
+  use(3);    // the lookup that asked for it
   local(4);  // the pool's last free block
   local(5);  // needs room: the replica goes, not block 1 (the least recently used of ours)
   EXPECT_FALSE(held(3));

@@ -401,6 +401,78 @@ TEST(Cluster, AFetchNeverEvictsTheLocalBlocksItsLookupJoinsItTo) {
   expectNoLeakedBlocks(c[1]);
 }
 
+TEST(Cluster, ALaterSegmentHeldWithoutItsAnchorIsFoundWithASecondQuery) {
+  // An 80-block chain: segment 0 is blocks 0-63, segment 1 blocks 64-79 (anchor 64). Node 0 holds
+  // blocks 0-69. Node 1 fetched those, sealed 70-79 itself, then needed room: the fetched copies
+  // went first, so it holds 70-79 without their anchor. A lookup on node 2 learns of node 1 only
+  // from segment 1's home, key by key: after node 0's pin comes back short at 70, it asks there
+  // and pins the rest on node 1.
+  std::vector<NodeSpec> specs = nodes(3);
+  specs[1].poolBytes = 2 << 20;  // 128 blocks
+  Cluster c(specs);
+  ASSERT_TRUE(c.formed(3));
+  const Layout layout = testLayout();
+  constexpr size_t kBlocks = 80, kHead = 70, kBt = 16;
+  const auto tokens = synthetic::tokens(12, kBlocks * kBt);
+  const auto kv = synthetic::packedKv(layout, tokens, 0, tokens.size());
+  std::vector<Key128> chain(kBlocks);
+  for (size_t i = 0; i < kBlocks; ++i)
+    chain[i].bytes[0] = static_cast<uint8_t>(i + 1), chain[i].bytes[15] = 0x7a;
+  const std::span<const Key128> head(chain.data(), kHead);
+  {
+    auto client = c[0].connect();
+    auto space = client->open(layout).value();
+    const auto bytes = synthetic::packedKv(layout, tokens, 0, kHead * kBt);
+    PutOptions o{.keys = {head.begin(), head.end()}};
+    ASSERT_TRUE(
+        space->put("head", 0, std::span(tokens.data(), kHead * kBt), bytes.data(), bytes.size(), o)
+            .ok());
+  }
+  ASSERT_TRUE(c.published(0));
+  {
+    auto client = c[1].connect();
+    auto space = client->open(layout).value();
+    auto hit = space->lookupKeys(chain, LookupOptions{.bindSeq = "s"});
+    ASSERT_TRUE(hit.ok()) << hit.error().toString();
+    ASSERT_EQ(hit->matchedTokens(), kHead * kBt);
+    hit->release();
+    const auto bytes = synthetic::packedKv(layout, tokens, kHead * kBt, kBlocks * kBt);
+    PutOptions o{.keys = {chain.begin() + kHead, chain.end()}};
+    ASSERT_TRUE(space
+                    ->put("s", kHead * kBt, std::span(tokens).subspan(kHead * kBt), bytes.data(),
+                          bytes.size(), o)
+                    .ok());
+  }
+  putPrompt(c[1], "fill", 13, 48 * kBt);  // the pool is full
+  putPrompt(c[1], "more", 14, 70 * kBt);  // room for it: the 70 fetched copies go
+  {
+    auto client = c[1].connect();
+    auto space = client->open(layout).value();
+    auto local = space->lookupKeys(std::span(chain).subspan(kHead),
+                                   LookupOptions{.remote = RemoteMode::kLocal});
+    ASSERT_TRUE(local.ok());
+    ASSERT_EQ(local->matchedTokens(), (kBlocks - kHead) * kBt) << "node 1 kept what it sealed";
+    local->release();
+    auto gone = space->lookupKeys(head, LookupOptions{.remote = RemoteMode::kLocal});
+    ASSERT_TRUE(gone.ok());
+    ASSERT_EQ(gone->matchedTokens(), 0u) << "and not the fetched copies";
+  }
+  ASSERT_TRUE(c.published(1));
+  auto client = c[2].connect();
+  auto space = client->open(layout).value();
+  auto hit = space->lookupKeys(chain);
+  ASSERT_TRUE(hit.ok()) << hit.error().toString();
+  ASSERT_EQ(hit->matchedTokens(), kBlocks * kBt);
+  std::vector<uint8_t> got(kv.size());
+  ASSERT_TRUE(hit->copyTo(0, kBlocks * kBt, got.data(), got.size()).ok());
+  EXPECT_TRUE(got == kv);
+  const Stats s = client->stats().value();
+  EXPECT_EQ(s.remoteHitBlocks, kBlocks);
+  EXPECT_LE(s.lookupPeerMessagesMax, 4u) << "two queries and two pins at most";
+  hit->release();
+  expectNoLeakedBlocks(c[2]);
+}
+
 TEST(Cluster, ABlockOnlyInAColdTierIsServed) {
   std::vector<NodeSpec> specs = nodes(2);
   specs[0].coldTier = true;
@@ -895,8 +967,8 @@ TEST(ClusterScale, TenDaemonsAnswerALookupWithOneDirectoryQueryAndAtMostTwoPins)
   for (size_t p = 0; p < kPrompts; ++p) {
     prompts.push_back(promptTokens(100 + p, kShared, (130 + 5 * p) * 16));
     const auto kv = synthetic::packedKv(layout, prompts[p], 0, prompts[p].size());
-    ASSERT_TRUE(spaces[p % kNodes]->put("p" + std::to_string(p), 0, prompts[p], kv.data(),
-                                        kv.size()).ok());
+    ASSERT_TRUE(
+        spaces[p % kNodes]->put("p" + std::to_string(p), 0, prompts[p], kv.data(), kv.size()).ok());
   }
   for (size_t i = 0; i < kNodes; ++i) ASSERT_TRUE(c.published(i));
   auto lookup = [&](size_t node, const std::vector<uint32_t>& t) {
@@ -906,7 +978,8 @@ TEST(ClusterScale, TenDaemonsAnswerALookupWithOneDirectoryQueryAndAtMostTwoPins)
     const uint64_t matched = hit->matchedTokens();
     std::vector<uint8_t> got(matched * layout.tokenKvBytes());
     EXPECT_TRUE(hit->copyTo(0, matched, got.data(), got.size()).ok());
-    EXPECT_TRUE(got == synthetic::packedKv(layout, t, 0, matched)) << "wrong bytes on node " << node;
+    EXPECT_TRUE(got == synthetic::packedKv(layout, t, 0, matched))
+        << "wrong bytes on node " << node;
     return matched;
   };
   // Each prompt looked up on five other nodes: a whole hit each time, from one holder. After
@@ -942,10 +1015,10 @@ TEST(ClusterScale, TenDaemonsAnswerALookupWithOneDirectoryQueryAndAtMostTwoPins)
   ASSERT_GT(queries, 0u);
   const double perLookup = double(messages) / double(lookups);
   const double spread = double(busiest) / (double(queries) / kNodes);
-  std::printf("10 daemons: %lu remote lookups, %.2f peer messages a lookup; second round: %lu "
-              "directory queries, busiest/mean %.2f\n",
-              static_cast<unsigned long>(lookups), perLookup, static_cast<unsigned long>(queries),
-              spread);
+  std::printf(
+      "10 daemons: %lu remote lookups, %.2f peer messages a lookup; second round: %lu "
+      "directory queries, busiest/mean %.2f\n",
+      static_cast<unsigned long>(lookups), perLookup, static_cast<unsigned long>(queries), spread);
   EXPECT_LE(perLookup, 3.0);
   // The hot anchor's home is no longer asked for it: the load is the 30 prompts' own anchors on
   // 10 homes.
@@ -964,9 +1037,9 @@ TEST(ClusterScale, TenDaemonsAnswerALookupWithOneDirectoryQueryAndAtMostTwoPins)
                       std::to_string(s3.lookupPeerMessages) + "\n"),
             std::string::npos)
       << page;
-  EXPECT_NE(page.find("\nkvtier_directory_queries_total " + std::to_string(s3.directoryQueries) +
-                      "\n"),
-            std::string::npos);
+  EXPECT_NE(
+      page.find("\nkvtier_directory_queries_total " + std::to_string(s3.directoryQueries) + "\n"),
+      std::string::npos);
   spaces.clear();
   clients.clear();
   for (size_t i = 0; i < kNodes; ++i) expectNoLeakedBlocks(c[i]);

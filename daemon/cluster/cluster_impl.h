@@ -73,6 +73,9 @@ constexpr size_t kMaxCountedAnchors = 65536;
 // rarely spread over more holders (a fetched or drained block keeps its chain; a node's fetched
 // replicas go first when it needs room, so its own later blocks can outlive their head).
 constexpr size_t kMaxLookupPins = 3;
+// Peer messages one remote lookup sends at most: directory queries and pins together (a second
+// query, about a later segment, leaves room for two pins).
+constexpr uint32_t kMaxLookupMessages = 4;
 // Anchors a holder may name for a block it serves without the fetcher knowing the chain (a
 // drain): a 16k-block chain's deepest anchor. More (or repeated ones): filed under the key itself.
 constexpr size_t kMaxHolderAnchors = 256;
@@ -249,17 +252,14 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   void savePlaces() const;
   std::unordered_map<DirKey, std::vector<Key128>, DirKeyHash> loadPlaces() const;
   kj::Promise<void> fetch(SpaceId space, std::vector<Key128> chain, size_t from);
-  // Pins the blocks of `chain` this node holds (its local prefix, and any held past the first
-  // missing block) until the returned hold is dropped: the blocks a fetch allocates must not
-  // evict the very blocks the lookup's answer joins them to.
-  std::shared_ptr<void> holdLocal(SpaceId space, std::span<const Key128> chain);
   RemoteStats stats() const;
   std::vector<RemoteMember> memberList() const;
   bool active() const { return members_.size() > 1; }
 
   void blockIndexed(SpaceId space, const Key128& key, std::span<const Key128> chain) override {
     std::vector<Key128> under = anchorsFiledUnder(chain);
-    if (under.empty() && placeHint_) under = *placeHint_;  // a fetched block: as its holder files it
+    if (under.empty() && placeHint_)
+      under = *placeHint_;  // a fetched block: as its holder files it
     held_.hold(dirKey(space, key), std::move(under), ring_);
     schedulePublish();
   }
@@ -307,8 +307,7 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   // (oldest first); those other homes announced in their heartbeat answers, by home.
   std::unordered_map<DirKey, uint32_t, DirKeyHash> anchorQueries_;
   std::vector<DirKey> hotAnchors_;
-  std::map<std::string, std::unordered_map<DirKey, std::vector<std::string>, DirKeyHash>>
-      hotKnown_;
+  std::map<std::string, std::unordered_map<DirKey, std::vector<std::string>, DirKeyHash>> hotKnown_;
   // While a fetched block is sealed: the anchors it is filed under.
   const std::vector<Key128>* placeHint_ = nullptr;
   // Sets placeHint_ for one sealing, whatever happens.
@@ -359,7 +358,22 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
 
   // Fetch.
   // Asks the directory about `chain` from position `from` on and fetches what other nodes hold.
-  kj::Promise<void> fetchChain(SpaceId space, std::vector<Key128> chain, size_t from);
+  // The blocks of a fetch's chain this node holds (its local prefix, any held past the first
+  // missing block, and those each pin brings), pinned until the fetch ends: the blocks a fetch
+  // allocates must not evict the very blocks the lookup's answer joins them to.
+  struct LocalHold {
+    Engine& engine;
+    OwnerId owner;
+    std::vector<LeaseId> leases;
+    LocalHold(Engine& e, OwnerId o) : engine(e), owner(o) {}
+    LocalHold(const LocalHold&) = delete;
+    LocalHold& operator=(const LocalHold&) = delete;
+    ~LocalHold() { release(); }
+    void add(SpaceId space, std::span<const Key128> chain);
+    void release();
+  };
+  kj::Promise<void> fetchChain(SpaceId space, std::vector<Key128> chain, size_t from,
+                               std::shared_ptr<LocalHold> held);
   // A pin a lookup sends: chain positions [begin, end) on `link`'s node.
   struct PinPlan {
     std::shared_ptr<Link> link;
@@ -380,7 +394,15 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
     std::vector<HotSegment> hot;
     std::vector<bool> local;
     std::vector<std::string> tried;  // holders whose pin came back short: not asked again
+    bool requeried = false;          // a second home was asked, about a later segment
+    std::shared_ptr<LocalHold> held;
   };
+  // Asks the home of the segment holding plan->keyedFrom who holds the rest of that segment, key
+  // by key, and each later anchor of `chain` (this node's own directory when it is that home):
+  // fills plan->asked, keyedEnd and holders; the promise gives the messages sent (0 or 1).
+  // nullptr: the home is not reachable.
+  kj::Maybe<kj::Promise<uint32_t>> askHome(SpaceId space, const std::vector<Key128>& chain,
+                                           std::shared_ptr<PinInputs> plan);
   // At most maxPins pins: the holder reaching furthest from `at`, then the one reaching furthest
   // from where that one stops, and so on.
   std::vector<PinPlan> planPins(size_t chainSize, const PinInputs& in, size_t at,

@@ -26,11 +26,12 @@ kj::Promise<void> ClusterService::Impl::fetch(SpaceId space, std::vector<Key128>
     return kj::READY_NOW;
   }
   ++fetchesInFlight_;
-  auto held = holdLocal(space, chain);
-  auto job = fetchChain(space, std::move(chain), from)
+  auto held = std::make_shared<LocalHold>(engine_, owner_);
+  held->add(space, chain);
+  auto job = fetchChain(space, std::move(chain), from, held)
                  .catch_([this](kj::Exception&& e) { countFailure(e); })
-                 .then([this, held = kj::mv(held)]() mutable {
-                   held = nullptr;
+                 .then([this, held]() {
+                   held->release();
                    --fetchesInFlight_;
                  })
                  .fork();
@@ -43,30 +44,25 @@ kj::Promise<void> ClusterService::Impl::fetch(SpaceId space, std::vector<Key128>
       timer_.afterDelay(options_.peerTimeout).then([this] { ++stats_.remoteLookupsCut; }));
 }
 
-std::shared_ptr<void> ClusterService::Impl::holdLocal(SpaceId space,
-                                                     std::span<const Key128> chain) {
-  struct Hold {
-    Engine& engine;
-    std::vector<LeaseId> leases;
-    ~Hold() {
-      for (LeaseId lease : leases) (void)engine.releaseRead(lease);
-    }
-  };
-  auto hold = std::make_shared<Hold>(Hold{engine_, {}});
+void ClusterService::Impl::LocalHold::add(SpaceId space, std::span<const Key128> chain) {
   for (size_t i = 0; i < chain.size();) {
-    if (!engine_.indexed(space, chain[i])) {
+    if (!engine.indexed(space, chain[i])) {
       ++i;
       continue;
     }
     size_t end = i + 1;
-    while (end < chain.size() && engine_.indexed(space, chain[end])) ++end;
-    // As a peer's pin: not this node's hit or miss (the lookup that follows counts those).
-    auto held = engine_.lookup(owner_, space, {}, chain.subspan(i, end - i), "", {}, {}, -1,
-                               LookupFor::kPeer);
-    if (held && held->lease != 0) hold->leases.push_back(held->lease);
+    while (end < chain.size() && engine.indexed(space, chain[end])) ++end;
+    // Not this node's hit or miss (the lookup that follows counts those).
+    auto held = engine.lookup(owner, space, {}, chain.subspan(i, end - i), "", {}, {}, -1,
+                              LookupFor::kHold);
+    if (held && held->lease != 0) leases.push_back(held->lease);
     i = end;
   }
-  return hold;
+}
+
+void ClusterService::Impl::LocalHold::release() {
+  for (LeaseId lease : leases) (void)engine.releaseRead(lease);
+  leases.clear();
 }
 
 void ClusterService::Impl::countLookupMessages(uint32_t messages) {
@@ -115,7 +111,7 @@ std::string ClusterService::Impl::directoryHomeFor(const DirKey& anchor) {
 }
 
 kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Key128> chain,
-                                                   size_t from) {
+                                                   size_t from, std::shared_ptr<LocalHold> held) {
   // A block another lookup's fetch is bringing: wait for that fetch instead (it brings the chain
   // from there on as far as its holders reach).
   if (auto f = fetching_.find(dirKey(space, chain[from])); f != fetching_.end()) {
@@ -133,6 +129,7 @@ kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Ke
   // come from the heartbeats, and the asked home's anchor holders hold the prefix before it.
   auto plan = std::make_shared<PinInputs>();
   plan->from = from;
+  plan->held = std::move(held);
   // (A chain that ends in hot segments asks its last segment's home: only it knows that one.)
   const size_t last = (n - 1) / kSegmentBlocks;
   size_t asked = from / kSegmentBlocks;
@@ -143,74 +140,81 @@ kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Ke
     ++asked;
   }
   plan->keyedFrom = std::max(from, asked * kSegmentBlocks);
-  plan->keyedEnd = std::min(n, (asked + 1) * kSegmentBlocks);
-  for (size_t i = plan->keyedFrom; i < plan->keyedEnd; ++i) plan->asked.push_back(i);
-  for (size_t a = plan->keyedEnd; a < n; a += kSegmentBlocks) plan->asked.push_back(a);
-  plan->holders.resize(plan->asked.size());
-  const DirKey anchor = anchorAt(asked);
-  const std::string home = directoryHomeFor(anchor);
-  kj::Promise<void> answered = kj::READY_NOW;
-  uint32_t queries = 0;
-  if (home == options_.nodeId) {
-    for (size_t j = 0; j < plan->asked.size(); ++j) {
-      plan->holders[j] =
-          home_.holders(DirEntry{DirKey{info.fingerprint, info.salt, chain[plan->asked[j]]},
-                                 anchor.key});
-    }
-  } else {
-    auto link = linkTo(home);
-    kj::Maybe<peer::Peer::Client> peer = nullptr;
-    if (link) peer = link->peer;
-    KJ_IF_MAYBE (p, peer) {
-      auto req = p->whoHoldsRequest();
-      req.getSpace().setFingerprint(info.fingerprint);
-      req.getSpace().setSalt(capnp::Data::Reader(info.salt.data(), 16));
-      req.setUnder(capnp::Data::Reader(anchor.key.bytes.data(), 16));
-      auto packed = req.initKeys(plan->asked.size() * 16);
-      for (size_t j = 0; j < plan->asked.size(); ++j)
-        std::memcpy(packed.begin() + 16 * j, chain[plan->asked[j]].bytes.data(), 16);
-      queries = 1;
-      answered =
-          withDeadline(timer_, options_.peerTimeout, req.send())
-              .then([this, plan, anchor, home](auto response) {
-                auto nodes = response.getNodes();
-                auto masks = response.getHolders();
-                const size_t m = std::min<size_t>(masks.size(), plan->holders.size());
-                for (size_t j = 0; j < m; ++j) {
-                  for (size_t b = 0; b < nodes.size() && b < 64; ++b) {
-                    if (masks[j] & (uint64_t{1} << b)) plan->holders[j].push_back(text(nodes[b]));
-                  }
-                }
-                // Hot now: the next lookups through it skip it (until the heartbeats say so).
-                if (response.getHot()) {
-                  auto& holders = hotKnown_[home][anchor];
-                  holders.clear();
-                  for (auto h : response.getAnchorHolders()) {
-                    if (holders.size() >= kMaxAnswerNodes) break;
-                    if (validNodeId(text(h))) holders.push_back(text(h));
-                  }
-                }
-              });
-    } else {
-      countLookupMessages(0);
-      return kj::READY_NOW;  // the home is not reachable: nobody to ask until membership settles
-    }
+  auto shared = std::make_shared<std::vector<Key128>>(std::move(chain));
+  kj::Maybe<kj::Promise<uint32_t>> answered = askHome(space, *shared, plan);
+  KJ_IF_MAYBE (a, answered) {
+    return a->then([this, space, shared, from, plan](uint32_t queries) -> kj::Promise<void> {
+      // Another lookup's fetch may have set out for the same blocks while the home answered.
+      if (auto f = fetching_.find(dirKey(space, (*shared)[from])); f != fetching_.end()) {
+        countLookupMessages(queries);
+        return f->second->addBranch();
+      }
+      return pinAndFetch(space, shared, plan, from, kMaxLookupPins, queries);
+    });
   }
-  return answered.then(
-      [this, space, chain = std::move(chain), from, plan, queries]() mutable -> kj::Promise<void> {
-        // Another lookup's fetch may have set out for the same blocks while the home answered.
-        if (auto f = fetching_.find(dirKey(space, chain[from])); f != fetching_.end()) {
-          countLookupMessages(queries);
-          return f->second->addBranch();
-        }
-        return pinAndFetch(space, std::make_shared<std::vector<Key128>>(std::move(chain)), plan,
-                           from, kMaxLookupPins, queries);
-      });
+  countLookupMessages(0);
+  return kj::READY_NOW;  // the home is not reachable: nobody to ask until membership settles
 }
 
-kj::Promise<void> ClusterService::Impl::pinAndFetch(
-    SpaceId space, std::shared_ptr<std::vector<Key128>> chain, std::shared_ptr<PinInputs> plan,
-    size_t at, size_t pinsLeft, uint32_t messages) {
+kj::Maybe<kj::Promise<uint32_t>> ClusterService::Impl::askHome(SpaceId space,
+                                                               const std::vector<Key128>& chain,
+                                                               std::shared_ptr<PinInputs> plan) {
+  const SpaceInfo& info = engine_.space(space);
+  const size_t n = chain.size();
+  const size_t segment = plan->keyedFrom / kSegmentBlocks;
+  plan->keyedEnd = std::min(n, (segment + 1) * kSegmentBlocks);
+  plan->asked.clear();
+  for (size_t i = plan->keyedFrom; i < plan->keyedEnd; ++i) plan->asked.push_back(i);
+  for (size_t a = plan->keyedEnd; a < n; a += kSegmentBlocks) plan->asked.push_back(a);
+  plan->holders.assign(plan->asked.size(), {});
+  const DirKey anchor{info.fingerprint, info.salt, chain[segment * kSegmentBlocks]};
+  const std::string home = directoryHomeFor(anchor);
+  if (home == options_.nodeId) {
+    for (size_t j = 0; j < plan->asked.size(); ++j) {
+      plan->holders[j] = home_.holders(
+          DirEntry{DirKey{info.fingerprint, info.salt, chain[plan->asked[j]]}, anchor.key});
+    }
+    return kj::Promise<uint32_t>(0u);
+  }
+  auto link = linkTo(home);
+  if (!link) return nullptr;
+  KJ_IF_MAYBE (p, link->peer) {
+    auto req = p->whoHoldsRequest();
+    req.getSpace().setFingerprint(info.fingerprint);
+    req.getSpace().setSalt(capnp::Data::Reader(info.salt.data(), 16));
+    req.setUnder(capnp::Data::Reader(anchor.key.bytes.data(), 16));
+    auto packed = req.initKeys(plan->asked.size() * 16);
+    for (size_t j = 0; j < plan->asked.size(); ++j)
+      std::memcpy(packed.begin() + 16 * j, chain[plan->asked[j]].bytes.data(), 16);
+    return withDeadline(timer_, options_.peerTimeout, req.send())
+        .then([this, plan, anchor, home](auto response) -> uint32_t {
+          auto nodes = response.getNodes();
+          auto masks = response.getHolders();
+          const size_t m = std::min<size_t>(masks.size(), plan->holders.size());
+          for (size_t j = 0; j < m; ++j) {
+            for (size_t b = 0; b < nodes.size() && b < 64; ++b) {
+              if (masks[j] & (uint64_t{1} << b)) plan->holders[j].push_back(text(nodes[b]));
+            }
+          }
+          // Hot now: the next lookups through it skip it (until the heartbeats say so).
+          if (response.getHot()) {
+            auto& holders = hotKnown_[home][anchor];
+            holders.clear();
+            for (auto h : response.getAnchorHolders()) {
+              if (holders.size() >= kMaxAnswerNodes) break;
+              if (validNodeId(text(h))) holders.push_back(text(h));
+            }
+          }
+          return 1;
+        });
+  }
+  return nullptr;
+}
+
+kj::Promise<void> ClusterService::Impl::pinAndFetch(SpaceId space,
+                                                    std::shared_ptr<std::vector<Key128>> chain,
+                                                    std::shared_ptr<PinInputs> plan, size_t at,
+                                                    size_t pinsLeft, uint32_t messages) {
   // Blocks this node holds already (a drain spreads a chain over several nodes) are no gap: a
   // holder's reach runs past them, and no pin asks for them.
   const size_t n = chain->size();
@@ -234,11 +238,14 @@ kj::Promise<void> ClusterService::Impl::pinAndFetch(
         fetchRun(space, pin.link, keys, true, false, std::move(places)).fork());
     for (const Key128& k : keys) fetching_[dirKey(space, k)] = run;
     // Once done (it never rejects), its blocks are no longer in flight.
-    runs.add(run->addBranch().then([this, space, keys = std::move(keys), run]() {
+    runs.add(run->addBranch().then([this, space, keys = std::move(keys), run, plan]() {
       for (const Key128& k : keys) {
         auto f = fetching_.find(dirKey(space, k));
         if (f != fetching_.end() && f->second == run) fetching_.erase(f);
       }
+      // What it brought stays until the lookup has it: a pin still running, or the next one,
+      // must not evict it for its own blocks (fetched replicas are the first to go).
+      plan->held->add(space, keys);
     }));
   }
   return kj::joinPromises(runs.releaseAsArray())
@@ -246,22 +253,46 @@ kj::Promise<void> ClusterService::Impl::pinAndFetch(
         // A holder past the first segment is known by the anchors it holds, not key by key: one
         // that came back short (it holds less of that segment than its anchor suggested) leaves
         // a gap the next best holder may fill, with the pins left.
+        const size_t n = chain->size();
         size_t p = plan->from;
-        while (p < chain->size() && engine_.indexed(space, (*chain)[p])) ++p;
+        while (p < n && engine_.indexed(space, (*chain)[p])) ++p;
         const size_t left = pinsLeft - pins.size();
-        if (pins.empty() || p >= chain->size() || left == 0) {
+        if (pins.empty() || p >= n || left == 0) {
           countLookupMessages(messages);
           return kj::READY_NOW;
         }
         for (const PinPlan& pin : pins) {
           if (pin.begin <= p && p < pin.end) plan->tried.push_back(pin.link->nodeId);
         }
-        return pinAndFetch(space, chain, plan, p, left, messages);
+        for (size_t i = plan->from; i < n; ++i)
+          plan->local[i] = engine_.indexed(space, (*chain)[i]);
+        if (!planPins(n, *plan, p, 1).empty() || plan->requeried || p < plan->keyedEnd ||
+            messages + 2 > kMaxLookupMessages) {
+          return pinAndFetch(space, chain, plan, p, left, messages);
+        }
+        // The gap is in a segment the home knew only by its anchor, and no holder it named
+        // covers it: a node may hold that part of the chain without its anchor (the head went
+        // first where room was needed). That segment's home knows it key by key: one more query.
+        plan->requeried = true;
+        plan->from = plan->keyedFrom = p;
+        plan->hot.clear();
+        KJ_IF_MAYBE (answered, askHome(space, *chain, plan)) {
+          return answered->then(
+              [this, space, chain, plan, p, left, messages](uint32_t queries) -> kj::Promise<void> {
+                const uint32_t sent = messages + queries;
+                return pinAndFetch(space, chain, plan, p,
+                                   std::min<size_t>(left, kMaxLookupMessages - sent), sent);
+              });
+        }
+        countLookupMessages(messages);
+        return kj::READY_NOW;
       });
 }
 
-std::vector<ClusterService::Impl::PinPlan> ClusterService::Impl::planPins(
-    size_t chainSize, const PinInputs& in, size_t at, size_t maxPins) const {
+std::vector<ClusterService::Impl::PinPlan> ClusterService::Impl::planPins(size_t chainSize,
+                                                                          const PinInputs& in,
+                                                                          size_t at,
+                                                                          size_t maxPins) const {
   const size_t from = in.from;
   // What each live holder covers from `from` on, as far as the answer tells: the keys the home
   // named it for, exactly; past that segment, the segment of each later anchor it holds (likely
@@ -280,8 +311,8 @@ std::vector<ClusterService::Impl::PinPlan> ClusterService::Impl::planPins(
         std::find(in.tried.begin(), in.tried.end(), node) != in.tried.end()) {
       return;  // this node, one gone, or one whose pin came back short of this point
     }
-    auto it = std::find_if(covers.begin(), covers.end(),
-                           [&](const auto& c) { return c.first == node; });
+    auto it =
+        std::find_if(covers.begin(), covers.end(), [&](const auto& c) { return c.first == node; });
     if (it == covers.end()) it = covers.insert(covers.end(), {node, {}});
     auto& c = it->second;
     c.resize(chainSize - from, false);
@@ -389,8 +420,8 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
         return kj::Promise<capnp::Response<peer::Peer::PinResults>>(
             KJ_EXCEPTION(DISCONNECTED, "peer is not connected"));
       })
-      .then([this, space, link, run, keys, finish](
-                capnp::Response<peer::Peer::PinResults> response) {
+      .then([this, space, link, run, keys,
+             finish](capnp::Response<peer::Peer::PinResults> response) {
         run->lease = response.getLease();
         const UcxGrant grant = grantFrom(response.getGrant());
         auto blocks = response.getBlocks();
@@ -442,8 +473,7 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
           // Without the chain (a drain's blocks), the place the holder gives: distinct anchors,
           // a few (an anchor's earlier ones), or none (filed under the key itself).
           auto under = b.getUnder();
-          if (holderPlaces && under.size() % 16 == 0 &&
-              under.size() / 16 <= kMaxHolderAnchors) {
+          if (holderPlaces && under.size() % 16 == 0 && under.size() / 16 <= kMaxHolderAnchors) {
             std::vector<Key128> place;
             for (size_t u = 0; u < under.size(); u += 16) {
               Key128 k;
@@ -468,48 +498,46 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
           std::vector<UcxGet> pg(gets.begin() + p, gets.begin() + q);
           std::vector<size_t> pw(which.begin() + p, which.begin() + q);
           std::vector<uint64_t> pe(expected.begin() + p, expected.begin() + q);
-          pieces.add(link->ucx->get(pg, deadline)
-                         .then([this, run, pw, pe, link, started,
-                                finish](std::vector<bool> ok) mutable {
-                           const size_t failed = std::count(ok.begin(), ok.end(), false);
-                           if (failed > 0) {
-                             logWarn("fetch_transfer_failed",
-                                     "node=" + link->nodeId + " failed=" + std::to_string(failed) +
-                                         " of=" + std::to_string(ok.size()) + " ms=" +
-                                         std::to_string((timer_.now() - started) /
-                                                        kj::MILLISECONDS) +
-                                         " endpoint_failed=" +
-                                         (link->ucx && link->ucx->failed() ? "yes" : "no"));
-                           }
-                           std::vector<BlockLocation> verify;
-                           for (size_t j = 0; j < pw.size(); ++j) {
-                             if (j < ok.size() && ok[j])
-                               verify.push_back(run->tickets[pw[j]].location);
-                           }
-                           return checksumsOf(std::move(verify))
-                               .then([this, run, pw = std::move(pw), pe = std::move(pe), ok,
-                                      node = link->nodeId, finish](std::vector<uint64_t> sums) {
-                                 std::vector<bool> good(pw.size(), false);
-                                 size_t s = 0;
-                                 for (size_t j = 0; j < pw.size(); ++j) {
-                                   if (j < ok.size() && ok[j]) {
-                                     PromoteTicket& t = run->tickets[pw[j]];
-                                     good[j] = sums[s++] == pe[j];
-                                     if (good[j]) {
-                                       t.checksum = pe[j];  // the writer's, verified
-                                     } else {
-                                       ++stats_.fetchChecksum;
-                                       logCorrupt("fetch_checksum_mismatch", t.key, node);
-                                     }
-                                   } else {
-                                     ++stats_.fetchTransfer;
-                                   }
-                                 }
-                                 // A block after a gap is still a valid block: keep it (a
-                                 // later lookup may reach it once the gap is filled).
-                                 finish(pw, good);
-                               });
-                         }));
+          pieces.add(
+              link->ucx->get(pg, deadline)
+                  .then([this, run, pw, pe, link, started, finish](std::vector<bool> ok) mutable {
+                    const size_t failed = std::count(ok.begin(), ok.end(), false);
+                    if (failed > 0) {
+                      logWarn("fetch_transfer_failed",
+                              "node=" + link->nodeId + " failed=" + std::to_string(failed) +
+                                  " of=" + std::to_string(ok.size()) + " ms=" +
+                                  std::to_string((timer_.now() - started) / kj::MILLISECONDS) +
+                                  " endpoint_failed=" +
+                                  (link->ucx && link->ucx->failed() ? "yes" : "no"));
+                    }
+                    std::vector<BlockLocation> verify;
+                    for (size_t j = 0; j < pw.size(); ++j) {
+                      if (j < ok.size() && ok[j]) verify.push_back(run->tickets[pw[j]].location);
+                    }
+                    return checksumsOf(std::move(verify))
+                        .then([this, run, pw = std::move(pw), pe = std::move(pe), ok,
+                               node = link->nodeId, finish](std::vector<uint64_t> sums) {
+                          std::vector<bool> good(pw.size(), false);
+                          size_t s = 0;
+                          for (size_t j = 0; j < pw.size(); ++j) {
+                            if (j < ok.size() && ok[j]) {
+                              PromoteTicket& t = run->tickets[pw[j]];
+                              good[j] = sums[s++] == pe[j];
+                              if (good[j]) {
+                                t.checksum = pe[j];  // the writer's, verified
+                              } else {
+                                ++stats_.fetchChecksum;
+                                logCorrupt("fetch_checksum_mismatch", t.key, node);
+                              }
+                            } else {
+                              ++stats_.fetchTransfer;
+                            }
+                          }
+                          // A block after a gap is still a valid block: keep it (a
+                          // later lookup may reach it once the gap is filled).
+                          finish(pw, good);
+                        });
+                  }));
         }
         return kj::joinPromises(pieces.releaseAsArray());
       })
