@@ -2,7 +2,7 @@
 # Kills a fetching daemon (SIGKILL) at random moments of its start, its link and UCX endpoint setup
 # to a holder, and its fetches, N times (default 200), and checks that the holder never dies and
 # keeps no pin of a dead fetcher. Runs the GoogleTest
-# ClusterFaults.DISABLED_FetchersKilledAtRandomMomentsNeverTakeTheHolderDown of the build in
+# ClusterFaults.FetchersKilledAtRandomMomentsNeverTakeTheHolderDown of the build in
 # BUILD_DIR (default build/), from private copies of it and of kvtierd. A failed run's log is kept
 # in the directory KEEP_LOGS names, if set.
 # Usage: scripts/fetcher-kills.sh [--kills N] [--tcp] [--runs R]
@@ -30,8 +30,8 @@ log="$work/run.log"
 failed=0
 for ((r = 1; r <= runs; r++)); do
   if env ${tls:+UCX_TLS=$tls} KVTIER_TEST_KILLS="$kills" KVTIER_TEST_KVTIERD="$work/kvtierd" \
-      "$test_bin" --gtest_also_run_disabled_tests \
-      --gtest_filter='ClusterFaults.DISABLED_FetchersKilledAtRandomMomentsNeverTakeTheHolderDown' \
+      "$test_bin" \
+      --gtest_filter='ClusterFaults.FetchersKilledAtRandomMomentsNeverTakeTheHolderDown' \
       > "$log" 2>&1; then
     echo "run $r: $kills kills, the holder survived every one"
   else

@@ -545,10 +545,9 @@ size_t fetcherKills() {
   return env ? std::strtoul(env, nullptr, 10) : 200;
 }
 
-// Not run by ctest (scripts/fetcher-kills.sh runs it): over tcp, UCX 1.13's own transport still
-// aborts a holder about once in 1,500 kills, in its connection matching (tcp_ep.c:478, a new
-// connection meeting a stale one from a killed peer) — see docs/cluster.md, "Endpoints".
-TEST(ClusterFaults, DISABLED_FetchersKilledAtRandomMomentsNeverTakeTheHolderDown) {
+// ctest runs it twice, with UCX's own transports and with UCX_TLS=tcp (tests/CMakeLists.txt);
+// scripts/fetcher-kills.sh loops it.
+TEST(ClusterFaults, FetchersKilledAtRandomMomentsNeverTakeTheHolderDown) {
   // A fetcher dies (SIGKILL) at a random moment of its start, its link and UCX endpoint setup to
   // the holder, or its gets: the holder never dies, and every pin the dead fetcher held on it is
   // released (by its connection's end, at the latest by its lease).
