@@ -426,10 +426,12 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   // for good (a drain, a move). With `awaitRelease`, resolves only once the holder has released
   // its pin (a move then frees the holder's blocks at once).
   // `places`: where each key is filed (a lookup knows its chain); empty: as the holder files it
-  // (a drain's or a move's blocks), checked.
+  // (a drain's or a move's blocks), checked. `hold`: each block is added to it as it is sealed
+  // (before the run's other pieces or the lookup's other pins allocate theirs).
   kj::Promise<void> fetchRun(SpaceId space, std::shared_ptr<Link> link, std::vector<Key128> keys,
                              bool replica = true, bool awaitRelease = false,
-                             std::vector<std::vector<Key128>> places = {});
+                             std::vector<std::vector<Key128>> places = {},
+                             std::shared_ptr<LocalHold> hold = nullptr);
   kj::Promise<void> ensureTransport(std::shared_ptr<Link> link);
   void countFailure(const kj::Exception& e);
   // How long a batch of gets may take: a base plus its bytes at a floor bandwidth, at most the

@@ -235,17 +235,14 @@ kj::Promise<void> ClusterService::Impl::pinAndFetch(SpaceId space,
         places.push_back(anchorsFiledUnder(std::span<const Key128>(*chain).first(i + 1)));
     }
     auto run = std::make_shared<kj::ForkedPromise<void>>(
-        fetchRun(space, pin.link, keys, true, false, std::move(places)).fork());
+        fetchRun(space, pin.link, keys, true, false, std::move(places), plan->held).fork());
     for (const Key128& k : keys) fetching_[dirKey(space, k)] = run;
     // Once done (it never rejects), its blocks are no longer in flight.
-    runs.add(run->addBranch().then([this, space, keys = std::move(keys), run, plan]() {
+    runs.add(run->addBranch().then([this, space, keys = std::move(keys), run]() {
       for (const Key128& k : keys) {
         auto f = fetching_.find(dirKey(space, k));
         if (f != fetching_.end() && f->second == run) fetching_.erase(f);
       }
-      // What it brought stays until the lookup has it: a pin still running, or the next one,
-      // must not evict it for its own blocks (fetched replicas are the first to go).
-      plan->held->add(space, keys);
     }));
   }
   return kj::joinPromises(runs.releaseAsArray())
@@ -369,7 +366,8 @@ std::vector<ClusterService::Impl::PinPlan> ClusterService::Impl::planPins(size_t
 kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<Link> link,
                                                  std::vector<Key128> keys, bool replica,
                                                  bool awaitRelease,
-                                                 std::vector<std::vector<Key128>> places) {
+                                                 std::vector<std::vector<Key128>> places,
+                                                 std::shared_ptr<LocalHold> hold) {
   struct Run {
     std::vector<PromoteTicket> tickets;
     std::vector<bool> finished;
@@ -382,8 +380,9 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
   if (keys.empty()) return kj::READY_NOW;
   run->under = std::move(places);
   // Seals the blocks `which` that arrived good; the others are freed.
-  auto finish = [this, run, replica](const std::vector<size_t>& which,
-                                     const std::vector<bool>& good) {
+  auto finish = [this, space, run, replica, hold](const std::vector<size_t>& which,
+                                                  const std::vector<bool>& good) {
+    std::vector<Key128> sealed;
     for (size_t j = 0; j < which.size(); ++j) {
       const size_t i = which[j];
       if (run->finished[i]) continue;
@@ -396,8 +395,12 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
       if (ok && run->tickets[i].block != kNoBlock) {
         ++stats_.remoteHitBlocks;
         stats_.remoteHitBytes += run->tickets[i].location.bytes;
+        sealed.push_back(run->tickets[i].key);
       }
     }
+    // Held from here, in this turn: no other allocation comes between (a fetched replica is the
+    // first to go).
+    if (hold) hold->add(space, sealed);
   };
   // Frees what did not arrive and lets the holder's pin go.
   auto finishAll = [this, run, finish]() {
