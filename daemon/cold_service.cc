@@ -73,6 +73,14 @@ bool ColdService::canMakeRoom() const {
 }
 
 void ColdService::kick() {
+  // Blocks evicted since: their records are now the only copies (memory-only bookkeeping).
+  if (auto left = engine_.takeLeftMemory(); !left.empty()) {
+    std::vector<ColdKey> keys;
+    keys.reserve(left.size());
+    for (const SpillItem& item : left)
+      keys.push_back(ColdKey{item.fingerprint, item.salt, item.key});
+    tier_->leftMemory(keys);
+  }
   kickSpill();
   writeSnapshots();
   reserveSnapshotIds();

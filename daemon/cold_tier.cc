@@ -456,9 +456,11 @@ Status ColdTier::openDb(bool reopening) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   order_.clear();
+  residentOrder_.clear();
   held_.clear();
   stats_.bytes = 0;
-  for (const auto& [key, bytes] : records) holdLocked(key, bytes);
+  // Memory is empty after a start: no record is resident.
+  for (const auto& [key, bytes] : records) holdLocked(key, bytes, /*resident=*/false);
   stats_.records = held_.size();
   manifests_.clear();
   namedBy_.clear();
@@ -550,25 +552,41 @@ void ColdTier::closeDb() {
 ColdTier::~ColdTier() { closeDb(); }
 
 void ColdTier::touchLocked(const std::string& key) {
+  // Read back into memory: resident again, most recently accessed.
   auto it = held_.find(key);
   if (it == held_.end()) return;
-  order_.splice(order_.end(), order_, it->second.pos);
+  Held& h = it->second;
+  residentOrder_.splice(residentOrder_.end(), h.resident ? residentOrder_ : order_, h.pos);
+  h.resident = true;
 }
 
-void ColdTier::holdLocked(const std::string& key, uint32_t bytes) {
+void ColdTier::holdLocked(const std::string& key, uint32_t bytes, bool resident) {
   forgetLocked(key);
-  order_.push_back(key);
-  held_[key] = Held{std::prev(order_.end()), bytes};
+  auto& list = resident ? residentOrder_ : order_;
+  list.push_back(key);
+  held_[key] = Held{std::prev(list.end()), bytes, resident};
   stats_.bytes += bytes;
 }
 
 void ColdTier::forgetLocked(const std::string& key) {
   auto it = held_.find(key);
   if (it == held_.end()) return;
-  stats_.bytes -= it->second.bytes;
-  order_.erase(it->second.pos);
+  const Held& h = it->second;
+  stats_.bytes -= h.bytes;
+  (h.resident ? residentOrder_ : order_).erase(h.pos);
   held_.erase(it);
   stats_.records = held_.size();
+}
+
+void ColdTier::leftMemory(std::span<const ColdKey> keys) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const ColdKey& k : keys) {
+    auto it = held_.find(k.encode());
+    if (it == held_.end()) continue;
+    Held& h = it->second;
+    order_.splice(order_.end(), h.resident ? residentOrder_ : order_, h.pos);
+    h.resident = false;
+  }
 }
 
 Status ColdTier::putBatch(std::span<const ColdRecord> records) {
@@ -663,14 +681,19 @@ void ColdTier::enforceCapacity() {
   std::vector<std::string> doomed;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // Oldest access first, except records a snapshot names: they stay until it is dropped.
-    for (auto it = order_.begin(); stats_.bytes > options_.capacityBytes && it != order_.end();) {
-      const std::string key = *it++;
-      if (namedBy_.count(key)) continue;
-      doomed.push_back(key);
-      forgetLocked(key);
-      ++stats_.capacityEvicted;
-    }
+    // Records held only here first, oldest to leave memory first; then resident ones, oldest
+    // access first. Never a record a snapshot names: it stays until the snapshot is dropped.
+    auto drop = [&](std::list<std::string>& list, const auto& over) {
+      for (auto it = list.begin(); over() && it != list.end();) {
+        const std::string key = *it++;
+        if (namedBy_.count(key)) continue;
+        doomed.push_back(key);
+        forgetLocked(key);
+        ++stats_.capacityEvicted;
+      }
+    };
+    drop(order_, [&] { return stats_.bytes > options_.capacityBytes; });
+    drop(residentOrder_, [&] { return stats_.bytes > options_.capacityBytes; });
   }
   if (doomed.empty()) return;
   std::shared_lock<std::shared_mutex> dbLock(dbMu_);

@@ -117,8 +117,13 @@ struct ColdStats {
 class ColdTier {
  public:
   struct Options {
-    std::string path{};          // the RocksDB directory
-    uint64_t capacityBytes = 0;  // payload bytes kept; 0: unbounded
+    std::string path{};  // the RocksDB directory
+    // Payload bytes kept (0: unbounded). Over it, records of blocks held only here go first, those
+    // that left memory first first; then records of blocks also in the node's memory (resident:
+    // written by a spill or a snapshot, or read back since, and not evicted after), oldest access
+    // first. A resident record is a copy now, but the only one once its block leaves memory —
+    // and then the most recent to have been used.
+    uint64_t capacityBytes = 0;
     // File system to run on; nullptr: the default. Tests pass a fault-injecting wrapper.
     std::shared_ptr<rocksdb::FileSystem> fileSystem = nullptr;
   };
@@ -153,6 +158,10 @@ class ColdTier {
     uint64_t* checksum = nullptr;  // as getInto's
   };
   std::vector<Status> getManyInto(std::span<const Read> reads);
+  // These blocks left the node's memory (evicted): their records are no longer resident, and are
+  // the most recent to go there (the bound is applied at the next write). Unknown keys are
+  // ignored. Cheap: no disk access.
+  void leftMemory(std::span<const ColdKey> keys);
   bool contains(const ColdKey& key) const;  // an in-memory set: cheap
   // Every block record's key (a copy of the in-memory set: for publishing at start).
   std::vector<ColdKey> blockKeys() const;
@@ -218,8 +227,9 @@ class ColdTier {
   void touchLocked(const std::string& key);
   void enforceCapacity();
   void forgetLocked(const std::string& key);
-  // Records `key` (payload `bytes`) as held, most recently accessed. Requires mu_.
-  void holdLocked(const std::string& key, uint32_t bytes);
+  // Records `key` (payload `bytes`) as held, most recently accessed; `resident`: its block is in
+  // memory too. Requires mu_.
+  void holdLocked(const std::string& key, uint32_t bytes, bool resident = true);
 
   Options options_;
   std::shared_ptr<rocksdb::FileSystem> fileSystem_;  // the options' (or the default), chunked
@@ -243,11 +253,13 @@ class ColdTier {
   std::string nodeId_;
 
   mutable std::mutex mu_;
-  // Keys in access order (front: oldest) with their payload sizes. GUARDED_BY(mu_)
-  std::list<std::string> order_;
+  // Keys of records held only here, in the order their blocks left memory (or, after a restart,
+  // key order), front first to go; and of resident records, in access order. GUARDED_BY(mu_)
+  std::list<std::string> order_, residentOrder_;
   struct Held {
     std::list<std::string>::iterator pos;
     uint32_t bytes;
+    bool resident;
   };
   std::unordered_map<std::string, Held> held_;  // GUARDED_BY(mu_)
   // Manifest key -> the block records it names. GUARDED_BY(mu_)

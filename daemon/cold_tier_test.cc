@@ -612,6 +612,39 @@ TEST(ColdTier, CapacityEvictsOldestAccessFirst) {
   EXPECT_LE(tier->stats().bytes, 3u * 16384);
 }
 
+// Over the bound, records of blocks held only here go first, those that left memory first first,
+// before records of blocks still in memory (written by a spill, or read back) — though those were
+// accessed longer ago: a resident record becomes the only copy, and the most recently used, when
+// its block is evicted.
+TEST(ColdTier, CapacityDropsRecordsHeldOnlyHereBeforeThoseOfBlocksInMemory) {
+  TempDir dir;
+  const ColdTier::Options options{.path = dir.path(), .capacityBytes = 4 * 16384};
+  auto tier = ColdTier::open(options).value();
+  for (uint8_t n = 1; n <= 4; ++n) ASSERT_TRUE(put(*tier, n).ok());  // all in memory too
+  tier->leftMemory(std::vector<ColdKey>{keyOf(3), keyOf(1)});
+  ASSERT_TRUE(put(*tier, 5).ok());  // over the bound: 3 goes (it left memory first), not 2
+  EXPECT_FALSE(tier->contains(keyOf(3)));
+  for (uint8_t n : {1, 2, 4, 5}) EXPECT_TRUE(tier->contains(keyOf(n))) << int(n);
+  tier->leftMemory(std::vector<ColdKey>{keyOf(2), keyOf(4)});
+  ASSERT_TRUE(put(*tier, 6).ok());  // 1 goes: the first of 1, 2, 4 to leave memory
+  EXPECT_FALSE(tier->contains(keyOf(1)));
+  for (uint8_t n : {2, 4, 5, 6}) EXPECT_TRUE(tier->contains(keyOf(n))) << int(n);
+  ASSERT_TRUE(tier->get(keyOf(4)).ok());  // read back into memory: resident again
+  tier->leftMemory(std::vector<ColdKey>{keyOf(5), keyOf(6)});
+  ASSERT_TRUE(put(*tier, 7).ok());  // 2, 5, 6 held only here: 2 goes, not 4 (read since)
+  EXPECT_FALSE(tier->contains(keyOf(2)));
+  for (uint8_t n : {4, 5, 6, 7}) EXPECT_TRUE(tier->contains(keyOf(n))) << int(n);
+  EXPECT_EQ(tier->stats().capacityEvicted, 3u);
+  EXPECT_LE(tier->stats().bytes, 4u * 16384);
+  // After a restart memory is empty: no record is resident (key order, as access order is not
+  // kept).
+  tier.reset();
+  tier = ColdTier::open(options).value();
+  ASSERT_TRUE(put(*tier, 8).ok());
+  EXPECT_FALSE(tier->contains(keyOf(4)));
+  for (uint8_t n : {5, 6, 7, 8}) EXPECT_TRUE(tier->contains(keyOf(n))) << int(n);
+}
+
 TEST(ColdTier, FullDiskFailsWritesCountsThemAndRecovers) {
   TempDir dir;
   auto fs = std::make_shared<test::FullDiskFileSystem>(rocksdb::FileSystem::Default());

@@ -344,6 +344,15 @@ void Engine::evict(BlockId victim) {
     v.tenantLinked = false;
   }
   policy_->evicted(victim, contentTag(v));
+  if (cold_ && v.onDisk && !v.entry && pool_.tierOf(victim) == 0) {
+    const SpaceInfo& info = spaces_[v.space].info;
+    leftMemory_.push_back(SpillItem{.block = kNoBlock,
+                                    .location = {},
+                                    .fingerprint = info.fingerprint,
+                                    .salt = info.salt,
+                                    .key = v.key,
+                                    .checksum = {}});
+  }
   if (v.entry) {
     entries_.erase(IndexKey{v.space, v.key});
   } else {

@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kvtier/block_key.h"
@@ -368,6 +369,10 @@ class Engine {
   void finishSpill(std::span<const SpillItem> items, bool written);
   // Blocks waiting to be spilled (a hint: may count some that no longer need it).
   size_t spillBacklog() const { return dirty_.size(); }
+  // The blocks with a disk record that eviction dropped from the host pool since the last call,
+  // in eviction order: the cold tier keeps the records of those first-to-go last (ColdTier::
+  // leftMemory), so that memory and disk hold different blocks.
+  std::vector<SpillItem> takeLeftMemory() { return std::exchange(leftMemory_, {}); }
   // The longest prefix of `tokens` (or `keys`) whose blocks are in memory or on disk; for each
   // block, its key and whether it is in memory. The blocks in memory count as used now (the most
   // recent in the eviction order), so the promotes of the cold ones evict older blocks first.
@@ -711,6 +716,7 @@ class Engine {
   bool demoteGpuBlocks_ = false;
   uint64_t gpuDemoted_ = 0, gpuPromoted_ = 0;
   std::deque<BlockId> dirty_;  // sealed blocks that became evictable before reaching the disk
+  std::vector<SpillItem> leftMemory_;  // takeLeftMemory (key and namespace only)
   // By size class: the scratch block that open write leases write the bytes of reused blocks into
   // (nobody reads it); kNoBlock when no lease needs one. Freed with its last lease.
   std::vector<BlockId> sinks_;

@@ -114,6 +114,35 @@ TEST_F(EnginePolicy, ColdPromoteKeepsThePlannedPrefixInMemory) {
   EXPECT_EQ(matched(c), c.size()) << "the newest block is not the one to go";
 }
 
+// The cold tier keeps what memory dropped last: every block evicted with a disk record is
+// reported, in eviction order, once; one evicted before it reached the disk (the spill lagging,
+// the disk failing) has no record to report.
+TEST_F(EnginePolicy, EvictedBlocksWithADiskRecordAreReportedToTheColdTier) {
+  makeEngine(8);
+  useColdTier();
+  const auto a = request(4, 1000), b = request(4, 2000);
+  cache("a", a);
+  cache("b", b);
+  spillAll();
+  EXPECT_TRUE(engine_->takeLeftMemory().empty()) << "nothing left memory yet";
+  cache("c", request(2, 3000));  // the pool is full: A's two oldest-used blocks go
+  const auto aKeys = engine_->chainKeys(space_, a, {}).value();
+  auto left = engine_->takeLeftMemory();
+  ASSERT_EQ(left.size(), 2u);
+  for (const SpillItem& item : left) {
+    EXPECT_NE(std::find(aKeys.begin(), aKeys.end(), item.key), aKeys.end());
+    EXPECT_EQ(item.fingerprint, engine_->space(space_).fingerprint);
+  }
+  EXPECT_TRUE(engine_->takeLeftMemory().empty()) << "reported once";
+  // Blocks of C are not on disk yet: with the spill paused, their eviction reports nothing.
+  engine_->setSpillPaused(true);
+  cache("d", request(8, 4000));
+  for (const SpillItem& item : engine_->takeLeftMemory()) {
+    const auto cKeys = engine_->chainKeys(space_, request(2, 3000), {}).value();
+    EXPECT_EQ(std::find(cKeys.begin(), cKeys.end(), item.key), cKeys.end());
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Defect 2: a put from position 0 of a whole request reuses the cached blocks of the keys the
 // cache holds; it allocates (and evicts) only for the blocks it lacks.

@@ -68,6 +68,45 @@ TEST(ColdIntegration, FillingFarPastMemoryEveryPrefixStillHitsFromDisk) {
   EXPECT_EQ(s.evictedUnspilled, 0u);
 }
 
+// A prompt read back from disk and then used again and again stays in memory: its record is
+// never read again and becomes the oldest on disk. Over --disk-bytes, records of blocks held only
+// on disk go first, so that when the prompt is finally evicted, its record is still there.
+TEST(ColdIntegration, ABlockHotInMemoryKeepsItsDiskRecordUnderTheBound) {
+  // 16 blocks of memory (LRU order), 24 of disk; prompts of 4 blocks. Each put waits until every
+  // block written is on disk: eviction then follows the LRU order alone (it drops only blocks
+  // with a record).
+  DaemonProcess daemon(
+      16 * kBlockBytes, "",
+      {"--cold-tier", "on", "--disk-bytes", std::to_string(24 * kBlockBytes), "--eviction", "lru"});
+  auto client = daemon.connect();
+  auto space = client->open(testLayout()).value();
+  uint64_t written = 0;
+  auto putAndSpill = [&](uint64_t i) {
+    putPrompt(*space, i);
+    written += kPromptTokens / testLayout().blockTokens;
+    test::waitForStats(*client, [&](const Stats& s) { return s.spilled >= written; });
+  };
+  constexpr uint64_t kHot = 0;
+  for (uint64_t i = 0; i <= 5; ++i) putAndSpill(i);  // the hot prompt is evicted; 24 on disk
+  EXPECT_EQ(matchedWithRightBytes(*space, kHot), kPromptTokens);
+  ASSERT_EQ(client->stats().value().promoted, 4u) << "read back from disk";
+  for (uint64_t i = 6; i <= 13; ++i) {
+    // In use while other prompts come and go: the disk goes over its bound several times, and
+    // the hot prompt's record, read at the start, is the oldest there.
+    EXPECT_EQ(matchedWithRightBytes(*space, kHot), kPromptTokens) << "before " << i;
+    putAndSpill(i);
+  }
+  ASSERT_EQ(client->stats().value().promoted, 4u) << "the hot prompt stayed in memory";
+  for (uint64_t i = 14; i <= 17; ++i) putAndSpill(i);  // not used: evicted at last
+  EXPECT_EQ(matchedWithRightBytes(*space, kHot), kPromptTokens)
+      << "its record went while it was in memory";
+  const Stats s = client->stats().value();
+  EXPECT_EQ(s.promoted, 8u) << "read back from disk again";
+  EXPECT_GT(s.coldEvicted, 0u);
+  EXPECT_LE(s.coldBytes, 24 * kBlockBytes);
+  EXPECT_EQ(s.evictedUnspilled, 0u);
+}
+
 // A block's record carries the checksum its writer took, not one taken at spill: bytes that
 // changed in the pool between the put and the spill (a stray write, bad memory) fail the check
 // when the block comes back from disk — a miss, counted, never the changed bytes.
