@@ -305,6 +305,15 @@ TEST(Cluster, HitsAndMissesCountEachNodesOwnClientsWhilePeersFetch) {
   EXPECT_EQ(after1.misses - before1.misses, misses1);
 }
 
+// Keys as an engine that hashes its own blocks would bring: n distinct ones, `tag` apart from
+// other tests'.
+std::vector<Key128> clientKeys(size_t n, uint8_t tag) {
+  std::vector<Key128> keys(n);
+  for (size_t i = 0; i < n; ++i)
+    keys[i].bytes[0] = static_cast<uint8_t>(i + 1), keys[i].bytes[15] = tag;
+  return keys;
+}
+
 TEST(Cluster, ALookupPinsTheHolderThatReachesFurthestWithOneQueryAndOnePin) {
   // Client keys (as an engine that hashes its own blocks would bring): node 0 holds blocks 0-3
   // of the chain, node 1 all eight; node 2 gets all eight from node 1, asking one directory home
@@ -314,9 +323,7 @@ TEST(Cluster, ALookupPinsTheHolderThatReachesFurthestWithOneQueryAndOnePin) {
   const Layout layout = testLayout();
   const auto tokens = synthetic::tokens(5, 128);
   const auto kv = synthetic::packedKv(layout, tokens, 0, tokens.size());
-  std::vector<Key128> chain(8);
-  for (size_t i = 0; i < 8; ++i)
-    chain[i].bytes[0] = static_cast<uint8_t>(i + 1), chain[i].bytes[15] = 0xc4;
+  const std::vector<Key128> chain = clientKeys(8, 0xc4);
   const std::span<const uint32_t> head(tokens.data(), 64);
   {
     auto client = c[0].connect();
@@ -364,9 +371,7 @@ TEST(Cluster, AFetchNeverEvictsTheLocalBlocksItsLookupJoinsItTo) {
   constexpr size_t kBlocks = 48, kHalf = 24, kBt = 16;
   const auto tokens = synthetic::tokens(9, kBlocks * kBt);
   const auto kv = synthetic::packedKv(layout, tokens, 0, tokens.size());
-  std::vector<Key128> chain(kBlocks);
-  for (size_t i = 0; i < kBlocks; ++i)
-    chain[i].bytes[0] = static_cast<uint8_t>(i + 1), chain[i].bytes[15] = 0x5e;
+  const std::vector<Key128> chain = clientKeys(kBlocks, 0x5e);
   {
     auto client = c[0].connect();
     auto space = client->open(layout).value();
@@ -415,9 +420,7 @@ TEST(Cluster, ALaterSegmentHeldWithoutItsAnchorIsFoundWithASecondQuery) {
   constexpr size_t kBlocks = 80, kHead = 70, kBt = 16;
   const auto tokens = synthetic::tokens(12, kBlocks * kBt);
   const auto kv = synthetic::packedKv(layout, tokens, 0, tokens.size());
-  std::vector<Key128> chain(kBlocks);
-  for (size_t i = 0; i < kBlocks; ++i)
-    chain[i].bytes[0] = static_cast<uint8_t>(i + 1), chain[i].bytes[15] = 0x7a;
+  const std::vector<Key128> chain = clientKeys(kBlocks, 0x7a);
   const std::span<const Key128> head(chain.data(), kHead);
   {
     auto client = c[0].connect();
