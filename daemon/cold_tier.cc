@@ -692,8 +692,9 @@ void ColdTier::enforceCapacity() {
         ++stats_.capacityEvicted;
       }
     };
-    drop(order_, [&] { return stats_.bytes > options_.capacityBytes; });
-    drop(residentOrder_, [&] { return stats_.bytes > options_.capacityBytes; });
+    const auto over = [&] { return stats_.bytes > options_.capacityBytes; };
+    drop(order_, over);
+    drop(residentOrder_, over);
   }
   if (doomed.empty()) return;
   std::shared_lock<std::shared_mutex> dbLock(dbMu_);

@@ -370,8 +370,8 @@ class Engine {
   // Blocks waiting to be spilled (a hint: may count some that no longer need it).
   size_t spillBacklog() const { return dirty_.size(); }
   // The blocks with a disk record that eviction dropped from the host pool since the last call,
-  // in eviction order: the cold tier keeps the records of those first-to-go last (ColdTier::
-  // leftMemory), so that memory and disk hold different blocks.
+  // in eviction order: their records are now the only copies, and the cold tier's bound drops
+  // such records in the order their blocks left memory (ColdTier::leftMemory).
   std::vector<SpillItem> takeLeftMemory() { return std::exchange(leftMemory_, {}); }
   // The longest prefix of `tokens` (or `keys`) whose blocks are in memory or on disk; for each
   // block, its key and whether it is in memory. The blocks in memory count as used now (the most

@@ -221,18 +221,40 @@ kj::Promise<void> ClusterService::Impl::pinAndFetch(SpaceId space,
   plan->local.assign(n, false);
   for (size_t i = plan->from; i < n; ++i) plan->local[i] = engine_.indexed(space, (*chain)[i]);
   const auto pins = planPins(n, *plan, at, pinsLeft);
+  if (pins.empty()) {
+    if (plan->requeried || at < plan->keyedEnd || pinsLeft == 0 ||
+        messages + 2 > kMaxLookupMessages) {
+      countLookupMessages(messages);
+      return kj::READY_NOW;
+    }
+    // A gap after the pins, in a segment the home knew only by its anchor, that no holder it
+    // named covers: a node may hold that part of the chain without its anchor (the head went
+    // first where room was needed). That segment's home knows it key by key: one more query.
+    plan->requeried = true;
+    plan->from = plan->keyedFrom = at;
+    plan->hot.clear();
+    KJ_IF_MAYBE (answered, askHome(space, *chain, plan)) {
+      return answered->then([this, space, chain, plan, at, pinsLeft,
+                             messages](uint32_t queries) -> kj::Promise<void> {
+        const uint32_t sent = messages + queries;
+        return pinAndFetch(space, chain, plan, at,
+                           std::min<size_t>(pinsLeft, kMaxLookupMessages - sent), sent);
+      });
+    }
+    countLookupMessages(messages);
+    return kj::READY_NOW;
+  }
   messages += static_cast<uint32_t>(pins.size());
   kj::Vector<kj::Promise<void>> runs;
   for (const PinPlan& pin : pins) {
+    // The keys not held here, each filed as this node's chain says (not as the holder's answer
+    // would have it).
     std::vector<Key128> keys;
-    for (size_t i = pin.begin; i < pin.end; ++i) {
-      if (!plan->local[i]) keys.push_back((*chain)[i]);
-    }
-    // Filed as this node's chain says (not as the holder's answer would have it).
     std::vector<std::vector<Key128>> places;
     for (size_t i = pin.begin; i < pin.end; ++i) {
-      if (!plan->local[i])
-        places.push_back(anchorsFiledUnder(std::span<const Key128>(*chain).first(i + 1)));
+      if (plan->local[i]) continue;
+      keys.push_back((*chain)[i]);
+      places.push_back(anchorsFiledUnder(std::span<const Key128>(*chain).first(i + 1)));
     }
     auto run = std::make_shared<kj::ForkedPromise<void>>(
         fetchRun(space, pin.link, keys, true, false, std::move(places), plan->held).fork());
@@ -249,40 +271,20 @@ kj::Promise<void> ClusterService::Impl::pinAndFetch(SpaceId space,
       .then([this, space, chain, plan, pins, pinsLeft, messages]() -> kj::Promise<void> {
         // A holder past the first segment is known by the anchors it holds, not key by key: one
         // that came back short (it holds less of that segment than its anchor suggested) leaves
-        // a gap the next best holder may fill, with the pins left.
+        // a gap the next best holder may fill, or that segment's home may name, with the pins
+        // left.
         const size_t n = chain->size();
         size_t p = plan->from;
         while (p < n && engine_.indexed(space, (*chain)[p])) ++p;
         const size_t left = pinsLeft - pins.size();
-        if (pins.empty() || p >= n || left == 0) {
+        if (p >= n || left == 0) {
           countLookupMessages(messages);
           return kj::READY_NOW;
         }
         for (const PinPlan& pin : pins) {
           if (pin.begin <= p && p < pin.end) plan->tried.push_back(pin.link->nodeId);
         }
-        for (size_t i = plan->from; i < n; ++i)
-          plan->local[i] = engine_.indexed(space, (*chain)[i]);
-        if (!planPins(n, *plan, p, 1).empty() || plan->requeried || p < plan->keyedEnd ||
-            messages + 2 > kMaxLookupMessages) {
-          return pinAndFetch(space, chain, plan, p, left, messages);
-        }
-        // The gap is in a segment the home knew only by its anchor, and no holder it named
-        // covers it: a node may hold that part of the chain without its anchor (the head went
-        // first where room was needed). That segment's home knows it key by key: one more query.
-        plan->requeried = true;
-        plan->from = plan->keyedFrom = p;
-        plan->hot.clear();
-        KJ_IF_MAYBE (answered, askHome(space, *chain, plan)) {
-          return answered->then(
-              [this, space, chain, plan, p, left, messages](uint32_t queries) -> kj::Promise<void> {
-                const uint32_t sent = messages + queries;
-                return pinAndFetch(space, chain, plan, p,
-                                   std::min<size_t>(left, kMaxLookupMessages - sent), sent);
-              });
-        }
-        countLookupMessages(messages);
-        return kj::READY_NOW;
+        return pinAndFetch(space, chain, plan, p, left, messages);
       });
 }
 
@@ -430,18 +432,20 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
         auto blocks = response.getBlocks();
         // The answer is checked before anything changes here: the run ends at the first block
         // that does not describe the key asked for (a key, an extent or an offset not ours).
-        size_t described = 0;
-        while (described < std::min<size_t>(blocks.size(), keys.size())) {
-          auto b = blocks[described];
+        std::vector<const Link::Region*> regions;  // each described block's holder region
+        while (regions.size() < std::min<size_t>(blocks.size(), keys.size())) {
+          auto b = blocks[regions.size()];
           auto key = b.getKey();
           auto region = link->regions.find(b.getExtent());
-          if (key.size() != 16 || std::memcmp(key.begin(), keys[described].bytes.data(), 16) != 0 ||
+          if (key.size() != 16 ||
+              std::memcmp(key.begin(), keys[regions.size()].bytes.data(), 16) != 0 ||
               region == link->regions.end() || b.getOffset() > region->second.bytes) {
             ++stats_.fetchChecksum;
             break;
           }
-          ++described;
+          regions.push_back(&region->second);
         }
+        const size_t described = regions.size();
         // Fresh pinned local blocks for those (no more: a block allocated for nothing would have
         // evicted one); the run is cut where the pool has no room.
         for (size_t i = 0; i < described; ++i) {
@@ -463,14 +467,14 @@ kj::Promise<void> ClusterService::Impl::fetchRun(SpaceId space, std::shared_ptr<
           const PromoteTicket& t = run->tickets[i];
           if (t.block == kNoBlock) continue;  // indexed meanwhile: nothing to read
           auto b = blocks[i];  // key, extent and offset checked above, before allocating
-          const auto region = link->regions.find(b.getExtent());
+          const Link::Region& region = *regions[i];
           if (b.getBytes() != t.location.bytes) {
             ++stats_.fetchChecksum;  // an answer that does not describe the block asked for
             break;
           }
           gets.push_back(UcxGet{pool_.extentBase(t.location.extent) + t.location.offset,
-                                region->second.index, region->second.address + b.getOffset(),
-                                t.location.bytes, grant});
+                                region.index, region.address + b.getOffset(), t.location.bytes,
+                                grant});
           which.push_back(i);
           expected.push_back(b.getChecksum());
           // Without the chain (a drain's blocks), the place the holder gives: distinct anchors,
