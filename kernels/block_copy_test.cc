@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <vector>
 
 namespace kvtier::kernels {
@@ -11,14 +12,17 @@ namespace {
 
 // Packs every slot range of a block and unpacks it into another, at odd offsets and sizes that
 // take both the plain and the streaming copy paths, and checks every byte.
-// With either copy method (streaming stores or memcpy for long runs).
+// With either copy method (streaming stores or memcpy for long runs), and streaming stores of 32
+// bytes (where the CPU has AVX2) and of 16.
 TEST(BlockCopy, PackUnpackRoundTripsAtAnyOffsetAndRunSize) {
   const CopyMethod into = copyMethod(CopyDirection::kIntoPool);
   const CopyMethod outOf = copyMethod(CopyDirection::kOutOfPool);
-  for (CopyMethod method : {CopyMethod::kStreaming, CopyMethod::kCached}) {
+  for (int variant = 0; variant < 3; ++variant) {
+    const CopyMethod method = variant == 2 ? CopyMethod::kCached : CopyMethod::kStreaming;
     setCopyMethod(CopyDirection::kIntoPool, method);
     setCopyMethod(CopyDirection::kOutOfPool, method);
-    SCOPED_TRACE(copyMethodName(method));
+    const bool avx2 = setStreamingAvx2(variant == 0);
+    SCOPED_TRACE(std::string(copyMethodName(method)) + (avx2 ? ", AVX2" : ""));
     for (uint64_t tokenBytes : {8ull, 100ull, 1024ull, 5000ull}) {
       const BlockGeometry g{3, 16, tokenBytes};
       const size_t blockBytes = 2 * g.numLayers * g.blockTokens * tokenBytes;
@@ -50,6 +54,7 @@ TEST(BlockCopy, PackUnpackRoundTripsAtAnyOffsetAndRunSize) {
       }
     }
   }
+  setStreamingAvx2(true);
   setCopyMethod(CopyDirection::kIntoPool, into);
   setCopyMethod(CopyDirection::kOutOfPool, outOf);
 }

@@ -77,7 +77,8 @@ KVTIER_AVX2 inline __m256i scramble(__m256i acc, const uint8_t* key) {
 enum class Store { kStream, kPlain, kNone };
 
 // Accumulates `count` stripes from src, stripe `first` onwards in XXH3's order, storing each to
-// dst from the registers it was loaded into. The accumulators stay in registers for the run.
+// dst from the registers it was loaded into, the source prefetched a page ahead (block_copy.h). The
+// accumulators stay in registers for the run.
 template <Store kStore>
 KVTIER_AVX2 void foldStripes(uint64_t* acc, uint64_t first, uint8_t* dst, const uint8_t* src,
                              uint64_t count) {
@@ -85,6 +86,9 @@ KVTIER_AVX2 void foldStripes(uint64_t* acc, uint64_t first, uint8_t* dst, const 
   __m256i hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(acc + 4));
   size_t k = first % kStripesPerScramble;
   for (uint64_t i = 0; i < count; ++i, src += kStripe, dst += kStripe) {
+    if constexpr (kStore != Store::kNone) {
+      _mm_prefetch(reinterpret_cast<const char*>(src + kSourcePrefetchAhead), _MM_HINT_T0);
+    }
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32));
     if constexpr (kStore == Store::kStream) {
@@ -140,6 +144,9 @@ KVTIER_AVX512 void foldStripes512(uint64_t* acc, uint64_t first, uint8_t* dst, c
   __m512i lanes = _mm512_load_si512(acc);
   size_t k = first % kStripesPerScramble;
   for (uint64_t i = 0; i < count; ++i, src += kStripe, dst += kStripe) {
+    if constexpr (kStore != Store::kNone) {
+      _mm_prefetch(reinterpret_cast<const char*>(src + kSourcePrefetchAhead), _MM_HINT_T0);
+    }
     const __m512i data = _mm512_loadu_si512(src);
     if constexpr (kStore == Store::kStream) {
       _mm512_stream_si512(reinterpret_cast<__m512i*>(dst), data);
