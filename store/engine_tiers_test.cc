@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
 
 #include "store/engine.h"
 #include "store/engine_test_util.h"
@@ -44,11 +45,11 @@ struct Harness {
   std::unique_ptr<Engine> engine;
   SpaceId space = 0;
 
-  Harness(uint64_t hostBlocks, uint64_t gpuBlocks) {
+  Harness(uint64_t hostBlocks, uint64_t gpuBlocks, std::unique_ptr<EvictionPolicy> policy = nullptr) {
     pool = std::make_unique<BlockPool>(std::vector<BlockPool::Extent>{
         {kHostExtent, hostBlocks * kBlockBytes, 0}, {kGpuExtent, gpuBlocks * kBlockBytes, kGpu}});
     mem = std::make_unique<TieredTestMemory>(pool->extents());
-    engine = std::make_unique<Engine>(*pool, *mem);
+    engine = std::make_unique<Engine>(*pool, *mem, std::move(policy));
     space = engine->openSpace(layout, saltFor("t")).value();
   }
   uint8_t* at(const BlockLocation& l) { return mem->extentBase(l.extent) + l.offset; }
@@ -110,6 +111,52 @@ TEST(EngineTiers, DemotionMovesTheOldestGpuBlocksToHostWithTheSameBytes) {
   EXPECT_EQ(s.blocksUsed, 2u);
   EXPECT_EQ(s.evictions, 0u) << "a demotion is not an eviction: nothing was lost";
   EXPECT_EQ(s.blocksPinned, 0u);
+}
+
+// A GPU pool demotes in the order the eviction policy would evict: what the host pool would drop
+// first leaves the GPU first. A 2-block document read again, then two one-time prompts: LRU
+// demotes the document first (least recently used), tail before head; ARC and 2Q demote the
+// one-time prompts first and keep the reused document longest, still tail before head.
+TEST(EngineTiers, DemotionFollowsTheEvictionPolicysOrder) {
+  struct Case {
+    EvictionKind kind;
+    const char* order;
+  };
+  for (const Case& c : {Case{EvictionKind::kLru, "doc1 doc0 x y"},
+                        Case{EvictionKind::kArc, "x y doc1 doc0"},
+                        Case{EvictionKind::kTwoQ, "x y doc1 doc0"}}) {
+    SCOPED_TRACE(evictionName(c.kind));
+    Harness h(8, 4, makeEvictionPolicy(c.kind));
+    const auto doc = toks(2 * kBt, 100), x = toks(kBt, 300), y = toks(kBt, 400);
+    h.cache("doc", doc, kGpu);
+    EXPECT_EQ(h.lookupExtents(doc, 2), (std::vector<uint32_t>{kGpuExtent, kGpuExtent}));
+    h.cache("x", x, kGpu);
+    h.cache("y", y, kGpu);
+    auto moves = h.engine->takeDemoteBatch(kGpu, 4, 1.0);
+    ASSERT_EQ(moves.size(), 4u);
+    h.runMoves(moves);
+    // Which content each move carried: its destination is where a lookup now finds it.
+    std::vector<std::string> names(moves.size());
+    const auto name = [&](const std::vector<uint32_t>& tokens, const std::string& base) {
+      auto r = h.engine->lookup(kOwner, h.space, tokens, {}, "", {});
+      ASSERT_TRUE(r.ok());
+      for (size_t b = 0; b < r->blocks.size(); ++b) {
+        for (size_t m = 0; m < moves.size(); ++m) {
+          if (moves[m].dst == r->blocks[b]) {
+            names[m] = r->blocks.size() > 1 ? base + std::to_string(b) : base;
+          }
+        }
+      }
+      EXPECT_TRUE(h.engine->releaseRead(r->lease).ok());
+    };
+    name(doc, "doc");
+    name(x, "x");
+    name(y, "y");
+    std::string order;
+    for (const std::string& n : names) order += (order.empty() ? "" : " ") + n;
+    EXPECT_EQ(order, c.order);
+    EXPECT_EQ(h.engine->stats().gpuBlocksUsed, 0u);
+  }
 }
 
 TEST(EngineTiers, NoDemotionAboveTheLowWaterMark) {
