@@ -77,8 +77,8 @@ void ColdService::kick() {
   if (auto left = engine_.takeLeftMemory(); !left.empty()) {
     std::vector<ColdKey> keys;
     keys.reserve(left.size());
-    for (const SpillItem& item : left)
-      keys.push_back(ColdKey{item.fingerprint, item.salt, item.key});
+    for (const LeftMemory& block : left)
+      keys.push_back(ColdKey{block.fingerprint, block.salt, block.key});
     tier_->leftMemory(keys);
   }
   kickSpill();

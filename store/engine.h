@@ -99,6 +99,13 @@ struct SpillItem {
   std::optional<uint64_t> checksum = {};
 };
 
+// A block with a disk record that eviction dropped from the host pool: its namespace and key.
+struct LeftMemory {
+  uint64_t fingerprint = 0;
+  Salt salt{};
+  Key128 key;
+};
+
 // A block moving between tiers: `from` is copied into the fresh block `to` (both pinned until
 // finishMoves).
 struct MoveTicket {
@@ -372,7 +379,7 @@ class Engine {
   // The blocks with a disk record that eviction dropped from the host pool since the last call,
   // in eviction order: their records are now the only copies, and the cold tier's bound drops
   // such records in the order their blocks left memory (ColdTier::leftMemory).
-  std::vector<SpillItem> takeLeftMemory() { return std::exchange(leftMemory_, {}); }
+  std::vector<LeftMemory> takeLeftMemory() { return std::exchange(leftMemory_, {}); }
   // The longest prefix of `tokens` (or `keys`) whose blocks are in memory or on disk; for each
   // block, its key and whether it is in memory. The blocks in memory count as used now (the most
   // recent in the eviction order), so the promotes of the cold ones evict older blocks first.
@@ -716,7 +723,7 @@ class Engine {
   bool demoteGpuBlocks_ = false;
   uint64_t gpuDemoted_ = 0, gpuPromoted_ = 0;
   std::deque<BlockId> dirty_;  // sealed blocks that became evictable before reaching the disk
-  std::vector<SpillItem> leftMemory_;  // takeLeftMemory (key and namespace only)
+  std::vector<LeftMemory> leftMemory_;  // takeLeftMemory
   // By size class: the scratch block that open write leases write the bytes of reused blocks into
   // (nobody reads it); kNoBlock when no lease needs one. Freed with its last lease.
   std::vector<BlockId> sinks_;

@@ -129,7 +129,7 @@ TEST_F(EnginePolicy, EvictedBlocksWithADiskRecordAreReportedToTheColdTier) {
   const auto aKeys = engine_->chainKeys(space_, a, {}).value();
   auto left = engine_->takeLeftMemory();
   ASSERT_EQ(left.size(), 2u);
-  for (const SpillItem& item : left) {
+  for (const LeftMemory& item : left) {
     EXPECT_NE(std::find(aKeys.begin(), aKeys.end(), item.key), aKeys.end());
     EXPECT_EQ(item.fingerprint, engine_->space(space_).fingerprint);
   }
@@ -137,7 +137,7 @@ TEST_F(EnginePolicy, EvictedBlocksWithADiskRecordAreReportedToTheColdTier) {
   // Blocks of C are not on disk yet: with the spill paused, their eviction reports nothing.
   engine_->setSpillPaused(true);
   cache("d", request(8, 4000));
-  for (const SpillItem& item : engine_->takeLeftMemory()) {
+  for (const LeftMemory& item : engine_->takeLeftMemory()) {
     const auto cKeys = engine_->chainKeys(space_, request(2, 3000), {}).value();
     EXPECT_EQ(std::find(cKeys.begin(), cKeys.end(), item.key), cKeys.end());
   }

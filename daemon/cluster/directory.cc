@@ -131,15 +131,21 @@ size_t HomeDirectory::keysAsFirstHome(const std::string& self, const HashRing& r
 
 // --- HeldKeys
 
+namespace {
+// The entry filing `key` under `u`, one of the key's anchors `under` (in chain order): the last is
+// its own segment's.
+DirEntry entryUnder(const DirKey& key, const std::vector<Key128>& under, const Key128& u) {
+  return DirEntry{key, u, u == under.back()};
+}
+}  // namespace
+
 void HeldKeys::queue(const std::string& home, const DirEntry& entry, bool add) {
   auto [it, inserted] = queues_[home].insert_or_assign(entry, add);
   (void)it;
   pending_ += inserted;
 }
 
-void HeldKeys::queueAll(DirEntry entry, bool add, const HashRing& ring) {
-  if (auto it = held_.find(entry.key); it != held_.end() && !it->second.empty())
-    entry.own = it->second.back() == entry.under;
+void HeldKeys::queueAll(const DirEntry& entry, bool add, const HashRing& ring) {
   for (const std::string& home : homesOf(entry, ring, replicas_)) queue(home, entry, add);
 }
 
@@ -158,11 +164,13 @@ bool HeldKeys::hold(const DirKey& key, std::vector<Key128> under, const HashRing
     const bool unknown = it->second.size() == 1 && it->second[0] == key.key;
     if (!unknown || under == it->second) return false;
     for (const Key128& u : it->second) {
-      if (std::find(under.begin(), under.end(), u) == under.end()) queueAll({key, u}, false, ring);
+      if (std::find(under.begin(), under.end(), u) == under.end()) {
+        queueAll(entryUnder(key, it->second, u), false, ring);
+      }
     }
   }
   it->second = std::move(under);
-  for (const Key128& u : it->second) queueAll({key, u}, true, ring);
+  for (const Key128& u : it->second) queueAll(entryUnder(key, it->second, u), true, ring);
   return inserted;
 }
 
@@ -171,7 +179,7 @@ bool HeldKeys::drop(const DirKey& key, const HashRing& ring) {
   if (it == held_.end()) return false;
   const std::vector<Key128> under = std::move(it->second);
   held_.erase(it);
-  for (const Key128& u : under) queueAll({key, u, u == under.back()}, false, ring);
+  for (const Key128& u : under) queueAll(entryUnder(key, under, u), false, ring);
   return true;
 }
 
@@ -180,7 +188,7 @@ size_t HeldKeys::rehome(const HashRing& before, const HashRing& after) {
   size_t moved = 0;
   for (const auto& [key, under] : held_) {
     for (const Key128& u : under) {
-      const DirEntry e{key, u, u == under.back()};
+      const DirEntry e = entryUnder(key, under, u);
       const auto was = homesOf(e, before, replicas_);
       for (const std::string& to : homesOf(e, after, replicas_)) {
         if (contains(was, to)) continue;
@@ -197,7 +205,7 @@ size_t HeldKeys::resendTo(const std::string& home, const HashRing& ring) {
   size_t sent = 0;
   for (const auto& [key, under] : held_) {
     for (const Key128& u : under) {
-      const DirEntry e{key, u, u == under.back()};
+      const DirEntry e = entryUnder(key, under, u);
       if (!contains(homesOf(e, ring, replicas_), home)) continue;
       queue(home, e, true);
       ++sent;

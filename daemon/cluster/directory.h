@@ -170,8 +170,8 @@ class HeldKeys {
 
  private:
   void queue(const std::string& home, const DirEntry& entry, bool add);
-  // `entry.own` is set from the held key's place (a dropped key's entries come with it set).
-  void queueAll(DirEntry entry, bool add, const HashRing& ring);
+  // Queues `entry` for each of its homes.
+  void queueAll(const DirEntry& entry, bool add, const HashRing& ring);
 
   size_t replicas_;
   bool filed(const DirEntry& e) const;
