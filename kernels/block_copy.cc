@@ -56,7 +56,11 @@ void streamSse2(uint8_t* dst, const uint8_t* src, size_t n) {
   }
 }
 
-const bool gCpuHasAvx2 = __builtin_cpu_supports("avx2");
+bool cpuHasAvx2() {
+  __builtin_cpu_init();  // this runs as a static initializer: the CPU may not be detected yet
+  return __builtin_cpu_supports("avx2");
+}
+const bool gCpuHasAvx2 = cpuHasAvx2();
 std::atomic<bool> gStreamAvx2{gCpuHasAvx2};  // setStreamingAvx2
 #endif
 
