@@ -491,11 +491,12 @@ Status ColdTier::readSizes(std::vector<std::pair<std::string, uint32_t>>& record
 
 Status ColdTier::rebuildSizes(std::vector<std::pair<std::string, uint32_t>>& records) {
   records.clear();
-  // RocksDB 7.8's iterator reads every blob to give its value (only the size is wanted here): so
-  // without its software CRC32C and without filling the block cache (docs/performance.md).
-  // Records are checked when served.
+  // RocksDB 7.8's iterator reads every blob to give its value (only the size is wanted here), so
+  // without filling the block cache. With checksums, although they cost a CRC32C of every blob:
+  // this scan runs when the size entries are missing or damaged, and an iterator over table
+  // blocks it has not checked can meet keys out of order, which Debian's RocksDB (built with
+  // assertions) answers with abort() instead of an error.
   rocksdb::ReadOptions scanOptions;
-  scanOptions.verify_checksums = false;
   scanOptions.fill_cache = false;
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(scanOptions, blocks_));
   std::vector<std::string> sizeKeys;  // the size entries there are now, valid or not
