@@ -2,13 +2,18 @@
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
+#include <fcntl.h>
 #include <rocksdb/env.h>
 #include <rocksdb/filter_policy.h>
 #include <rocksdb/listener.h>
 #include <rocksdb/sst_file_manager.h>
+#include <rocksdb/sst_file_reader.h>
 #include <rocksdb/table.h>
 #include <rocksdb/utilities/options_util.h>
 #include <rocksdb/write_batch.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -16,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <numeric>
@@ -305,6 +311,9 @@ Result<std::unique_ptr<ColdTier>> ColdTier::open(const Options& options) {
 }
 
 Status ColdTier::openDb(bool reopening) {
+  if (!reopening) {
+    if (auto checked = verifyTables(); !checked) return checked;
+  }
   rocksdb::DBOptions dbOptions;
   dbOptions.create_if_missing = true;
   dbOptions.create_missing_column_families = true;
@@ -468,6 +477,113 @@ Status ColdTier::openDb(bool reopening) {
   stats_.snapshots = manifests_.size();
   snapshotIdFloor_ = std::max(snapshotIdFloor_, floor);
   return {};
+}
+
+namespace {
+
+// verifyTables' child: opens the tier read-only and reads every live table file back against its
+// checksums, writing "table PATH" to `out` before each and "bad REASON" on the first failure.
+// Returns the exit status (0: every table is whole).
+int checkTables(const std::string& path, rocksdb::Env* env, int out) {
+  const auto say = [out](const std::string& line) {
+    const std::string text = line + "\n";
+    (void)!::write(out, text.data(), text.size());
+  };
+  rocksdb::DBOptions dbOptions;
+  dbOptions.env = env;
+  std::vector<std::string> names;
+  rocksdb::Status s = rocksdb::DB::ListColumnFamilies(dbOptions, path, &names);
+  std::vector<rocksdb::ColumnFamilyDescriptor> families;
+  for (const std::string& name : names) families.emplace_back(name, rocksdb::ColumnFamilyOptions());
+  std::vector<rocksdb::ColumnFamilyHandle*> handles;
+  rocksdb::DB* db = nullptr;
+  if (s.ok()) s = rocksdb::DB::OpenForReadOnly(dbOptions, path, families, &handles, &db);
+  if (!s.ok()) {
+    say("bad " + s.ToString());
+    return 1;
+  }
+  std::vector<rocksdb::LiveFileMetaData> files;
+  db->GetLiveFilesMetaData(&files);
+  rocksdb::Options options;
+  options.env = env;
+  for (const rocksdb::LiveFileMetaData& f : files) {
+    const std::string table = f.db_path + (f.name.starts_with('/') ? "" : "/") + f.name;
+    say("table " + table);
+    rocksdb::SstFileReader reader(options);
+    s = reader.Open(table);
+    if (s.ok()) s = reader.VerifyChecksum();
+    if (!s.ok()) {
+      say("bad " + s.ToString());
+      return 1;
+    }
+  }
+  return 0;  // the process exits: nothing to close
+}
+
+}  // namespace
+
+Status ColdTier::verifyTables() {
+  std::error_code error;
+  if (!std::filesystem::exists(options_.path + "/CURRENT", error)) return {};  // a new tier
+  int pipe[2];
+  if (::pipe2(pipe, O_CLOEXEC) != 0) {
+    return makeError(ErrorCode::kUnavailable,
+                     "cannot check the cold tier's tables: pipe: ", std::strerror(errno));
+  }
+  // In a child process: over a damaged block RocksDB may call abort() (cold_tier.h), which must
+  // end the check, not the daemon. The child only reads; its abort leaves no core file and no
+  // assertion message.
+  const pid_t child = ::fork();
+  if (child < 0) {
+    ::close(pipe[0]);
+    ::close(pipe[1]);
+    return makeError(ErrorCode::kUnavailable,
+                     "cannot check the cold tier's tables: fork: ", std::strerror(errno));
+  }
+  if (child == 0) {
+    ::close(pipe[0]);
+    const rlimit noCore{0, 0};
+    ::setrlimit(RLIMIT_CORE, &noCore);
+    if (const int null = ::open("/dev/null", O_WRONLY); null >= 0) ::dup2(null, STDERR_FILENO);
+    ::_exit(checkTables(options_.path, env_.get(), pipe[1]));
+  }
+  ::close(pipe[1]);
+  std::string said;
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = ::read(pipe[0], buffer, sizeof buffer);
+    if (n > 0) {
+      said.append(buffer, static_cast<size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  ::close(pipe[0]);
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0) {
+    if (errno != EINTR) {
+      return makeError(ErrorCode::kUnavailable,
+                       "cannot check the cold tier's tables: waitpid: ", std::strerror(errno));
+    }
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return {};
+  // The child's last lines: the table it was reading, and why it stopped if it could say.
+  std::string table, why;
+  for (size_t at = 0; at < said.size();) {
+    const size_t end = std::min(said.find('\n', at), said.size());
+    const std::string_view line(said.data() + at, end - at);
+    if (line.starts_with("table ")) table = line.substr(6);
+    if (line.starts_with("bad ")) why = line.substr(4);
+    at = end + 1;
+  }
+  if (why.empty()) {
+    why = WIFSIGNALED(status)
+              ? "RocksDB ended the check with signal " + std::to_string(WTERMSIG(status))
+              : "the check failed";
+  }
+  return makeError(ErrorCode::kChecksumMismatch, "cold tier at ", options_.path, " is damaged",
+                   table.empty() ? std::string() : ": table " + table, " (", why,
+                   "); remove the directory to start with an empty cold tier");
 }
 
 Status ColdTier::readSizes(std::vector<std::pair<std::string, uint32_t>>& records) {

@@ -213,6 +213,13 @@ class ColdTier {
   Status checkRead(const ColdKey& key, const std::string& k, const rocksdb::Status& s,
                    std::string_view value, const Consume& consume);
   void closeDb();
+  // Before RocksDB opens the tier: every table file read back whole against its checksums, in a
+  // child process (no blob: the tables hold keys, blob references, size entries and small
+  // records). RocksDB 7.8 parses a table's properties block before it checks it, reads of records
+  // run without its checksums (readVerified), and over a damaged block Debian's RocksDB, built
+  // with its assertions, aborts the process instead of failing; damage found here fails the open
+  // with a typed error instead.
+  Status verifyTables();
   // At open: the block records' keys and payload sizes from their size entries, reading no record;
   // an error if an entry is damaged.
   Status readSizes(std::vector<std::pair<std::string, uint32_t>>& records);

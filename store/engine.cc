@@ -346,7 +346,8 @@ void Engine::evict(BlockId victim) {
   policy_->evicted(victim, contentTag(v));
   if (cold_ && v.onDisk && !v.entry && pool_.tierOf(victim) == 0) {
     const SpaceInfo& info = spaces_[v.space].info;
-    leftMemory_.push_back(LeftMemory{.fingerprint = info.fingerprint, .salt = info.salt, .key = v.key});
+    leftMemory_.push_back(
+        LeftMemory{.fingerprint = info.fingerprint, .salt = info.salt, .key = v.key});
   }
   if (v.entry) {
     entries_.erase(IndexKey{v.space, v.key});

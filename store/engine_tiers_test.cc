@@ -45,7 +45,8 @@ struct Harness {
   std::unique_ptr<Engine> engine;
   SpaceId space = 0;
 
-  Harness(uint64_t hostBlocks, uint64_t gpuBlocks, std::unique_ptr<EvictionPolicy> policy = nullptr) {
+  Harness(uint64_t hostBlocks, uint64_t gpuBlocks,
+          std::unique_ptr<EvictionPolicy> policy = nullptr) {
     pool = std::make_unique<BlockPool>(std::vector<BlockPool::Extent>{
         {kHostExtent, hostBlocks * kBlockBytes, 0}, {kGpuExtent, gpuBlocks * kBlockBytes, kGpu}});
     mem = std::make_unique<TieredTestMemory>(pool->extents());
@@ -122,9 +123,9 @@ TEST(EngineTiers, DemotionFollowsTheEvictionPolicysOrder) {
     EvictionKind kind;
     const char* order;
   };
-  for (const Case& c : {Case{EvictionKind::kLru, "doc1 doc0 x y"},
-                        Case{EvictionKind::kArc, "x y doc1 doc0"},
-                        Case{EvictionKind::kTwoQ, "x y doc1 doc0"}}) {
+  for (const Case& c :
+       {Case{EvictionKind::kLru, "doc1 doc0 x y"}, Case{EvictionKind::kArc, "x y doc1 doc0"},
+        Case{EvictionKind::kTwoQ, "x y doc1 doc0"}}) {
     SCOPED_TRACE(evictionName(c.kind));
     Harness h(8, 4, makeEvictionPolicy(c.kind));
     const auto doc = toks(2 * kBt, 100), x = toks(kBt, 300), y = toks(kBt, 400);

@@ -100,8 +100,7 @@ size_t HomeDirectory::forgetNode(const std::string& node) {
   return changed;
 }
 
-size_t HomeDirectory::dropNotHome(const std::string& self, const HashRing& ring,
-                                  size_t replicas) {
+size_t HomeDirectory::dropNotHome(const std::string& self, const HashRing& ring, size_t replicas) {
   if (ring.empty()) return 0;
   ++version_;
   size_t dropped = 0;
@@ -151,8 +150,8 @@ void HeldKeys::queueAll(const DirEntry& entry, bool add, const HashRing& ring) {
 
 bool HeldKeys::filed(const DirEntry& e) const {
   auto it = held_.find(e.key);
-  return it != held_.end() && std::find(it->second.begin(), it->second.end(), e.under) !=
-                                  it->second.end();
+  return it != held_.end() &&
+         std::find(it->second.begin(), it->second.end(), e.under) != it->second.end();
 }
 
 bool HeldKeys::hold(const DirKey& key, std::vector<Key128> under, const HashRing& ring) {
