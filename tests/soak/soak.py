@@ -609,7 +609,21 @@ def proc_sample(pid):
             key, _, value = line.partition(":")
             if key in ("VmRSS", "RssAnon", "RssShmem", "RssFile", "Threads"):
                 out[key] = int(value.split()[0])
-    out["fds"] = len(os.listdir(f"/proc/{pid}/fd"))
+    # The cold tier's table and blob files come and go with RocksDB's flushes and compactions
+    # (bounded by the tier's bound, not by the clients): counted apart from the descriptors a
+    # leak would grow (sockets, pool segments, the lane's).
+    fds = tables = 0
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue
+        if target.endswith((".sst", ".blob")):
+            tables += 1
+        else:
+            fds += 1
+    out["fds"] = fds
+    out["fds_cold_files"] = tables
     return out
 
 
@@ -1005,6 +1019,7 @@ def summarize_samples(path, seconds):
         "fds_max": max(s["fds"] for s in samples),
         "fds_end": samples[-1]["fds"],
         "fds_slope_per_min": round(slope_per_minute([(s["t"], s["fds"]) for s in post]), 3),
+        "fds_cold_files_max": max(s.get("fds_cold_files", 0) for s in samples),
         "threads_max": max(s.get("Threads", 0) for s in samples),
         "threads_end": samples[-1].get("Threads", 0),
         "sessions_max": max(s.get("sessions", 0) for s in samples),
