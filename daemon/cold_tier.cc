@@ -705,13 +705,13 @@ void ColdTier::touchLocked(const std::string& key) {
   auto it = held_.find(key);
   if (it == held_.end()) return;
   Held& h = it->second;
-  residentOrder_.splice(residentOrder_.end(), h.resident ? residentOrder_ : order_, h.pos);
+  residentOrder_.splice(residentOrder_.end(), orderOf(h.resident), h.pos);
   h.resident = true;
 }
 
 void ColdTier::holdLocked(const std::string& key, uint32_t bytes, bool resident) {
   forgetLocked(key);
-  auto& list = resident ? residentOrder_ : order_;
+  auto& list = orderOf(resident);
   list.push_back(key);
   held_[key] = Held{std::prev(list.end()), bytes, resident};
   stats_.bytes += bytes;
@@ -722,7 +722,7 @@ void ColdTier::forgetLocked(const std::string& key) {
   if (it == held_.end()) return;
   const Held& h = it->second;
   stats_.bytes -= h.bytes;
-  (h.resident ? residentOrder_ : order_).erase(h.pos);
+  orderOf(h.resident).erase(h.pos);
   held_.erase(it);
   stats_.records = held_.size();
 }
@@ -733,7 +733,7 @@ void ColdTier::leftMemory(std::span<const ColdKey> keys) {
     auto it = held_.find(k.encode());
     if (it == held_.end()) continue;
     Held& h = it->second;
-    order_.splice(order_.end(), h.resident ? residentOrder_ : order_, h.pos);
+    order_.splice(order_.end(), orderOf(h.resident), h.pos);
     h.resident = false;
   }
 }
@@ -832,8 +832,8 @@ void ColdTier::enforceCapacity() {
     std::lock_guard<std::mutex> lock(mu_);
     // Records held only here first, oldest to leave memory first; then resident ones, oldest
     // access first. Never a record a snapshot names: it stays until the snapshot is dropped.
-    auto drop = [&](std::list<std::string>& list, const auto& over) {
-      for (auto it = list.begin(); over() && it != list.end();) {
+    auto drop = [&](std::list<std::string>& list) {
+      for (auto it = list.begin(); stats_.bytes > options_.capacityBytes && it != list.end();) {
         const std::string key = *it++;
         if (namedBy_.count(key)) continue;
         doomed.push_back(key);
@@ -841,9 +841,8 @@ void ColdTier::enforceCapacity() {
         ++stats_.capacityEvicted;
       }
     };
-    const auto over = [&] { return stats_.bytes > options_.capacityBytes; };
-    drop(order_, over);
-    drop(residentOrder_, over);
+    drop(order_);
+    drop(residentOrder_);
   }
   if (doomed.empty()) return;
   std::shared_lock<std::shared_mutex> dbLock(dbMu_);

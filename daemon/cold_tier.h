@@ -263,6 +263,7 @@ class ColdTier {
   // Keys of records held only here, in the order their blocks left memory (or, after a restart,
   // key order), front first to go; and of resident records, in access order. GUARDED_BY(mu_)
   std::list<std::string> order_, residentOrder_;
+  std::list<std::string>& orderOf(bool resident) { return resident ? residentOrder_ : order_; }
   struct Held {
     std::list<std::string>::iterator pos;
     uint32_t bytes;
