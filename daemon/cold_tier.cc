@@ -13,6 +13,7 @@
 #include <rocksdb/utilities/options_util.h>
 #include <rocksdb/write_batch.h>
 #include <signal.h>
+#include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -482,25 +483,21 @@ Status ColdTier::openDb(bool reopening) {
   return {};
 }
 
-namespace {
-
-// verifyTables' child: opens the tier read-only and reads every live table file back against its
-// checksums, writing "table PATH" to `out` before each and "bad REASON" on the first failure.
-// Returns the exit status (0: every table is whole).
-int checkTables(const std::string& path, rocksdb::Env* env, int out) {
+int checkColdTables(const std::string& path, int out) {
+  const rlimit noCore{0, 0};
+  ::setrlimit(RLIMIT_CORE, &noCore);  // an abort over a damaged block leaves no core file
   const auto say = [out](const std::string& line) {
     const std::string text = line + "\n";
     (void)!::write(out, text.data(), text.size());
   };
   rocksdb::DBOptions dbOptions;
-  dbOptions.env = env;
   std::vector<std::string> names;
   rocksdb::Status s = rocksdb::DB::ListColumnFamilies(dbOptions, path, &names);
   std::vector<rocksdb::ColumnFamilyDescriptor> families;
   for (const std::string& name : names) families.emplace_back(name, rocksdb::ColumnFamilyOptions());
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
-  rocksdb::DB* db = nullptr;
-  if (s.ok()) s = rocksdb::DB::OpenForReadOnly(dbOptions, path, families, &handles, &db);
+  rocksdb::DB* opened = nullptr;
+  if (s.ok()) s = rocksdb::DB::OpenForReadOnly(dbOptions, path, families, &handles, &opened);
   if (!s.ok()) {
     // Anything but damage (a directory it cannot read, an option it does not know) is for the
     // real open to report.
@@ -508,14 +505,15 @@ int checkTables(const std::string& path, rocksdb::Env* env, int out) {
     say("bad " + s.ToString());
     return 1;
   }
+  std::unique_ptr<rocksdb::DB> db(opened);
   std::vector<rocksdb::LiveFileMetaData> files;
   db->GetLiveFilesMetaData(&files);
-  rocksdb::Options options;
-  options.env = env;
+  for (auto* handle : handles) (void)db->DestroyColumnFamilyHandle(handle);
+  db.reset();
   for (const rocksdb::LiveFileMetaData& f : files) {
     const std::string table = f.db_path + (f.name.starts_with('/') ? "" : "/") + f.name;
     say("table " + table);
-    rocksdb::SstFileReader reader(options);
+    rocksdb::SstFileReader reader{rocksdb::Options()};
     s = reader.Open(table);
     if (s.ok()) s = reader.VerifyChecksum();
     if (!s.ok()) {
@@ -523,7 +521,16 @@ int checkTables(const std::string& path, rocksdb::Env* env, int out) {
       return 1;
     }
   }
-  return 0;  // the process exits: nothing to close
+  return 0;
+}
+
+namespace {
+
+// The program verifyTables runs: the option's, $KVTIER_COLD_CHECKER's, or this build's kvtierd.
+std::string checkerProgram(const std::string& configured) {
+  if (!configured.empty()) return configured;
+  if (const char* env = std::getenv("KVTIER_COLD_CHECKER"); env && *env) return env;
+  return KVTIER_BUILT_KVTIERD;
 }
 
 }  // namespace
@@ -536,22 +543,34 @@ Status ColdTier::verifyTables() {
     return makeError(ErrorCode::kUnavailable,
                      "cannot check the cold tier's tables: pipe: ", std::strerror(errno));
   }
-  // In a child process: over a damaged block RocksDB may call abort() (cold_tier.h), which must
-  // end the check, not the daemon. The child only reads; its abort leaves no core file and no
-  // assertion message.
-  const pid_t child = ::fork();
-  if (child < 0) {
+  // In a process of its own: over a damaged block RocksDB may call abort() (cold_tier.h), which
+  // must end the check, not the daemon. A fresh one (spawned, not a fork of this one): a fork
+  // would inherit whatever lock another thread of this process held at that moment (an
+  // allocator's, RocksDB's), and the check could wait on it for ever.
+  std::string program = checkerProgram(options_.checker);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, pipe[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t none, all;
+  sigemptyset(&none);
+  sigfillset(&all);
+  posix_spawnattr_setsigmask(&attributes, &none);  // kvtierd blocks SIGTERM in every thread
+  posix_spawnattr_setsigdefault(&attributes, &all);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  std::string flag = "--check-cold-tier", dir = options_.path;
+  char* argv[] = {program.data(), flag.data(), dir.data(), nullptr};
+  pid_t child = -1;
+  const int spawned = ::posix_spawn(&child, program.c_str(), &actions, &attributes, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attributes);
+  if (spawned != 0) {
     ::close(pipe[0]);
     ::close(pipe[1]);
-    return makeError(ErrorCode::kUnavailable,
-                     "cannot check the cold tier's tables: fork: ", std::strerror(errno));
-  }
-  if (child == 0) {
-    ::close(pipe[0]);
-    const rlimit noCore{0, 0};
-    ::setrlimit(RLIMIT_CORE, &noCore);
-    if (const int null = ::open("/dev/null", O_WRONLY); null >= 0) ::dup2(null, STDERR_FILENO);
-    ::_exit(checkTables(options_.path, env_.get(), pipe[1]));
+    return makeError(ErrorCode::kUnavailable, "cannot check the cold tier's tables: cannot run ",
+                     program, ": ", std::strerror(spawned));
   }
   ::close(pipe[1]);
   // A deadline: a minute, and a second for every 50 MB of tables (the check reads ~0.5 GB/s here).
@@ -599,7 +618,7 @@ Status ColdTier::verifyTables() {
                      options_.path, " did not finish in time");
   }
   if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return {};
-  // The child's last lines: the table it was reading, and why it stopped if it could say.
+  // The check's last lines: the table it was reading, and why it stopped if it could say.
   std::string table, why;
   for (size_t at = 0; at < said.size();) {
     const size_t end = std::min(said.find('\n', at), said.size());
@@ -608,10 +627,14 @@ Status ColdTier::verifyTables() {
     if (line.starts_with("bad ")) why = line.substr(4);
     at = end + 1;
   }
+  if (why.empty() && !WIFSIGNALED(status)) {
+    // Not an answer about the tables (a program that does not know the check, say).
+    return makeError(ErrorCode::kUnavailable, "cannot check the cold tier's tables: ", program,
+                     " --check-cold-tier ended with status ",
+                     WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  }
   if (why.empty()) {
-    why = WIFSIGNALED(status)
-              ? "RocksDB ended the check with signal " + std::to_string(WTERMSIG(status))
-              : "the check failed";
+    why = "RocksDB ended the check with signal " + std::to_string(WTERMSIG(status));
   }
   return makeError(ErrorCode::kChecksumMismatch, "cold tier at ", options_.path, " is damaged",
                    table.empty() ? std::string() : ": table " + table, " (", why,

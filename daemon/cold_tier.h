@@ -114,6 +114,12 @@ struct ColdStats {
   uint64_t snapshotsDropped = 0;
 };
 
+// `kvtierd --check-cold-tier DIR`: opens the tier at DIR read-only and reads every live table back
+// against its checksums, writing "table PATH" to `out` before each and "bad REASON" on the first
+// failure. Returns the exit status (0: every table is whole). Run in a process of its own, started
+// fresh (ColdTier::verifyTables): over a damaged block RocksDB may abort() the process.
+int checkColdTables(const std::string& path, int out);
+
 class ColdTier {
  public:
   struct Options {
@@ -126,6 +132,10 @@ class ColdTier {
     uint64_t capacityBytes = 0;
     // File system to run on; nullptr: the default. Tests pass a fault-injecting wrapper.
     std::shared_ptr<rocksdb::FileSystem> fileSystem = nullptr;
+    // The program that checks the tables before the open (`PROGRAM --check-cold-tier DIR`, see
+    // checkColdTables): kvtierd passes itself. Empty: $KVTIER_COLD_CHECKER, else the kvtierd of
+    // this build tree.
+    std::string checker{};
   };
 
   // Opens or creates the database, checks its format version, and loads the key set.

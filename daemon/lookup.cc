@@ -9,6 +9,10 @@ kj::Maybe<kj::Promise<void>> prepareLookup(const LookupSite& site,
                                            const std::vector<uint32_t>& tokens,
                                            const std::vector<Key128>& keys, rpc::RemoteMode mode,
                                            std::vector<Key128>& chain) {
+  if (mode > rpc::RemoteMode::PREFETCH) {
+    throwRpcError(makeError(ErrorCode::kInvalidArgument, "unknown remote mode ",
+                            static_cast<uint32_t>(mode)));
+  }
   // With GPU pools, every lookup brings its prefix to the session's tier: a GPU session's to its
   // GPU, a host session's to the host pool (which it can read).
   const bool moveTiers = site.tiers != nullptr;

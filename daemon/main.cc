@@ -17,6 +17,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "daemon/cluster/cluster.h"
@@ -335,9 +336,11 @@ int run(const DaemonConfig& config) {
 
   std::unique_ptr<ColdService> cold;
   if (config.coldTier) {
+    std::error_code error;
     auto tier = ColdTier::open({.path = config.dataDir + "/cold",
                                 .capacityBytes = config.diskBytes,
-                                .fileSystem = nullptr});
+                                .fileSystem = nullptr,
+                                .checker = std::filesystem::read_symlink("/proc/self/exe", error)});
     if (!tier) {
       logWarn("startup_failed", "reason=\"" + tier.error().message() + "\"");
       return 1;
@@ -440,6 +443,11 @@ int run(const DaemonConfig& config) {
 }  // namespace kvtier
 
 int main(int argc, char** argv) {
+  // The cold tier's table check, which kvtierd runs in a process of its own before it opens the
+  // tier (ColdTier::verifyTables).
+  if (argc == 3 && std::string_view(argv[1]) == "--check-cold-tier") {
+    return kvtier::checkColdTables(argv[2], STDOUT_FILENO);
+  }
   ::signal(SIGPIPE, SIG_IGN);
   std::vector<std::string> args(argv + 1, argv + argc);
   auto config = kvtier::parseDaemonArgs(args);

@@ -7,6 +7,7 @@
 #include <kj/debug.h>
 
 #include <cstdio>
+#include <memory>
 
 #include "daemon/lane.h"
 #include "daemon/log.h"
@@ -163,6 +164,27 @@ class ReadLeaseImpl final : public rpc::ReadLease::Server {
   ColdService* cold_;
 };
 
+// A session's ownership of the sequences it creates (not detached): they are removed once the
+// session and everything it handed out that can still create one — its spaces and their open
+// write leases — are gone. A client may drop its Session and go on with a Space it holds.
+class OwnerScope {
+ public:
+  OwnerScope(Engine& engine, ColdService* cold, OwnerId owner)
+      : engine_(engine), cold_(cold), owner_(owner) {}
+  ~OwnerScope() {
+    engine_.endOwner(owner_);
+    kickSpill(cold_);
+  }
+  OwnerScope(const OwnerScope&) = delete;
+  OwnerScope& operator=(const OwnerScope&) = delete;
+  OwnerId id() const { return owner_; }
+
+ private:
+  Engine& engine_;
+  ColdService* cold_;
+  OwnerId owner_;
+};
+
 rpc::ReadLease::Client readLease(Engine& engine, LeaseId id, ColdService* cold) {
   // An empty grant still returns a lease capability, so clients treat every result alike.
   return kj::heap<ReadLeaseImpl>(engine, id, cold);
@@ -170,9 +192,11 @@ rpc::ReadLease::Client readLease(Engine& engine, LeaseId id, ColdService* cold) 
 
 class WriteLeaseImpl final : public rpc::WriteLease::Server {
  public:
-  WriteLeaseImpl(Engine& engine, SpaceId space, LeaseId id, uint64_t begin, uint64_t end,
-                 uint64_t firstPosition, uint32_t blocks, ColdService* cold, uint64_t blobBytes = 0)
+  WriteLeaseImpl(Engine& engine, std::shared_ptr<OwnerScope> owner, SpaceId space, LeaseId id,
+                 uint64_t begin, uint64_t end, uint64_t firstPosition, uint32_t blocks,
+                 ColdService* cold, uint64_t blobBytes = 0)
       : engine_(engine),
+        owner_(std::move(owner)),
         cold_(cold),
         space_(space),
         id_(id),
@@ -256,6 +280,7 @@ class WriteLeaseImpl final : public rpc::WriteLease::Server {
 
  private:
   Engine& engine_;
+  std::shared_ptr<OwnerScope> owner_;  // a commit may create a sequence of the session's
   ColdService* cold_;
   SpaceId space_;
   LeaseId id_;
@@ -266,10 +291,11 @@ class WriteLeaseImpl final : public rpc::WriteLease::Server {
 
 class SpaceImpl final : public rpc::Space::Server {
  public:
-  SpaceImpl(Engine& engine, OwnerId owner, SpaceId space, ColdService* cold, TierService* tiers,
-            uint8_t tier, RemoteTier* remote)
+  SpaceImpl(Engine& engine, std::shared_ptr<OwnerScope> scope, SpaceId space, ColdService* cold,
+            TierService* tiers, uint8_t tier, RemoteTier* remote)
       : engine_(engine),
-        owner_(owner),
+        scope_(std::move(scope)),
+        owner_(scope_->id()),
         space_(space),
         cold_(cold),
         tiers_(tiers),
@@ -288,9 +314,9 @@ class SpaceImpl final : public rpc::Space::Server {
       auto out = context.getResults();
       out.setFirstPosition(g.firstPosition);
       setBlocks(out.initBlocks(g.blocks.size()), g.blocks);
-      out.setLease(kj::heap<WriteLeaseImpl>(engine_, space_, g.lease, begin, begin + tokens.size(),
-                                            g.firstPosition, static_cast<uint32_t>(g.blocks.size()),
-                                            cold_));
+      out.setLease(kj::heap<WriteLeaseImpl>(engine_, scope_, space_, g.lease, begin,
+                                            begin + tokens.size(), g.firstPosition,
+                                            static_cast<uint32_t>(g.blocks.size()), cold_));
     });
   }
 
@@ -345,16 +371,14 @@ class SpaceImpl final : public rpc::Space::Server {
   void answerLookup(LookupContext& context, const std::vector<uint32_t>& tokens,
                     const std::vector<Key128>& keys, const std::string& bindSeq,
                     const SeqOptions& options, bool inlineData, const std::vector<Key128>& chain) {
-    LookupResult result =
-        orThrow(engine_.lookup(owner_, space_, tokens, keys, bindSeq, options, chain, tier_));
+    // An inline answer's bound is checked before the lookup binds anything.
+    const size_t maxBlocks = inlineData ? kMaxInlineBytesPerCall / blockBytes() : SIZE_MAX;
+    LookupResult result = orThrow(engine_.lookup(owner_, space_, tokens, keys, bindSeq, options,
+                                                 chain, tier_, LookupFor::kClient, maxBlocks));
     auto out = context.getResults();
     out.setMatchedTokens(result.matchedTokens);
     setBlocks(out.initBlocks(result.blocks.size()), result.blocks);
     if (inlineData) {
-      if (uint64_t{result.blocks.size()} * blockBytes() > kMaxInlineBytesPerCall) {
-        (void)engine_.releaseRead(result.lease);
-        checkInlineBytes(result.blocks.size(), blockBytes());
-      }
       setInlineData(out.initData(result.blocks.size()), engine_, result.blocks, result.lease);
     }
     out.setLease(readLease(engine_, result.lease, cold_));
@@ -642,8 +666,8 @@ class SpaceImpl final : public rpc::Space::Server {
   template <typename Results>
   void setBlobGrant(Results out, const BlobGrant& grant) {
     blockToRpc(grant.block, out.initBlock());
-    out.setLease(
-        kj::heap<WriteLeaseImpl>(engine_, space_, grant.lease, 0, 0, 0, 1, cold_, grant.bytes));
+    out.setLease(kj::heap<WriteLeaseImpl>(engine_, scope_, space_, grant.lease, 0, 0, 0, 1, cold_,
+                                          grant.bytes));
   }
 
   template <typename Results>
@@ -662,6 +686,7 @@ class SpaceImpl final : public rpc::Space::Server {
   }
 
   Engine& engine_;
+  std::shared_ptr<OwnerScope> scope_;
   OwnerId owner_;
   SpaceId space_;
   ColdService* cold_;
@@ -676,7 +701,7 @@ class SessionImpl final : public rpc::Session::Server {
   SessionImpl(kvtier::Server& server, OwnerId owner, Salt salt, bool mapsPool,
               const PeerCredentials& peer)
       : server_(server),
-        owner_(owner),
+        owner_(std::make_shared<OwnerScope>(server.engine(), server.cold(), owner)),
         salt_(salt),
         mapsPool_(mapsPool),
         lane_(LookupSite{server.engine(), server.cold(), server.tiers(), server.remote(), owner},
@@ -687,10 +712,10 @@ class SessionImpl final : public rpc::Session::Server {
   ~SessionImpl() noexcept(false) {
     server_.removeLane(lane_);
     lane_.close();  // its leases go before the owner's sequences
-    server_.engine().endOwner(owner_);
-    kickSpill(server_.cold());
+    const OwnerId owner = owner_->id();
+    owner_.reset();  // the sequences go now, or with the last of its spaces and write leases
     server_.sessionClosed();
-    logInfo("session_closed", "owner=" + std::to_string(owner_));
+    logInfo("session_closed", "owner=" + std::to_string(owner));
   }
 
   kj::Promise<void> open(OpenContext context) override {
@@ -711,7 +736,7 @@ class SessionImpl final : public rpc::Session::Server {
           ErrorCode::kPermissionDenied, "GPU pools are mapped only by root and ",
           "the daemon's user: open the space with device -1 (host pool, ", "bytes inline)"));
     }
-    const SpaceId space = orThrow(server_.engine().openSpace(layout, salt_));
+    const SpaceId space = orThrow(server_.engine().openSpace(layout, salt_, !mapsPool_));
     auto out = context.getResults();
     out.setFingerprint(server_.engine().space(space).fingerprint);
     out.setBlockBytes(server_.engine().space(space).blockBytes);
@@ -867,7 +892,7 @@ class SessionImpl final : public rpc::Session::Server {
 
  private:
   kvtier::Server& server_;
-  OwnerId owner_;
+  std::shared_ptr<OwnerScope> owner_;
   Salt salt_;
   bool mapsPool_;
   Lane lane_;
@@ -1207,8 +1232,7 @@ std::string Server::metricsText() {
             "Lookups answered at their deadline, with what had arrived, while their fetch went on.",
             r.remoteLookupsCut);
     counter("kvtier_lookup_peer_messages_total",
-            "Peer messages remote lookups sent: directory queries and pins.",
-            r.lookupPeerMessages);
+            "Peer messages remote lookups sent: directory queries and pins.", r.lookupPeerMessages);
     gauge("kvtier_lookup_peer_messages_max", "The most peer messages one remote lookup sent.",
           r.lookupPeerMessagesMax);
     counter("kvtier_directory_queries_total",

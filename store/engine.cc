@@ -62,11 +62,14 @@ Engine::Engine(BlockPool& pool, BlockMemory& memory, std::unique_ptr<EvictionPol
       index_(pool),
       rotator_(rotator) {}
 
-Result<SpaceId> Engine::openSpace(const Layout& layout, const Salt& salt) {
+Result<SpaceId> Engine::openSpace(const Layout& layout, const Salt& salt, bool inlineWriters) {
   if (auto s = layout.validate(); !s) return s.error();
   const uint64_t fingerprint = layout.fingerprint();
   for (SpaceId id = 0; id < spaces_.size(); ++id) {
-    if (spaces_[id].info.fingerprint == fingerprint && spaces_[id].info.salt == salt) return id;
+    if (spaces_[id].info.fingerprint == fingerprint && spaces_[id].info.salt == salt) {
+      spaces_[id].info.clearsFreshBlocks |= inlineWriters;
+      return id;
+    }
   }
   const uint64_t largestExtent = pool_.largestExtentBytes();
   if (layout.blockBytes() > largestExtent) {
@@ -83,6 +86,7 @@ Result<SpaceId> Engine::openSpace(const Layout& layout, const Salt& salt) {
   space.info.salt = salt;
   space.info.blockBytes = static_cast<uint32_t>(layout.blockBytes());
   space.info.sizeClass = pool_.sizeClass(space.info.blockBytes);
+  space.info.clearsFreshBlocks = inlineWriters;
   spaces_.push_back(std::move(space));
   return static_cast<SpaceId>(spaces_.size() - 1);
 }
@@ -384,6 +388,13 @@ bool Engine::allocateMany(SpaceId space, size_t n, std::vector<BlockId>& out, ui
   return true;
 }
 
+void Engine::clearForInlineWriters(SpaceId space, BlockId id) {
+  if (!spaces_[space].info.clearsFreshBlocks) return;
+  const BlockMeta& m = pool_[id];
+  if (memory_.hostAddressable(m.extent))
+    std::memset(memory_.blockData(m), 0, pool_.classBytes(m.sizeClass));
+}
+
 void Engine::copySlots(SpaceId space, BlockId from, BlockId to, uint32_t slots) {
   copySlotRange(space, from, to, 0, slots);
 }
@@ -649,6 +660,7 @@ Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name
     got.pop_back();
     pool_.setTenant(sinks_[cls], kNoTenant);  // shared scratch: nobody's
   }
+  for (BlockId id : got) clearForInlineWriters(space, id);
   // The lease pins every block it grants: never evicted, freed when the lease ends unless the
   // sequence took them.
   if (inPlace) pin(seq->blocks[first]);
@@ -897,7 +909,7 @@ size_t Engine::walkKeys(SpaceId space, std::span<const uint32_t> tokens,
 Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<const uint32_t> tokens,
                                     std::span<const Key128> keys, std::string_view bindSeq,
                                     const SeqOptions& options, std::span<const Key128> knownKeys,
-                                    int servedTier, LookupFor who) {
+                                    int servedTier, LookupFor who, size_t maxBlocks) {
   if (auto s = checkLookupInput(space, tokens, keys); !s) return s.error();
   if (!bindSeq.empty()) {
     if (auto s = checkName(bindSeq, "sequence"); !s) return s.error();
@@ -926,6 +938,10 @@ Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<cons
     while (reached < found && reachable(blocks[before + reached], servedTier)) ++reached;
     blocks.resize(before + reached);
     if (reached < batch.size()) break;
+  }
+  if (blocks.size() > maxBlocks) {
+    return invalid("the cached prefix of ", blocks.size(), " blocks exceeds the ", maxBlocks,
+                   " an answer may carry inline; map the pool or ask for less");
   }
   if (who == LookupFor::kClient) {
     hits_ += blocks.size();
@@ -997,6 +1013,11 @@ Result<const uint8_t*> Engine::resolveSealed(SpaceId space, const BlockLocation&
     return makeError(ErrorCode::kStaleReference, "block at extent ", ref.extent, " offset ",
                      ref.offset, " was reused (generation ", m.generation, ", reference ",
                      ref.generation, ")");
+  }
+  // A reference reads one KV block of the namespace: an entry (a blob of its own size, read with
+  // getEntry) is not one, and its block may be smaller than the namespace's.
+  if (m.entry || ref.bytes != spaces_[space].info.blockBytes) {
+    return invalid("reference names an entry, not a KV block of this namespace");
   }
   if (!memory_.hostAddressable(m.extent)) {
     return makeError(ErrorCode::kNotSupported,

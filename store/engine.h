@@ -198,6 +198,10 @@ struct SpaceInfo {
   uint32_t sizeClass = 0;
   uint32_t blockBytes = 0;
   TenantId tenant = 0;  // the namespace's tenant: one per salt
+  // Its writers cannot map the pool (they move bytes inline): a block is cleared before it is
+  // granted to them, so no byte a block held for its previous owner can come back through a read
+  // of a block they wrote only in part (docs/security.md).
+  bool clearsFreshBlocks = false;
 };
 
 struct EngineStats {
@@ -250,8 +254,9 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // The namespace for (salt, layout): the same id for the same pair. INVALID_ARGUMENT for a bad
-  // layout or one whose blocks are larger than an extent.
-  Result<SpaceId> openSpace(const Layout& layout, const Salt& salt);
+  // layout or one whose blocks are larger than an extent. `inlineWriters`: its clients cannot map
+  // the pool (SpaceInfo::clearsFreshBlocks).
+  Result<SpaceId> openSpace(const Layout& layout, const Salt& salt, bool inlineWriters = false);
   const SpaceInfo& space(SpaceId id) const { return spaces_[id].info; }
 
   // Tenant quota (docs/security.md): the most host-pool bytes the blocks of one tenant (one salt:
@@ -308,10 +313,13 @@ class Engine {
   // the match ends at a block in any other tier.
   // `who`: a client's lookups are this node's hits and misses; a peer's pin of the blocks it
   // fetches is not (the cluster counts those as served blocks).
+  // `maxBlocks`: a longer match is INVALID_ARGUMENT, and nothing changed (the bound of an answer
+  // that carries the bytes inline).
   Result<LookupResult> lookup(OwnerId owner, SpaceId space, std::span<const uint32_t> tokens,
                               std::span<const Key128> keys, std::string_view bindSeq,
                               const SeqOptions& options, std::span<const Key128> knownKeys = {},
-                              int servedTier = -1, LookupFor who = LookupFor::kClient);
+                              int servedTier = -1, LookupFor who = LookupFor::kClient,
+                              size_t maxBlocks = SIZE_MAX);
   // Unpins the blocks of a read lease. RELEASED if unknown.
   Status releaseRead(LeaseId lease);
 
@@ -679,6 +687,9 @@ class Engine {
   // Frees a block that nothing holds any more, or hands a sealed one to the eviction policy.
   void settle(BlockId id);
   // Copies token slots [0, slots) of every layer's K and V from `from` to `to`.
+  // Zeroes a block granted to a namespace whose writers cannot map the pool
+  // (SpaceInfo::clearsFreshBlocks); nothing for others.
+  void clearForInlineWriters(SpaceId space, BlockId id);
   void copySlots(SpaceId space, BlockId from, BlockId to, uint32_t slots);
   // Seals block `index` of seq (full), keys it after block index-1, and dedups against the index.
   // Returns the block the sequence holds afterwards (the indexed twin if one existed).

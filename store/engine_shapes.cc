@@ -331,6 +331,7 @@ Result<BlobGrant> Engine::grantBlob(LeaseKind kind, SpaceId space, std::string s
       allocateClass(pool_.sizeClass(blobClassBytes(bytes)), spaces_[space].info.tenant);
   if (b == kNoBlock)
     return makeError(ErrorCode::kFull, "pool has no block for a ", bytes, "-byte blob");
+  clearForInlineWriters(space, b);
   pin(b);
   pool_[b].blobBytes = static_cast<uint32_t>(bytes);
   WriteLease lease;

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -109,6 +110,40 @@ TEST_F(EngineTest, OpenSpaceIsPerSaltAndLayout) {
   Layout huge = layout_;
   huge.numLayers = 64;  // 16 KiB blocks do not fit in the 8 KiB extent
   EXPECT_EQ(engine_->openSpace(huge, saltFor("tenant-a")).code(), ErrorCode::kInvalidArgument);
+}
+
+// A namespace whose writers cannot map the pool (they move bytes inline and read whole blocks) gets
+// its blocks cleared before they are granted: what a block held for another tenant never comes
+// back through a block they wrote in part, or not at all. Others get blocks as they are.
+TEST_F(EngineTest, BlocksOfInlineWritersAreClearedBeforeTheyAreGranted) {
+  // Tenant a's prompts fill the whole pool with tags; removed, they stay cached (evictable).
+  for (uint32_t i = 0; i < 4; ++i) {
+    const std::string name = "a" + std::to_string(i);
+    ASSERT_TRUE(write(name, 0, toks(64, 1000 * (i + 1))));
+    ASSERT_TRUE(engine_->remove(space_, name, 0, kEnd).ok());
+  }
+  const auto nonZero = [&](const BlockLocation& loc) {
+    const uint8_t* b = at(loc);
+    return std::count_if(b, b + kBlockBytes, [](uint8_t x) { return x != 0; });
+  };
+  // Control: a trusted namespace's fresh block is one of a's, as it was.
+  auto trusted = engine_->openSpace(layout_, saltFor("tenant-c")).value();
+  auto g = engine_->put(kOwner, trusted, "t", 0, toks(1, 7), {}, SeqOptions{});
+  ASSERT_TRUE(g.ok()) << g.error();
+  EXPECT_GT(nonZero(g->blocks[0]), 0) << "the pool was not full of a's blocks";
+  ASSERT_TRUE(engine_->abortWrite(g->lease).ok());
+
+  auto inlineSpace = engine_->openSpace(layout_, saltFor("tenant-b"), /*inlineWriters=*/true);
+  ASSERT_TRUE(inlineSpace.ok());
+  EXPECT_TRUE(engine_->space(*inlineSpace).clearsFreshBlocks);
+  auto partial = engine_->put(kOwner, *inlineSpace, "b", 0, toks(20, 9), {}, SeqOptions{});
+  ASSERT_TRUE(partial.ok()) << partial.error();
+  ASSERT_EQ(partial->blocks.size(), 2u);
+  for (const auto& loc : partial->blocks) EXPECT_EQ(nonZero(loc), 0) << "a's bytes in b's block";
+  ASSERT_TRUE(engine_->commit(partial->lease, kEnd, {}).ok());
+  // Opening the namespace again (another session of b) keeps it so.
+  EXPECT_TRUE(
+      engine_->space(engine_->openSpace(layout_, saltFor("tenant-b")).value()).clearsFreshBlocks);
 }
 
 TEST_F(EngineTest, UnknownSpaceIsInvalidEverywhere) {
@@ -800,6 +835,28 @@ TEST_F(EngineTest, LookupBindsTheMatchedPrefixAsASequence) {
           .code(),
       ErrorCode::kInvalidArgument);
   EXPECT_EQ(engine_->stats().readLeases, 0u);
+}
+
+// A match longer than the answer may carry (an inline lookup's bound) fails before the lookup
+// binds anything: the sequence it names keeps what it held.
+TEST_F(EngineTest, ALookupOverItsBlockBoundFailsAndBindsNothing) {
+  const auto t = toks(48, 1000);
+  ASSERT_TRUE(write("s", 0, t));
+  ASSERT_TRUE(write("c", 0, toks(20, 3000)));
+  const auto stats = engine_->stats();
+  auto over = engine_->lookup(kOwner, space_, t, {}, "c", SeqOptions{}, {}, -1, LookupFor::kClient,
+                              /*maxBlocks=*/2);
+  EXPECT_EQ(over.code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(len("c"), 20u);
+  EXPECT_EQ(read("c"), tagsOf(toks(20, 3000)));
+  EXPECT_EQ(engine_->stats().readLeases, stats.readLeases);
+  EXPECT_EQ(engine_->stats().hits, stats.hits);
+  // At the bound it binds.
+  auto at = engine_->lookup(kOwner, space_, t, {}, "c", SeqOptions{}, {}, -1, LookupFor::kClient,
+                            /*maxBlocks=*/3);
+  ASSERT_TRUE(at.ok()) << at.error();
+  EXPECT_TRUE(engine_->releaseRead(at->lease).ok());
+  EXPECT_EQ(read("c"), tagsOf(t));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -46,8 +46,7 @@ std::optional<OtherUser> nobody() {
 
 // The test peer's command run as `user` (its uid and group, no supplementary groups).
 std::vector<std::string> as(const OtherUser& user, std::vector<std::string> command) {
-  command.insert(command.begin(),
-                 {"as-user", std::to_string(user.uid), std::to_string(user.gid)});
+  command.insert(command.begin(), {"as-user", std::to_string(user.uid), std::to_string(user.gid)});
   return command;
 }
 
@@ -58,10 +57,10 @@ void letOthersReachTheSocket(const DaemonProcess& daemon) {
   // The directories above (the ctest scratch root, /tmp) are traversable by everyone.
 }
 
-#define REQUIRE_ROOT_AND_NOBODY(user)                                                       \
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a client as user nobody";        \
-  const auto user##_found = nobody();                                                       \
-  if (!user##_found) GTEST_SKIP() << "this host has no user nobody";                        \
+#define REQUIRE_ROOT_AND_NOBODY(user)                                                \
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a client as user nobody"; \
+  const auto user##_found = nobody();                                                \
+  if (!user##_found) GTEST_SKIP() << "this host has no user nobody";                 \
   const OtherUser& user = *user##_found
 
 // Puts `tokens` with their synthetic KV as `seq`; `keep`: the sequence stays (detached) rather
@@ -169,8 +168,7 @@ TEST(AccessControl, AnotherTenantCannotReadOrProbeRootsBlocks) {
       << out;
   EXPECT_NE(out.find("MATCHED 0 identical"), std::string::npos) << out;
   // Root's sequence, snapshot and entry, by name or id, and the pool by guessed reference.
-  ASSERT_EQ(runPeer(as(user, {"probe", daemon.socket(), "root-seq", std::to_string(snap->id),
-                              "5"}),
+  ASSERT_EQ(runPeer(as(user, {"probe", daemon.socket(), "root-seq", std::to_string(snap->id), "5"}),
                     &out),
             0)
       << out;
@@ -185,11 +183,27 @@ TEST(AccessControl, AnotherTenantCannotReadOrProbeRootsBlocks) {
 
   // Nobody is a working tenant of its own, moving its bytes inline.
   ASSERT_EQ(runPeer(as(user, {"put", daemon.socket(), "mine", "90", "64"}), &out), 0) << out;
-  ASSERT_EQ(runPeer(as(user, {"verify", daemon.socket(), "90", "64", "64", "64"}), &out), 0)
-      << out;
+  ASSERT_EQ(runPeer(as(user, {"verify", daemon.socket(), "90", "64", "64", "64"}), &out), 0) << out;
   EXPECT_NE(out.find("MATCHED 64 identical"), std::string::npos) << out;
   // And root does not see nobody's prompt either.
   EXPECT_EQ(matchedIdentical(*space, synthetic::tokens(90, 64)), 0u);
+}
+
+// Nobody moves its bytes inline and reads whole blocks: a block it wrote in part, or committed
+// without writing, and an entry it never wrote read back as zeros — never as the bytes root's
+// prompts left in the pool's blocks before them.
+TEST(AccessControl, AnotherTenantsBlocksNeverHoldRootsOldBytes) {
+  REQUIRE_ROOT_AND_NOBODY(user);
+  DaemonProcess daemon(16 << 20, "", {"--allow-group", user.group});
+  letOthersReachTheSocket(daemon);
+  std::string out;
+  // Root's prompts (synthetic KV, not zeros) pass through every block of the pool.
+  ASSERT_EQ(runPeer({"flood", daemon.socket(), "31", "80", "256"}, &out), 0) << out;
+  ASSERT_NE(out.find("FLOODED ok=80 "), std::string::npos) << out;
+  ASSERT_EQ(runPeer(as(user, {"inline-fresh", daemon.socket()}), &out), 0) << out;
+  for (const char* line : {"PARTIAL nonzero=0", "UNWRITTEN nonzero=0", "ENTRY nonzero=0"}) {
+    EXPECT_NE(out.find(std::string(line) + "\n"), std::string::npos) << line << " in\n" << out;
+  }
 }
 
 // Root caches a prompt; nobody then puts far more than the pool holds. Without a quota the flood
@@ -209,8 +223,7 @@ TEST(AccessControl, TenantQuotaKeepsAnotherTenantsFloodFromEvictingRootsPrompt) 
 
     std::string out;
     // 10 requests of 64 blocks: 640 blocks through a pool of 256.
-    ASSERT_EQ(runPeer(as(user, {"flood", daemon.socket(), "1000", "10", "1024"}), &out), 0)
-        << out;
+    ASSERT_EQ(runPeer(as(user, {"flood", daemon.socket(), "1000", "10", "1024"}), &out), 0) << out;
     const uint64_t matched = matchedIdentical(*space, prompt);
     if (!quota) {
       EXPECT_LT(matched, prompt.size()) << "the flood should evict root's prompt without a quota";
@@ -238,12 +251,10 @@ TEST(AccessControl, HostileNamesAreOpaqueKeysOrRefusedAndNothingEscapesTheDataDi
   const bool havePasswd = ::stat("/etc/passwd", &passwdBefore) == 0;
   auto client = daemon.connect();
   auto space = client->open(testLayout()).value();
-  const std::vector<std::string> names = {"../../x",        "/etc/passwd",
-                                          "..",             ".",
-                                          "a/b/../../../x", "a b\tc\x7f\xff",
-                                          "line\nbreak",    "%s%n%x",
-                                          "kvtierd.sock",   "kvtierd.lock",
-                                          "cold",           std::string(256, '/')};
+  const std::vector<std::string> names = {
+      "../../x",        "/etc/passwd",    "..",          ".",
+      "a/b/../../../x", "a b\tc\x7f\xff", "line\nbreak", "%s%n%x",
+      "kvtierd.sock",   "kvtierd.lock",   "cold",        std::string(256, '/')};
   uint32_t seed = 500;
   for (const std::string& name : names) {
     SCOPED_TRACE("name '" + name + "'");

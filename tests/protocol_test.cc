@@ -262,5 +262,69 @@ TEST_F(ProtocolTest, ReleasedReadLeaseCannotBeReleasedAgain) {
   expectUnchanged();
 }
 
+TEST_F(ProtocolTest, ALookupWithAnUnknownRemoteModeIsInvalid) {
+  auto lookup = space.lookupRequest();
+  setTokens(lookup.initTokens(32), 1);
+  lookup.setRemote(static_cast<rpc::RemoteMode>(7));
+  EXPECT_EQ(raw.errorOf(lookup), ErrorCode::kInvalidArgument);
+  expectUnchanged();
+}
+
+// A reference reads one KV block of the namespace. An entry's block is not one (its block may be
+// smaller than the namespace's, and the read would return what lies after it), whichever size the
+// reference gives.
+TEST_F(ProtocolTest, AReferenceToAnEntryReadsNothing) {
+  const uint8_t key[16] = {7};
+  auto putEntry = space.putEntryRequest();
+  putEntry.setKey(capnp::Data::Reader(key, 16));
+  putEntry.setBytes(100);
+  auto granted = putEntry.send().wait(raw.ws());
+  const BlockLocation entry = blockFromRpc(granted.getBlock());
+  ASSERT_LT(entry.bytes, test::testLayout().blockBytes()) << "an entry's block is smaller";
+  granted.getLease().commitRequest().send().wait(raw.ws());
+  for (const uint64_t bytes : {uint64_t{entry.bytes}, test::testLayout().blockBytes()}) {
+    auto read = space.readRequest();
+    BlockLocation asked = entry;
+    asked.bytes = static_cast<uint32_t>(bytes);
+    blockToRpc(asked, read.initRefs(1)[0]);
+    EXPECT_EQ(raw.errorOf(read), ErrorCode::kInvalidArgument) << bytes << "-byte reference";
+  }
+  // A KV block's reference reads its block.
+  auto get = space.getRequest();
+  get.setSeq("s");
+  get.setEnd(UINT64_MAX);
+  auto got = get.send().wait(raw.ws());
+  auto read = space.readRequest();
+  read.initRefs(1).setWithCaveats(0, got.getBlocks()[0]);
+  auto response = read.send().wait(raw.ws());  // the reader borrows from it
+  ASSERT_EQ(response.getData().size(), 1u);
+  EXPECT_EQ(response.getData()[0].size(), test::testLayout().blockBytes());
+}
+
+// The sequences a session creates go when the session and everything it handed out are gone: a
+// client that drops its Session and goes on through a Space (or a write lease) leaves nothing.
+TEST_F(ProtocolTest, ASessionsSequencesGoWithTheLastOfItsSpacesAndWriteLeases) {
+  const uint64_t before = raw.counts(session).sequences;
+  auto other = raw.hello();
+  auto otherSpace = raw.open(other);
+  other = nullptr;  // released: the Space goes on
+  EXPECT_EQ(raw.counts(session).sequences, before);
+  auto put = otherSpace.putRequest();
+  put.setSeq("orphan");
+  setTokens(put.initTokens(20), 5);
+  put.send().wait(raw.ws()).getLease().commitRequest().send().wait(raw.ws());
+  auto held = otherSpace.putRequest();
+  held.setSeq("committed-later");
+  setTokens(held.initTokens(20), 6);
+  auto lease = held.send().wait(raw.ws()).getLease();
+  otherSpace = nullptr;  // the write lease is all that is left of the session
+  EXPECT_EQ(raw.counts(session).sequences, before + 1);
+  lease.commitRequest().send().wait(raw.ws());
+  EXPECT_EQ(raw.counts(session).sequences, before + 2);
+  lease = nullptr;
+  EXPECT_EQ(raw.counts(session).sequences, before) << "the session's sequences outlived it";
+  EXPECT_EQ(raw.counts(session).writeLeases, 0u);
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -30,9 +30,13 @@
 //   flood SOCKET SEED COUNT N                put COUNT sequences of N tokens, each removed after
 //                                            (cached); print "FLOODED ok=.. full=.." and
 //                                            "TENANT <bytes used> <quota bytes>"
+//   inline-fresh SOCKET                      over raw calls: a block written in part, one not
+//                                            written, an entry not written; read back inline:
+//                                            print "PARTIAL|UNWRITTEN|ENTRY nonzero=<bytes>"
 #include <grp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -44,10 +48,11 @@
 
 #include "kvtier/client.h"
 #include "schemas/peer.capnp.h"
-#include "transport/pool_fds.h"
-#include "transport/rpc_codec.h"
+#include "tests/raw_connection.h"
 #include "tests/test_support.h"
 #include "tools/synthetic_kv.h"
+#include "transport/pool_fds.h"
+#include "transport/rpc_codec.h"
 
 using namespace kvtier;
 
@@ -134,8 +139,9 @@ int main(int argc, char** argv) {
     auto space = client->open(layout).value();
     std::printf("MAPPED %d\n", client->mapped() ? 1 : 0);
     auto length = space->length(a[2]);
-    std::printf("LENGTH %s\n", !length ? errorName(length.error().code())
-                                        : length->has_value() ? "exists" : "absent");
+    std::printf("LENGTH %s\n", !length               ? errorName(length.error().code())
+                               : length->has_value() ? "exists"
+                                                     : "absent");
     std::printf("GET %s\n", codeOf(space->get(a[2])));
     const uint64_t snap = std::stoull(a[3]);
     std::printf("SNAPSHOT %s\n", codeOf(space->snapshotInfo(snap)));
@@ -146,8 +152,8 @@ int main(int argc, char** argv) {
     int readable = 0;
     for (uint64_t block = 0; block < 8; ++block) {
       for (uint64_t generation = 1; generation <= 4; ++generation) {
-        const BlockRef ref{0, block * layout.blockBytes(), static_cast<uint32_t>(layout.blockBytes()),
-                           generation};
+        const BlockRef ref{0, block * layout.blockBytes(),
+                           static_cast<uint32_t>(layout.blockBytes()), generation};
         if (space->readRefs(std::span<const BlockRef>(&ref, 1))) ++readable;
       }
     }
@@ -278,9 +284,9 @@ int main(int argc, char** argv) {
     const auto tokens = synthetic::tokens(std::stoull(a[3]), std::stoull(a[4]));
     std::vector<Key128> keys;
     for (size_t i = 0; (i + 1) * layout.blockTokens <= tokens.size(); ++i) {
-      keys.push_back(hasher.next(keys.empty() ? nullptr : &keys.back(),
-                                 std::span<const uint32_t>(tokens).subspan(
-                                     i * layout.blockTokens, layout.blockTokens)));
+      keys.push_back(hasher.next(
+          keys.empty() ? nullptr : &keys.back(),
+          std::span<const uint32_t>(tokens).subspan(i * layout.blockTokens, layout.blockTokens)));
     }
     capnp::EzRpcClient rpc(a[1]);
     auto& ws = rpc.getWaitScope();
@@ -312,6 +318,60 @@ int main(int argc, char** argv) {
     }
     auto client = Client::connect({.socketPath = a[2], .clientName = "test-peer"});
     std::printf("CONNECT %s\n", client ? "OK" : errorName(client.error().code()));
+    return 0;
+  }
+  if (a[0] == "inline-fresh" && a.size() == 2) {
+    // Raw calls (the SDK writes every byte it puts): blocks written in part or not at all, read
+    // back whole, inline.
+    test::RawConnection conn(a[1]);
+    auto& ws = conn.ws();
+    auto hello = conn.daemon().helloRequest();
+    hello.setProtocolVersion(rpc::PROTOCOL_VERSION);
+    hello.setClientName("inline-fresh");
+    auto session = hello.send().wait(ws).getSession();
+    auto open = session.openRequest();
+    layoutToRpc(layout, open.initLayout());
+    auto space = open.send().wait(ws).getSpace();
+    const auto nonZero = [](capnp::Data::Reader data) {
+      return std::count_if(data.begin(), data.end(), [](uint8_t x) { return x != 0; });
+    };
+    const auto readBack = [&](const char* seq) {
+      auto get = space.getRequest();
+      get.setSeq(seq);
+      get.setInline(true);
+      auto got = get.send().wait(ws);
+      long n = 0;
+      for (auto block : got.getData()) n += nonZero(block);
+      return n;
+    };
+    // One token of a block, written (as zeros); the rest of the block never written.
+    auto partial = space.putRequest();
+    partial.setSeq("partial");
+    partial.initTokens(1).set(0, 1);
+    auto partialLease = partial.send().wait(ws).getLease();
+    auto write = partialLease.writeRequest();
+    write.setSlots(1);
+    write.initData(layout.tokenKvBytes());
+    write.send().wait(ws);
+    partialLease.commitRequest().send().wait(ws);
+    std::printf("PARTIAL nonzero=%ld\n", readBack("partial"));
+    // A whole block committed without a write.
+    auto unwritten = space.putRequest();
+    unwritten.setSeq("unwritten");
+    auto tokens = unwritten.initTokens(layout.blockTokens);
+    for (uint32_t i = 0; i < tokens.size(); ++i) tokens.set(i, 100 + i);
+    unwritten.send().wait(ws).getLease().commitRequest().send().wait(ws);
+    std::printf("UNWRITTEN nonzero=%ld\n", readBack("unwritten"));
+    // An entry of a block's size, committed without a write.
+    const Key128 key = entryKey(77);
+    auto putEntry = space.putEntryRequest();
+    putEntry.setKey(capnp::Data::Reader(key.bytes.data(), key.bytes.size()));
+    putEntry.setBytes(layout.blockBytes());
+    putEntry.send().wait(ws).getLease().commitRequest().send().wait(ws);
+    auto getEntry = space.getEntryRequest();
+    getEntry.setKey(capnp::Data::Reader(key.bytes.data(), key.bytes.size()));
+    getEntry.setInline(true);
+    std::printf("ENTRY nonzero=%ld\n", nonZero(getEntry.send().wait(ws).getData()));
     return 0;
   }
   std::fprintf(stderr, "test_peer: bad arguments\n");

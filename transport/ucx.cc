@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -24,6 +25,8 @@ constexpr kj::Duration kInFlightTick = 1 * kj::MILLISECONDS;
 constexpr int kProgressPerTurn = 256;
 // Connections accepted from peers at once; more are rejected (a cluster has far fewer members).
 constexpr size_t kMaxAccepted = 4096;
+// The longest a forced close of an endpoint may progress the worker on the event loop.
+constexpr auto kForceCloseWait = std::chrono::milliseconds(200);
 
 Error ucxError(const char* what, ucs_status_t status) {
   return makeError(ErrorCode::kUnavailable, what, ": ", ucs_status_string(status));
@@ -207,7 +210,7 @@ kj::Promise<std::vector<bool>> UcxEndpoint::get(std::vector<UcxGet> gets, kj::Ti
       continue;
     }
     Batch::Ask& ask = batch.asks.back();
-    ask.header.id = worker_.nextGet_++;
+    ask.header.id = worker_.newGetId();
     worker_.pending_[ask.header.id] = {this, &batch, i, g.local, g.bytes};
     ucp_request_param_t param{};
     param.op_attr_mask =
@@ -226,8 +229,12 @@ kj::Promise<std::vector<bool>> UcxEndpoint::get(std::vector<UcxGet> gets, kj::Ti
   }
   if (--batch.pending == 0) batch.finish();  // the +1 above
   if (!batch.done) {
+    // Past the deadline with gets still in flight, the endpoint is closed; a batch that finished
+    // by then closes nothing (another batch may be using the endpoint within its own deadline).
     batch.deadline = worker_.timer_.atTime(deadline)
-                         .then([this] { close(); })
+                         .then([this, &batch] {
+                           if (!batch.done) close();
+                         })
                          .eagerlyEvaluate([](kj::Exception&&) {});
     worker_.kick();
   }
@@ -280,8 +287,13 @@ void UcxWorker::forceClose(ucp_worker* worker, ucp_ep* ep) {
   param.flags = UCP_EP_CLOSE_FLAG_FORCE;
   ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &param);
   if (req != nullptr && !UCS_PTR_IS_ERR(req)) {
-    // A forced close does not wait for the peer: it finishes within a few progress calls.
-    while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(worker);
+    // A forced close does not wait for the peer: it finishes within a few progress calls. Bounded
+    // all the same (this runs on the event loop); a request freed unfinished completes inside UCX.
+    const auto until = std::chrono::steady_clock::now() + kForceCloseWait;
+    while (ucp_request_check_status(req) == UCS_INPROGRESS &&
+           std::chrono::steady_clock::now() < until) {
+      ucp_worker_progress(worker);
+    }
     ucp_request_free(req);
   }
 }
@@ -370,8 +382,11 @@ Result<std::unique_ptr<UcxWorker>> UcxWorker::create(kj::UnixEventPort& port, kj
 UcxWorker::~UcxWorker() {
   loop_ = nullptr;
   observer_ = nullptr;
-  if (listener_) ucp_listener_destroy(listener_);
+  // Connection requests are rejected while their listener exists; none comes after it is gone.
   for (ucp_conn_request* request : requests_) ucp_listener_reject(listener_, request);
+  requests_.clear();
+  if (listener_) ucp_listener_destroy(listener_);
+  listener_ = nullptr;
   for (auto& a : accepted_) forceClose(worker_, a->ep);
   if (worker_) ucp_worker_destroy(worker_);
   if (context_) ucp_cleanup(context_);
@@ -460,6 +475,21 @@ UcxGrant UcxWorker::grant(std::vector<std::pair<const uint8_t*, uint64_t>> range
 }
 
 void UcxWorker::revoke(const UcxGrant& grant) { grants_.erase(grant); }
+
+uint64_t UcxWorker::newGetId() {
+  // Unguessable, as grants are: an answer names its get by id, and anyone who reaches the UCX
+  // port can send one, so a sequential id would let a stranger fail (or answer) this node's gets.
+  for (;;) {
+    if (idsLeft_ == 0) {
+      if (::getrandom(ids_.data(), sizeof ids_, 0) != static_cast<ssize_t>(sizeof ids_)) {
+        throw std::runtime_error("getrandom failed");
+      }
+      idsLeft_ = ids_.size();
+    }
+    const uint64_t id = ids_[--idsLeft_];
+    if (id != 0 && !pending_.count(id)) return id;
+  }
+}
 
 void UcxWorker::answered(uint64_t id, bool ok, const void* data, size_t length) {
   auto it = pending_.find(id);

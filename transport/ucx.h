@@ -241,7 +241,10 @@ class UcxWorker {
     uint64_t bytes;
   };
   std::unordered_map<uint64_t, Pending> pending_;
-  uint64_t nextGet_ = 1;
+  // A new get's id: random, never 0 nor pending (newGetId).
+  uint64_t newGetId();
+  std::array<uint64_t, 64> ids_{};  // drawn from getrandom, used from the back
+  size_t idsLeft_ = 0;
   std::string transports_;
   int efd_ = -1;
   size_t holds_ = 0;  // peers' pins on our memory: progress also on the short tick

@@ -6,7 +6,14 @@
 
 #include <gtest/gtest.h>
 #include <kj/async-io.h>
+#include <ucp/api/ucp.h>
 
+#include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <array>
 #include <cstring>
 #include <numeric>
 
@@ -116,6 +123,169 @@ TEST(Ucx, ADeadlineInThePastFailsTheBatchAndClosesTheEndpoint) {
   if (!ok[0]) {
     EXPECT_TRUE(p.ep->failed());
   }
+}
+
+// A batch that finished before its deadline closes nothing when the deadline passes: the endpoint
+// goes on serving gets (another batch may be using it within a deadline of its own).
+TEST(Ucx, AFinishedBatchsDeadlineLeavesTheEndpointOpen) {
+  Pair p(16 << 10);
+  EXPECT_EQ(p.get({p.whole(0, 4096)}, 1 * kj::SECONDS), std::vector<bool>{true});
+  p.io.provider->getTimer().afterDelay(1200 * kj::MILLISECONDS).wait(p.io.waitScope);
+  EXPECT_FALSE(p.ep->failed()) << "the finished batch's deadline closed the endpoint";
+  EXPECT_EQ(p.get({p.whole(4096, 4096)}), std::vector<bool>{true});
+  EXPECT_EQ(0, std::memcmp(p.local.data(), p.remote.data(), 8192));
+}
+
+// A bare UCX worker the test progresses itself, speaking the get's wire format (active message 1
+// asks, 2 answers: {id, ok} then the bytes): a holder that never answers, or a stranger who
+// connects to a fetcher's listener and sends answers it was never asked for.
+struct BareUcx {
+  ucp_context_h context = nullptr;
+  ucp_worker_h worker = nullptr;
+  ucp_listener_h listener = nullptr;
+  std::vector<ucp_ep_h> eps;
+
+  BareUcx() {
+    ucp_config_t* config = nullptr;
+    EXPECT_EQ(ucp_config_read(nullptr, nullptr, &config), UCS_OK);
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_AM;
+    EXPECT_EQ(ucp_init(&params, config, &context), UCS_OK);
+    ucp_config_release(config);
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    EXPECT_EQ(ucp_worker_create(context, &wp, &worker), UCS_OK);
+  }
+  ~BareUcx() {
+    for (ucp_ep_h ep : eps) {
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      wait(ucp_ep_close_nbx(ep, &param));
+    }
+    if (listener) ucp_listener_destroy(listener);
+    ucp_worker_destroy(worker);
+    ucp_cleanup(context);
+  }
+  void progress() {
+    for (int i = 0; i < 64 && ucp_worker_progress(worker) != 0; ++i) {
+    }
+  }
+  void wait(ucs_status_ptr_t request) {
+    if (request == nullptr || UCS_PTR_IS_ERR(request)) return;
+    for (int i = 0; i < 100000 && ucp_request_check_status(request) == UCS_INPROGRESS; ++i) {
+      ucp_worker_progress(worker);
+    }
+    ucp_request_free(request);
+  }
+  static void accept(ucp_conn_request_h request, void* arg) {
+    auto* self = static_cast<BareUcx*>(arg);
+    ucp_ep_params_t p{};
+    p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    p.conn_request = request;
+    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ucp_ep_h ep = nullptr;
+    if (ucp_ep_create(self->worker, &p, &ep) == UCS_OK) self->eps.push_back(ep);
+  }
+  uint16_t listen() {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ucp_listener_params_t p{};
+    p.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+    p.sockaddr.addrlen = sizeof addr;
+    p.conn_handler.cb = &BareUcx::accept;
+    p.conn_handler.arg = this;
+    EXPECT_EQ(ucp_listener_create(worker, &p, &listener), UCS_OK);
+    ucp_listener_attr_t attr{};
+    attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    EXPECT_EQ(ucp_listener_query(listener, &attr), UCS_OK);
+    return ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
+  }
+  ucp_ep_h connect(uint16_t port) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(port);
+    ucp_ep_params_t p{};
+    p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
+                   UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+    p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+    p.sockaddr.addr = reinterpret_cast<const sockaddr*>(&addr);
+    p.sockaddr.addrlen = sizeof addr;
+    p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ucp_ep_h ep = nullptr;
+    EXPECT_EQ(ucp_ep_create(worker, &p, &ep), UCS_OK);
+    eps.push_back(ep);
+    return ep;
+  }
+  // Starts sending an answer ({id, ok}, no bytes); the request to drive, if any (`header` must
+  // stay valid until it completes).
+  ucs_status_ptr_t answer(ucp_ep_h ep, const uint64_t* header) {
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_AM_SEND_FLAG_EAGER;
+    return ucp_am_send_nbx(ep, 2, header, 2 * sizeof(uint64_t), nullptr, 0, &param);
+  }
+};
+
+// Anyone who reaches a daemon's UCX port can send it answers. A get is ended only by the answer
+// to it: a stranger who sprays answers under every small id neither fails nor fills it.
+TEST(Ucx, AStrangersAnswersCannotEndAGet) {
+  kj::AsyncIoContext io = kj::setupAsyncIo();
+  auto& ws = io.waitScope;
+  auto& timer = io.provider->getTimer();
+  auto fetcher = UcxWorker::create(io.unixEventPort, timer).value();
+  const uint16_t fetcherPort = fetcher->listen("127.0.0.1").value();
+  BareUcx silent;  // the holder: it takes the connection, and never answers
+  auto ep = fetcher->connect("127.0.0.1", silent.listen()).value();
+  auto connected = ep->connected(timer.now() + 10 * kj::SECONDS);
+  for (int i = 0; i < 10000 && !connected.poll(ws); ++i) {
+    silent.progress();
+    ::usleep(100);
+  }
+  connected.wait(ws);
+  std::vector<uint8_t> local(4096, 0xEE);
+  const uint64_t remote = 1 << 20;  // the holder's memory, as its pin would have said
+  const uint32_t region = ep->addRemoteRegion(remote, 4096).value();
+  auto got =
+      ep->get({UcxGet{local.data(), region, remote, 4096, {}}}, timer.now() + 30 * kj::SECONDS);
+  for (int i = 0; i < 100; ++i) (void)got.poll(ws);  // the ask leaves
+
+  BareUcx stranger;
+  ucp_ep_h sep = stranger.connect(fetcherPort);
+  // Drives both sides until the stranger's request completes (the fetcher runs on this loop).
+  const auto drive = [&](ucs_status_ptr_t request) {
+    if (request == nullptr || UCS_PTR_IS_ERR(request)) return;
+    for (int i = 0; i < 20000 && ucp_request_check_status(request) == UCS_INPROGRESS; ++i) {
+      stranger.progress();
+      (void)got.poll(ws);
+      ::usleep(50);
+    }
+    ucp_request_free(request);
+  };
+  ucp_request_param_t flush{};
+  drive(ucp_ep_flush_nbx(sep, &flush));  // connected
+  for (uint64_t id = 0; id <= 4096; ++id) {
+    const uint64_t header[2] = {id, 0};
+    drive(stranger.answer(sep, header));
+    ASSERT_FALSE(got.poll(ws)) << "a stranger's answer to id " << id << " ended the get";
+  }
+  drive(ucp_ep_flush_nbx(sep, &flush));  // everything sent has arrived
+  for (int i = 0; i < 200; ++i) {
+    stranger.progress();
+    if (got.poll(ws)) break;
+    ::usleep(500);
+  }
+  EXPECT_FALSE(got.poll(ws)) << "a stranger's answers ended the get";
+  EXPECT_FALSE(ep->failed());
+  EXPECT_EQ(local, std::vector<uint8_t>(4096, 0xEE));
+  ep.reset();  // force-closed: the get fails, nothing is written
+  EXPECT_EQ(got.wait(ws), std::vector<bool>{false});
+  EXPECT_EQ(local, std::vector<uint8_t>(4096, 0xEE));
 }
 
 }  // namespace

@@ -69,17 +69,11 @@ class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
 
   kj::Promise<void> publish(PublishContext context) override {
     auto p = context.getParams();
-    size_t total = 0;
     auto apply = [&](capnp::List<peer::KeyGroup>::Reader groups, bool add) {
       for (auto g : groups) {
         const Salt salt = saltFrom(g.getSpace().getSalt());
         const auto keys = unpackKeys(g.getKeys(), kMaxPublishKeys);
         const auto unders = unpackKeys(g.getUnders(), kMaxPublishKeys);
-        total += keys.size();
-        if (total > kMaxPublishKeys) {
-          throwRpcError(makeError(ErrorCode::kInvalidArgument, "a publish of more than ",
-                                  kMaxPublishKeys, " keys"));
-        }
         auto own = g.getOwn();
         for (size_t i = 0; i < keys.size(); ++i) {
           const DirEntry e{DirKey{g.getSpace().getFingerprint(), salt, keys[i]}, unders[i],
@@ -92,13 +86,19 @@ class ClusterService::Impl::PeerImpl final : public peer::Peer::Server {
         }
       }
     };
-    // Validate both lists before changing anything.
+    // Validate both lists, and their size together, before changing anything.
+    size_t total = 0;
     for (auto list : {p.getAdd(), p.getWithdraw()}) {
       for (auto g : list) {
         (void)saltFrom(g.getSpace().getSalt());
-        if (unpackKeys(g.getKeys(), kMaxPublishKeys).size() !=
-            unpackKeys(g.getUnders(), kMaxPublishKeys).size()) {
+        const size_t keys = unpackKeys(g.getKeys(), kMaxPublishKeys).size();
+        if (keys != unpackKeys(g.getUnders(), kMaxPublishKeys).size()) {
           throwRpcError(invalid("a key group names one anchor per key"));
+        }
+        total += keys;
+        if (total > kMaxPublishKeys) {
+          throwRpcError(makeError(ErrorCode::kInvalidArgument, "a publish of more than ",
+                                  kMaxPublishKeys, " keys"));
         }
       }
     }
