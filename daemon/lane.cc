@@ -77,6 +77,11 @@ kj::Promise<void> Lane::readMore() {
         inEnd_ += n;
         serveBuffered();
         flush();
+        if (out_.size() > kMaxQueuedReplyBytes) {
+          auto paf = kj::newPromiseAndFulfiller<void>();
+          drained_ = kj::mv(paf.fulfiller);
+          return paf.promise.then([this] { return readMore(); });
+        }
         return readMore();
       });
 }
@@ -283,7 +288,11 @@ void Lane::flush() {
   tasks_.add(stream_->write(data->data(), data->size()).attach(kj::mv(bytes)).then([this]() {
     writing_ = false;
     if (ended_) return shutdown();
-    flush();
+    flush();  // what queued meanwhile goes out: the queue is empty again
+    if (drained_.get() != nullptr) {
+      auto resume = kj::mv(drained_);  // the reader goes on
+      resume->fulfill();
+    }
   }));
 }
 

@@ -94,7 +94,12 @@ class Lane final : private kj::TaskSet::ErrorHandler {
   size_t inBegin_ = 0, inEnd_ = 0, frameBytes_ = 0;
   std::vector<uint8_t> out_;  // frames not yet handed to the stream
   bool writing_ = false;
-  kj::TaskSet tasks_;  // after stream_: destroyed (cancelled) first
+  // Replies queued behind a write the client has not taken: past this many bytes the lane reads
+  // no more requests until it has (a client that sends and never reads costs the daemon this
+  // much, not all its memory).
+  static constexpr size_t kMaxQueuedReplyBytes = 8 << 20;
+  kj::Own<kj::PromiseFulfiller<void>> drained_;  // the paused reader's, until the write is taken
+  kj::TaskSet tasks_;                            // after stream_: destroyed (cancelled) first
 };
 
 }  // namespace kvtier

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <kj/async-io.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -210,6 +211,8 @@ class RawLane {
     if (!decoded) return decoded.error();
     return std::move(decoded).value();
   }
+
+  int fd() const { return fd_; }
 
   // True once the daemon has closed the lane (within the deadline).
   bool closedByDaemon() {
@@ -494,6 +497,77 @@ TEST_F(LaneTest, WriteLeasesEndWithTheLane) {
     expectUnchanged();
     EXPECT_FALSE(raw->length("open").has_value());
   }
+}
+
+// A client that sends requests and never reads the answers: once the answers it has not taken
+// reach the lane's bound, the daemon reads no more of its requests (its memory does not grow with
+// them). When the client reads, every request is answered, in order, and the lane goes on.
+TEST_F(LaneTest, AClientThatDoesNotReadStopsBeingRead) {
+  RawLane l(daemon.socket());
+  ASSERT_TRUE(l.attach(raw->token()));
+  std::vector<uint8_t> chunk;  // 4,096 syncs: each a 16-byte frame answered by a 16-byte frame
+  uint64_t next = 1;
+  const auto refill = [&] {
+    chunk.clear();
+    for (int i = 0; i < 4096; ++i) lane::appendSync(chunk, next++);
+  };
+  refill();
+  size_t offset = 0, sent = 0;
+  constexpr size_t kGiveUp = 64 << 20;  // far past the bound and any socket buffer
+  bool stalled = false;
+  while (sent < kGiveUp) {
+    const ssize_t n =
+        ::send(l.fd(), chunk.data() + offset, chunk.size() - offset, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+      offset += static_cast<size_t>(n);
+      if (offset == chunk.size()) {
+        refill();
+        offset = 0;
+      }
+      continue;
+    }
+    ASSERT_TRUE(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) << std::strerror(errno);
+    pollfd writable{l.fd(), POLLOUT, 0};
+    if (::poll(&writable, 1, 2000) == 0) {
+      stalled = true;  // nothing taken for 2 s: the daemon has stopped reading
+      break;
+    }
+  }
+  ASSERT_TRUE(stalled) << "the daemon read " << sent << " bytes of requests whose answers were "
+                       << "never taken";
+  // Bound + the sockets' buffers: requests and answers are the same size here.
+  EXPECT_LT(sent, size_t{32} << 20);
+  // Now the client reads: everything it sent is answered, in order (the rest of a frame it was
+  // sending goes out as the daemon reads again).
+  const uint64_t requests = (sent + 15) / 16;  // a frame begun counts: it is finished below
+  uint64_t answered = 0;
+  std::vector<uint8_t> in;
+  while (answered < requests) {
+    pollfd fds{l.fd(), static_cast<short>(POLLIN | (offset % 16 != 0 ? POLLOUT : 0)), 0};
+    ASSERT_GT(::poll(&fds, 1, 10000), 0) << "answered " << answered << " of " << requests;
+    if (fds.revents & POLLOUT) {
+      const size_t rest = 16 - offset % 16;
+      const ssize_t n = ::send(l.fd(), chunk.data() + offset, rest, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n > 0) offset += static_cast<size_t>(n);
+    }
+    if (fds.revents & POLLIN) {
+      uint8_t buffer[1 << 16];
+      const ssize_t n = ::recv(l.fd(), buffer, sizeof buffer, MSG_DONTWAIT);
+      ASSERT_GT(n, 0) << "the daemon closed the lane";
+      in.insert(in.end(), buffer, buffer + n);
+      size_t at = 0;
+      for (; at + sizeof(Header) <= in.size(); at += sizeof(Header)) {
+        Header h;
+        std::memcpy(&h, in.data() + at, sizeof h);
+        ASSERT_EQ(h.op, lane::kSync | lane::kReply);
+        ASSERT_EQ(h.id, answered + 1) << "answers out of order";
+        ++answered;
+      }
+      in.erase(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(at));
+    }
+  }
+  EXPECT_TRUE(l.sync(requests + 1000));
 }
 
 // The SDK's batch of puts (ClientLane::putMany) on a session of its own: an item whose bytes cannot
