@@ -213,6 +213,9 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
     };
     std::unordered_map<uint32_t, Region> regions;  // the holder's extent id -> its region
     kj::Maybe<kj::ForkedPromise<void>> ucxSetup;
+    // Changes with every setup and every linkDown: a setup that ends after a newer one began (or
+    // after the link went down) leaves the link's endpoint and regions alone.
+    uint64_t transportEpoch = 0;
     kj::Promise<void> task = nullptr;
     kj::Duration backoff = kMinBackoff;
     bool publishing = false;

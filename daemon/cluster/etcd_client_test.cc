@@ -267,10 +267,14 @@ EtcdMembershipOptions optionsFor(const std::string& endpoint, const std::string&
 class EtcdMembershipTest : public EtcdTest {
  protected:
   std::unique_ptr<Node> start(const std::string& id, int64_t ttl = 2) {
+    return start(optionsFor(etcd_->endpoint(), id, ttl));
+  }
+  std::unique_ptr<Node> start(const EtcdMembershipOptions& options) {
+    const std::string id = options.self.nodeId;
     auto node = std::make_unique<Node>();
     Node* raw = node.get();
     node->membership = std::make_unique<EtcdMembership>(
-        loop_.network(), loop_.timer(), optionsFor(etcd_->endpoint(), id, ttl),
+        loop_.network(), loop_.timer(), options,
         [raw](const std::vector<MemberRecord>& members) { raw->history.push_back(members); });
     node->running = node->membership->run().eagerlyEvaluate([id](kj::Exception&& e) {
       ADD_FAILURE() << "run() of " << id << " ended: " << e.getDescription().cStr();
@@ -375,6 +379,89 @@ TEST_F(EtcdMembershipTest, LostLeaseIsReplaced) {
   EXPECT_EQ(range.kvs[0].lease, a->membership->lease());
 }
 
+// A TCP proxy to etcd. freeze() stops moving bytes on the connections open at that moment without
+// closing them, as a NAT or firewall that dropped them leaves them (half-open); connections made
+// after it work.
+class FreezingProxy {
+ public:
+  FreezingProxy(kj::Network& network, kj::WaitScope& ws, const std::string& etcdEndpoint)
+      : network_(network), target_(etcdEndpoint.substr(etcdEndpoint.find("//") + 2)) {
+    listener_ = network.parseAddress("127.0.0.1", 0).wait(ws)->listen();
+    acceptNext();
+  }
+  std::string endpoint() {
+    return "http://127.0.0.1:" + std::to_string(listener_->getPort());
+  }
+  void freeze() { ++epoch_; }
+
+ private:
+  struct Ignore : kj::TaskSet::ErrorHandler {
+    void taskFailed(kj::Exception&&) override {}
+  };
+  void acceptNext() {
+    tasks_.add(listener_->accept().then([this](kj::Own<kj::AsyncIoStream> client) {
+      acceptNext();
+      const uint64_t born = epoch_;
+      return network_.parseAddress(target_)
+          .then([](kj::Own<kj::NetworkAddress> address) { return address->connect(); })
+          .then([this, born, client = kj::mv(client)](kj::Own<kj::AsyncIoStream> server) mutable {
+            auto both = kj::heapArrayBuilder<kj::Promise<void>>(2);
+            both.add(pump(*client, *server, born));
+            both.add(pump(*server, *client, born));
+            return kj::joinPromises(both.finish()).attach(kj::mv(client), kj::mv(server));
+          });
+    }));
+  }
+  kj::Promise<void> pump(kj::AsyncIoStream& from, kj::AsyncIoStream& to, uint64_t born) {
+    auto buffer = kj::heapArray<kj::byte>(16384);
+    auto read = from.tryRead(buffer.begin(), 1, buffer.size());
+    return read.then(
+        [this, &from, &to, born, buffer = kj::mv(buffer)](size_t n) mutable -> kj::Promise<void> {
+          if (epoch_ != born)
+            return kj::NEVER_DONE;  // frozen: the bytes go nowhere, nothing closes
+          if (n == 0) {
+            to.shutdownWrite();
+            return kj::READY_NOW;
+          }
+          auto write = to.write(buffer.begin(), n);
+          return write.attach(kj::mv(buffer)).then([this, &from, &to, born] {
+            return pump(from, to, born);
+          });
+        });
+  }
+
+  kj::Network& network_;
+  std::string target_;
+  kj::Own<kj::ConnectionReceiver> listener_;
+  uint64_t epoch_ = 0;
+  Ignore ignore_;
+  kj::TaskSet tasks_{ignore_};
+};
+
+// The connection a member's watch runs on goes silent without closing, while its keepalives (each
+// on a connection of its own) still succeed: the member still learns of a node that joins, when
+// its watch is renewed.
+TEST_F(EtcdMembershipTest, AWatchWhoseConnectionWentSilentIsRenewed) {
+  FreezingProxy proxy(loop_.network(), loop_.waitScope(), etcd_->endpoint());
+  auto options = optionsFor(proxy.endpoint(), "a");
+  options.watchRenewal = 2 * kj::SECONDS;
+  auto a = start(options);
+  auto b = start("b");
+  ASSERT_TRUE(loop_.runUntil([&]() {
+    return a->ids() == Ids{"a", "b"} && b->ids() == Ids{"a", "b"};
+  }));
+  const uint64_t renewals = a->stats().watchRenewals;
+  proxy.freeze();
+  auto c = start("c");
+  ASSERT_TRUE(loop_.runUntil([&]() { return b->ids() == Ids{"a", "b", "c"}; }));
+  ASSERT_TRUE(loop_.runUntil([&]() {
+    return a->ids() == Ids{"a", "b", "c"};
+  })) << "a's silent watch was never renewed";
+  EXPECT_GT(a->stats().watchRenewals, renewals);
+  EXPECT_EQ(a->stats().errors, 0u) << "a's keepalives and reads went on";
+  EXPECT_TRUE(a->stats().connected);
+}
+
 TEST_F(EtcdMembershipTest, MalformedRecordsAreSkipped) {
   auto c = client();
   const std::string prefix = "/kvtier/c1/nodes/";
@@ -412,6 +499,7 @@ TEST(EtcdMembershipOptionsTest, InvalidOptionsAreRejected) {
   EXPECT_EQ(bad([](auto& o) { o.self.nodeId = "x/y"; }), ErrorCode::kInvalidArgument);
   EXPECT_EQ(bad([](auto& o) { o.self.address = ""; }), ErrorCode::kInvalidArgument);
   EXPECT_EQ(bad([](auto& o) { o.leaseTtlSeconds = 0; }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(bad([](auto& o) { o.watchRenewal = 0 * kj::SECONDS; }), ErrorCode::kInvalidArgument);
   EXPECT_EQ(bad([](auto& o) { o.endpoint = "127.0.0.1:2379"; }), ErrorCode::kInvalidArgument);
 
   Loop loop;

@@ -124,9 +124,10 @@ Status EtcdMembership::validate(const EtcdMembershipOptions& options) {
     return makeError(ErrorCode::kInvalidArgument, "lease TTL ", options.leaseTtlSeconds,
                      " s is outside 1 .. ", kMaxLeaseTtlSeconds);
   }
-  if (options.requestTimeout <= 0 * kj::SECONDS || options.retryDelay <= 0 * kj::SECONDS) {
+  if (options.requestTimeout <= 0 * kj::SECONDS || options.retryDelay <= 0 * kj::SECONDS ||
+      options.watchRenewal <= 0 * kj::SECONDS) {
     return makeError(ErrorCode::kInvalidArgument,
-                     "etcd request timeout and retry delay must be positive");
+                     "etcd request timeout, retry delay and watch renewal must be positive");
   }
   return {};
 }
@@ -184,20 +185,30 @@ kj::Promise<void> EtcdMembership::loop(kj::Duration delay) {
 
 kj::Promise<void> EtcdMembership::session() {
   kj::Promise<void> registered = left_ ? kj::Promise<void>(kj::READY_NOW) : registerSelf();
-  return registered.then([this]() { return client_.range(prefix_); })
-      .then([this](EtcdRange&& range) {
-        applyRange(range);
-        stats_.connected = true;
-        reportedDown_ = false;
-        logInfo("etcd_connected", "cluster=" + options_.cluster + " node=" + options_.self.nodeId +
-                                      " lease=" + std::to_string(lease_) +
-                                      " revision=" + std::to_string(range.revision) +
-                                      " members=" + std::to_string(published_.size()));
-        auto watch =
-            client_.watch(prefix_, range.revision + 1,
-                          [this](const std::vector<EtcdEvent>& events) { applyEvents(events); });
-        return watch.exclusiveJoin(keepAliveLoop());
-      });
+  return registered.then([this]() { return watchMembers(true).exclusiveJoin(keepAliveLoop()); });
+}
+
+kj::Promise<void> EtcdMembership::watchMembers(bool first) {
+  return client_.range(prefix_).then([this, first](EtcdRange&& range) {
+    applyRange(range);
+    if (first) {
+      stats_.connected = true;
+      reportedDown_ = false;
+      logInfo("etcd_connected", "cluster=" + options_.cluster + " node=" + options_.self.nodeId +
+                                    " lease=" + std::to_string(lease_) +
+                                    " revision=" + std::to_string(range.revision) +
+                                    " members=" + std::to_string(published_.size()));
+    } else {
+      ++stats_.watchRenewals;
+    }
+    auto watch =
+        client_.watch(prefix_, range.revision + 1,
+                      [this](const std::vector<EtcdEvent>& events) { applyEvents(events); });
+    // The watch ends (cancelled) when the renewal is due, and a new one begins.
+    return watch.exclusiveJoin(timer_.afterDelay(options_.watchRenewal)).then([this]() {
+      return watchMembers(false);
+    });
+  });
 }
 
 kj::Promise<void> EtcdMembership::registerSelf() {

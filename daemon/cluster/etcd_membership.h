@@ -47,6 +47,11 @@ struct EtcdMembershipOptions {
   // First delay before retrying after a failure; it doubles per failure in a row up to
   // max(retryDelay, kMaxEtcdRetryDelay), and starts over after a successful registration.
   kj::Duration retryDelay = 500 * kj::MILLISECONDS;
+  // The watch is begun again (after a fresh read of the members) this often: a watch whose
+  // connection went silent without closing (a half-open connection: a NAT or firewall dropped it)
+  // delivers nothing, while the keepalives, each on a connection of its own, still succeed. So the
+  // member list is never staler than this.
+  kj::Duration watchRenewal = 2 * kj::MINUTES;
 };
 
 constexpr kj::Duration kMaxEtcdRetryDelay = 4 * kj::SECONDS;
@@ -90,6 +95,7 @@ class EtcdMembership {
     uint64_t keepAlives;     // successful lease refreshes
     uint64_t watchEvents;    // events received on the watch
     uint64_t errors;         // failed attempts (each is followed by a retry)
+    uint64_t watchRenewals;  // watches begun again after options.watchRenewal
   };
   Stats stats() const { return stats_; }
 
@@ -103,6 +109,8 @@ class EtcdMembership {
  private:
   kj::Promise<void> loop(kj::Duration delay);
   kj::Promise<void> session();
+  // Reads the members, then watches them until options_.watchRenewal has passed, and again.
+  kj::Promise<void> watchMembers(bool first);
   kj::Promise<void> registerSelf();
   kj::Promise<void> keepAliveLoop();
   // The record a key/value under our prefix stands for; nullopt (logged) for anything else.
@@ -126,7 +134,7 @@ class EtcdMembership {
   bool left_ = false;
   bool running_ = false;       // a run() promise exists
   bool reportedDown_ = false;  // logged the current outage already
-  Stats stats_{false, 0, 0, 0, 0};
+  Stats stats_{false, 0, 0, 0, 0, 0};
 };
 
 }  // namespace kvtier::cluster

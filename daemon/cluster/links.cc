@@ -106,7 +106,8 @@ void ClusterService::Impl::linkDown(Link& link, const kj::Exception& why) {
   link.up = false;
   link.peer = nullptr;
   link.ucxSetup = nullptr;
-  link.ucx = nullptr;  // force-closes: gets in flight fail, their blocks are freed
+  ++link.transportEpoch;  // a setup still under way changes nothing when it ends
+  link.ucx = nullptr;     // force-closes: gets in flight fail, their blocks are freed
   link.regions.clear();
   link.rpc = nullptr;
   link.stream = nullptr;
@@ -189,9 +190,10 @@ kj::Promise<void> ClusterService::Impl::ensureTransport(std::shared_ptr<Link> li
   link->ucx = nullptr;
   link->regions.clear();
   KJ_IF_MAYBE (p, link->peer) {
+    const uint64_t epoch = ++link->transportEpoch;
     auto setup =
         withDeadline(timer_, options_.peerTimeout, p->transportInfoRequest().send())
-            .then([this, link](capnp::Response<peer::Peer::TransportInfoResults> response) {
+            .then([this, link, epoch](capnp::Response<peer::Peer::TransportInfoResults> response) {
               auto extents = response.getExtents();
               if (extents.size() > kMaxRemoteExtents) {
                 throwRpcError(invalid("a peer described too many extents"));
@@ -201,7 +203,11 @@ kj::Promise<void> ClusterService::Impl::ensureTransport(std::shared_ptr<Link> li
               std::shared_ptr<UcxEndpoint> ep =
                   orThrow(ucx_->connect(hostOf(link->address), response.getUcxPort()));
               auto ready = ep->connected(timer_.now() + options_.peerTimeout);
-              return ready.then([this, link, ep, response = kj::mv(response)]() mutable {
+              return ready.then([this, link, ep, epoch, response = kj::mv(response)]() mutable {
+                if (link->transportEpoch != epoch) {
+                  throwRpcError(makeError(ErrorCode::kUnavailable, "the link to ", link->nodeId,
+                                          " changed while its transport was set up"));
+                }
                 for (auto x : response.getExtents()) {
                   const uint32_t index = orThrow(ep->addRemoteRegion(x.getAddress(), x.getBytes()));
                   link->regions[x.getId()] = Link::Region{index, x.getAddress(), x.getBytes()};
@@ -210,12 +216,17 @@ kj::Promise<void> ClusterService::Impl::ensureTransport(std::shared_ptr<Link> li
                 logInfo("ucx_endpoint", "node=" + link->nodeId);
               });
             })
-            .then([link] { link->ucxSetup = nullptr; },
-                  [link](kj::Exception&& e) {
+            .then(
+                [link, epoch] {
+                  if (link->transportEpoch == epoch) link->ucxSetup = nullptr;
+                },
+                [link, epoch](kj::Exception&& e) {
+                  if (link->transportEpoch == epoch) {
                     link->ucxSetup = nullptr;
                     link->regions.clear();
-                    kj::throwFatalException(kj::mv(e));
-                  })
+                  }
+                  kj::throwFatalException(kj::mv(e));
+                })
             .fork();
     auto branch = setup.addBranch();
     link->ucxSetup = kj::mv(setup);
