@@ -56,7 +56,8 @@ Status Client::Impl::setup(kj::AsyncIoContext& context) {
 }
 
 void Client::Impl::teardown() {
-  // In reverse order, on the loop's thread.
+  // In reverse order, on the loop's thread; leases dropped on other threads first.
+  dropQueued();
   session = nullptr;
   rpcSystem = nullptr;
   network = nullptr;

@@ -149,6 +149,8 @@ struct Client::Impl {
       return makeError(ErrorCode::kInvalidArgument,
                        "a caller-thread kvtier::Client was used from another thread");
     }
+    // Handles dropped on other threads are released before this call (caller-thread mode).
+    if (callerThread) dropQueued();
     // Releases sent over the lane are served before this call (another connection).
     if (lane) lane->sync();
     try {
@@ -248,8 +250,18 @@ struct Space::Impl {
 struct BlockSums {
   std::vector<uint64_t> sum;
   std::vector<uint8_t> fused;  // sum[i] holds block i's bytes as the last write left them
+  // Blocks whose bytes were handed out (WriteHandle::block): the caller may write them at any
+  // time before the commit, after a write() too, so the commit sums their bytes as they are then.
+  std::vector<uint8_t> handedOut;
   void forget(size_t first, size_t end) {  // blocks written some other way since
     for (size_t i = first; i < end && i < fused.size(); ++i) fused[i] = 0;
+  }
+  void handOut(size_t i) {
+    if (handedOut.size() <= i) handedOut.resize(i + 1, 0);
+    handedOut[i] = 1;
+  }
+  bool fusedSum(size_t i) const {
+    return i < fused.size() && fused[i] && !(i < handedOut.size() && handedOut[i]);
   }
 };
 
@@ -271,9 +283,11 @@ struct LeaseState {
       }
     }
     // Dropping the capability sends the daemon a release without waiting for it. A caller-thread
-    // client drops it here; an own-thread one hands it to its loop thread without waiting.
+    // client drops it here (on another thread, which has no event loop of the client's, it is
+    // queued: the client's thread drops it at its next call); an own-thread one hands it to its
+    // loop thread without waiting.
     KJ_IF_MAYBE (c, cap) {
-      if (client->callerThread) {
+      if (client->callerThread && std::this_thread::get_id() == client->callerThreadId) {
         (void)client->run([this] { cap = nullptr; });
       } else {
         client->dropLater(kj::mv(*c));

@@ -98,9 +98,8 @@ std::vector<uint64_t> commitSums(const Layout& layout, std::span<const std::span
   if (!gWriterChecksums.load(std::memory_order_relaxed)) return std::vector<uint64_t>(filled, 0);
   out.reserve(filled);
   for (size_t i = 0; i < filled; ++i) {
-    const bool fused = i < sums.fused.size() && sums.fused[i];
-    out.push_back(fused ? sums.sum[i]
-                        : kernels::blockChecksum(views[i].data(), layout.blockBytes()));
+    out.push_back(sums.fusedSum(i) ? sums.sum[i]
+                                   : kernels::blockChecksum(views[i].data(), layout.blockBytes()));
   }
   return out;
 }
@@ -113,8 +112,9 @@ WriteHandle::~WriteHandle() = default;
 
 std::span<uint8_t> WriteHandle::block(size_t i) const {
   if (i >= views_.size()) return {};
-  // Bytes written through the view are the caller's: the commit takes their checksum from them.
-  if (lease_) lease_->sums.forget(i, i + 1);
+  // Bytes written through the view are the caller's, up to the commit, which takes their checksum
+  // from them (never from a write()'s copy: the caller may write the view after it).
+  if (lease_) lease_->sums.handOut(i);
   return views_[i];
 }
 

@@ -124,6 +124,7 @@ class BlockPool {
     sums_[id] = sum;
     blocks_[id].summed = true;
   }
+  void clearChecksum(BlockId id) { blocks_[id].summed = false; }
   std::optional<uint64_t> checksum(BlockId id) const {
     return blocks_[id].summed ? std::optional<uint64_t>(sums_[id]) : std::nullopt;
   }

@@ -218,7 +218,9 @@ uint32_t Engine::classOf(SpaceId space, uint8_t tier) {
 
 BlockId Engine::allocate(SpaceId space, uint8_t tier) {
   if (tier != 0 && !pool_.hasTier(tier)) return kNoBlock;
-  return allocateClass(classOf(space, tier), spaces_[space].info.tenant);
+  const BlockId id = allocateClass(classOf(space, tier), spaces_[space].info.tenant);
+  if (id != kNoBlock) clearForInlineWriters(space, id);
+  return id;
 }
 
 bool Engine::mayEvict(BlockId victim, uint32_t cls) const {
@@ -385,6 +387,7 @@ bool Engine::allocateMany(SpaceId space, size_t n, std::vector<BlockId>& out, ui
     }
     out.push_back(id);
   }
+  for (size_t j = start; j < out.size(); ++j) clearForInlineWriters(space, out[j]);
   return true;
 }
 
@@ -660,10 +663,12 @@ Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name
     got.pop_back();
     pool_.setTenant(sinks_[cls], kNoTenant);  // shared scratch: nobody's
   }
-  for (BlockId id : got) clearForInlineWriters(space, id);
   // The lease pins every block it grants: never evicted, freed when the lease ends unless the
   // sequence took them.
-  if (inPlace) pin(seq->blocks[first]);
+  if (inPlace) {
+    pin(seq->blocks[first]);
+    pool_.clearChecksum(seq->blocks[first]);  // its bytes change: a checksum it had is stale
+  }
   for (BlockId id : got) pin(id);
   auto next = got.begin();
   for (size_t j = 0; j < blockCount; ++j) {

@@ -687,8 +687,10 @@ class Engine {
   // Frees a block that nothing holds any more, or hands a sealed one to the eviction policy.
   void settle(BlockId id);
   // Copies token slots [0, slots) of every layer's K and V from `from` to `to`.
-  // Zeroes a block granted to a namespace whose writers cannot map the pool
-  // (SpaceInfo::clearsFreshBlocks); nothing for others.
+  // Zeroes a block taken for a namespace whose writers cannot map the pool
+  // (SpaceInfo::clearsFreshBlocks); nothing for others. allocate() and allocateMany() do it for
+  // every block they take: a put's grant, and the blocks the engine fills in part itself (a
+  // copy-on-write copy, a restore's or a merge's joined block, a middle removal's).
   void clearForInlineWriters(SpaceId space, BlockId id);
   void copySlots(SpaceId space, BlockId from, BlockId to, uint32_t slots);
   // Seals block `index` of seq (full), keys it after block index-1, and dedups against the index.

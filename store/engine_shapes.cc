@@ -58,6 +58,24 @@ Result<SnapshotInfo> Engine::snapshot(SpaceId space, std::string_view name, uint
   snap.from = from;
   snap.to = length;
   snap.blocks.assign(seq->blocks.begin() + from / bt, seq->blocks.end());
+  // A partial last block that an open put appends to in place goes on changing: the snapshot
+  // takes a copy of its slots instead (its bytes, and the checksum the cold tier takes of them,
+  // must stay as they are).
+  if (auto writer = spaces_[space].writers.find(std::string(name));
+      writer != spaces_[space].writers.end()) {
+    const WriteLease& lease = writeLeases_.at(writer->second);
+    const BlockId last = snap.blocks.back();
+    if (lease.firstInPlace && lease.blocks[0] == last) {
+      const BlockId copy = allocate(space);
+      if (copy == kNoBlock) {
+        return makeError(ErrorCode::kFull, "pool has no block for the snapshot's last block");
+      }
+      const uint64_t lastStart = (from / bt + snap.blocks.size() - 1) * bt;
+      copySlots(space, last, copy, static_cast<uint32_t>(length - lastStart));
+      pool_[copy].state = BlockState::kPartial;
+      snap.blocks.back() = copy;
+    }
+  }
   for (BlockId b : snap.blocks) ref(b);
   snap.tokens = seq->tokens;
   snap.keys = seq->keys;

@@ -208,6 +208,34 @@ TEST_F(ShapesTest, SnapshotSharesBlocksAndSurvivesWritesTruncationAndRemoval) {
   EXPECT_EQ(read("r3"), tagsOf(t));
 }
 
+// A snapshot taken while a put appends in place to the sequence's partial last block: the block
+// goes on changing under the open put, so the snapshot holds a copy of its slots — bytes that
+// stay as they were (the cold tier checksums and copies them at different moments).
+TEST_F(ShapesTest, ASnapshotTakenDuringAnInPlaceAppendHoldsItsOwnCopyOfTheLastBlock) {
+  const auto t = toks(20, 1000);
+  ASSERT_TRUE(write("s", 0, t));
+  const auto appended = toks(8, 2000);
+  auto g = engine_->put(kOwner, space_, "s", 20, appended, {}, SeqOptions{});
+  ASSERT_TRUE(g.ok()) << g.error();
+  const BlockLocation last = g->blocks[0];  // the sequence's own partial block, in place
+  const auto s = snap("s", 0);
+  auto pinned = engine_->pinSnapshot(space_, s.id);
+  ASSERT_TRUE(pinned.ok()) << pinned.error();
+  ASSERT_EQ(pinned->parts.size(), 2u);
+  EXPECT_NE(pinned->parts[1].location, last) << "the snapshot shares a block still being written";
+  const std::vector<uint8_t> before(at(pinned->parts[1].location),
+                                    at(pinned->parts[1].location) + layout_.blockBytes());
+  fill(*g, 20, appended);
+  ASSERT_TRUE(engine_->commit(g->lease, kEnd).ok());
+  EXPECT_EQ(std::vector<uint8_t>(at(pinned->parts[1].location),
+                                 at(pinned->parts[1].location) + layout_.blockBytes()),
+            before);
+  ASSERT_TRUE(engine_->releaseRead(pinned->lease).ok());
+  ASSERT_TRUE(restore("r", s.id, 20).ok());
+  EXPECT_EQ(read("r"), tagsOf(t));
+  EXPECT_EQ(read("s"), tagsOf(cat(t, appended)));
+}
+
 TEST_F(ShapesTest, SnapshotSurvivesTheEndOfItsSession) {
   const auto t = toks(30, 1000);
   ASSERT_TRUE(write("s", 0, t, SeqOptions{}, /*owner=*/7));

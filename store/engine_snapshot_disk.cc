@@ -81,7 +81,13 @@ SnapshotWrite Engine::describeSnapshot(SnapshotId id, const Snapshot& snap) {
       continue;
     }
     const BlockMeta& meta = pool_[b];
-    SnapshotBytes bytes{pool_.location(b), sp.blockBytes, {}, 0, pool_.checksum(b)};
+    // A sealed block's checksum is its writer's; a partial block's is taken from its bytes when
+    // they are written (a checksum it carries may be of bytes an append has since replaced).
+    SnapshotBytes bytes{pool_.location(b),
+                        sp.blockBytes,
+                        {},
+                        0,
+                        meta.state == BlockState::kSealed ? pool_.checksum(b) : std::nullopt};
     if (meta.state == BlockState::kSealed && !meta.entry) {
       // Named by its content key: its bytes are (or will be) an ordinary block record.
       m.blocks.push_back(ManifestBlock{ManifestBlock::Kind::kSealed, meta.key});
@@ -219,6 +225,13 @@ Result<SnapshotLoad> Engine::beginSnapshotLoad(SpaceId space, SnapshotManifest m
   const SnapshotId id = manifest.id;
   if (manifest.fingerprint != sp.fingerprint || manifest.salt != sp.salt) {
     return invalid("the manifest of snapshot ", id, " names another namespace");
+  }
+  // Every block of a snapshot holds positions at or past its start, which a restore reads: one
+  // the manifest calls released (this engine writes none) would be a hole in the sequence.
+  for (size_t i = 0; i < manifest.blocks.size(); ++i) {
+    if (manifest.blocks[i].kind == ManifestBlock::Kind::kReleased) {
+      return invalid("block ", i, " of snapshot ", id, " names no bytes");
+    }
   }
   if (manifest.blockTokens != sp.layout.blockTokens || manifest.blockBytes != sp.blockBytes) {
     return invalid("the manifest of snapshot ", id, " has blocks of ", manifest.blockTokens,

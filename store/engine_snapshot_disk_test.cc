@@ -357,6 +357,10 @@ TEST(SnapshotDisk, AManifestThatDoesNotFitTheNamespaceIsRefusedAndChangesNothing
   inconsistent.blocks.pop_back();
   EXPECT_EQ(after.engine->beginSnapshotLoad(after.space, inconsistent).code(),
             ErrorCode::kInvalidArgument);
+  auto hole = m;  // a block that names no bytes (a restore would put a hole in the sequence)
+  hole.blocks[1] = ManifestBlock{};
+  EXPECT_EQ(after.engine->beginSnapshotLoad(after.space, hole).code(),
+            ErrorCode::kInvalidArgument);
   auto unissued = m;
   unissued.id = snap.id + 1;  // at the next id: it could be handed out again
   EXPECT_EQ(after.engine->beginSnapshotLoad(after.space, unissued).code(),

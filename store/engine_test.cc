@@ -141,6 +141,14 @@ TEST_F(EngineTest, BlocksOfInlineWritersAreClearedBeforeTheyAreGranted) {
   ASSERT_EQ(partial->blocks.size(), 2u);
   for (const auto& loc : partial->blocks) EXPECT_EQ(nonZero(loc), 0) << "a's bytes in b's block";
   ASSERT_TRUE(engine_->commit(partial->lease, kEnd, {}).ok());
+  // A block the engine fills in part itself: the copy-on-write copy of b's partial block.
+  ASSERT_TRUE(engine_->copyPrefix(kOwner, *inlineSpace, "b", "d", 20, SeqOptions{}).ok());
+  auto d = engine_->get(*inlineSpace, "d", 0, kEnd);
+  ASSERT_TRUE(d.ok()) << d.error();
+  ASSERT_EQ(d->blocks.size(), 2u);
+  EXPECT_NE(d->blocks[1], partial->blocks[1]) << "the partial block was copied";
+  EXPECT_EQ(nonZero(d->blocks[1]), 0) << "a's bytes in the copy of b's partial block";
+  ASSERT_TRUE(engine_->releaseRead(d->lease).ok());
   // Opening the namespace again (another session of b) keeps it so.
   EXPECT_TRUE(
       engine_->space(engine_->openSpace(layout_, saltFor("tenant-b")).value()).clearsFreshBlocks);

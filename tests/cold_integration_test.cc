@@ -9,6 +9,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <algorithm>
 #include <optional>
 
@@ -131,6 +133,41 @@ TEST(ColdIntegration, BytesChangedInThePoolBeforeTheSpillMissWhenPromoted) {
   // The bad record is gone: asked again, the same miss, without another corrupt read.
   EXPECT_EQ(matchedWithRightBytes(*space, 0), testLayout().blockTokens);
   EXPECT_EQ(client->stats().value().corruptDropped, 1u);
+}
+
+// A writer handed block 1 of its grant (WriteHandle::block) writes the whole grant with write(),
+// then puts block 1's final bytes through the view: the commit's checksum is of those, so block 1
+// is spilled and promoted whole (a checksum of write()'s bytes would drop it as corrupt).
+TEST(ColdIntegration, BytesPutThroughAHandedOutBlockAfterAWriteAreTheOnesChecked) {
+  DaemonProcess daemon(16 * kBlockBytes, "", coldOn());
+  auto client = daemon.connect();
+  auto space = client->open(testLayout()).value();
+  ASSERT_TRUE(client->mapped()) << "the test writes through the pool";
+  const Layout layout = testLayout();
+  const uint32_t bt = layout.blockTokens;
+  const auto t = prompt(0);
+  auto h = space->beginPut("p", 0, t);
+  ASSERT_TRUE(h.ok()) << h.error();
+  const std::span<uint8_t> view = h->block(1);
+  const auto other = synthetic::packedKv(layout, prompt(7), 0, t.size());
+  ASSERT_TRUE(h->write(0, t.size(), other.data(), other.size()).ok());  // not the prompt's bytes
+  const auto head = synthetic::packedKv(layout, t, 0, bt);
+  const auto tail = synthetic::packedKv(layout, t, 2 * bt, t.size());
+  ASSERT_TRUE(h->write(0, bt, head.data(), head.size()).ok());
+  ASSERT_TRUE(h->write(2 * bt, t.size(), tail.data(), tail.size()).ok());
+  const auto block1 = synthetic::packedKv(layout, t, bt, 2 * bt);
+  for (uint32_t lkv = 0; lkv < 2 * layout.numLayers; ++lkv) {
+    for (uint32_t slot = 0; slot < bt; ++slot) {
+      std::memcpy(view.data() + layout.slotOffset(lkv / 2, lkv % 2, slot),
+                  block1.data() + (uint64_t{lkv} * bt + slot) * layout.tokenBytes(),
+                  layout.tokenBytes());
+    }
+  }
+  ASSERT_TRUE(h->commit().ok());
+  ASSERT_TRUE(space->remove("p", 0).ok());
+  for (uint64_t i = 1; i < 30; ++i) putPrompt(*space, i);  // prompt 0 leaves memory
+  EXPECT_EQ(matchedWithRightBytes(*space, 0), t.size());
+  EXPECT_EQ(client->stats().value().corruptDropped, 0u);
 }
 
 // A batch of puts far past memory: the daemon grants an item only once the spiller has made room,

@@ -625,6 +625,14 @@ TEST(Integration, CallerThreadClientWorksOnItsThreadAndRefusesOthers) {
   other.join();
   EXPECT_EQ(fromOther.code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(space->length("c").value(), std::optional<uint64_t>(40));
+  // A handle dropped on another thread (which has no event loop of this client's) is released
+  // with the client's next call on its own thread.
+  auto held = space->get("c", 0, 40);
+  ASSERT_TRUE(held.ok()) << held.error();
+  EXPECT_GT(client->stats().value().blocksPinned, 0u);
+  std::thread dropper([h = std::move(held).value()]() mutable { ReadHandle gone = std::move(h); });
+  dropper.join();
+  EXPECT_EQ(client->stats().value().blocksPinned, 0u);
 }
 
 }  // namespace

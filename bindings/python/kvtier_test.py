@@ -101,6 +101,10 @@ def test_put_then_get_round_trips_bytes_through_numpy_views(
         assert not h.inline_data
         np.testing.assert_array_equal(h.copy_to(), kv)
         np.testing.assert_array_equal(h.copy_to(5, 21), kv[:, :, 5:21])
+        # A range past the handle is refused before anything is allocated for it.
+        for start, stop in ((0, 2**40), (0, 41), (39, 2**63)):
+            with pytest.raises(kvtier.InvalidArgument, match="outside the handle"):
+                h.copy_to(start, stop)
         for i, block in enumerate(h.blocks()):
             a = np.asarray(block)
             assert a.shape == layout.block_shape == block.shape

@@ -608,6 +608,11 @@ py::object copyTo(ReadHandleState& h, std::optional<uint64_t> start, std::option
   h.checkOpen();
   const uint64_t from = start.value_or(h.begin()), to = stop.value_or(h.end());
   if (to < from) throwError(ErrorCode::kInvalidArgument, "copy of [", from, ", ", to, ")");
+  // The handle's range before any allocation: a wild stop is InvalidArgument, not MemoryError.
+  if (from < h.begin() || to > h.end()) {
+    throwError(ErrorCode::kInvalidArgument, "copy of [", from, ", ", to,
+               ") is outside the handle's [", h.begin(), ", ", h.end(), ")");
+  }
   if (out.is_none()) {
     out = py::module_::import("numpy").attr("empty")(packedShape(h.layout(), to - from),
                                                      numpyDtypeName(h.layout().dtype));

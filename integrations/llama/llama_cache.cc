@@ -364,6 +364,10 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::open(llama_context* ctx,
   Sha256 sha;
   sha.begin();
   sha.update(settings, std::strlen(settings));
+  if (!options.adapters.empty()) {  // (none: the identity a context without adapters always had)
+    const std::string adapters = ";adapters=" + options.adapters;
+    sha.update(adapters.data(), adapters.size());
+  }
   auto id = sha.finish();
   Layout& layout = impl->layout;
   layout.modelId = "llama.cpp/" + arch + "/" + ggml_type_name(cp.type_k) + "-" +

@@ -170,6 +170,9 @@ TEST_F(LlamaIntegration, OtherWeightsAnotherKvTypeOrFlashAttentionFlippedMiss) {
   EXPECT_TRUE(has(q.out, "restored 0 unavailable 0")) << q.out;
   Run f = worker("restore", "f", with({"--fa", "off"}));
   EXPECT_TRUE(has(f.out, "restored 0 unavailable 0")) << f.out;
+  // A context that applies an adapter (named in CacheOptions::adapters): other weights too.
+  Run l = worker("restore", "l", with({"--adapters", "lora:5e1f@0.5"}));
+  EXPECT_TRUE(has(l.out, "restored 0 unavailable 0")) << l.out;
   // The baseline: the same settings hit.
   Run same = worker("restore", "same", prompt);
   EXPECT_TRUE(has(same.out, "restored 128 unavailable 0")) << same.out;

@@ -14,6 +14,7 @@
 //   --split P[,P...]  batch boundaries (positions) of every evaluation
 //   --fa on|off, --type-k/--type-v f16|f32|q8_0, --block N, --ctx N, --logits PATH
 //   --scratch on  a unified KV cache whose last sequence is the cache's (CacheOptions::scratchSeq)
+//   --adapters S  CacheOptions::adapters (the adapters the context is said to apply)
 //   --wait-fifo PATH  after opening the cache, wait for one byte on this FIFO
 #include <fcntl.h>
 #include <unistd.h>
@@ -33,7 +34,7 @@ namespace sup = kvtier::llama::support;
 namespace {
 
 struct Args {
-  std::string mode, model, socket, logits, waitFifo;
+  std::string mode, model, socket, logits, waitFifo, adapters;
   std::vector<std::string> prompts;
   std::vector<size_t> splits;
   sup::ContextSettings ctx;
@@ -86,6 +87,7 @@ int main(int argc, char** argv) {
     else if (k == "--block") a.block = static_cast<uint32_t>(std::stoul(v));
     else if (k == "--ctx") a.ctx.nCtx = static_cast<uint32_t>(std::stoul(v));
     else if (k == "--scratch") a.scratch = v == "on";
+    else if (k == "--adapters") a.adapters = v;
     else if (k == "--split") {
       std::stringstream ss(v);
       std::string p;
@@ -109,6 +111,7 @@ int main(int argc, char** argv) {
     opts.contextParams = cp;
     opts.blockTokens = a.block;
     if (a.scratch) opts.scratchSeq = static_cast<llama_seq_id>(a.ctx.nSeq - 1);
+    opts.adapters = a.adapters;
     auto c = kvtier::llama::PrefixCache::open(ctx.get(), opts);
     if (!c.ok()) return fail(c.error().toString());
     cache = std::move(c.value());

@@ -7,7 +7,7 @@ namespace kvtier::llama {
 namespace {
 
 // Bounds on what a parsed state may claim before any size arithmetic is trusted with it.
-constexpr uint32_t kMaxStreams = 1024;   // llama.cpp's LLAMA_MAX_SEQ is 256
+constexpr uint32_t kMaxStreams = 1024;  // llama.cpp's LLAMA_MAX_SEQ is 256
 constexpr uint32_t kMaxLayers = 4096;
 
 // A bounds-checked reader over the state's bytes.
@@ -30,6 +30,7 @@ class Reader {
   }
   bool atEnd() const { return pos_ == bytes_.size(); }
   size_t pos() const { return pos_; }
+  size_t left() const { return bytes_.size() - pos_; }
 
  private:
   std::span<const uint8_t> bytes_;
@@ -80,6 +81,9 @@ Result<SeqStateView> parseSeqState(std::span<const uint8_t> state, uint32_t expe
     if (cells == 0) continue;
     if (seen) return bad(r.pos(), "cells in more than one stream");
     seen = true;
+    // Each cell takes 12 bytes (position, sequence count, sequence): a count the bytes cannot hold
+    // is refused before anything is sized by it.
+    if (cells > r.left() / 12) return bad(r.pos(), "more cells than the state holds");
     view.cellCount = cells;
     view.positions.resize(cells);
     for (uint32_t i = 0; i < cells; ++i) {

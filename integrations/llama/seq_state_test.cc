@@ -144,6 +144,11 @@ TEST_F(SeqStateTest, EveryTruncationAndExtensionIsRefused) {
   auto otherSeq = state;
   otherSeq[4 * 6] ^= 1;
   EXPECT_FALSE(parseSeqState(otherSeq, 1).ok());
+  // A cell count the bytes cannot hold (offset 12) is refused before anything is sized by it.
+  auto huge = state;
+  const uint32_t cells = UINT32_MAX;
+  std::memcpy(huge.data() + 12, &cells, sizeof cells);
+  EXPECT_EQ(parseSeqState(huge, 1).code(), ErrorCode::kInvalidArgument);
 }
 
 TEST_F(SeqStateTest, AnEmptySequenceHasNoCells) {

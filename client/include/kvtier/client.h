@@ -48,7 +48,8 @@ enum class ClientThreading {
   // thread and back).
   kOwnThread,
   // The client runs on the thread that calls connect(), with no hop: lowest latency, for engines
-  // whose scheduler thread does all cache calls. Calls from another thread fail (INVALID_ARGUMENT).
+  // whose scheduler thread does all cache calls. Calls from another thread fail (INVALID_ARGUMENT);
+  // a handle dropped on another thread is released with the client's next call on its own.
   kCallerThread,
 };
 
@@ -195,7 +196,9 @@ class WriteHandle {
   size_t blockCount() const { return refs_.size(); }
   // Writable bytes of granted block i, in the shared pool; empty for inline clients. Slots of
   // block(0) before begin() hold the sequence's existing bytes: do not write them. The commit
-  // takes the checksum of a block handed out here from its bytes (write() fuses it into its copy).
+  // takes the checksum of a block handed out here from its bytes as they are then, writes
+  // through the view after a write() included (write() fuses the checksum of blocks never handed
+  // out into its copy).
   std::span<uint8_t> block(size_t i) const;
 
   // Writes positions [from, to) ⊆ [begin(), end()) from a packed buffer (into the mapped blocks,

@@ -57,6 +57,12 @@ struct CacheOptions {
   // file at `modelPath` (read once at open: about a second per 2 GB).
   std::string modelPath;
   std::string modelDigest;
+  // Everything else that changes the model's weights for this context: each LoRA adapter
+  // (llama_set_adapters_lora) and control vector (llama_set_adapter_cvec) it applies, named by a
+  // stable digest of the adapter and its scale, e.g. "lora:<sha256>@0.5;cvec:<sha256>@1-32".
+  // Part of the identity: another list, or none, never shares KV with this one. llama.cpp has no
+  // call to read a context's adapters back, so a context that applies any must name them here.
+  std::string adapters;
   // The parameters the context was created with: K and V types, flash attention, RoPE overrides.
   // Flash attention AUTO is taken as enabled (as llama.cpp resolves it on the CPU); a context
   // that resolved otherwise fails store() with INVALID_ARGUMENT and misses on restore().
