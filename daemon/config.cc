@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "transport/busy_poll.h"
+#include "transport/pool_fds.h"
 
 namespace kvtier {
 namespace {
@@ -224,6 +225,14 @@ Result<DaemonConfig> parseDaemonArgs(const std::vector<std::string>& args) {
   }
   if (!config.peers.empty() && !config.etcd.empty()) {
     return makeError(ErrorCode::kInvalidArgument, "--peers and --etcd exclude each other");
+  }
+  // Clients map the pool extent by extent, and a pool on huge pages hands them a descriptor per
+  // extent in one reply (transport/pool_fds.h): a bound on their number.
+  if (const uint64_t extents = (config.hostPoolBytes + config.extentBytes - 1) / config.extentBytes;
+      extents > pool_fds::kMaxExtents) {
+    return makeError(ErrorCode::kInvalidArgument, "--host-pool-bytes ", config.hostPoolBytes,
+                     " in extents of ", config.extentBytes, " bytes makes ", extents,
+                     " extents, over ", pool_fds::kMaxExtents, ": give larger --extent-bytes");
   }
   return config;
 }

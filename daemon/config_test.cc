@@ -53,6 +53,17 @@ TEST(DaemonConfig, HugePagesDefaultToAutoAndTakeOnOrOff) {
   EXPECT_NE(std::string(daemonUsage()).find("--huge-pages auto|on|off"), std::string::npos);
 }
 
+// Clients map the pool extent by extent (a descriptor each on huge pages, in one reply of at most
+// 4,096): a pool of more extents is refused at start, not a pool clients silently cannot map.
+TEST(DaemonConfig, APoolOfTooManyExtentsIsRefused) {
+  EXPECT_TRUE(parseDaemonArgs({"--host-pool-bytes", "8G", "--extent-bytes", "2M"}).ok());
+  auto c = parseDaemonArgs({"--extent-bytes", "2M", "--host-pool-bytes", "10G"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.error().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(c.error().message().find("5120 extents, over 4096"), std::string::npos)
+      << c.error().message();
+}
+
 TEST(DaemonConfig, GpusTakeAllNoneOrAList) {
   auto none = parseDaemonArgs({"--gpus", "none"});
   ASSERT_TRUE(none.ok());

@@ -2,7 +2,10 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <kj/async-unix.h>
@@ -67,13 +70,78 @@ class InstanceLock {
   int fd_;
 };
 
-// Segment names carry a digest of the data directory, so daemons with different data directories
-// never collide and a restarted one finds what its predecessor left.
+// Serves the metrics endpoint's connections: at most kMaxMetricsConnections at once (more are
+// closed as they come), and a failed accept (out of descriptors) is logged and tried again — it
+// never ends the daemon.
+class MetricsAcceptor final : private kj::TaskSet::ErrorHandler {
+ public:
+  static constexpr size_t kMaxMetricsConnections = 64;
+  MetricsAcceptor(kj::ConnectionReceiver& listener, kj::HttpServer& http, kj::Timer& timer)
+      : listener_(listener), http_(http), timer_(timer), connections_(*this) {}
+  kj::Promise<void> run() {
+    // (kj's accept() throws at once when accept(2) fails: evalNow makes that a rejection too.)
+    return kj::evalNow([this] { return listener_.accept(); }).then(
+        [this](kj::Own<kj::AsyncIoStream> connection) {
+          if (open_ < kMaxMetricsConnections) {
+            ++open_;
+            connections_.add(
+                http_.listenHttp(kj::mv(connection)).attach(kj::defer([this] { --open_; })));
+          }  // else dropped here: closed
+          return run();
+        },
+        [this](kj::Exception&& e) {
+          logWarn("accept_failed", "listener=metrics reason=\"" +
+                                       std::string(e.getDescription().cStr()).substr(0, 200) +
+                                       "\"");
+          return timer_.afterDelay(kAcceptRetryDelay).then([this] { return run(); });
+        });
+  }
+
+ private:
+  void taskFailed(kj::Exception&&) override {}  // one connection's end: nothing to do
+  kj::ConnectionReceiver& listener_;
+  kj::HttpServer& http_;
+  kj::Timer& timer_;
+  size_t open_ = 0;
+  kj::TaskSet connections_;
+};
+
+// The soft limit on open descriptors raised to the hard one: every client, peer and metrics
+// connection takes one, and the usual soft limit of 1024 is a few hundred clients.
+void raiseDescriptorLimit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
+// Whether something accepts connections on the Unix socket at `path` now.
+bool socketServed(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
+  const bool served = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return served;
+}
+
+// Segment names carry a digest of the data directory — its path, and the device and inode it is
+// on (two containers that mount other volumes at the same path, in one IPC namespace, get other
+// names) — so daemons with different data directories never collide and a restarted one finds
+// what its predecessor left.
 std::string segmentPrefix(const std::filesystem::path& dataDir) {
   Sha256 sha;
   sha.begin();
   const std::string abs = std::filesystem::absolute(dataDir).lexically_normal().string();
   sha.update(abs.data(), abs.size());
+  struct stat st{};
+  if (::stat(abs.c_str(), &st) == 0) {
+    const uint64_t where[2] = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+    sha.update(where, sizeof where);
+  }
   auto digest = sha.finish();
   Key128 k;
   std::memcpy(k.bytes.data(), digest.data(), k.bytes.size());
@@ -200,9 +268,10 @@ Result<std::string> readClusterToken(const std::string& path) {
   if (path.empty()) return std::string();
   std::ifstream in(path, std::ios::binary);
   if (!in) return makeError(ErrorCode::kInvalidArgument, "cannot read --cluster-token-file ", path);
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  std::string token = buf.str();
+  // At most one byte past the bound is read: a file that never ends (/dev/zero) is refused too.
+  std::string token(4096 + 3, '\0');
+  in.read(token.data(), static_cast<std::streamsize>(token.size()));
+  token.resize(static_cast<size_t>(in.gcount()));
   while (!token.empty() && (token.back() == '\n' || token.back() == '\r')) token.pop_back();
   if (token.size() > 4096) {
     return makeError(ErrorCode::kInvalidArgument, "--cluster-token-file holds over 4096 bytes");
@@ -232,6 +301,7 @@ int run(const DaemonConfig& config) {
   // removes the socket and the pool's segments.
   kj::UnixEventPort::captureSignal(SIGTERM);
   kj::UnixEventPort::captureSignal(SIGINT);
+  raiseDescriptorLimit();
   // A cluster listener off loopback without a strong token is refused before anything starts.
   auto token = readClusterToken(config.clusterTokenFile);
   if (!token) {
@@ -304,7 +374,21 @@ int run(const DaemonConfig& config) {
   std::unique_ptr<TierService> tiers = gpus.tierService(engine);
 
   const std::string socketPath = config.effectiveSocketPath();
-  ::unlink(socketPath.c_str());  // we hold the lock: any socket file here is a dead daemon's
+  // The lock covers the data directory, and --socket may lie outside it: a socket another daemon
+  // serves there is not ours to take, and a path that is not a socket is not ours to remove.
+  struct stat existing{};
+  if (::lstat(socketPath.c_str(), &existing) == 0) {
+    if (!S_ISSOCK(existing.st_mode)) {
+      logWarn("startup_failed", "reason=\"" + socketPath + " exists and is not a socket\"");
+      return 1;
+    }
+    if (socketServed(socketPath)) {
+      logWarn("startup_failed",
+              "reason=\"another process serves " + socketPath + " (another kvtierd?)\"");
+      return 1;
+    }
+    ::unlink(socketPath.c_str());  // a dead daemon's
+  }
 
   auto io = kj::setupAsyncIo();
   kj::Own<kj::ConnectionReceiver> listener;
@@ -421,15 +505,20 @@ int run(const DaemonConfig& config) {
   std::fflush(stdout);
 
   auto stop = io.unixEventPort.onSignal(SIGTERM).exclusiveJoin(io.unixEventPort.onSignal(SIGINT));
-  kj::Promise<void> accepting = server.acceptLoop(*listener, io.unixEventPort);
+  kj::Promise<void> accepting =
+      server.acceptLoop(*listener, io.unixEventPort, io.provider->getTimer());
+  kj::Own<MetricsAcceptor> metricsAcceptor;
   if (metricsServer) {
-    accepting = accepting.exclusiveJoin(metricsServer->listenHttp(*metricsListener));
+    metricsAcceptor =
+        kj::heap<MetricsAcceptor>(*metricsListener, *metricsServer, io.provider->getTimer());
+    accepting = accepting.exclusiveJoin(metricsAcceptor->run());
   }
   auto serving = accepting.then([]() -> siginfo_t { KJ_UNREACHABLE; });
   const siginfo_t signal = stop.exclusiveJoin(kj::mv(serving)).wait(io.waitScope);
   logInfo("shutdown", "signal=" + std::to_string(signal.si_signo) +
                           " sessions=" + std::to_string(server.sessions()));
   listener = nullptr;
+  metricsAcceptor = nullptr;
   metricsServer = nullptr;
   metricsListener = nullptr;
   ::unlink(socketPath.c_str());

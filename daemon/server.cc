@@ -984,11 +984,20 @@ void Server::nameTenant(const Salt& salt, std::string name) {
 
 Server::~Server() = default;
 
-kj::Promise<void> Server::acceptLoop(kj::ConnectionReceiver& listener, kj::UnixEventPort& port) {
-  return listener.accept().then([this, &listener, &port](kj::Own<kj::AsyncIoStream> stream) {
-    accept(readWatchedSocket(port, kj::mv(stream)));
-    return acceptLoop(listener, port);
-  });
+kj::Promise<void> Server::acceptLoop(kj::ConnectionReceiver& listener, kj::UnixEventPort& port,
+                                     kj::Timer& timer) {
+  // (kj's accept() throws at once when accept(2) fails: evalNow makes that a rejection too.)
+  return kj::evalNow([&listener] { return listener.accept(); }).then(
+      [this, &listener, &port, &timer](kj::Own<kj::AsyncIoStream> stream) {
+        accept(readWatchedSocket(port, kj::mv(stream)));
+        return acceptLoop(listener, port, timer);
+      },
+      [this, &listener, &port, &timer](kj::Exception&& e) {
+        logWarn("accept_failed", "reason=" + logQuoted(e.getDescription().cStr()));
+        return timer.afterDelay(kAcceptRetryDelay).then([this, &listener, &port, &timer] {
+          return acceptLoop(listener, port, timer);
+        });
+      });
 }
 
 void Server::accept(kj::Own<kj::AsyncIoStream> stream) {

@@ -27,6 +27,9 @@
 
 namespace kvtier {
 
+// After a failed accept (the process is out of descriptors), the pause before the next try.
+inline constexpr kj::Duration kAcceptRetryDelay = 250 * kj::MILLISECONDS;
+
 // A GPU pool as clients see it: its device, its engine tier and its exported extents.
 struct GpuPoolExport {
   struct Extent {
@@ -55,7 +58,10 @@ class Server final : private kj::TaskSet::ErrorHandler {
 
   // Accepts connections until the returned promise is cancelled. Each is read through a
   // SocketStream on `port` (the loop's own event port), which watches it for reading only.
-  kj::Promise<void> acceptLoop(kj::ConnectionReceiver& listener, kj::UnixEventPort& port);
+  // Accepts clients until cancelled. A failed accept (out of descriptors: EMFILE) is logged and
+  // tried again after a pause; it never ends the loop, nor the daemon.
+  kj::Promise<void> acceptLoop(kj::ConnectionReceiver& listener, kj::UnixEventPort& port,
+                               kj::Timer& timer);
 
   // Who is admitted and who maps the pools (daemon/access.h). Default: the daemon's effective uid
   // and gid.

@@ -9,9 +9,11 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 #include <vector>
 
+#include "tests/temp_dir.h"
 #include "tests/test_support.h"
 #include "tools/synthetic_kv.h"
 #include "transport/shm_segment.h"
@@ -314,6 +316,33 @@ TEST(Integration, SecondDaemonOnTheSameDataDirRefusesToStart) {
   EXPECT_THROW(DaemonProcess second(64 << 20, first.dataDir()), std::runtime_error);
   auto client = first.connect();  // the first one is unharmed
   EXPECT_TRUE(client->stats().ok());
+}
+
+// --socket may lie outside the data directory, where the lock does not reach: a daemon of another
+// data directory naming a socket a live daemon serves refuses to start (the first stays
+// reachable), and a path that is not a socket is refused and left as it is.
+TEST(Integration, ADaemonRefusesALiveSocketOrAPathThatIsNotOne) {
+  DaemonProcess first;
+  std::string out;
+  EXPECT_EQ(test::runDaemonExpectingFailure(64 << 20, {"--socket", first.socket()}, &out), 1)
+      << out;
+  EXPECT_NE(out.find("another process serves " + first.socket()), std::string::npos) << out;
+  EXPECT_TRUE(first.connect()->stats().ok()) << "the first daemon lost its socket";
+  test::TempDir dir;
+  const std::string file = dir.file("notes.txt");
+  std::ofstream(file) << "keep me";
+  EXPECT_EQ(test::runDaemonExpectingFailure(64 << 20, {"--socket", file}, &out), 1) << out;
+  EXPECT_NE(out.find(file + " exists and is not a socket"), std::string::npos) << out;
+  EXPECT_TRUE(std::filesystem::exists(file));
+}
+
+// A cluster token file is read up to its bound, never whole: one that never ends is refused.
+TEST(Integration, AnEndlessClusterTokenFileIsRefused) {
+  std::string out;
+  EXPECT_EQ(
+      test::runDaemonExpectingFailure(64 << 20, {"--cluster-token-file", "/dev/zero"}, &out), 1)
+      << out;
+  EXPECT_NE(out.find("over 4096 bytes"), std::string::npos) << out;
 }
 
 TEST(Integration, ConnectToMissingDaemonIsUnavailable) {

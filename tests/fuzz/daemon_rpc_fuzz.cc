@@ -203,7 +203,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   {
     Server server(engine, *h.pool);
     kj::Promise<void> accepting =
-        server.acceptLoop(*h.listener, h.io.unixEventPort).eagerlyEvaluate(nullptr);
+        server.acceptLoop(*h.listener, h.io.unixEventPort, h.io.provider->getTimer()).eagerlyEvaluate(nullptr);
     {
       auto stream = h.connectAddress->connect().wait(h.io.waitScope);
       if (data[0] >= 0xF0) {
