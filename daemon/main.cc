@@ -116,14 +116,16 @@ void raiseDescriptorLimit() {
   }
 }
 
-// Whether something accepts connections on the Unix socket at `path` now.
+// Whether something listens on the Unix socket at `path` now (without waiting: a listener whose
+// backlog is full answers EAGAIN, and is there all the same).
 bool socketServed(const std::string& path) {
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return false;
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   std::strncpy(addr.sun_path, path.c_str(), sizeof addr.sun_path - 1);
-  const bool served = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  const bool served =
+      ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 || errno == EAGAIN;
   ::close(fd);
   return served;
 }
