@@ -450,12 +450,18 @@ TEST_F(EtcdMembershipTest, AWatchWhoseConnectionWentSilentIsRenewed) {
   ASSERT_TRUE(loop_.runUntil([&]() {
     return a->ids() == Ids{"a", "b"} && b->ids() == Ids{"a", "b"};
   }));
+  // a's watch is up (it has delivered an event: its connection exists) before the freeze; the
+  // first read of the members comes before the watch, and does not show it.
+  auto direct = client();
+  const uint64_t events = a->stats().watchEvents;
+  loop_.wait(direct->put("/kvtier/c1/nodes/x", encodeMemberValue({"x", "10.0.0.9:1", ""})));
+  ASSERT_TRUE(loop_.runUntil([&]() { return a->stats().watchEvents > events; }));
   const uint64_t renewals = a->stats().watchRenewals;
   proxy.freeze();
   auto c = start("c");
-  ASSERT_TRUE(loop_.runUntil([&]() { return b->ids() == Ids{"a", "b", "c"}; }));
+  ASSERT_TRUE(loop_.runUntil([&]() { return b->ids() == Ids{"a", "b", "c", "x"}; }));
   ASSERT_TRUE(loop_.runUntil([&]() {
-    return a->ids() == Ids{"a", "b", "c"};
+    return a->ids() == Ids{"a", "b", "c", "x"};
   })) << "a's silent watch was never renewed";
   EXPECT_GT(a->stats().watchRenewals, renewals);
   EXPECT_EQ(a->stats().errors, 0u) << "a's keepalives and reads went on";
