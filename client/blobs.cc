@@ -135,3 +135,122 @@ Result<std::vector<uint64_t>> Space::checkpoints(std::string_view seq) {
 }
 
 }  // namespace kvtier
+
+namespace kvtier {
+
+// ---------------------------------------------------------------------------------------------
+// Prefix states
+
+Result<WriteHandle> Space::beginPutStateImpl(std::span<const uint32_t> tokens,
+                                             std::span<const Key128> keys) {
+  if (!layout_.hasState()) {
+    return makeError(ErrorCode::kInvalidArgument,
+                     "the space's layout declares no state (Layout::stateBytes)");
+  }
+  if (tokens.size() > kMaxTokensPerCall) {
+    return makeError(ErrorCode::kInvalidArgument, "state after ", tokens.size(), " tokens exceeds ",
+                     kMaxTokensPerCall);
+  }
+  auto* client = client_.impl_.get();
+  auto lease = std::make_unique<LeaseState>();
+  lease->client = client;
+  uint64_t position = 0;
+  std::vector<BlockRef> refs;
+  auto status = client->run([&] {
+    auto req = impl_->space().putStateRequest();
+    setTokens(req.initTokens(tokens.size()), tokens);
+    setKeys(req.initKeys(keys.size()), keys);
+    return req.send().then([&](capnp::Response<rpc::Space::PutStateResults>&& r) {
+      lease->cap = r.getLease();
+      position = r.getPosition();
+      for (auto b : r.getBlocks()) refs.push_back(refFrom(b));
+    });
+  });
+  if (!status) return status.error();
+  const auto partial = static_cast<uint32_t>(position % layout_.blockTokens);
+  if (refs.size() != layout_.stateChunks(partial)) {
+    return makeError(ErrorCode::kInternal, "daemon granted ", refs.size(),
+                     " chunks for a state of ", layout_.stateChunks(partial));
+  }
+  WriteHandle handle(this, std::move(lease));
+  handle.begin_ = handle.end_ = handle.firstPosition_ = position;
+  handle.stateBytes_ = uint64_t{layout_.stateChunks(partial)} * layout_.chunkBytes();
+  handle.refs_ = std::move(refs);
+  if (client->mapped) {
+    for (const auto& ref : handle.refs_) {
+      auto v = client->grantedView(ref);
+      if (!v) return v.error();
+      handle.views_.push_back(*v);
+    }
+  }
+  return handle;
+}
+
+Result<WriteHandle> Space::beginPutState(std::span<const uint32_t> tokens) {
+  if (tokens.empty()) return makeError(ErrorCode::kInvalidArgument, "a state after no tokens");
+  return beginPutStateImpl(tokens, {});
+}
+
+Result<WriteHandle> Space::beginPutStateKeys(std::span<const Key128> keys) {
+  if (keys.empty()) return makeError(ErrorCode::kInvalidArgument, "a state after no blocks");
+  return beginPutStateImpl({}, keys);
+}
+
+namespace {
+
+// Writes the state (and the partial block's KV) into a state lease and commits it.
+Status fillState(const Layout& layout, WriteHandle& w, uint32_t partial, const void* state,
+                 size_t bytes, const void* partialKv) {
+  uint64_t offset = 0;
+  if (partial > 0) {
+    // A block of the layout holding the partial KV in its first slots, the rest zeros.
+    std::vector<uint8_t> block(layout.blockBytes(), 0);
+    kernels::unpackSlots({layout.numLayers, layout.blockTokens, layout.tokenBytes()}, block.data(),
+                         0, partial, static_cast<const uint8_t*>(partialKv), partial, 0);
+    if (auto s = w.writeState(0, block.data(), block.size()); !s) return s;
+    offset = block.size();
+  }
+  if (auto s = w.writeState(offset, state, bytes); !s) return s;
+  // The last chunk's bytes past the payload are zeros (a chunk is checksummed and spilled whole).
+  const uint64_t chunk = layout.chunkBytes(), end = offset + bytes;
+  const uint64_t tail = (chunk - end % chunk) % chunk;
+  if (tail > 0) {
+    std::vector<uint8_t> zeros(tail, 0);
+    if (auto s = w.writeState(end, zeros.data(), zeros.size()); !s) return s;
+  }
+  auto committed = w.commit();
+  if (!committed) return committed.error();
+  return {};
+}
+
+}  // namespace
+
+Status Space::putState(std::span<const uint32_t> tokens, const void* state, size_t bytes,
+                       const void* partialKv, size_t partialBytes) {
+  const uint32_t partial = static_cast<uint32_t>(tokens.size() % layout_.blockTokens);
+  if (bytes != layout_.stateBytes || (bytes > 0 && state == nullptr)) {
+    return makeError(ErrorCode::kInvalidArgument, "a state of ", bytes, " bytes; the layout's is ",
+                     layout_.stateBytes);
+  }
+  const uint64_t kvBytes = uint64_t{partial} * layout_.tokenKvBytes();
+  if (partialBytes != kvBytes || (kvBytes > 0 && partialKv == nullptr)) {
+    return makeError(ErrorCode::kInvalidArgument, "the KV of the ", partial,
+                     " positions past the last whole block is ", kvBytes, " bytes, not ",
+                     partialBytes);
+  }
+  auto w = beginPutState(tokens);
+  if (!w) return w.error();
+  return fillState(layout_, *w, partial, state, bytes, partialKv);
+}
+
+Status Space::putStateKeys(std::span<const Key128> keys, const void* state, size_t bytes) {
+  if (bytes != layout_.stateBytes || (bytes > 0 && state == nullptr)) {
+    return makeError(ErrorCode::kInvalidArgument, "a state of ", bytes, " bytes; the layout's is ",
+                     layout_.stateBytes);
+  }
+  auto w = beginPutStateKeys(keys);
+  if (!w) return w.error();
+  return fillState(layout_, *w, 0, state, bytes, nullptr);
+}
+
+}  // namespace kvtier

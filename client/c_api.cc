@@ -290,7 +290,8 @@ Result<Layout> toLayout(const kvtier_layout* l) {
              l->head_dim,
              static_cast<DType>(l->dtype),
              l->block_tokens,
-             {}};
+             {},
+             l->state_bytes};
   // Without RoPE the scheme keeps its defaults, so the fingerprint (and the namespace) is the one
   // a C++ client gets for the same layout.
   if (l->rope_style != KVTIER_ROPE_NONE) {
@@ -533,6 +534,25 @@ kvtier_code kvtier_lookup_keys(kvtier_space* space, const uint8_t* keys, size_t 
   });
 }
 
+kvtier_code kvtier_put_state(kvtier_space* space, const uint32_t* tokens, size_t num_tokens,
+                             const void* state, size_t state_bytes, const void* partial_kv,
+                             size_t partial_bytes) {
+  return onSpace(space, [&](kvtier::Space& s) {
+    auto t = tokenSpan(tokens, num_tokens);
+    if (!t) return fail(t.error());
+    return check(s.putState(*t, state, state_bytes, partial_kv, partial_bytes));
+  });
+}
+
+kvtier_code kvtier_put_state_keys(kvtier_space* space, const uint8_t* keys, size_t num_keys,
+                                  const void* state, size_t state_bytes) {
+  return onSpace(space, [&](kvtier::Space& s) {
+    auto k = keyList(keys, num_keys);
+    if (!k) return fail(k.error());
+    return check(s.putStateKeys(*k, state, state_bytes));
+  });
+}
+
 kvtier_code kvtier_copy_prefix(kvtier_space* space, const char* src, const char* dst, uint64_t len,
                                uint32_t flags) {
   return onSpace(space, [&](kvtier::Space& s) {
@@ -629,6 +649,14 @@ kvtier_code kvtier_read_copy(kvtier_read_handle* handle, uint64_t from, uint64_t
     if (!h.read) return released("the read handle was released");
     if (!out && out_bytes > 0) return invalid("out is NULL");
     return check(h.read->copyTo(from, to, out, out_bytes));
+  });
+}
+
+kvtier_code kvtier_read_state(kvtier_read_handle* handle, void* out, size_t out_bytes) {
+  return onHandle(handle, "read handle", [&](kvtier_read_handle& h) {
+    if (!h.read) return released("the read handle was released");
+    if (!out && out_bytes > 0) return invalid("out is NULL");
+    return check(h.read->copyState(out, out_bytes));
   });
 }
 

@@ -1,5 +1,6 @@
 // Read and write handles: a lease on pool blocks, released with the handle; and blob handles.
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 
@@ -35,6 +36,7 @@ Status ReadHandle::copyTo(uint64_t from, uint64_t to, void* out, size_t bytes) c
   }
   if (views_.empty() && from < to)
     return makeError(ErrorCode::kReleased, "read handle was released");
+  if (!layout.hasKv()) return {};  // a layout of recurrent layers only: positions hold no KV
   const uint32_t bt = layout.blockTokens;
   const auto g = geometry(layout);
   for (uint64_t pos = from; pos < to;) {
@@ -48,6 +50,57 @@ Status ReadHandle::copyTo(uint64_t from, uint64_t to, void* out, size_t bytes) c
     kernels::packSlots(g, views_[block].data(), slot, n, static_cast<uint8_t*>(out), to - from,
                        pos - from);
     pos += n;
+  }
+  return {};
+}
+
+uint32_t ReadHandle::partialTokens() const {
+  const Layout& layout = space_->layout();
+  if (stateBlocks_ == 0 || !layout.hasKv()) return 0;
+  return static_cast<uint32_t>(end_ % layout.blockTokens);
+}
+
+Status ReadHandle::copyState(void* out, size_t bytes) const {
+  const Layout& layout = space_->layout();
+  if (stateBlocks_ == 0) return makeError(ErrorCode::kNotFound, "the answer holds no state");
+  if (bytes != layout.stateBytes) {
+    return invalid("state buffer of ", bytes, " bytes, expected ", layout.stateBytes);
+  }
+  if (views_.empty()) return makeError(ErrorCode::kReleased, "read handle was released");
+  // The state's bytes in the payload its chunks hold: after a block of partial KV, if any.
+  const uint64_t chunk = layout.chunkBytes();
+  const uint64_t from = partialTokens() > 0 ? layout.blockBytes() : 0, to = from + bytes;
+  const size_t first = views_.size() - stateBlocks_;
+  auto* dst = static_cast<uint8_t*>(out);
+  alignas(64) uint8_t scratch[4096];  // where the chunk's bytes that are not the state go
+  for (size_t j = 0; j < stateBlocks_; ++j) {
+    const std::span<const uint8_t> view = views_[first + j];
+    if (view.data() == nullptr) {
+      return makeError(ErrorCode::kNotSupported, "state chunk is in GPU memory");
+    }
+    if (view.size() < chunk) return makeError(ErrorCode::kInternal, "state chunk is too small");
+    // The whole chunk is folded into its checksum, read once: the state's part is copied out,
+    // the rest passes through the scratch buffer.
+    kernels::FusedXxh3 sum(chunk, kernels::copyMethod(kernels::CopyDirection::kOutOfPool));
+    const uint64_t base = j * chunk;
+    const uint64_t lo = std::clamp(from, base, base + chunk) - base;
+    const uint64_t hi = std::clamp(to, base, base + chunk) - base;
+    for (uint64_t at = 0; at < chunk;) {
+      if (at >= lo && at < hi) {
+        sum.feed(dst + (base + at - from), view.data() + at, hi - at);
+        at = hi;
+        continue;
+      }
+      const uint64_t n =
+          std::min<uint64_t>({sizeof scratch, chunk - at, at < lo ? lo - at : chunk - at});
+      sum.feed(scratch, view.data() + at, n);
+      at += n;
+    }
+    kernels::copyFence();
+    if (sum.digest() != stateSums_[j]) {
+      return makeError(ErrorCode::kChecksumMismatch, "state chunk ", j, " at position ", end_,
+                       " differs from what its writer stored");
+    }
   }
   return {};
 }
@@ -158,12 +211,53 @@ Status WriteHandle::write(uint64_t from, uint64_t to, const void* kv, size_t byt
   });
 }
 
+Status WriteHandle::writeState(uint64_t offset, const void* data, size_t size) {
+  if (!lease_) return makeError(ErrorCode::kReleased, "write handle was committed or aborted");
+  if (stateBytes_ == 0) return invalid("writeState on a lease of positions (use write)");
+  if (offset > stateBytes_ || size > stateBytes_ - offset) {
+    return invalid("state write of [", offset, ", +", size, ") is outside its ", stateBytes_,
+                   " bytes");
+  }
+  const auto* src = static_cast<const uint8_t*>(data);
+  if (!views_.empty()) {
+    const uint64_t chunk = space_->layout().chunkBytes();
+    for (uint64_t at = offset, end = offset + size; at < end;) {
+      const uint64_t j = at / chunk, within = at % chunk;
+      const uint64_t n = std::min(end - at, chunk - within);
+      if (!views_[j].data()) return makeError(ErrorCode::kNotSupported, "chunk in GPU memory");
+      std::memcpy(views_[j].data() + within, src + (at - offset), n);
+      at += n;
+    }
+    return {};
+  }
+  return lease_->client->run([&] {
+    auto req = KJ_ASSERT_NONNULL(lease_->cap).castAs<rpc::WriteLease>().writeBlobRequest();
+    req.setOffset(offset);
+    req.setData(capnp::Data::Reader(src, size));
+    return req.send().ignoreResult();
+  });
+}
+
 Result<CommitInfo> WriteHandle::commit(uint64_t upTo) {
   if (!lease_) return makeError(ErrorCode::kReleased, "write handle was committed or aborted");
   Result<CommitInfo> result = makeError(ErrorCode::kInternal, "commit not sent");
   // Taken by the writer: fused into write()'s copies, or read from the blocks it wrote otherwise.
-  const std::vector<uint64_t> sums =
-      commitSums(space_->layout(), views_, firstPosition_, end_, lease_->sums);
+  // A state's chunks: from their bytes (none for an inline writer: the daemon takes them).
+  std::vector<uint64_t> sums;
+  if (stateBytes_ > 0) {
+    const uint64_t chunk = space_->layout().chunkBytes();
+    for (const auto& view : views_) {
+      if (!view.data()) {
+        sums.clear();
+        break;
+      }
+      sums.push_back(gWriterChecksums.load(std::memory_order_relaxed)
+                         ? kernels::blockChecksum(view.data(), chunk)
+                         : 0);
+    }
+  } else {
+    sums = commitSums(space_->layout(), views_, firstPosition_, end_, lease_->sums);
+  }
   if (lease_->lane) {
     auto r = lease_->lane->commit(lease_->laneLease, upTo, sums);
     if (r) {

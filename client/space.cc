@@ -199,7 +199,8 @@ Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span
   // The fast lane takes a plain lookup of a client that maps the pool.
   bool answered = false;
   ClientLane* lane = client->laneHere();
-  if (lane && impl_->lane != 0 && options.bindSeq.empty()) {
+  // (A namespace with states: its answers carry the state's chunks, which the lane's do not.)
+  if (lane && impl_->lane != 0 && options.bindSeq.empty() && !layout_.hasState()) {
     if (auto answer = lane->lookup(impl_->lane, remote, tokens, keys)) {
       if (!*answer) return answer->error();
       lane::LookupReply& r = answer->value();
@@ -224,11 +225,30 @@ Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span
         lease->cap = r.getLease();
         handle.end_ = r.getMatchedTokens();
         readBlocks(r, handle.refs_, handle.inline_);
+        handle.stateBlocks_ = std::min<uint32_t>(r.getStateBlocks(), handle.refs_.size());
+        for (uint64_t sum : r.getStateSums()) handle.stateSums_.push_back(sum);
       });
     });
     if (!status) return status.error();
   }
   handle.lease_ = std::move(lease);
+  if (handle.stateBlocks_ > 0) {
+    // The answer's shape is checked before anyone reads it: the blocks before the state cover the
+    // whole blocks of the prefix, one checksum per chunk, as many chunks as the layout says.
+    const uint32_t bt = layout_.blockTokens;
+    const uint64_t whole = layout_.hasKv() ? handle.end_ / bt : 0;
+    const auto partial = static_cast<uint32_t>(handle.end_ % bt);
+    if (handle.refs_.size() != whole + handle.stateBlocks_ ||
+        handle.stateSums_.size() != handle.stateBlocks_ ||
+        handle.stateBlocks_ != layout_.stateChunks(partial)) {
+      return makeError(ErrorCode::kInternal, "daemon answered a state of ", handle.stateBlocks_,
+                       " chunks at ", handle.end_, " with ", handle.refs_.size(), " blocks");
+    }
+  } else if (layout_.hasState() && options.bindSeq.empty() && handle.end_ != 0) {
+    // (A lookup that binds a sequence matches blocks alone.)
+    return makeError(ErrorCode::kInternal, "daemon answered ", handle.end_,
+                     " tokens without their state");
+  }
   if (auto s = attachViews(*client, handle.refs_, handle.inline_, handle.views_); !s)
     return s.error();
   return handle;

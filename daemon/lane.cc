@@ -235,6 +235,12 @@ void Lane::lookup(uint64_t id, lane::LookupRequest req) {
   const LookupSite& site = *named;
   const SpaceId space = site.space;
   const uint8_t tier = site.tier;
+  if (site.engine.space(space).layout.hasState()) {
+    // Its answers carry a state's chunks and their checksums, which the lane's do not.
+    return reply(makeError(ErrorCode::kNotSupported,
+                           "lookups in a namespace with states go over Cap'n Proto"),
+                 lane::kLookup, id);
+  }
   std::vector<Key128> chain;
   kj::Maybe<kj::Promise<void>> waitFor;
   try {

@@ -8,7 +8,7 @@ namespace kvtier {
 kj::Maybe<kj::Promise<void>> prepareLookup(const LookupSite& site,
                                            const std::vector<uint32_t>& tokens,
                                            const std::vector<Key128>& keys, rpc::RemoteMode mode,
-                                           std::vector<Key128>& chain) {
+                                           std::vector<Key128>& chain, bool binds) {
   if (mode > rpc::RemoteMode::PREFETCH) {
     throwRpcError(makeError(ErrorCode::kInvalidArgument, "unknown remote mode ",
                             static_cast<uint32_t>(mode)));
@@ -19,10 +19,15 @@ kj::Maybe<kj::Promise<void>> prepareLookup(const LookupSite& site,
   const bool askCluster =
       site.remote != nullptr && site.remote->active() && mode != rpc::RemoteMode::LOCAL_ONLY;
   if (!site.cold && !moveTiers && !askCluster) return nullptr;
-  const auto plan = orThrow(site.engine.lookupPlan(site.space, tokens, keys));
+  const auto plan = orThrow(site.engine.lookupPlan(site.space, tokens, keys, !binds));
   std::vector<Key128> cold;
+  size_t blocks = 0;  // the plan's blocks (a state's chunks follow them)
   for (const auto& step : plan) {
-    chain.push_back(step.key);
+    // The chain's keys only: a state's chunks are not part of it.
+    if (!step.state) {
+      chain.push_back(step.key);
+      ++blocks;
+    }
     if (!step.hot) cold.push_back(step.key);
   }
   kj::Vector<kj::Promise<void>> waits;
@@ -30,9 +35,9 @@ kj::Maybe<kj::Promise<void>> prepareLookup(const LookupSite& site,
     const size_t bt = site.engine.space(site.space).layout.blockTokens;
     const size_t candidates =
         keys.empty() ? std::min(tokens.size() / bt, kMaxBlocksPerLease) : keys.size();
-    if (plan.size() < candidates) {
+    if (blocks < candidates) {
       auto all = orThrow(site.engine.chainKeys(site.space, tokens, keys, chain));
-      kj::Promise<void> fetched = site.remote->fetch(site.space, std::move(all), plan.size());
+      kj::Promise<void> fetched = site.remote->fetch(site.space, std::move(all), blocks);
       if (mode == rpc::RemoteMode::FETCH) waits.add(kj::mv(fetched));
     }
   }

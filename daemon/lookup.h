@@ -32,11 +32,12 @@ struct LookupSite {
 // session's prefix comes to its GPU, and the blocks past the local prefix are asked of the
 // cluster (`mode`). Returns the promise to wait for before answering, or nothing when the engine
 // can answer now. `chain` receives the prompt's keys the plan hashed, for Engine::lookup to
-// reuse. Errors are thrown as RPC errors (transport/rpc_codec.h).
+// reuse. `binds`: the lookup binds a sequence (in a namespace with prefix states it then matches
+// blocks alone). Errors are thrown as RPC errors (transport/rpc_codec.h).
 kj::Maybe<kj::Promise<void>> prepareLookup(const LookupSite& site,
                                            const std::vector<uint32_t>& tokens,
                                            const std::vector<Key128>& keys, rpc::RemoteMode mode,
-                                           std::vector<Key128>& chain);
+                                           std::vector<Key128>& chain, bool binds = false);
 
 // Runs `attempt`; when it throws for want of room (GPU blocks, host blocks, snapshot ids) and a
 // service can make some (demotion to the host pool, the spiller, the snapshot reservation), runs

@@ -194,7 +194,7 @@ class WriteLeaseImpl final : public rpc::WriteLease::Server {
  public:
   WriteLeaseImpl(Engine& engine, std::shared_ptr<OwnerScope> owner, SpaceId space, LeaseId id,
                  uint64_t begin, uint64_t end, uint64_t firstPosition, uint32_t blocks,
-                 ColdService* cold, uint64_t blobBytes = 0)
+                 ColdService* cold, uint64_t blobBytes = 0, uint64_t chunkBytes = 0)
       : engine_(engine),
         owner_(std::move(owner)),
         cold_(cold),
@@ -204,7 +204,8 @@ class WriteLeaseImpl final : public rpc::WriteLease::Server {
         end_(end),
         first_(firstPosition),
         blocks_(blocks),
-        blobBytes_(blobBytes) {}
+        blobBytes_(blobBytes),
+        chunkBytes_(chunkBytes) {}
 
   kj::Promise<void> writeBlob(WriteBlobContext context) override {
     if (id_ == 0) {
@@ -216,9 +217,16 @@ class WriteLeaseImpl final : public rpc::WriteLease::Server {
       throwRpcError(makeError(ErrorCode::kInvalidArgument, "blob write of [", offset, ", +", size,
                               ") is outside the lease's ", blobBytes_, "-byte blob"));
     }
-    uint8_t* dst = orThrow(engine_.leaseBlockData(id_, 0));
-    // An empty Data has no bytes to point at: memcpy must not be handed its null.
-    if (size > 0) std::memcpy(dst + offset, p.getData().begin(), size);
+    // A blob is one block; a state's payload runs over its chunks, chunkBytes_ each.
+    const uint8_t* src = p.getData().begin();
+    for (uint64_t at = offset, end = offset + size; at < end;) {
+      const uint64_t chunk = chunkBytes_ == 0 ? 0 : at / chunkBytes_;
+      const uint64_t within = at - chunk * chunkBytes_;
+      const uint64_t n = chunkBytes_ == 0 ? end - at : std::min(end - at, chunkBytes_ - within);
+      uint8_t* dst = orThrow(engine_.leaseBlockData(id_, static_cast<uint32_t>(chunk)));
+      std::memcpy(dst + within, src + (at - offset), n);
+      at += n;
+    }
     return kj::READY_NOW;
   }
   ~WriteLeaseImpl() noexcept(false) {
@@ -286,7 +294,8 @@ class WriteLeaseImpl final : public rpc::WriteLease::Server {
   LeaseId id_;
   uint64_t begin_, end_, first_;
   uint32_t blocks_;
-  uint64_t blobBytes_;  // checkpoint and entry leases: the blob's size; 0 for token leases
+  uint64_t blobBytes_;   // checkpoint and entry leases: the blob's size; 0 for token leases
+  uint64_t chunkBytes_;  // state leases: the bytes of each chunk the blob runs over; 0 otherwise
 };
 
 class SpaceImpl final : public rpc::Space::Server {
@@ -353,7 +362,8 @@ class SpaceImpl final : public rpc::Space::Server {
     const SeqOptions options = optionsFrom(p.getOptions());
     const bool inlineData = p.getInline();
     std::vector<Key128> chain;  // the prompt's keys the plan hashed: the lookup reuses them
-    KJ_IF_MAYBE (ready, prepareLookup(site(), tokens, keys, p.getRemote(), chain)) {
+    KJ_IF_MAYBE (ready,
+                 prepareLookup(site(), tokens, keys, p.getRemote(), chain, !bindSeq.empty())) {
       return ready->then([this, context = kj::mv(context), tokens = std::move(tokens),
                           keys = std::move(keys), bindSeq = std::move(bindSeq), options, inlineData,
                           chain = std::move(chain)]() mutable {
@@ -378,6 +388,9 @@ class SpaceImpl final : public rpc::Space::Server {
     auto out = context.getResults();
     out.setMatchedTokens(result.matchedTokens);
     setBlocks(out.initBlocks(result.blocks.size()), result.blocks);
+    out.setStateBlocks(result.stateBlocks);
+    auto sums = out.initStateSums(static_cast<uint32_t>(result.stateSums.size()));
+    for (uint32_t i = 0; i < result.stateSums.size(); ++i) sums.set(i, result.stateSums[i]);
     if (inlineData) {
       setInlineData(out.initData(result.blocks.size()), engine_, result.blocks, result.lease);
     }
@@ -609,6 +622,20 @@ class SpaceImpl final : public rpc::Space::Server {
     auto out = context.getResults().initPositions(positions.size());
     for (uint32_t i = 0; i < positions.size(); ++i) out.set(i, positions[i]);
     return kj::READY_NOW;
+  }
+
+  kj::Promise<void> putState(PutStateContext context) override {
+    return whenRoom([this, context]() mutable {
+      auto p = context.getParams();
+      const PutGrant g =
+          orThrow(engine_.putState(space_, tokensFrom(p.getTokens()), keysFrom(p.getKeys())));
+      auto out = context.getResults();
+      out.setPosition(g.firstPosition);
+      setBlocks(out.initBlocks(g.blocks.size()), g.blocks);
+      const auto chunks = static_cast<uint32_t>(g.blocks.size());
+      out.setLease(kj::heap<WriteLeaseImpl>(engine_, scope_, space_, g.lease, 0, 0, 0, chunks,
+                                            cold_, uint64_t{chunks} * blockBytes(), blockBytes()));
+    });
   }
 
   kj::Promise<void> putEntry(PutEntryContext context) override {
@@ -987,17 +1014,18 @@ Server::~Server() = default;
 kj::Promise<void> Server::acceptLoop(kj::ConnectionReceiver& listener, kj::UnixEventPort& port,
                                      kj::Timer& timer) {
   // (kj's accept() throws at once when accept(2) fails: evalNow makes that a rejection too.)
-  return kj::evalNow([&listener] { return listener.accept(); }).then(
-      [this, &listener, &port, &timer](kj::Own<kj::AsyncIoStream> stream) {
-        accept(readWatchedSocket(port, kj::mv(stream)));
-        return acceptLoop(listener, port, timer);
-      },
-      [this, &listener, &port, &timer](kj::Exception&& e) {
-        logWarn("accept_failed", "reason=" + logQuoted(e.getDescription().cStr()));
-        return timer.afterDelay(kAcceptRetryDelay).then([this, &listener, &port, &timer] {
-          return acceptLoop(listener, port, timer);
-        });
-      });
+  return kj::evalNow([&listener] { return listener.accept(); })
+      .then(
+          [this, &listener, &port, &timer](kj::Own<kj::AsyncIoStream> stream) {
+            accept(readWatchedSocket(port, kj::mv(stream)));
+            return acceptLoop(listener, port, timer);
+          },
+          [this, &listener, &port, &timer](kj::Exception&& e) {
+            logWarn("accept_failed", "reason=" + logQuoted(e.getDescription().cStr()));
+            return timer.afterDelay(kAcceptRetryDelay).then([this, &listener, &port, &timer] {
+              return acceptLoop(listener, port, timer);
+            });
+          });
 }
 
 void Server::accept(kj::Own<kj::AsyncIoStream> stream) {

@@ -103,6 +103,8 @@ struct Layout {
   dtype @4 :DType;
   blockTokens @5 :UInt32;   # 16..512
   rope @6 :RopeScheme;
+  stateBytes @7 :UInt64;    # a recurrent state captured at a prefix's end (0: none); with
+                            # numLayers, numKvHeads and headDim 0 the layout has no KV at all
 }
 
 struct Extent {
@@ -247,8 +249,13 @@ interface Space {
 
   lookup @2 (tokens :List(UInt32), keys :List(Data), bindSeq :Text, options :SeqOptions, inline :Bool,
              remote :RemoteMode)
-      -> (matchedTokens :UInt64, lease :ReadLease, blocks :List(BlockRef), data :List(Data));
+      -> (matchedTokens :UInt64, lease :ReadLease, blocks :List(BlockRef), data :List(Data),
+          stateBlocks :UInt32, stateSums :List(UInt64));
   # Longest prefix made of sealed full blocks. With bindSeq, that prefix also becomes the sequence.
+  # In a namespace whose layout has a state (and without bindSeq): the deepest prefix whose state
+  # is cached too; the last `stateBlocks` of `blocks` are that state's chunks, `stateSums` their
+  # writer's checksums (docs/cache-shapes.md), the blocks before them cover the whole blocks of
+  # [0, matchedTokens).
 
   copyPrefix @3 (src :Text, dst :Text, len :UInt64, options :SeqOptions) -> ();
   remove @4 (seq :Text, begin :UInt64, end :UInt64 = 0xffffffffffffffff) -> ();
@@ -286,6 +293,13 @@ interface Space {
   getCheckpoint @16 (seq :Text, pos :UInt64, inline :Bool)
       -> (lease :ReadLease, block :BlockRef, bytes :UInt64, data :Data);
   checkpoints @17 (seq :Text) -> (positions :List(UInt64));
+
+  # Prefix states (layouts with stateBytes): the chunks of the state after tokens[0, n) (or after
+  # the client-keyed blocks `keys`), to fill with the KV of the n % blockTokens tokens past the
+  # last block boundary (a block, when not 0) and then the state, and commit (WriteLease.commit,
+  # one checksum per chunk). Found by content: any lookup of a prompt beginning with those tokens.
+  putState @22 (tokens :List(UInt32), keys :List(Data))
+      -> (lease :WriteLease, blocks :List(BlockRef), position :UInt64);
 
   # Position-independent entries (encoder outputs, image embeddings): content-keyed blobs.
   putEntry @18 (key :Data, bytes :UInt64) -> (lease :WriteLease, block :BlockRef);

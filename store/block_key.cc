@@ -54,6 +54,47 @@ Key128 BlockKeyHasher::next(const Key128* previous, std::span<const uint32_t> to
   return key;
 }
 
+namespace {
+constexpr std::string_view kStateDomain = "kvtier-state-v1";
+}  // namespace
+
+StateKeyHasher::StateKeyHasher(uint64_t fingerprint, const Salt& salt) {
+  Sha256 sha;
+  sha.begin();
+  static constexpr std::string_view kRootDomain = "kvtier-state-root-v1";
+  sha.update(kRootDomain.data(), kRootDomain.size());
+  uint8_t fp[8];
+  for (int i = 0; i < 8; ++i) fp[i] = static_cast<uint8_t>(fingerprint >> (8 * i));
+  sha.update(fp, sizeof fp);
+  sha.update(salt.data(), salt.size());
+  auto digest = sha.finish();
+  std::memcpy(root_.bytes.data(), digest.data(), root_.bytes.size());
+}
+
+void StateKeyHasher::begin(const Key128& anchor) {
+  if (SHA256_Init(&ctx_) != 1) throw std::runtime_error("SHA256_Init failed");
+  SHA256_Update(&ctx_, kStateDomain.data(), kStateDomain.size());
+  SHA256_Update(&ctx_, anchor.bytes.data(), anchor.bytes.size());
+  partial_ = 0;
+}
+
+void StateKeyHasher::add(uint32_t token) {
+  static_assert(std::endian::native == std::endian::little, "tokens are hashed as little-endian");
+  SHA256_Update(&ctx_, &token, sizeof token);
+  ++partial_;
+}
+
+Key128 StateKeyHasher::chunk(uint32_t j) const {
+  SHA256_CTX ctx = ctx_;  // the tokens so far, then r and j
+  const uint32_t tail[2] = {partial_, j};
+  SHA256_Update(&ctx, tail, sizeof tail);
+  uint8_t digest[SHA256_DIGEST_LENGTH];
+  if (SHA256_Final(digest, &ctx) != 1) throw std::runtime_error("SHA256_Final failed");
+  Key128 key;
+  std::memcpy(key.bytes.data(), digest, key.bytes.size());
+  return key;
+}
+
 Salt saltFor(std::string_view tenant) {
   Sha256 sha;
   sha.begin();

@@ -10,47 +10,10 @@ namespace kvtier {
 namespace {
 
 using engine_util::ceilDiv;
+using engine_util::ChainKeys;
 using engine_util::checkName;
 using engine_util::contentTag;
 using engine_util::invalid;
-
-// The candidate keys of a lookup, in chain order: the client's own, or the chain hashed from its
-// tokens, the first `known.size()` taken from `known` (keys the SDK hashed already).
-class ChainKeys {
- public:
-  ChainKeys(const SpaceInfo& info, std::span<const uint32_t> tokens, std::span<const Key128> keys,
-            std::span<const Key128> known)
-      : tokens_(tokens),
-        keys_(keys),
-        known_(known),
-        bt_(info.layout.blockTokens),
-        size_(keys.empty() ? std::min(tokens.size() / bt_, kMaxBlocksPerLease) : keys.size()),
-        hasher_(info.fingerprint, info.salt) {}
-
-  size_t size() const { return size_; }
-  size_t taken() const { return next_; }
-  // The next key (taken() < size()).
-  const Key128& next() {
-    const size_t i = next_++;
-    if (!keys_.empty()) {
-      last_ = keys_[i];
-    } else if (i < known_.size()) {
-      last_ = known_[i];
-    } else {
-      last_ = hasher_.next(i == 0 ? nullptr : &last_, tokens_.subspan(i * bt_, bt_));
-    }
-    return last_;
-  }
-
- private:
-  std::span<const uint32_t> tokens_;
-  std::span<const Key128> keys_, known_;
-  uint32_t bt_;
-  size_t size_;
-  BlockKeyHasher hasher_;
-  size_t next_ = 0;
-  Key128 last_;
-};
 
 }  // namespace
 
@@ -72,8 +35,10 @@ Result<SpaceId> Engine::openSpace(const Layout& layout, const Salt& salt, bool i
     }
   }
   const uint64_t largestExtent = pool_.largestExtentBytes();
-  if (layout.blockBytes() > largestExtent) {
-    return invalid("a block of ", layout.blockBytes(), " bytes does not fit in a pool extent of ",
+  // Every block of the namespace has this size: its KV blocks and its states' chunks.
+  const uint64_t blockBytes = layout.chunkBytes();
+  if (blockBytes > largestExtent) {
+    return invalid("a block of ", blockBytes, " bytes does not fit in a pool extent of ",
                    largestExtent);
   }
   TenantId tenant = 0;
@@ -84,7 +49,7 @@ Result<SpaceId> Engine::openSpace(const Layout& layout, const Salt& salt, bool i
   space.info.layout = layout;
   space.info.fingerprint = fingerprint;
   space.info.salt = salt;
-  space.info.blockBytes = static_cast<uint32_t>(layout.blockBytes());
+  space.info.blockBytes = static_cast<uint32_t>(blockBytes);
   space.info.sizeClass = pool_.sizeClass(space.info.blockBytes);
   space.info.clearsFreshBlocks = inlineWriters;
   spaces_.push_back(std::move(space));
@@ -584,6 +549,9 @@ Result<PutGrant> Engine::put(OwnerId owner, SpaceId space, std::string_view name
     return invalid("a sequence has a window or a chunk size, not both");
   }
   if (tokens.empty()) return invalid("put of no tokens (use truncate to shorten a sequence)");
+  if (!spaces_[space].info.layout.hasKv()) {
+    return invalid("the namespace's layout has no KV: it stores states only (putState)");
+  }
   if (tokens.size() > kMaxTokensPerCall) {
     return invalid("put of ", tokens.size(), " tokens exceeds ", kMaxTokensPerCall);
   }
@@ -721,7 +689,9 @@ void Engine::finishWrite(LeaseId id, WriteLease& lease) {
     if (sink.pins == 1) sinks_[sink.sizeClass] = kNoBlock;  // its last writer: it is freed
     unpin(lease.sink);
   }
-  if (lease.kind != LeaseKind::kEntry) spaces_[lease.space].writers.erase(lease.seq);
+  if (lease.kind == LeaseKind::kSequence || lease.kind == LeaseKind::kCheckpoint) {
+    spaces_[lease.space].writers.erase(lease.seq);
+  }
   writeLeases_.erase(id);
 }
 
@@ -731,6 +701,7 @@ Result<CommitResult> Engine::commit(LeaseId id, uint64_t upTo, std::span<const u
     return makeError(ErrorCode::kReleased, "write lease ", id, " is not open");
   }
   WriteLease& lease = it->second;
+  if (lease.kind == LeaseKind::kState) return commitState(id, lease, sums);
   if (lease.kind != LeaseKind::kSequence) return commitBlob(id, lease);
   const uint64_t grantEnd = lease.begin + lease.tokens.size();
   if (upTo == kEnd) upTo = grantEnd;
@@ -923,8 +894,15 @@ Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<cons
     }
   }
   const uint32_t bt = blockTokens(space);
+  const Layout& layout = spaces_[space].info.layout;
+  // A client's lookup in a namespace with prefix states answers a prefix whose state is cached
+  // too (engine_states.cc); binding a sequence, or a peer's pin, is about blocks alone.
+  const bool withState = layout.hasState() && who == LookupFor::kClient && bindSeq.empty();
+  if (!layout.hasKv() && !bindSeq.empty()) {
+    return invalid("a layout without KV has no blocks to bind a sequence to");
+  }
   ChainKeys chain(spaces_[space].info, tokens, keys, knownKeys);
-  const size_t candidates = chain.size();
+  const size_t candidates = layout.hasKv() ? chain.size() : 0;
   std::vector<BlockId> blocks;
   std::vector<Key128> batch;
   // Keys are hashed and probed in batches, so that the probes of a long prefix overlap their
@@ -944,17 +922,26 @@ Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<cons
     blocks.resize(before + reached);
     if (reached < batch.size()) break;
   }
+  LookupResult result;
+  result.matchedTokens = blocks.size() * bt;
+  if (withState) {
+    std::vector<Key128> matched;
+    matched.reserve(blocks.size());
+    for (BlockId id : blocks) matched.push_back(pool_[id].key);
+    answerWithState(space, tokens, keys, matched, servedTier, blocks, result);
+  }
   if (blocks.size() > maxBlocks) {
     return invalid("the cached prefix of ", blocks.size(), " blocks exceeds the ", maxBlocks,
                    " an answer may carry inline; map the pool or ask for less");
   }
   if (who == LookupFor::kClient) {
+    const uint64_t wanted = keys.empty() ? tokens.size() / bt * bt : keys.size() * uint64_t{bt};
     hits_ += blocks.size();
-    if (blocks.size() < candidates) ++misses_;
+    if (result.matchedTokens < std::min<uint64_t>(wanted, kMaxBlocksPerLease * uint64_t{bt})) {
+      ++misses_;
+    }
   }
 
-  LookupResult result;
-  result.matchedTokens = blocks.size() * bt;
   if (!bindSeq.empty()) {
     if (blocks.empty()) {
       eraseSeq(space, bindSeq);
@@ -991,7 +978,8 @@ Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<cons
         ++m.replicaSettles;
     }
   }
-  bytesGot_ += result.matchedTokens * spaces_[space].info.layout.tokenKvBytes();
+  bytesGot_ += result.matchedTokens * layout.tokenKvBytes() +
+               (result.stateBlocks > 0 ? layout.stateBytes : 0);
   result.lease = newReadLease(std::move(blocks));
   return result;
 }

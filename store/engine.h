@@ -189,6 +189,11 @@ struct LookupResult {
   // For a peer's lookup (LookupFor::kPeer): each block's checksum from its writer, served with
   // it for the fetcher to verify (unset where the block has none: a GPU block's).
   std::vector<std::optional<uint64_t>> checksums = {};
+  // A client's lookup in a namespace with prefix states (Layout::stateBytes): the last
+  // `stateBlocks` of `blocks` are the chunks of the state captured at matchedTokens (each with its
+  // writer's checksum in stateSums); the blocks before them cover [0, matchedTokens / B * B).
+  uint32_t stateBlocks = 0;
+  std::vector<uint64_t> stateSums = {};
 };
 
 struct SpaceInfo {
@@ -367,6 +372,20 @@ class Engine {
 
   // Commits a checkpoint or entry lease (commit() works for every kind of write lease).
 
+  // --- Prefix states (Layout::stateBytes; store/engine_states.cc, docs/cache-shapes.md). A state
+  // is what a restore at a position needs besides the KV blocks before it: the model's recurrent
+  // state there and, at a position inside a block, the KV of the tokens past the last block
+  // boundary. It is kept as chunks of the namespace's block size, sealed in the prefix index
+  // under keys derived from the prefix's content, so any process finds another's, and they are
+  // evicted, spilled and promoted as blocks are.
+  // A write lease on the chunks of the state after tokens[0, n) (or, client-keyed, after the
+  // blocks `keys`, at their end), to be filled with Layout::statePayloadBytes(n % blockTokens)
+  // bytes: a block whose first n % blockTokens slots hold those tokens' KV (when not 0), then the
+  // state. commit() seals them; a chunk cached already is not replaced. INVALID_ARGUMENT for a
+  // layout without a state, no tokens or too many; FULL when the pool has no room.
+  Result<PutGrant> putState(SpaceId space, std::span<const uint32_t> tokens,
+                            std::span<const Key128> keys);
+
   // --- Cold tier (the daemon moves the bytes; the engine keeps the rules).
   // With a directory set, eviction drops only blocks already on disk, and lookups see cold blocks.
   // `directory` is borrowed and must outlive the engine.
@@ -391,12 +410,16 @@ class Engine {
   // The longest prefix of `tokens` (or `keys`) whose blocks are in memory or on disk; for each
   // block, its key and whether it is in memory. The blocks in memory count as used now (the most
   // recent in the eviction order), so the promotes of the cold ones evict older blocks first.
+  // `withState`, in a namespace with prefix states: the plan of a client's lookup that answers a
+  // state (not a binding one, not a peer's pin): the blocks before the deepest position whose
+  // state is in memory or on disk, then that state's chunks (PlanStep::state).
   struct PlanStep {
     Key128 key;
     bool hot;
+    bool state = false;  // a chunk of the prefix state the lookup will answer (after the blocks)
   };
   Result<std::vector<PlanStep>> lookupPlan(SpaceId space, std::span<const uint32_t> tokens,
-                                           std::span<const Key128> keys);
+                                           std::span<const Key128> keys, bool withState = false);
   // A fresh pinned block to read cold `key` into; FULL if none can be had.
   Result<PromoteTicket> beginPromote(SpaceId space, const Key128& key);
   // beginPromote for each of `keys` at once: the blocks are allocated together (one choice of
@@ -533,7 +556,7 @@ class Engine {
     enum class Disk : uint8_t { kNone, kWaiting, kWriting, kWritten };
     Disk disk = Disk::kNone;
   };
-  enum class LeaseKind : uint8_t { kSequence, kCheckpoint, kEntry };
+  enum class LeaseKind : uint8_t { kSequence, kCheckpoint, kEntry, kState };
   struct Space {
     SpaceInfo info;
     std::unordered_map<std::string, Sequence> seqs;
@@ -636,6 +659,25 @@ class Engine {
   Result<BlobGrant> grantBlob(LeaseKind kind, SpaceId space, std::string seq, uint64_t pos,
                               uint64_t bytes, const Key128& key);
   Result<CommitResult> commitBlob(LeaseId id, WriteLease& lease);
+  Result<CommitResult> commitState(LeaseId id, WriteLease& lease, std::span<const uint64_t> sums);
+  // The state a lookup of `tokens` (or the client's `keys`) can restore: the deepest position
+  // whose state chunks `has` holds, among the block boundaries up to `blocks` (the leading blocks
+  // of the chain available: `chain` holds their keys) and positions inside the block after one
+  // (docs/cache-shapes.md). Without KV in the layout, every block boundary of the tokens counts
+  // and `chain` may be empty (the keys are hashed here).
+  struct StateFind {
+    uint64_t position = 0;  // 0: none
+    std::vector<Key128> chunks;
+  };
+  StateFind findState(SpaceId space, std::span<const uint32_t> tokens, std::span<const Key128> keys,
+                      std::span<const Key128> chain, size_t blocks,
+                      const std::function<bool(const Key128&)>& has) const;
+  // The state part of a client's lookup in a namespace with states: `blocks` (the chain's leading
+  // blocks in memory, keys in `chain`) are cut to those before the restorable position, and the
+  // state's chunks appended.
+  void answerWithState(SpaceId space, std::span<const uint32_t> tokens,
+                       std::span<const Key128> keys, std::span<const Key128> chain, int servedTier,
+                       std::vector<BlockId>& blocks, LookupResult& result);
   // Creates seq with `options` if absent.
   Sequence& createSeq(SpaceId space, std::string_view name, OwnerId owner,
                       const SeqOptions& options);

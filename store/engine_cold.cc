@@ -81,19 +81,40 @@ void Engine::finishSpill(std::span<const SpillItem> items, bool written) {
 
 Result<std::vector<Engine::PlanStep>> Engine::lookupPlan(SpaceId space,
                                                          std::span<const uint32_t> tokens,
-                                                         std::span<const Key128> keys) {
+                                                         std::span<const Key128> keys,
+                                                         bool withState) {
   if (auto s = checkLookupInput(space, tokens, keys); !s) return s.error();
   const SpaceInfo& info = spaces_[space].info;
+  auto onDisk = [&](const Key128& key) {
+    return cold_ && cold_->contains(info.fingerprint, info.salt, key);
+  };
   std::vector<PlanStep> plan;
+  if (info.layout.hasKv()) {
+    walkKeys(space, tokens, keys, {}, [&](size_t, const Key128& key) {
+      const bool hot = index_.find(space, key) != kNoBlock;
+      if (!hot && !onDisk(key)) return false;
+      plan.push_back(PlanStep{key, hot});
+      return true;
+    });
+  }
+  if (info.layout.hasState() && withState) {
+    // The blocks before the deepest position whose state is in memory or on disk, then the
+    // state's chunks (engine_states.cc).
+    std::vector<Key128> chain;
+    chain.reserve(plan.size());
+    for (const PlanStep& step : plan) chain.push_back(step.key);
+    StateFind state = findState(space, tokens, keys, chain, plan.size(), [&](const Key128& key) {
+      return index_.find(space, key) != kNoBlock || onDisk(key);
+    });
+    plan.resize(info.layout.hasKv() ? state.position / info.layout.blockTokens : 0);
+    for (const Key128& key : state.chunks) {
+      plan.push_back(PlanStep{key, index_.find(space, key) != kNoBlock, true});
+    }
+  }
   std::vector<BlockId> hotBlocks;
-  walkKeys(space, tokens, keys, {}, [&](size_t, const Key128& key) {
-    const BlockId hit = index_.find(space, key);
-    const bool hot = hit != kNoBlock;
-    if (!hot && !(cold_ && cold_->contains(info.fingerprint, info.salt, key))) return false;
-    plan.push_back(PlanStep{key, hot});
-    if (hot) hotBlocks.push_back(hit);
-    return true;
-  });
+  for (const PlanStep& step : plan) {
+    if (step.hot) hotBlocks.push_back(index_.find(space, step.key));
+  }
   // The promotes that follow allocate, and an allocation evicts the first block of the eviction
   // order, where the plan's blocks in memory may sit: the lookup would then stop at the first of
   // them, its prefix lost for a block promoted behind it. Used now, they go to the recent end

@@ -150,13 +150,13 @@ class EngineHarness {
     engine_.reset();
     mem_.reset();
     pool_ = std::make_unique<BlockPool>(
-        std::vector<BlockPool::Extent>{{0, blocks * layout_.blockBytes() + blobBytes}});
+        std::vector<BlockPool::Extent>{{0, blocks * layout_.chunkBytes() + blobBytes}});
     mem_ = std::make_unique<HeapBlockMemory>(pool_->extents());
     engine_ = std::make_unique<Engine>(*pool_, *mem_, makeEvictionPolicy(eviction), rotator_);
     auto s = engine_->openSpace(layout_, saltFor("tenant-a"));
     ASSERT_TRUE(s.ok()) << s.error();
     space_ = *s;
-    ASSERT_EQ(engine_->space(space_).blockBytes, layout_.blockBytes());
+    ASSERT_EQ(engine_->space(space_).blockBytes, layout_.chunkBytes());
   }
 
   uint8_t* at(const BlockLocation& loc) { return mem_->extentBase(loc.extent) + loc.offset; }

@@ -5,8 +5,10 @@
 #include <cstring>
 #include <string_view>
 
+#include "kvtier/block_key.h"
 #include "kvtier/error.h"
 #include "store/block_pool.h"
+#include "store/engine.h"
 #include "store/limits.h"
 
 namespace kvtier::engine_util {
@@ -42,5 +44,43 @@ inline uint32_t blobClassBytes(uint64_t bytes) {
   while (c < bytes) c <<= 1;
   return static_cast<uint32_t>(c);
 }
+
+// The candidate keys of a lookup, in chain order: the client's own, or the chain hashed from its
+// tokens, the first `known.size()` taken from `known` (keys the SDK hashed already).
+class ChainKeys {
+ public:
+  ChainKeys(const SpaceInfo& info, std::span<const uint32_t> tokens, std::span<const Key128> keys,
+            std::span<const Key128> known)
+      : tokens_(tokens),
+        keys_(keys),
+        known_(known),
+        bt_(info.layout.blockTokens),
+        size_(keys.empty() ? std::min(tokens.size() / bt_, kMaxBlocksPerLease) : keys.size()),
+        hasher_(info.fingerprint, info.salt) {}
+
+  size_t size() const { return size_; }
+  size_t taken() const { return next_; }
+  // The next key (taken() < size()).
+  const Key128& next() {
+    const size_t i = next_++;
+    if (!keys_.empty()) {
+      last_ = keys_[i];
+    } else if (i < known_.size()) {
+      last_ = known_[i];
+    } else {
+      last_ = hasher_.next(i == 0 ? nullptr : &last_, tokens_.subspan(i * bt_, bt_));
+    }
+    return last_;
+  }
+
+ private:
+  std::span<const uint32_t> tokens_;
+  std::span<const Key128> keys_, known_;
+  uint32_t bt_;
+  size_t size_;
+  BlockKeyHasher hasher_;
+  size_t next_ = 0;
+  Key128 last_;
+};
 
 }  // namespace kvtier::engine_util

@@ -26,17 +26,26 @@ Status Layout::validate() const {
     return makeError(ErrorCode::kInvalidArgument, "model id of ", modelId.size(), " bytes exceeds ",
                      kMaxModelIdBytes);
   }
-  if (numLayers == 0 || numLayers > kMaxLayers) {
-    return makeError(ErrorCode::kInvalidArgument, "numLayers ", numLayers, " is outside 1..",
-                     kMaxLayers);
+  if (stateBytes > kMaxStateBytes) {
+    return makeError(ErrorCode::kInvalidArgument, "stateBytes ", stateBytes, " exceeds ",
+                     kMaxStateBytes);
   }
-  if (numKvHeads == 0 || numKvHeads > kMaxKvHeads) {
-    return makeError(ErrorCode::kInvalidArgument, "numKvHeads ", numKvHeads, " is outside 1..",
-                     kMaxKvHeads);
-  }
-  if (headDim == 0 || headDim > kMaxHeadDim) {
-    return makeError(ErrorCode::kInvalidArgument, "headDim ", headDim, " is outside 1..",
-                     kMaxHeadDim);
+  // A layout of recurrent layers only: no KV, a state.
+  const bool noKv = numLayers == 0 && numKvHeads == 0 && headDim == 0 && stateBytes > 0;
+  if (!noKv) {
+    if (numLayers == 0 || numLayers > kMaxLayers) {
+      return makeError(ErrorCode::kInvalidArgument, "numLayers ", numLayers, " is outside 1..",
+                       kMaxLayers,
+                       " (0 with numKvHeads and headDim 0 only for a layout with a state)");
+    }
+    if (numKvHeads == 0 || numKvHeads > kMaxKvHeads) {
+      return makeError(ErrorCode::kInvalidArgument, "numKvHeads ", numKvHeads, " is outside 1..",
+                       kMaxKvHeads);
+    }
+    if (headDim == 0 || headDim > kMaxHeadDim) {
+      return makeError(ErrorCode::kInvalidArgument, "headDim ", headDim, " is outside 1..",
+                       kMaxHeadDim);
+    }
   }
   if (dtypeBytes(dtype) == 0) {
     return makeError(ErrorCode::kInvalidArgument, "unknown dtype ", static_cast<int>(dtype));
@@ -50,6 +59,9 @@ Status Layout::validate() const {
       return makeError(ErrorCode::kInvalidArgument, "unknown rope style ",
                        static_cast<int>(rope.style));
     }
+    if (!hasKv()) {
+      return makeError(ErrorCode::kInvalidArgument, "a layout without KV has no rope scheme");
+    }
     if (rope.rotaryDims == 0 || rope.rotaryDims % 2 != 0 || rope.rotaryDims > headDim) {
       return makeError(ErrorCode::kInvalidArgument, "rope rotaryDims ", rope.rotaryDims,
                        " must be even and in 2..headDim (", headDim, ")");
@@ -61,6 +73,11 @@ Status Layout::validate() const {
   if (blockBytes() > kMaxBlockBytes) {
     return makeError(ErrorCode::kInvalidArgument, "a block of ", blockBytes(), " bytes exceeds ",
                      kMaxBlockBytes);
+  }
+  if (hasState() && stateChunks(1) > kMaxStateChunks) {
+    return makeError(ErrorCode::kInvalidArgument, "a state of ", stateBytes, " bytes takes ",
+                     stateChunks(1), " blocks of ", chunkBytes(), " bytes; at most ",
+                     kMaxStateChunks);
   }
   return {};
 }
@@ -86,6 +103,11 @@ uint64_t Layout::fingerprint() const {
     add32(static_cast<uint32_t>(rope.style));
     add32(rope.rotaryDims);
     sha.update(&rope.base, sizeof rope.base);
+  }
+  if (stateBytes > 0) {  // layouts without a state keep their fingerprints
+    add32(0x53544154);   // "STAT"
+    add32(static_cast<uint32_t>(stateBytes));
+    add32(static_cast<uint32_t>(stateBytes >> 32));
   }
   auto digest = sha.finish();
   uint64_t fp;

@@ -73,6 +73,7 @@ Layout layoutFromRpc(rpc::Layout::Reader in) {
     throwRpcError(makeError(ErrorCode::kInvalidArgument, "unknown rope style ", style));
   }
   out.rope = RopeScheme{static_cast<RopeStyle>(style), rope.getRotaryDims(), rope.getBase()};
+  out.stateBytes = in.getStateBytes();
   return out;
 }
 
@@ -88,6 +89,7 @@ void layoutToRpc(const Layout& in, rpc::Layout::Builder out) {
   rope.setStyle(static_cast<rpc::RopeStyle>(in.rope.style));
   rope.setRotaryDims(in.rope.rotaryDims);
   rope.setBase(in.rope.base);
+  out.setStateBytes(in.stateBytes);
 }
 
 BlockLocation blockFromRpc(rpc::BlockRef::Reader in) {

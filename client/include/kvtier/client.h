@@ -111,7 +111,8 @@ struct Stats {
   // from other nodes, blocks served to them; fetch errors by kind; peers refused.
   uint64_t clusterMembers = 0, clusterMembersUp = 0, directoryEntries = 0, heldKeys = 0,
            publishBacklog = 0, directoryRehomed = 0;
-  uint64_t remoteLookups = 0, remoteLookupsCut = 0, remoteHitBlocks = 0, remoteHitBytes = 0, servedBlocks = 0;
+  uint64_t remoteLookups = 0, remoteLookupsCut = 0, remoteHitBlocks = 0, remoteHitBytes = 0,
+           servedBlocks = 0;
   // Peer messages remote lookups sent (directory queries and pins), the most for one lookup, and
   // the directory queries this node answered as a home.
   uint64_t lookupPeerMessages = 0, lookupPeerMessagesMax = 0, directoryQueries = 0;
@@ -157,11 +158,35 @@ class ReadHandle {
   uint64_t end() const { return end_; }
   // Position of block(0)'s first slot.
   uint64_t firstPosition() const { return firstPosition_; }
-  size_t blockCount() const { return views_.size(); }
+  // The blocks covering [firstPosition(), end()). In a lookup's answer with a state whose
+  // position is inside a block, the last of them is the state's first chunk, which holds the KV
+  // of the positions past the last whole block in its first slots.
+  size_t blockCount() const {
+    return views_.empty() ? 0 : views_.size() - stateBlocks_ + (partialTokens() > 0 ? 1 : 0);
+  }
   // The bytes of block i, in place in the shared pool (or in a private copy for inline clients).
   std::span<const uint8_t> block(size_t i) const { return views_[i]; }
   const std::vector<BlockRef>& refs() const { return refs_; }
   bool inlineData() const { return !inline_.empty(); }
+
+  // --- A lookup in a namespace whose layout has a state (Layout::stateBytes;
+  // docs/cache-shapes.md): matchedTokens() is the deepest position whose state is cached with the
+  // blocks before it, all of it held by this handle's lease (a miss: 0 tokens, no state).
+  bool hasState() const { return stateBlocks_ > 0; }
+  // Positions past the last whole block (matchedTokens() % blockTokens): their KV is in the first
+  // slots of block(blockCount() - 1), the state's first chunk (copyTo reads them as any others).
+  uint32_t partialTokens() const;
+  // Copies the state (layout().stateBytes bytes) into `out`, checking every chunk of it against
+  // the checksum its writer took, in the same pass: CHECKSUM_MISMATCH if one differs (a fault
+  // changed the bytes in the pool; nothing of it may reach an engine), NOT_FOUND without a state,
+  // INVALID_ARGUMENT for another size.
+  Status copyState(void* out, size_t bytes) const;
+  // The state's chunks: the answer's last stateBlockCount() blocks, after blockCount() -
+  // (partialTokens() > 0) whole blocks. For engines that read them in place (copyState checks).
+  size_t stateBlockCount() const { return stateBlocks_; }
+  std::span<const uint8_t> stateBlock(size_t j) const {
+    return views_[views_.size() - stateBlocks_ + j];
+  }
 
   // Copies positions [from, to) into `out`, packed. INVALID_ARGUMENT if the range is outside
   // [begin(), end()) or `bytes` is not (to - from) * layout.tokenKvBytes().
@@ -180,6 +205,8 @@ class ReadHandle {
   std::vector<BlockRef> refs_;
   std::vector<std::span<const uint8_t>> views_;
   std::vector<std::vector<uint8_t>> inline_;
+  uint32_t stateBlocks_ = 0;         // the last refs_ and views_ are a state's chunks
+  std::vector<uint64_t> stateSums_;  // their writer's checksums
 };
 
 // Blocks held under a write lease (put). Nothing is visible to anyone until commit(); dropping
@@ -208,6 +235,15 @@ class WriteHandle {
   Result<CommitInfo> commit(uint64_t upTo = kEndPosition);
   Status abort();
 
+  // --- A state's lease (Space::beginPutState): blockCount() chunks of the namespace's block size.
+  // Writes `size` bytes at `offset` of the chunks, which hold the state's payload (Layout::
+  // statePayloadBytes: [a block holding the KV of the positions past the last whole block, when
+  // there are any][the state]) and then zeros to the end of the last chunk. INVALID_ARGUMENT
+  // past the chunks or for a lease of positions. The commit takes each chunk's checksum from its
+  // bytes.
+  Status writeState(uint64_t offset, const void* data, size_t size);
+  bool stateLease() const { return stateBytes_ > 0; }
+
  private:
   friend class Space;
   WriteHandle(Space* space, std::unique_ptr<LeaseState> lease) noexcept;
@@ -216,6 +252,7 @@ class WriteHandle {
   uint64_t begin_ = 0, end_ = 0, firstPosition_ = 0;
   std::vector<BlockRef> refs_;
   std::vector<std::span<uint8_t>> views_;
+  uint64_t stateBytes_ = 0;  // a state's lease: bytes of its chunks
 };
 
 struct PutOptions {
@@ -239,7 +276,8 @@ enum class RemoteMode : uint8_t {
 };
 
 struct LookupOptions {
-  // Also make the matched prefix the whole of this sequence, in the same round trip.
+  // Also make the matched prefix the whole of this sequence, in the same round trip. (In a
+  // namespace with states, such a lookup matches the cached blocks alone, without a state.)
   std::string bindSeq = {};
   bool detached = false;
   uint64_t window = 0, chunk = 0;  // as PutOptions, for a bound sequence it creates
@@ -425,6 +463,24 @@ class Space {
   Result<BlobHandle> getCheckpoint(std::string_view seq, uint64_t pos);
   Result<std::vector<uint64_t>> checkpoints(std::string_view seq);
 
+  // --- Prefix states (a layout with stateBytes; docs/cache-shapes.md). The state an engine's
+  // model had after tokens[0, n) — at any n: a block boundary while it evaluates a prompt, or the
+  // end of a turn — so that a lookup of any prompt beginning with those tokens, by any process,
+  // can restore there (with the blocks of [0, n / blockTokens * blockTokens), which must be put
+  // under the same tokens). `state`: layout().stateBytes bytes. When n is not a multiple of
+  // blockTokens, `partialKv` holds the KV of the n % blockTokens positions past the last whole
+  // block, packed as put() takes it (n % blockTokens * layout().tokenKvBytes() bytes). A state
+  // cached already is kept. INVALID_ARGUMENT for a layout without a state, wrong sizes, no or too
+  // many tokens; FULL when the pool has no room.
+  Status putState(std::span<const uint32_t> tokens, const void* state, size_t bytes,
+                  const void* partialKv = nullptr, size_t partialBytes = 0);
+  // The same, for blocks keyed by the client (lookupKeys): the state after the blocks `keys`.
+  Status putStateKeys(std::span<const Key128> keys, const void* state, size_t bytes);
+  // The steps of putState, for engines that write the chunks themselves: a lease on the state's
+  // chunks (WriteHandle::writeState, block(i)), then commit().
+  Result<WriteHandle> beginPutState(std::span<const uint32_t> tokens);
+  Result<WriteHandle> beginPutStateKeys(std::span<const Key128> keys);
+
   // --- Position-independent entries (encoder outputs, image embeddings), keyed by content.
   Status putEntry(const Key128& key, const void* bytes, size_t size);
   Result<BlobHandle> getEntry(const Key128& key);
@@ -447,6 +503,8 @@ class Space {
                    std::span<const int32_t> blockTable, void* stream);
   Result<ReadHandle> lookupImpl(std::span<const uint32_t> tokens, std::span<const Key128> keys,
                                 const LookupOptions& options);
+  Result<WriteHandle> beginPutStateImpl(std::span<const uint32_t> tokens,
+                                        std::span<const Key128> keys);
   Client& client_;
   std::unique_ptr<Impl> impl_;
   Layout layout_;

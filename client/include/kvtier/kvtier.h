@@ -129,6 +129,9 @@ typedef struct kvtier_layout {
   uint32_t rope_style;   /* kvtier_rope_style; with KVTIER_ROPE_NONE the next two are ignored */
   uint32_t rotary_dims;  /* even, <= head_dim */
   double rope_base;      /* 0: 10000 */
+  /* Bytes of a recurrent state captured at a prefix's end (0: none; see kvtier_put_state). With
+   * a state, num_layers, num_kv_heads and head_dim may all be 0: a model without KV. */
+  uint64_t state_bytes;
 } kvtier_layout;
 
 typedef struct kvtier_space_info {
@@ -266,6 +269,20 @@ kvtier_code kvtier_lookup(kvtier_space* space, const uint32_t* tokens, size_t nu
 kvtier_code kvtier_lookup_keys(kvtier_space* space, const uint8_t* keys, size_t num_keys,
                                const kvtier_lookup_options* options, kvtier_read_handle** out);
 
+/* Prefix states (a layout with state_bytes; docs/cache-shapes.md): stores the state a model had
+ * after tokens[0, num_tokens) (`state`, state_bytes bytes), so that a lookup by any process of a
+ * prompt beginning with those tokens can restore there. When num_tokens is not a multiple of
+ * block_tokens, `partial_kv` holds the KV of the num_tokens % block_tokens positions past the
+ * last whole block, packed ((num_tokens % block_tokens) * token_kv_bytes bytes; else NULL, 0).
+ * In such a space a lookup (without bind_seq) answers the deepest position whose state is
+ * cached with the blocks before it (kvtier_read_state reads it), or nothing. */
+kvtier_code kvtier_put_state(kvtier_space* space, const uint32_t* tokens, size_t num_tokens,
+                             const void* state, size_t state_bytes, const void* partial_kv,
+                             size_t partial_bytes);
+/* The same after the client-keyed blocks `keys` (KVTIER_KEY_BYTES each). */
+kvtier_code kvtier_put_state_keys(kvtier_space* space, const uint8_t* keys, size_t num_keys,
+                                  const void* state, size_t state_bytes);
+
 /* dst becomes positions [0, min(len, length of src)) of src (full blocks shared, not copied). */
 kvtier_code kvtier_copy_prefix(kvtier_space* space, const char* src, const char* dst, uint64_t len,
                                uint32_t flags);
@@ -309,6 +326,11 @@ kvtier_code kvtier_read_copy(kvtier_read_handle* handle, uint64_t from, uint64_t
  * client closed; *bytes is the block's size. KVTIER_NOT_SUPPORTED for a block in GPU memory. */
 kvtier_code kvtier_read_block(kvtier_read_handle* handle, uint64_t index, const void** data,
                               size_t* bytes);
+
+/* The state a lookup in a space with states answered (at position `end`), checked against its
+ * writer's checksum as it is copied into `out` (state_bytes bytes): KVTIER_CHECKSUM_MISMATCH when
+ * the bytes in the pool changed (use none of them), KVTIER_NOT_FOUND when the handle holds none. */
+kvtier_code kvtier_read_state(kvtier_read_handle* handle, void* out, size_t out_bytes);
 
 /* Unpins the blocks now; later calls on the handle fail with KVTIER_RELEASED. Releasing twice is
  * KVTIER_RELEASED too (and harmless). */

@@ -59,6 +59,32 @@ class BlockKeyHasher {
   Sha256 sha_;
 };
 
+// Keys of a prefix state's chunks (Layout::stateBytes; docs/cache-shapes.md). The state after a
+// prefix of k * B + r tokens (0 <= r < B) is anchored at the key of the prefix's last whole block
+// (for k = 0 at the namespace's root, root()) and named by the r tokens after that block:
+//
+//   chunk_j = H("kvtier-state-v1" || anchor || tokens[kB : kB + r] || u32 r || u32 j)
+//
+// with H as for block keys (SHA-256, first 16 bytes), so that a state is found by content, as a
+// block is, and never confused with a block or with another position's state. Not thread-safe.
+class StateKeyHasher {
+ public:
+  StateKeyHasher(uint64_t fingerprint, const Salt& salt);
+  // The anchor of states inside the first block.
+  const Key128& root() const { return root_; }
+  // Starts the states anchored at `anchor` at r = 0; add() extends r by one token.
+  void begin(const Key128& anchor);
+  void add(uint32_t token);
+  uint32_t partial() const { return partial_; }
+  // Key of chunk `j` of the state at the current r.
+  Key128 chunk(uint32_t j) const;
+
+ private:
+  SHA256_CTX ctx_{};
+  Key128 root_;
+  uint32_t partial_ = 0;
+};
+
 // SHA-256 of arbitrary text truncated to a Salt (tenant names -> salts).
 Salt saltFor(std::string_view tenant);
 

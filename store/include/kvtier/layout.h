@@ -2,6 +2,13 @@
 //
 // Bytes inside a block are layer-major: [layer][K|V][token][kvHead][headDim]. One layer's K for
 // the block is `blockTokens * tokenBytes()` contiguous bytes, followed by its V.
+//
+// Prefix states (docs/cache-shapes.md): a layout whose `stateBytes` is not 0 belongs to a model
+// with recurrent layers (state-space, linear attention, short convolutions), whose state after a
+// prefix cannot be rebuilt from KV. Its sequences' prefixes are cached as KV blocks (the
+// attention layers, if any) plus a state of `stateBytes` captured at the prefix's end; a lookup
+// then answers only prefixes whose state is cached too. A layout of recurrent layers only has no
+// KV (numLayers, numKvHeads and headDim all 0).
 #pragma once
 
 #include <cstdint>
@@ -32,6 +39,14 @@ inline constexpr uint32_t kMaxHeadDim = 1024;
 inline constexpr size_t kMaxModelIdBytes = 256;
 // One block must fit in one pool extent and in a 32-bit size.
 inline constexpr uint64_t kMaxBlockBytes = 1ull << 30;
+// A prefix state: the largest real models' recurrent state per sequence is ~110 MB (hybrid 27B
+// class); 4 GiB bounds what a client may declare.
+inline constexpr uint64_t kMaxStateBytes = 4ull << 30;
+// A state is kept in chunks of the namespace's block size; a layout without KV has no blocks, and
+// its states go in chunks of the state's size rounded up to 4 KiB, at most this.
+inline constexpr uint64_t kMaxStateChunkBytes = 64ull << 20;
+// Chunks of one state (they are pinned together with the prefix's blocks under one lease).
+inline constexpr uint32_t kMaxStateChunks = 4096;
 
 // Rotary position embedding of K, as the model applies it. Declaring it lets kvtier remove a
 // middle range of a sequence and re-rotate the K of the tokens that move.
@@ -56,6 +71,8 @@ struct Layout {
   DType dtype = DType::kFloat16;
   uint32_t blockTokens = 16;
   RopeScheme rope;  // optional
+  // Bytes of the recurrent state captured at a prefix's end (0: the model has none).
+  uint64_t stateBytes = 0;
 
   // Bytes of one token's K (or V) for one layer.
   uint64_t tokenBytes() const { return uint64_t{numKvHeads} * headDim * dtypeBytes(dtype); }
@@ -65,6 +82,26 @@ struct Layout {
   // Offset inside a block of token slot `slot` of layer `layer`, K (kv = 0) or V (kv = 1).
   uint64_t slotOffset(uint32_t layer, uint32_t kv, uint32_t slot) const {
     return ((uint64_t{layer} * 2 + kv) * blockTokens + slot) * tokenBytes();
+  }
+  bool hasKv() const { return numLayers > 0; }
+  bool hasState() const { return stateBytes > 0; }
+  // Bytes of one chunk of a prefix state: the block size, or for a layout without KV the state's
+  // size rounded up to 4 KiB (at most kMaxStateChunkBytes). Every block of the namespace has this
+  // size.
+  uint64_t chunkBytes() const {
+    if (hasKv()) return blockBytes();
+    const uint64_t rounded = (stateBytes + 4095) / 4096 * 4096;
+    return rounded < kMaxStateChunkBytes ? rounded : kMaxStateChunkBytes;
+  }
+  // Bytes of the state at a position `partial` tokens past a block boundary: the KV of those
+  // tokens (a block holding them in its first slots) when partial > 0, then the recurrent state.
+  uint64_t statePayloadBytes(uint32_t partial) const {
+    return (partial > 0 ? blockBytes() : 0) + stateBytes;
+  }
+  // Chunks of such a state.
+  uint32_t stateChunks(uint32_t partial) const {
+    const uint64_t chunk = chunkBytes();
+    return chunk == 0 ? 0 : static_cast<uint32_t>((statePayloadBytes(partial) + chunk - 1) / chunk);
   }
 
   // INVALID_ARGUMENT naming the first bound a field breaks.
