@@ -16,8 +16,7 @@
 #include <vector>
 
 #include "integrations/llama/llama_support.h"
-#include "tests/temp_dir.h"
-#include "tests/test_support.h"
+#include "integrations/llama/llama_worker_fixture.h"
 
 namespace kvtier::llama {
 namespace {
@@ -25,7 +24,7 @@ namespace {
 using test::DaemonProcess;
 using test::PeerProcess;
 
-class LlamaIntegration : public ::testing::Test {
+class LlamaIntegration : public WorkerTest {
  protected:
   static void SetUpTestSuite() {
     models_ = new test::TempDir();
@@ -36,58 +35,13 @@ class LlamaIntegration : public ::testing::Test {
 
   static std::string model(const char* name) { return models_->file(name); }
 
-  // A daemon a test killed could not remove its pool segments: they go here.
-  void TearDown() override {
-    daemon_.stop(SIGTERM);
-    for (const auto& name : test::shmSegments(daemon_.segmentPrefix())) {
-      ::shm_unlink(("/" + name).c_str());
-    }
-  }
-
-  struct Run {
-    int code = -1;
-    std::string out;
-  };
-  // Runs a worker to its end: MODE --model M --socket S --logits DIR/NAME, then `extra`.
-  Run worker(const std::string& mode, const std::string& logitsName,
-             std::vector<std::string> extra, const std::string& modelPath = "") {
-    std::vector<std::string> args = {mode, "--model", modelPath.empty() ? model("a.gguf") : modelPath,
-                                     "--socket", daemon_.socket(), "--logits",
-                                     dir_.file(logitsName)};
-    args.insert(args.end(), extra.begin(), extra.end());
-    PeerProcess p(args, KVTIER_LLAMA_WORKER_PATH);
-    Run r;
-    r.code = p.wait();
-    r.out = p.output();
-    return r;
-  }
-
-  std::vector<float> logits(const std::string& name) {
-    std::ifstream in(dir_.file(name), std::ios::binary);
-    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
-    std::vector<float> out(bytes.size() / sizeof(float));
-    std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
-    return out;
-  }
-
-  // Bit-for-bit equal, with the largest difference in the message when not.
-  void expectSameLogits(const std::string& a, const std::string& b) {
-    auto x = logits(a), y = logits(b);
-    ASSERT_FALSE(x.empty());
-    ASSERT_EQ(x.size(), y.size());
-    float worst = 0;
-    for (size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::fabs(x[i] - y[i]));
-    EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0)
-        << a << " and " << b << " differ by up to " << worst;
-  }
-
-  static bool has(const std::string& out, const std::string& line) {
-    return out.find(line + "\n") != std::string::npos;
+  Run worker(const std::string& mode, const std::string& logitsName, std::vector<std::string> extra,
+             const std::string& modelPath = "") {
+    return WorkerTest::worker(mode, modelPath.empty() ? model("a.gguf") : modelPath, logitsName,
+                              std::move(extra));
   }
 
   static test::TempDir* models_;
-  DaemonProcess daemon_{256 << 20};
-  test::TempDir dir_;
 };
 
 test::TempDir* LlamaIntegration::models_ = nullptr;
@@ -132,12 +86,11 @@ TEST_F(LlamaIntegration, TwoSequencesOfOneContextEachGetTheirOwnPrefix) {
   Run a = worker("store", "-", {"--prompt", "1:64+3:40", "--prompt", "4:96"});
   ASSERT_EQ(a.code, 0) << a.out;
   const std::vector<std::string> prompts = {"--prompt", "1:64+3:40+5:20", "--prompt",
-                                            "4:96+6:7", "--split", "96"};
+                                            "4:96+6:7", "--split",        "96"};
   Run b = worker("restore", "restored", prompts);
   ASSERT_EQ(b.code, 0) << b.out;
   // One line per sequence, each its own 96 tokens.
-  EXPECT_NE(b.out.find("restored 96 unavailable 0\nrestored 96 unavailable 0\n"),
-            std::string::npos)
+  EXPECT_NE(b.out.find("restored 96 unavailable 0\nrestored 96 unavailable 0\n"), std::string::npos)
       << b.out;
   Run c = worker("recompute", "recomputed", prompts);
   ASSERT_EQ(c.code, 0) << c.out;
@@ -218,7 +171,8 @@ TEST_F(LlamaIntegration, AScratchSequenceMovesTheSameKvAFewBlocksAtATime) {
   // Block [4992, 5008) is b's, which began a batch at 4992: so does the recompute.
   Run d = worker("restore", "d", with({"--prompt", "1:5000+2:30", "--split", "4992,5008"}, false));
   EXPECT_TRUE(has(d.out, "restored 5008 unavailable 0")) << d.out;
-  Run e = worker("recompute", "e", with({"--prompt", "1:5000+2:30", "--split", "4992,5008"}, false));
+  Run e =
+      worker("recompute", "e", with({"--prompt", "1:5000+2:30", "--split", "4992,5008"}, false));
   expectSameLogits("d.0", "e.0");
 }
 
@@ -226,12 +180,12 @@ TEST_F(LlamaIntegration, TheEngineGoesOnComputingWhenTheDaemonStopsMidRun) {
   ASSERT_EQ(worker("store", "-", {"--prompt", "1:128"}).code, 0);
   const std::string fifo = dir_.file("go");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  PeerProcess b({"restore", "--model", model("a.gguf"), "--socket", daemon_.socket(), "--logits",
-                 dir_.file("restored"), "--prompt", "1:128+2:40", "--split", "128",
-                 "--wait-fifo", fifo},
-                KVTIER_LLAMA_WORKER_PATH);
+  PeerProcess b(
+      {"restore", "--model", model("a.gguf"), "--socket", daemon_->socket(), "--logits",
+       dir_.file("restored"), "--prompt", "1:128+2:40", "--split", "128", "--wait-fifo", fifo},
+      KVTIER_LLAMA_WORKER_PATH);
   b.waitForLine("waiting");  // connected, the namespace open
-  daemon_.stop(SIGKILL);
+  stopDaemon(SIGKILL);
   {
     std::ofstream go(fifo);
     go << 'x';
@@ -244,9 +198,9 @@ TEST_F(LlamaIntegration, TheEngineGoesOnComputingWhenTheDaemonStopsMidRun) {
 }
 
 TEST_F(LlamaIntegration, AStoringProcessKilledLeaksNothing) {
-  auto client = daemon_.connect();
+  auto client = daemon_->connect();
   for (int round = 0; round < 3; ++round) {
-    PeerProcess p({"store-loop", "--model", model("a.gguf"), "--socket", daemon_.socket(),
+    PeerProcess p({"store-loop", "--model", model("a.gguf"), "--socket", daemon_->socket(),
                    "--prompt", "1:" + std::to_string(64 + 32 * round)},
                   KVTIER_LLAMA_WORKER_PATH);
     p.waitForLine("stored " + std::to_string(2 + round) + " ok");

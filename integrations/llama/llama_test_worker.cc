@@ -10,12 +10,21 @@
 //         recompute   the same without kvtier
 //         nonempty    evaluate 8 tokens into sequence 0, then try to restore into it
 //         store-loop  store prompts of a growing seed, one after another, until killed
+//         prefill     restore each prompt's cached prefix (all but its last token), then
+//                     PrefixCache::prefill the rest (storing as it goes), write the logits
+//         chat        a turn: restore and prefill the prompt, then evaluate the --answer tokens
+//                     one llama_decode each (as a decode loop does) and store at the turn's end
+//         corrupt     look the prompt up as the cache would and flip one byte of its state (or,
+//                     with --corrupt-block, of its first block) in the pool, as a stray write
+//         prefill-loop  prefill prompts of a growing seed, one after another, until killed
 //   SPEC  SEED:LEN[+SEED:LEN...]  the concatenation of randomTokens(SEED, LEN) runs
 //   --split P[,P...]  batch boundaries (positions) of every evaluation
 //   --fa on|off, --type-k/--type-v f16|f32|q8_0, --block N, --ctx N, --logits PATH
 //   --scratch on  a unified KV cache whose last sequence is the cache's (CacheOptions::scratchSeq)
 //   --adapters S  CacheOptions::adapters (the adapters the context is said to apply)
 //   --wait-fifo PATH  after opening the cache, wait for one byte on this FIFO
+//   --checkpoint N  CacheOptions::checkpointTokens;  --answer SPEC  the chat mode's answer
+//   --threads N  llama.cpp's threads
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -34,7 +43,9 @@ namespace sup = kvtier::llama::support;
 namespace {
 
 struct Args {
-  std::string mode, model, socket, logits, waitFifo, adapters;
+  std::string mode, model, socket, logits, waitFifo, adapters, answer;
+  uint32_t checkpoint = 0;
+  bool corruptBlock = false;
   std::vector<std::string> prompts;
   std::vector<size_t> splits;
   sup::ContextSettings ctx;
@@ -76,23 +87,44 @@ int main(int argc, char** argv) {
   a.mode = argv[1];
   for (int i = 2; i + 1 < argc; i += 2) {
     std::string k = argv[i], v = argv[i + 1];
-    if (k == "--model") a.model = v;
-    else if (k == "--socket") a.socket = v;
-    else if (k == "--prompt") a.prompts.push_back(v);
-    else if (k == "--logits") a.logits = v;
-    else if (k == "--wait-fifo") a.waitFifo = v;
-    else if (k == "--fa") a.ctx.flashAttn = v == "on";
-    else if (k == "--type-k") a.ctx.typeK = typeOf(v);
-    else if (k == "--type-v") a.ctx.typeV = typeOf(v);
-    else if (k == "--block") a.block = static_cast<uint32_t>(std::stoul(v));
-    else if (k == "--ctx") a.ctx.nCtx = static_cast<uint32_t>(std::stoul(v));
-    else if (k == "--scratch") a.scratch = v == "on";
-    else if (k == "--adapters") a.adapters = v;
+    if (k == "--model")
+      a.model = v;
+    else if (k == "--socket")
+      a.socket = v;
+    else if (k == "--prompt")
+      a.prompts.push_back(v);
+    else if (k == "--logits")
+      a.logits = v;
+    else if (k == "--wait-fifo")
+      a.waitFifo = v;
+    else if (k == "--fa")
+      a.ctx.flashAttn = v == "on";
+    else if (k == "--type-k")
+      a.ctx.typeK = typeOf(v);
+    else if (k == "--type-v")
+      a.ctx.typeV = typeOf(v);
+    else if (k == "--block")
+      a.block = static_cast<uint32_t>(std::stoul(v));
+    else if (k == "--ctx")
+      a.ctx.nCtx = static_cast<uint32_t>(std::stoul(v));
+    else if (k == "--scratch")
+      a.scratch = v == "on";
+    else if (k == "--adapters")
+      a.adapters = v;
+    else if (k == "--answer")
+      a.answer = v;
+    else if (k == "--checkpoint")
+      a.checkpoint = static_cast<uint32_t>(std::stoul(v));
+    else if (k == "--corrupt-block")
+      a.corruptBlock = v == "on";
+    else if (k == "--threads")
+      a.ctx.threads = std::stoi(v);
     else if (k == "--split") {
       std::stringstream ss(v);
       std::string p;
       while (std::getline(ss, p, ',')) a.splits.push_back(std::stoull(p));
-    } else return fail("unknown option " + k);
+    } else
+      return fail("unknown option " + k);
   }
   a.ctx.nSeq = std::max<uint32_t>(1, static_cast<uint32_t>(a.prompts.size())) + (a.scratch ? 1 : 0);
 
@@ -112,10 +144,13 @@ int main(int argc, char** argv) {
     opts.blockTokens = a.block;
     if (a.scratch) opts.scratchSeq = static_cast<llama_seq_id>(a.ctx.nSeq - 1);
     opts.adapters = a.adapters;
+    opts.checkpointTokens = a.checkpoint;
     auto c = kvtier::llama::PrefixCache::open(ctx.get(), opts);
     if (!c.ok()) return fail(c.error().toString());
     cache = std::move(c.value());
     std::printf("opened %s\n", cache->layout().modelId.c_str());
+    std::printf("memory %s state %llu checkpoint %u\n", cache->memoryKind(),
+                static_cast<unsigned long long>(cache->stateBytes()), cache->checkpointTokens());
   }
   if (!a.waitFifo.empty()) {
     std::printf("waiting\n");
@@ -165,6 +200,92 @@ int main(int argc, char** argv) {
       std::printf("store %s\n", r.ok() ? "ok" : kvtier::errorName(r.code()));
     }
     std::printf("done\n");
+    return 0;
+  }
+
+  // Writes the last logits of sequence `s` to LOGITS.s.
+  auto writeLogits = [&](size_t s) {
+    std::vector<float> logits = sup::lastLogits(ctx.get());
+    std::ofstream out(a.logits + "." + std::to_string(s), std::ios::binary);
+    out.write(reinterpret_cast<const char*>(logits.data()),
+              static_cast<std::streamsize>(logits.size() * sizeof(float)));
+    return static_cast<bool>(out);
+  };
+  // Restores prompt p into seq and prefills the rest; prints what happened.
+  auto restoreAndPrefill = [&](llama_seq_id seq, const std::vector<llama_token>& p) -> bool {
+    auto r = cache->restore(seq, p.data(), p.size() - 1);
+    if (!r.ok()) return fail(r.error().toString()) == 0;
+    std::printf("restored %u unavailable %d\n", r->tokens, r->unavailable ? 1 : 0);
+    auto f = cache->prefill(seq, p.data(), p.size(), r->tokens);
+    if (!f.ok()) return fail(f.error().toString()) == 0;
+    std::printf("prefill evaluated %u stored %u states %u chunks %u failed %d\n",
+                f->evaluatedTokens, f->storedTokens, f->states, f->chunks, f->storeFailed ? 1 : 0);
+    return true;
+  };
+
+  if (a.mode == "prefill") {
+    for (size_t s = 0; s < prompts.size(); ++s) {
+      if (!restoreAndPrefill(static_cast<llama_seq_id>(s), prompts[s])) return 1;
+      if (!a.logits.empty() && !writeLogits(s)) return fail("cannot write logits");
+    }
+    const auto& st = cache->stats();
+    std::printf("stats restoreCorrupt %llu statesStored %llu statesRestored %llu\n",
+                static_cast<unsigned long long>(st.restoreCorrupt),
+                static_cast<unsigned long long>(st.statesStored),
+                static_cast<unsigned long long>(st.statesRestored));
+    std::printf("done\n");
+    return 0;
+  }
+
+  if (a.mode == "chat") {
+    const auto& p = prompts.at(0);
+    if (!restoreAndPrefill(0, p)) return 1;
+    std::vector<llama_token> all = p;
+    const auto answer = promptOf(model.get(), a.answer);
+    for (llama_token t : answer) {  // a decode loop: one token a call
+      all.push_back(t);
+      if (!sup::decode(ctx.get(), 0, all, all.size() - 1, all.size())) return fail("decode");
+    }
+    auto r = cache->store(0, all.data(), all.size());
+    if (!r.ok()) return fail(r.error().toString());
+    std::printf("turn stored %u cached %u state %d\n", r->storedTokens, r->cachedTokens,
+                r->state ? 1 : 0);
+    return 0;
+  }
+
+  if (a.mode == "prefill-loop") {
+    const auto& base = prompts.at(0);
+    for (uint64_t i = 0;; ++i) {
+      std::vector<llama_token> p = base;
+      auto tail = sup::randomTokens(model.get(), 1000 + i, 200);
+      p.insert(p.end(), tail.begin(), tail.end());
+      llama_memory_seq_rm(llama_get_memory(ctx.get()), 0, -1, -1);
+      auto f = cache->prefill(0, p.data(), p.size(), 0);
+      std::printf("prefilled %llu %s\n", static_cast<unsigned long long>(i),
+                  f.ok() ? "ok" : kvtier::errorName(f.code()));
+    }
+  }
+
+  if (a.mode == "corrupt") {
+    // A stray write into the pool: this process maps it as every local client does, and flips
+    // the last byte of the state the prompt's lookup answers (deep in the recurrent state, where
+    // nothing but the checksum can tell).
+    const auto& p = prompts.at(0);
+    auto client = kvtier::Client::connect({.socketPath = a.socket});
+    if (!client.ok()) return fail(client.error().toString());
+    auto space = client.value()->open(cache->layout());
+    if (!space.ok()) return fail(space.error().toString());
+    std::span<const uint32_t> keyTokens(reinterpret_cast<const uint32_t*>(p.data()), p.size() - 1);
+    auto hit = space.value()->lookup(keyTokens);
+    if (!hit.ok()) return fail(hit.error().toString());
+    if (!hit->hasState()) return fail("no state cached");
+    const kvtier::Layout& layout = cache->layout();
+    const size_t chunks = hit->stateBlockCount();
+    const uint64_t last =
+        layout.statePayloadBytes(hit->partialTokens()) - 1 - (chunks - 1) * layout.chunkBytes();
+    auto* byte = const_cast<uint8_t*>(hit->stateBlock(chunks - 1).data() + last);
+    *byte ^= 0x40;
+    std::printf("corrupted state at %llu\n", static_cast<unsigned long long>(hit->matchedTokens()));
     return 0;
   }
 

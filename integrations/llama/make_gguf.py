@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Write a llama-architecture GGUF (v3) model with random weights.
+"""Write a GGUF (v3) model with random weights: llama, gemma2, mamba or lfm2.
 
 Tests and benchmarks of the llama.cpp integration need real model files that
 llama.cpp loads and runs, yet nothing may be downloaded here and the `gguf`
@@ -7,7 +7,11 @@ pip package is not available.  This module is a small GGUF v3 writer of our
 own: it needs only the Python standard library and numpy, so it runs with
 Debian's /usr/bin/python3 (apt package python3-numpy).
 
-The model is a plain llama (RMS norm, RoPE, GQA attention, SwiGLU FFN) with a
+The default model is a plain llama (RMS norm, RoPE, GQA attention, SwiGLU FFN);
+the other architectures cover llama.cpp's other memories: gemma2 (interleaved
+sliding-window attention: every other layer sees only the last `swa` tokens),
+mamba (recurrent layers only: a state-space model) and lfm2 (a hybrid of
+short-convolution recurrent layers and attention layers).  Every model has a
 tiny SentencePiece-style ("llama") vocabulary: <unk> <s> </s>, the 256 byte
 tokens <0x00>..<0xFF> (so any text tokenizes via byte fallback), then a few
 dozen "▁"-prefixed word pieces.  Weights are drawn from
@@ -15,7 +19,7 @@ numpy.random.default_rng(seed) in a fixed order, so the same arguments give a
 byte-identical file and a different seed gives different weights.
 
 Format facts (checked against llama.cpp's ggml/src/gguf.cpp, src/llama-arch.cpp,
-src/models/llama.cpp and src/llama-vocab.cpp):
+src/llama-model.cpp, src/models/{llama,gemma2,mamba,lfm2}.cpp and src/llama-vocab.cpp):
   * header: "GGUF", u32 version, u64 tensor_count, u64 kv_count, all little
     endian; strings are u64 length + UTF-8 bytes (no terminator).
   * a kv is key string, u32 value type, value; an array value is u32 element
@@ -27,9 +31,18 @@ src/models/llama.cpp and src/llama-vocab.cpp):
     equal the sum of the previous tensors' sizes, each padded to
     general.alignment, and the data section to start aligned in the file.
 
+  * gemma2 takes the output projection from token_embd (no output.weight) and
+    norms after attention and FFN (post_attention_norm, post_ffw_norm); its
+    sliding window is gemma2.attention.sliding_window, on layers 0, 2, 4, ...
+  * mamba needs d_inner = 2 * n_embd; ssm_a and ssm_d have no ".weight"
+    suffix; A is negative (a decaying state), so long prompts stay finite.
+  * lfm2's layers are recurrent where lfm2.attention.head_count_kv (a per-layer
+    array) is 0; its final norm is named token_embd_norm.
+
 Usage:
   /usr/bin/python3 integrations/llama/make_gguf.py --preset tiny --seed 1 --out tiny.gguf
   /usr/bin/python3 integrations/llama/make_gguf.py --preset medium --seed 1 --out medium.gguf
+  /usr/bin/python3 integrations/llama/make_gguf.py --preset gemma2-tiny --seed 1 --out g.gguf
 
 From Python:
   from make_gguf import write_model
@@ -60,12 +73,29 @@ FILE_TYPE = {"f32": 0, "f16": 1}
 # llama_token_type values stored in tokenizer.ggml.token_type
 TOK_NORMAL, TOK_UNKNOWN, TOK_CONTROL, TOK_BYTE = 1, 2, 3, 6
 
+_BASE = dict(arch="llama", swa=0, d_state=16, d_conv=4, dt_rank=4, l_cache=3, attn_every=2)
 PRESETS = {
     # smallest useful GQA model: loads in milliseconds, for unit tests
     # (head dim 32: the smallest a quantized q8_0 K cache accepts, whose blocks are 32 wide)
-    "tiny": dict(layers=2, embd=64, heads=2, kv_heads=1, ff=128, ctx=4096, wtype="f32"),
+    "tiny": dict(_BASE, layers=2, embd=64, heads=2, kv_heads=1, ff=128, ctx=4096, wtype="f32"),
     # ~24M parameters, 4:1 GQA: big enough for KV-cache traffic to matter
-    "medium": dict(layers=8, embd=512, heads=8, kv_heads=2, ff=1536, ctx=8192, wtype="f16"),
+    "medium": dict(_BASE, layers=8, embd=512, heads=8, kv_heads=2, ff=1536, ctx=8192,
+                   wtype="f16"),
+    # sliding-window attention on every other layer (window 128), full attention between
+    "gemma2-tiny": dict(_BASE, arch="gemma2", layers=4, embd=64, heads=2, kv_heads=1, ff=128,
+                        ctx=8192, swa=128, wtype="f32"),
+    "gemma2-medium": dict(_BASE, arch="gemma2", layers=8, embd=512, heads=8, kv_heads=2,
+                          ff=1536, ctx=8192, swa=512, wtype="f16"),
+    # recurrent only: a state-space model (d_inner = 2 * embd)
+    "mamba-tiny": dict(_BASE, arch="mamba", layers=2, embd=64, heads=0, kv_heads=0, ff=0,
+                       ctx=8192, wtype="f32"),
+    "mamba-medium": dict(_BASE, arch="mamba", layers=8, embd=512, heads=0, kv_heads=0, ff=0,
+                         ctx=8192, wtype="f16"),
+    # hybrid: short-convolution layers, every second layer attention
+    "lfm2-tiny": dict(_BASE, arch="lfm2", layers=4, embd=64, heads=2, kv_heads=1, ff=128,
+                      ctx=8192, wtype="f32"),
+    "lfm2-medium": dict(_BASE, arch="lfm2", layers=8, embd=512, heads=8, kv_heads=2, ff=1536,
+                        ctx=8192, wtype="f16"),
 }
 
 ROPE_FREQ_BASE = 10000.0
@@ -138,12 +168,25 @@ class _Writer:
         self.f.write(b"\0" * (-pos % ALIGNMENT))
 
 
-def _tensor_specs(h, n_vocab):
-    """(name, ne, is_norm) for every tensor, in file order.
+def _is_attention_layer(h, i):
+    """lfm2: which layers are attention (the others short convolutions)."""
+    return i % h["attn_every"] == h["attn_every"] - 1
 
-    ne follows llama.cpp's create_tensor() shapes in src/models/llama.cpp,
+
+def _tensor_specs(h, n_vocab):
+    """(name, ne, kind) for every tensor, in file order; kind is "norm", "ssm_a",
+    "ssm_d", "ssm_dt_b" or "" (a matrix).
+
+    ne follows llama.cpp's create_tensor() shapes in src/models/<arch>.cpp,
     innermost dimension first.
     """
+    arch = h["arch"]
+    if arch == "gemma2":
+        return _gemma2_specs(h, n_vocab)
+    if arch == "mamba":
+        return _mamba_specs(h, n_vocab)
+    if arch == "lfm2":
+        return _lfm2_specs(h, n_vocab)
     n_embd, n_ff = h["embd"], h["ff"]
     head_dim = n_embd // h["heads"]
     n_q, n_kv = head_dim * h["heads"], head_dim * h["kv_heads"]
@@ -163,12 +206,96 @@ def _tensor_specs(h, n_vocab):
         ]
     specs += [("output_norm.weight", (n_embd,), True),
               ("output.weight", (n_embd, n_vocab), False)]
+    return [(n, ne, "norm" if norm else "") for n, ne, norm in specs]
+
+
+def _attention_specs(p, n_embd, n_q, n_kv):
+    return [(p + "attn_q.weight", (n_embd, n_q), ""),
+            (p + "attn_k.weight", (n_embd, n_kv), ""),
+            (p + "attn_v.weight", (n_embd, n_kv), ""),
+            (p + "attn_output.weight", (n_q, n_embd), "")]
+
+
+def _ffn_specs(p, n_embd, n_ff):
+    return [(p + "ffn_gate.weight", (n_embd, n_ff), ""),
+            (p + "ffn_up.weight", (n_embd, n_ff), ""),
+            (p + "ffn_down.weight", (n_ff, n_embd), "")]
+
+
+def _gemma2_specs(h, n_vocab):
+    n_embd, n_ff = h["embd"], h["ff"]
+    head_dim = n_embd // h["heads"]
+    n_q, n_kv = head_dim * h["heads"], head_dim * h["kv_heads"]
+    specs = [("token_embd.weight", (n_embd, n_vocab), "")]
+    for i in range(h["layers"]):
+        p = "blk.%d." % i
+        specs += [(p + "attn_norm.weight", (n_embd,), "norm")]
+        specs += _attention_specs(p, n_embd, n_q, n_kv)
+        specs += [(p + "post_attention_norm.weight", (n_embd,), "norm"),
+                  (p + "ffn_norm.weight", (n_embd,), "norm")]
+        specs += _ffn_specs(p, n_embd, n_ff)
+        specs += [(p + "post_ffw_norm.weight", (n_embd,), "norm")]
+    specs += [("output_norm.weight", (n_embd,), "norm")]
     return specs
 
 
-def _random_tensor(rng, name, ne, is_norm):
+def _mamba_specs(h, n_vocab):
+    n_embd = h["embd"]
+    d_inner, d_state, d_conv, dt_rank = 2 * n_embd, h["d_state"], h["d_conv"], h["dt_rank"]
+    specs = [("token_embd.weight", (n_embd, n_vocab), "")]
+    for i in range(h["layers"]):
+        p = "blk.%d." % i
+        specs += [(p + "attn_norm.weight", (n_embd,), "norm"),
+                  (p + "ssm_in.weight", (n_embd, 2 * d_inner), ""),
+                  (p + "ssm_conv1d.weight", (d_conv, d_inner), ""),
+                  (p + "ssm_conv1d.bias", (d_inner,), "bias"),
+                  (p + "ssm_x.weight", (d_inner, dt_rank + 2 * d_state), ""),
+                  (p + "ssm_dt.weight", (dt_rank, d_inner), ""),
+                  (p + "ssm_dt.bias", (d_inner,), "ssm_dt_b"),
+                  (p + "ssm_a", (d_state, d_inner), "ssm_a"),
+                  (p + "ssm_d", (d_inner,), "ssm_d"),
+                  (p + "ssm_out.weight", (d_inner, n_embd), "")]
+    specs += [("output_norm.weight", (n_embd,), "norm"),
+              ("output.weight", (n_embd, n_vocab), "")]
+    return specs
+
+
+def _lfm2_specs(h, n_vocab):
+    n_embd, n_ff = h["embd"], h["ff"]
+    head_dim = n_embd // h["heads"]
+    n_kv = head_dim * h["kv_heads"]
+    specs = [("token_embd.weight", (n_embd, n_vocab), ""),
+             ("token_embd_norm.weight", (n_embd,), "norm")]
+    for i in range(h["layers"]):
+        p = "blk.%d." % i
+        specs += [(p + "ffn_norm.weight", (n_embd,), "norm")]
+        specs += _ffn_specs(p, n_embd, n_ff)
+        specs += [(p + "attn_norm.weight", (n_embd,), "norm")]
+        if _is_attention_layer(h, i):
+            specs += [(p + "attn_q_norm.weight", (head_dim,), "norm"),
+                      (p + "attn_k_norm.weight", (head_dim,), "norm")]
+            specs += _attention_specs(p, n_embd, n_embd, n_kv)
+        else:
+            specs += [(p + "shortconv.conv.weight", (h["l_cache"], n_embd), ""),
+                      (p + "shortconv.in_proj.weight", (n_embd, 3 * n_embd), ""),
+                      (p + "shortconv.out_proj.weight", (n_embd, n_embd), "")]
+    return specs
+
+
+def _random_tensor(rng, name, ne, kind):
     """Draw one tensor as float32 with numpy shape reversed(ne)."""
     shape = tuple(reversed(ne))
+    if kind == "ssm_a":
+        # A = -exp(A_log) in the original: negative, so the state decays
+        return -(1.0 + rng.random(shape, dtype=np.float32) * 7.0).astype(np.float32)
+    if kind == "ssm_d":
+        return np.ones(shape, dtype=np.float32)
+    if kind == "ssm_dt_b":
+        # softplus(dt) around 0.01..0.1: a step of a stable discretisation
+        return (-4.0 + rng.random(shape, dtype=np.float32) * 2.0).astype(np.float32)
+    if kind == "bias":
+        return (0.01 * rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
+    is_norm = kind == "norm"
     if is_norm:
         # RMS-norm gains near 1 (the noise just makes seeds visible everywhere)
         return 1.0 + 0.01 * rng.standard_normal(shape, dtype=np.float32)
@@ -191,20 +318,25 @@ def resolve_hparams(preset="tiny", **overrides):
             h[k] = v
     if h["wtype"] not in WEIGHT_TYPES:
         raise ValueError("weight type must be f32 or f16")
-    for k in ("layers", "embd", "heads", "kv_heads", "ff", "ctx"):
+    attention = h["arch"] != "mamba"
+    for k in ("layers", "embd", "ctx") + (("heads", "kv_heads", "ff") if attention else ()):
         if int(h[k]) <= 0:
             raise ValueError("%s must be positive" % k)
-    if h["embd"] % h["heads"] or h["heads"] % h["kv_heads"]:
-        raise ValueError("embd must be a multiple of heads and heads of kv_heads")
-    if (h["embd"] // h["heads"]) % 2:
-        raise ValueError("head dimension must be even for RoPE")
+    if attention:
+        if h["embd"] % h["heads"] or h["heads"] % h["kv_heads"]:
+            raise ValueError("embd must be a multiple of heads and heads of kv_heads")
+        if (h["embd"] // h["heads"]) % 2:
+            raise ValueError("head dimension must be even for RoPE")
+    if h["arch"] == "gemma2" and h["swa"] <= 0:
+        raise ValueError("gemma2 needs a sliding window (swa)")
     return h
 
 
 def write_model(path, preset="tiny", seed=0, wtype=None, name=None, **overrides):
-    """Write a random-weight llama GGUF to `path`; return a summary dict.
+    """Write a random-weight GGUF of the preset's architecture to `path`; return a
+    summary dict.
 
-    overrides: layers, embd, heads, kv_heads, ff, ctx (None keeps the preset).
+    overrides: layers, embd, heads, kv_heads, ff, ctx, swa (None keeps the preset).
     wtype: "f32" or "f16" for the matrices (norms are always f32); None keeps
     the preset's default.  The file is written to a temporary name and renamed,
     so concurrent readers never see a half-written model.
@@ -216,21 +348,43 @@ def write_model(path, preset="tiny", seed=0, wtype=None, name=None, **overrides)
     specs = _tensor_specs(h, len(tokens))
     model_name = name or "kvtier-random-%s-seed%d" % (preset, seed)
 
+    arch = h["arch"]
     kvs = [
-        ("general.architecture", T_STRING, "llama"),
+        ("general.architecture", T_STRING, arch),
         ("general.name", T_STRING, model_name),
         ("general.alignment", T_UINT32, ALIGNMENT),
         ("general.file_type", T_UINT32, FILE_TYPE[wname]),
-        ("llama.context_length", T_UINT32, h["ctx"]),
-        ("llama.embedding_length", T_UINT32, h["embd"]),
-        ("llama.block_count", T_UINT32, h["layers"]),
-        ("llama.feed_forward_length", T_UINT32, h["ff"]),
-        ("llama.attention.head_count", T_UINT32, h["heads"]),
-        ("llama.attention.head_count_kv", T_UINT32, h["kv_heads"]),
+        (arch + ".context_length", T_UINT32, h["ctx"]),
+        (arch + ".embedding_length", T_UINT32, h["embd"]),
+        (arch + ".block_count", T_UINT32, h["layers"]),
+    ]
+    if arch == "mamba":
+        kvs += [
+            ("mamba.ssm.conv_kernel", T_UINT32, h["d_conv"]),
+            ("mamba.ssm.inner_size", T_UINT32, 2 * h["embd"]),
+            ("mamba.ssm.state_size", T_UINT32, h["d_state"]),
+            ("mamba.ssm.time_step_rank", T_UINT32, h["dt_rank"]),
+        ]
+    else:
+        kvs += [
+            (arch + ".feed_forward_length", T_UINT32, h["ff"]),
+            (arch + ".attention.head_count", T_UINT32, h["heads"]),
+        ]
+        if arch == "lfm2":
+            # per layer: 0 marks a recurrent (short-convolution) layer
+            kvs += [("lfm2.attention.head_count_kv", T_ARRAY,
+                     [h["kv_heads"] if _is_attention_layer(h, i) else 0
+                      for i in range(h["layers"])], T_INT32),
+                    ("lfm2.shortconv.l_cache", T_UINT32, h["l_cache"])]
+        else:
+            kvs += [(arch + ".attention.head_count_kv", T_UINT32, h["kv_heads"])]
         # llama.cpp rejects a llama model whose n_rot differs from head_dim
-        ("llama.rope.dimension_count", T_UINT32, h["embd"] // h["heads"]),
-        ("llama.rope.freq_base", T_FLOAT32, ROPE_FREQ_BASE),
-        ("llama.attention.layer_norm_rms_epsilon", T_FLOAT32, RMS_EPS),
+        kvs += [(arch + ".rope.dimension_count", T_UINT32, h["embd"] // h["heads"]),
+                (arch + ".rope.freq_base", T_FLOAT32, ROPE_FREQ_BASE)]
+        if arch == "gemma2":
+            kvs += [("gemma2.attention.sliding_window", T_UINT32, h["swa"])]
+    kvs += [
+        (arch + ".attention.layer_norm_rms_epsilon", T_FLOAT32, RMS_EPS),
         ("tokenizer.ggml.model", T_STRING, "llama"),
         ("tokenizer.ggml.tokens", T_ARRAY, tokens, T_STRING),
         ("tokenizer.ggml.scores", T_ARRAY, scores, T_FLOAT32),
@@ -245,10 +399,13 @@ def write_model(path, preset="tiny", seed=0, wtype=None, name=None, **overrides)
     # Offsets are known from shapes alone, so the tensor infos can be written
     # before any weight is drawn and each tensor streamed out one at a time.
     infos, offset, n_params = [], 0, 0
-    for tname, ne, is_norm in specs:
-        ggml_type, dtype = (GGML_F32, np.dtype("<f4")) if is_norm else (w_ggml, w_dtype)
+    for tname, ne, kind in specs:
+        # Matrices take the weight type; 1-D tensors (norms, biases, ssm_d) and ssm_a stay f32,
+        # as llama.cpp's converters write them.
+        f32 = kind != "" or len(ne) == 1 or "conv" in tname
+        ggml_type, dtype = (GGML_F32, np.dtype("<f4")) if f32 else (w_ggml, w_dtype)
         n = int(np.prod(ne))
-        infos.append((tname, ne, is_norm, ggml_type, dtype, offset))
+        infos.append((tname, ne, kind, ggml_type, dtype, offset))
         offset += -(-n * dtype.itemsize // ALIGNMENT) * ALIGNMENT
         n_params += n
 
@@ -268,9 +425,9 @@ def write_model(path, preset="tiny", seed=0, wtype=None, name=None, **overrides)
                 w.pack("IQ", ggml_type, toff)
             w.pad()
             data_start = f.tell()
-            for tname, ne, is_norm, _, dtype, toff in infos:
+            for tname, ne, kind, _, dtype, toff in infos:
                 assert f.tell() - data_start == toff
-                f.write(_random_tensor(rng, tname, ne, is_norm).astype(dtype).tobytes())
+                f.write(_random_tensor(rng, tname, ne, kind).astype(dtype).tobytes())
                 w.pad()
         os.replace(tmp, path)
     except BaseException:
@@ -281,11 +438,11 @@ def write_model(path, preset="tiny", seed=0, wtype=None, name=None, **overrides)
     return dict(path=path, preset=preset, seed=seed, wtype=wname, name=model_name,
                 n_params=n_params, n_vocab=len(tokens), n_tensors=len(infos),
                 file_size=os.path.getsize(path), **{k: h[k] for k in
-                ("layers", "embd", "heads", "kv_heads", "ff", "ctx")})
+                ("arch", "layers", "embd", "heads", "kv_heads", "ff", "ctx", "swa")})
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="Write a random-weight llama GGUF v3 model.")
+    ap = argparse.ArgumentParser(description="Write a random-weight GGUF v3 model.")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, help="output .gguf path")
@@ -298,14 +455,16 @@ def main(argv=None):
     ap.add_argument("--kv-heads", dest="kv_heads", type=int)
     ap.add_argument("--ff", type=int)
     ap.add_argument("--ctx", type=int)
+    ap.add_argument("--swa", type=int, help="gemma2: the sliding window")
     a = ap.parse_args(argv)
     try:
         info = write_model(a.out, preset=a.preset, seed=a.seed, wtype=a.wtype, name=a.name,
                            layers=a.layers, embd=a.embd, heads=a.heads,
-                           kv_heads=a.kv_heads, ff=a.ff, ctx=a.ctx)
+                           kv_heads=a.kv_heads, ff=a.ff, ctx=a.ctx, swa=a.swa)
     except ValueError as e:
         ap.error(str(e))
-    print("wrote %(path)s: preset=%(preset)s seed=%(seed)d type=%(wtype)s layers=%(layers)d "
+    print("wrote %(path)s: arch=%(arch)s preset=%(preset)s seed=%(seed)d type=%(wtype)s "
+          "layers=%(layers)d "
           "embd=%(embd)d heads=%(heads)d kv_heads=%(kv_heads)d ff=%(ff)d ctx=%(ctx)d "
           "vocab=%(n_vocab)d tensors=%(n_tensors)d params=%(n_params)d bytes=%(file_size)d" % info)
     return 0

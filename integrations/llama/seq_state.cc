@@ -64,16 +64,16 @@ class Writer {
 
 }  // namespace
 
-Result<SeqStateView> parseSeqState(std::span<const uint8_t> state, uint32_t expectedStreams) {
+Result<size_t> parseKvSection(std::span<const uint8_t> state, size_t offset,
+                              uint32_t expectedStreams, int32_t seq, SeqStateView& view) {
   Reader r(state);
-  uint32_t magic = 0, nStream = 0;
-  int32_t seq = 0;
-  if (!r.read(magic) || magic != kSeqStateMagic) return bad(r.pos(), "wrong magic");
-  if (!r.read(seq) || !r.read(nStream)) return bad(r.pos(), "truncated header");
+  if (r.take(offset) == nullptr) return bad(offset, "section past the end");
+  uint32_t nStream = 0;
+  if (!r.read(nStream)) return bad(r.pos(), "truncated section header");
   if (nStream == 0 || nStream > kMaxStreams || nStream != expectedStreams) {
     return bad(r.pos(), "stream count differs from the context's");
   }
-  SeqStateView view;
+  view = SeqStateView{};
   bool seen = false;
   for (uint32_t s = 0; s < nStream; ++s) {
     uint32_t cells = 0;
@@ -145,12 +145,30 @@ Result<SeqStateView> parseSeqState(std::span<const uint8_t> state, uint32_t expe
       if (view.v[l] == nullptr) return bad(r.pos(), "truncated V rows");
     }
   }
-  if (!r.atEnd()) return bad(r.pos(), "bytes after the last stream");
+  return r.pos();
+}
+
+Result<int32_t> parseSeqHeader(std::span<const uint8_t> state) {
+  Reader r(state);
+  uint32_t magic = 0;
+  int32_t seq = 0;
+  if (!r.read(magic) || magic != kSeqStateMagic) return bad(r.pos(), "wrong magic");
+  if (!r.read(seq)) return bad(r.pos(), "truncated header");
+  return seq;
+}
+
+Result<SeqStateView> parseSeqState(std::span<const uint8_t> state, uint32_t expectedStreams) {
+  auto seq = parseSeqHeader(state);
+  if (!seq) return seq.error();
+  SeqStateView view;
+  auto end = parseKvSection(state, kSeqHeaderBytes, expectedStreams, *seq, view);
+  if (!end) return end.error();
+  if (*end != state.size()) return bad(*end, "bytes after the last stream");
   return view;
 }
 
-size_t seqStateBytes(const StateShape& shape, uint32_t cells, uint32_t streams) {
-  size_t bytes = 3 * sizeof(uint32_t) + streams * sizeof(uint32_t);
+size_t kvSectionBytes(const StateShape& shape, uint32_t cells, uint32_t streams) {
+  size_t bytes = sizeof(uint32_t) + streams * sizeof(uint32_t);
   if (cells == 0) return bytes;
   bytes += size_t{cells} * 12;  // pos, n_seq_id, seq_id
   bytes += 2 * sizeof(uint32_t);
@@ -159,11 +177,19 @@ size_t seqStateBytes(const StateShape& shape, uint32_t cells, uint32_t streams) 
   return bytes;
 }
 
-SeqStateSlots buildSeqState(std::span<uint8_t> out, const StateShape& shape, uint32_t cells,
-                            uint32_t streams, int32_t seq, int32_t firstPos) {
+size_t seqStateBytes(const StateShape& shape, uint32_t cells, uint32_t streams) {
+  return kSeqHeaderBytes + kvSectionBytes(shape, cells, streams);
+}
+
+void writeSeqHeader(std::span<uint8_t> out, int32_t seq) {
   Writer w(out);
   w.put(kSeqStateMagic);
   w.put(seq);
+}
+
+SeqStateSlots writeKvSection(std::span<uint8_t> out, size_t offset, const StateShape& shape,
+                             uint32_t cells, uint32_t streams, int32_t seq, int32_t firstPos) {
+  Writer w(out.subspan(offset));
   w.put(streams);
   // llama.cpp reads a sequence's cells into that sequence's own stream whichever entry carries
   // them; the first one does, the others (after it) are empty.
@@ -199,6 +225,12 @@ SeqStateSlots buildSeqState(std::span<uint8_t> out, const StateShape& shape, uin
   }
   for (uint32_t s = 1; s < streams; ++s) w.put(0u);
   return slots;
+}
+
+SeqStateSlots buildSeqState(std::span<uint8_t> out, const StateShape& shape, uint32_t cells,
+                            uint32_t streams, int32_t seq, int32_t firstPos) {
+  writeSeqHeader(out, seq);
+  return writeKvSection(out, kSeqHeaderBytes, shape, cells, streams, seq, firstPos);
 }
 
 }  // namespace kvtier::llama

@@ -33,8 +33,25 @@
 // engine computes as on a miss; store() fails with UNAVAILABLE and changes nothing in the
 // context. The cache reconnects by itself on a later call (at most once a second).
 //
-// Supported: models whose memory is llama.cpp's plain KV cache (llama, mistral, qwen2 and the
-// like; no sliding-window, recurrent, hybrid or M-RoPE models: open() says NOT_SUPPORTED).
+// Supported memories (docs/llama.md): llama.cpp's plain KV cache (llama, mistral, qwen2, ...), its
+// interleaved sliding-window cache (gemma2/3, gpt-oss, cohere2, ...), recurrent memories (mamba,
+// mamba2, rwkv, ...) and hybrids of attention and recurrent layers (lfm2, granite-hybrid, jamba,
+// nemotron-h, qwen3-next, ..., with or without a window). open() says NOT_SUPPORTED for what a
+// sequence state cannot carry: M-RoPE and vision positions, encoder-decoder models.
+//
+// Windowed and recurrent models: the rows of a windowed layer, and a recurrent layer's state,
+// exist only while the sequence is at the position they belong to, so they are stored as the
+// prompt is evaluated: prefill() evaluates it in chunks that end where kvtier stores (blocks,
+// and for recurrent models a state every checkpointTokens), and store() at the end of a turn
+// keeps the state there, so that the next turn restores the whole conversation so far:
+//
+//   uint32_t have = cache->restore(0, prompt.data(), prompt.size() - 1).value().tokens;
+//   cache->prefill(0, prompt.data(), prompt.size(), have);    // evaluate the rest, storing
+//   ... decode the answer, appending it to `prompt` ...
+//   cache->store(0, prompt.data(), prompt.size());            // the turn's end, state included
+//
+// A restore of a recurrent or hybrid model brings back the KV and the state of one position,
+// together or not at all (llama.cpp cannot tell a state that belongs to other KV).
 #pragma once
 
 #include <llama.h>
@@ -80,19 +97,35 @@ struct CacheOptions {
   // state buffer stays in the CPU's cache and the KV crosses memory once. The engine must never
   // use this sequence (calls fail with INVALID_ARGUMENT while it holds tokens).
   llama_seq_id scratchSeq = -1;
+  // Recurrent and hybrid models: prefill() stores a state every this many tokens (a multiple of
+  // blockTokens; 0: the default, which spends on states about the bytes the KV between them takes:
+  // stateBytes / KV bytes per token, rounded up to blocks, within [blockTokens, 2048]; 512 for a
+  // model without KV). A restore recomputes at most this many tokens of a cached prompt; the
+  // cache keeps about one state's bytes per this many tokens (docs/llama.md).
+  uint32_t checkpointTokens = 0;
 };
 
 struct RestoreInfo {
-  // Positions [0, tokens) of the sequence now hold the cached KV; a multiple of blockTokens.
+  // Positions [0, tokens) of the sequence now hold the cached KV (and state); a multiple of
+  // blockTokens, or for a recurrent model any position where a state was stored.
   uint32_t tokens = 0;
-  uint64_t bytes = 0;       // KV bytes restored
-  bool unavailable = false; // 0 tokens because the daemon could not be reached
+  uint64_t bytes = 0;        // KV and state bytes restored
+  bool unavailable = false;  // 0 tokens because the daemon could not be reached
 };
 
 struct StoreInfo {
   uint32_t storedTokens = 0;  // tokens whose blocks this call wrote
   uint32_t cachedTokens = 0;  // leading tokens kvtier already held (not written again)
-  uint64_t bytes = 0;         // KV bytes written
+  uint64_t bytes = 0;         // KV (and state) bytes written
+  bool state = false;         // a recurrent model's state at the end was stored
+};
+
+struct PrefillInfo {
+  uint32_t evaluatedTokens = 0;  // tokens evaluated (llama_decode)
+  uint32_t storedTokens = 0;     // tokens whose blocks were written to kvtier
+  uint32_t states = 0;           // states stored
+  uint32_t chunks = 0;           // llama_decode calls
+  bool storeFailed = false;      // a store failed (the daemon gone, full): evaluation went on
 };
 
 // Counters of this cache since open().
@@ -100,6 +133,9 @@ struct CacheStats {
   uint64_t restores = 0, restoredTokens = 0, restoreMisses = 0, restoreFailures = 0;
   uint64_t stores = 0, storedTokens = 0, storeFailures = 0;
   uint64_t reconnects = 0;
+  uint64_t statesStored = 0, statesRestored = 0;
+  // Restores refused because a block or state failed its check against its writer's checksum.
+  uint64_t restoreCorrupt = 0;
   // Where the time of restores and stores went, in nanoseconds: kvtier's calls to the daemon
   // (lookups; a store's bind, grant, commit and unbind), kvtier's copies between the pool and
   // llama.cpp's state, and llama.cpp's state calls (their copies into or out of the KV cache and
@@ -120,22 +156,49 @@ class PrefixCache {
   PrefixCache& operator=(const PrefixCache&) = delete;
 
   // Restores into `seq`, which must hold no tokens, the longest prefix of tokens[0, n_tokens)
-  // made of whole blocks that kvtier holds; the rest is the engine's to evaluate (pass all but
-  // the last token when the logits of the prompt's last token are wanted). The blocks stay pinned
-  // while they are copied, so an eviction cannot change them under the copy. Blocks only.
+  // that kvtier holds whole: whole blocks (plain and windowed models), or the deepest position
+  // with a state and the blocks before it (recurrent and hybrid models). The rest is the engine's
+  // to evaluate (pass all but the last token when the logits of the prompt's last token are
+  // wanted). The blocks stay pinned while they are copied, so an eviction cannot change them
+  // under the copy; a state is checked against its writer's checksum before llama.cpp sees it.
   // Errors (nothing changed): INVALID_ARGUMENT for a seq out of range or holding tokens, a call
   // from another thread. A miss, an unreachable daemon or a state llama.cpp refuses are 0 tokens.
   Result<RestoreInfo> restore(llama_seq_id seq, const llama_token* tokens, size_t n_tokens);
+
+  // Evaluates tokens[from, n_tokens) into `seq`, which holds exactly positions [0, from), with
+  // llama_decode in chunks that end at multiples of the cache's chunk size (checkpointTokens for
+  // recurrent models, at most the window for windowed ones, at most the context's n_batch) and
+  // at n_tokens, and stores after each chunk: the blocks completed (and for recurrent models the
+  // state, at checkpoints). The logits of the last token are computed. A recompute that gives
+  // bit-identical logits to a restored prefix splits its batches at the same positions. A store
+  // that fails (daemon gone, kvtier full) does not stop the evaluation (storeFailed).
+  // Errors: INVALID_ARGUMENT (seq does not hold [0, from), from > n_tokens, another thread),
+  // INTERNAL when llama_decode fails (the sequence then holds what was evaluated before it).
+  Result<PrefillInfo> prefill(llama_seq_id seq, const llama_token* tokens, size_t n_tokens,
+                              size_t from = 0);
 
   // Stores the whole blocks of `seq`, whose positions [0, n_tokens) hold tokens[0, n_tokens) as
   // the engine evaluated them; a partial last block is not stored (it is the engine's until it
   // fills). Blocks kvtier already holds are not written again. The context is only read. The
   // blocks go through one sequence of the cache's own on the daemon, which keeps the last stored
   // prompt's blocks (so the daemon does not evict them) until the next store or close.
+  // Windowed models: a block is stored only while the context still holds its windowed rows
+  // (the last n_swa positions); blocks past that are left out, and none after them.
+  // Recurrent and hybrid models: `seq` must end at n_tokens, and its state there is stored with
+  // the blocks (and the KV of a partial last block), so that a later restore of a prompt that
+  // begins with these tokens resumes exactly here: call it at the end of a turn.
   // Errors (nothing stored): INVALID_ARGUMENT if seq does not hold positions [0, n_tokens) once
-  // each, or its state does not match this cache's layout; UNAVAILABLE when the daemon is gone;
-  // FULL when kvtier has no room.
+  // each (or, recurrent, ends elsewhere), or its state does not match this cache's layout;
+  // UNAVAILABLE when the daemon is gone; FULL when kvtier has no room.
   Result<StoreInfo> store(llama_seq_id seq, const llama_token* tokens, size_t n_tokens);
+
+  // The memory llama.cpp keeps for the context: "kv", "iswa", "recurrent", "hybrid" or
+  // "hybrid-iswa".
+  const char* memoryKind() const;
+  // Bytes of one recurrent state (0 for a model without), and the spacing prefill() stores them
+  // at (its chunk size for the others).
+  uint64_t stateBytes() const;
+  uint32_t checkpointTokens() const;
 
   // The kvtier layout of this model and context (modelId names weights and settings).
   const Layout& layout() const;
