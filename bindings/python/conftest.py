@@ -56,6 +56,14 @@ def layout() -> kvtier.Layout:
 
 
 @pytest.fixture
+def state_layout() -> kvtier.Layout:
+    """`layout` of a hybrid model: the same KV, and a 1000-byte recurrent state at each cached
+    prefix's end."""
+    return kvtier.Layout("py/hybrid", num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32",
+                         state_bytes=1000)
+
+
+@pytest.fixture
 def seq(request: pytest.FixtureRequest) -> str:
     """A sequence name of this test's own."""
     return "seq-" + request.node.name

@@ -202,6 +202,8 @@ void ReadHandleState::adopt(ReadHandle handle) {
   end_ = handle_->end();
   firstPosition_ = handle_->firstPosition();
   inline_ = handle_->inlineData();
+  hasState_ = handle_->hasState();
+  partialTokens_ = handle_->partialTokens();
   refs_ = handle_->refs();
   std::vector<std::span<uint8_t>> bytes;
   for (size_t i = 0; i < handle_->blockCount(); ++i) {
@@ -223,6 +225,15 @@ void ReadHandleState::copyTo(uint64_t from, uint64_t to, void* out, size_t bytes
     std::lock_guard lock(mu_);
     if (!handle_) throwError(ErrorCode::kReleased, "the read handle was released");
     unwrap(handle_->copyTo(from, to, out, bytes));
+  });
+}
+
+void ReadHandleState::copyState(void* out, size_t bytes) {
+  checkOpen();
+  client().call([&] {
+    std::lock_guard lock(mu_);
+    if (!handle_) throwError(ErrorCode::kReleased, "the read handle was released");
+    unwrap(handle_->copyState(out, bytes));
   });
 }
 

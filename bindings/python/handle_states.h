@@ -213,6 +213,14 @@ class ReadHandleState : public HandleState {
 
   // Copies [from, to) packed into `out` (`bytes` long; GIL released while it copies).
   void copyTo(uint64_t from, uint64_t to, void* out, size_t bytes);
+  // A lookup in a space whose layout has a state: whether the answer holds one, and the positions
+  // past its last whole block (their KV in the first slots of the last block). Set once at adopt.
+  bool hasState() const { return hasState_; }
+  uint32_t partialTokens() const { return partialTokens_; }
+  // Copies the state (layout().stateBytes bytes) into `out`, each chunk checked against its
+  // writer's checksum: CHECKSUM_MISMATCH, NOT_FOUND without a state, INVALID_ARGUMENT for another
+  // size (ReadHandle::copyState). GIL released while it copies.
+  void copyState(void* out, size_t bytes);
   // Space::gatherTo of [from, to) into an engine's paged cache, with this handle's space (GIL
   // released while the kernel runs).
   void gatherTo(uint64_t from, uint64_t to, const PagedKvCache& cache,
@@ -224,6 +232,8 @@ class ReadHandleState : public HandleState {
   std::unique_ptr<ReadHandle> handle_;  // guarded by mu_ and the client's mu_
   uint64_t matched_ = 0, begin_ = 0, end_ = 0, firstPosition_ = 0;
   bool inline_ = false;
+  bool hasState_ = false;
+  uint32_t partialTokens_ = 0;
   std::vector<BlockRef> refs_;
 };
 
