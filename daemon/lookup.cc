@@ -32,12 +32,24 @@ kj::Maybe<kj::Promise<void>> prepareLookup(const LookupSite& site,
   }
   kj::Vector<kj::Promise<void>> waits;
   if (askCluster) {
-    const size_t bt = site.engine.space(site.space).layout.blockTokens;
+    const Layout& layout = site.engine.space(site.space).layout;
+    const size_t bt = layout.blockTokens;
     const size_t candidates =
         keys.empty() ? std::min(tokens.size() / bt, kMaxBlocksPerLease) : keys.size();
-    if (blocks < candidates) {
+    const bool moreBlocks = layout.hasKv() && blocks < candidates;
+    // In a namespace with prefix states, a client's lookup that waits for the cluster also asks
+    // it for a deeper state, once the blocks before it are here (a prefetch brings blocks only).
+    const bool state = layout.hasState() && !binds && mode == rpc::RemoteMode::FETCH;
+    if (moreBlocks || state) {
       auto all = orThrow(site.engine.chainKeys(site.space, tokens, keys, chain));
-      kj::Promise<void> fetched = site.remote->fetch(site.space, std::move(all), blocks);
+      kj::Promise<void> fetched =
+          moreBlocks ? site.remote->fetch(site.space, all, blocks) : kj::READY_NOW;
+      if (state) {
+        fetched = fetched.then([remote = site.remote, space = site.space, tokens, keys,
+                                all = std::move(all)]() mutable {
+          return remote->fetchState(space, std::move(tokens), std::move(keys), std::move(all));
+        });
+      }
       if (mode == rpc::RemoteMode::FETCH) waits.add(kj::mv(fetched));
     }
   }

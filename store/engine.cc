@@ -902,7 +902,9 @@ Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<cons
     return invalid("a layout without KV has no blocks to bind a sequence to");
   }
   ChainKeys chain(spaces_[space].info, tokens, keys, knownKeys);
-  const size_t candidates = layout.hasKv() ? chain.size() : 0;
+  // (A client's lookup in a layout without KV has no blocks to match: only states. A peer's pin
+  // or a hold matches the keys it names, a state's chunks among them.)
+  const size_t candidates = layout.hasKv() || !withState ? chain.size() : 0;
   std::vector<BlockId> blocks;
   std::vector<Key128> batch;
   // Keys are hashed and probed in batches, so that the probes of a long prefix overlap their

@@ -385,6 +385,22 @@ class Engine {
   // layout without a state, no tokens or too many; FULL when the pool has no room.
   Result<PutGrant> putState(SpaceId space, std::span<const uint32_t> tokens,
                             std::span<const Key128> keys);
+  // For the cluster (engine_states.cc): the states a lookup of `tokens` (or the client's `keys`)
+  // could restore deeper than what this node holds in memory or on disk — every block boundary
+  // up to the deepest block of `chain` (the prompt's block keys, chainKeys) held here (at most
+  // 64 of them) and the positions inside the block after it — deepest first, each named by its
+  // first chunk's key. A state's chunks are filed in the directory as if they followed the
+  // blocks before its position in the chain.
+  struct StateCandidate {
+    uint64_t position = 0;
+    Key128 firstChunk;
+  };
+  std::vector<StateCandidate> stateCandidates(SpaceId space, std::span<const uint32_t> tokens,
+                                              std::span<const Key128> keys,
+                                              std::span<const Key128> chain) const;
+  // The keys of the chunks of the state at `position` of `tokens` (or after the client's `keys`).
+  std::vector<Key128> stateChunkKeys(SpaceId space, std::span<const uint32_t> tokens,
+                                     std::span<const Key128> keys, uint64_t position) const;
 
   // --- Cold tier (the daemon moves the bytes; the engine keeps the rules).
   // With a directory set, eviction drops only blocks already on disk, and lookups see cold blocks.

@@ -89,7 +89,7 @@ Result<std::vector<Engine::PlanStep>> Engine::lookupPlan(SpaceId space,
     return cold_ && cold_->contains(info.fingerprint, info.salt, key);
   };
   std::vector<PlanStep> plan;
-  if (info.layout.hasKv()) {
+  if (info.layout.hasKv() || !withState) {  // (a layout without KV: a peer's chunks)
     walkKeys(space, tokens, keys, {}, [&](size_t, const Key128& key) {
       const bool hot = index_.find(space, key) != kNoBlock;
       if (!hot && !onDisk(key)) return false;

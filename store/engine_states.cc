@@ -46,20 +46,25 @@ Result<PutGrant> Engine::putState(SpaceId space, std::span<const uint32_t> token
   const size_t whole = keys.empty() ? tokens.size() / bt : keys.size();
   const auto partial = static_cast<uint32_t>(keys.empty() ? tokens.size() % bt : 0);
   StateKeyHasher hasher(info.fingerprint, info.salt);
+  WriteLease lease;
   if (whole == 0) {
     hasher.begin(hasher.root());
   } else if (!keys.empty()) {
     hasher.begin(keys.back());
+    if (observer_) lease.keys.assign(keys.begin(), keys.end());
   } else {
     ChainKeys chain(info, tokens.first(whole * bt), {}, {});
     Key128 anchor;
-    for (size_t i = 0; i < whole; ++i) anchor = chain.next();
+    for (size_t i = 0; i < whole; ++i) {
+      anchor = chain.next();
+      // The cluster's directory files the chunks as if they followed the prefix's blocks.
+      if (observer_) lease.keys.push_back(anchor);
+    }
     hasher.begin(anchor);
   }
   for (uint32_t t = 0; t < partial; ++t) hasher.add(tokens[whole * bt + t]);
   const uint32_t chunks = layout.stateChunks(partial);
 
-  WriteLease lease;
   lease.kind = LeaseKind::kState;
   lease.space = space;
   lease.begin = whole * bt + partial;
@@ -139,7 +144,12 @@ Result<CommitResult> Engine::commitState(LeaseId id, WriteLease& lease,
     m.state = BlockState::kSealed;
     m.space = space;
     m.key = lease.chain[j];
-    if (observer_) observer_->blockIndexed(space, lease.chain[j], {});
+    if (observer_) {
+      // Filed as if the chunks followed the prefix's blocks (stateCandidates).
+      std::vector<Key128> chain = lease.keys;
+      chain.insert(chain.end(), lease.chain.begin(), lease.chain.begin() + j + 1);
+      observer_->blockIndexed(space, lease.chain[j], chain);
+    }
     ++sealed;
   }
   bytesPut_ += spaces_[space].info.layout.stateBytes;
@@ -222,6 +232,74 @@ Engine::StateFind Engine::findState(SpaceId space, std::span<const uint32_t> tok
     }
   }
   return found;
+}
+
+std::vector<Engine::StateCandidate> Engine::stateCandidates(SpaceId space,
+                                                            std::span<const uint32_t> tokens,
+                                                            std::span<const Key128> keys,
+                                                            std::span<const Key128> chain) const {
+  const SpaceInfo& info = spaces_[space].info;
+  const Layout& layout = info.layout;
+  const uint32_t bt = layout.blockTokens;
+  auto here = [&](const Key128& key) {
+    return index_.find(space, key) != kNoBlock ||
+           (cold_ && cold_->contains(info.fingerprint, info.salt, key));
+  };
+  // The blocks held here: as far as a restore can reach.
+  size_t top = 0;
+  if (layout.hasKv()) {
+    while (top < chain.size() && here(chain[top])) ++top;
+  } else {
+    top = chain.size();
+  }
+  const StateFind local = findState(space, tokens, keys, chain, top, here);
+  const uint64_t length = keys.empty() ? tokens.size() : keys.size() * uint64_t{bt};
+  std::vector<StateCandidate> out;
+  StateKeyHasher hasher(info.fingerprint, info.salt);
+  auto anchor = [&](size_t k) -> const Key128& { return k == 0 ? hasher.root() : chain[k - 1]; };
+  // Inside the block after the deepest held one (tokens only), deepest first.
+  if (!tokens.empty() && top * uint64_t{bt} < length) {
+    const uint64_t start = top * uint64_t{bt};
+    const auto most = static_cast<uint32_t>(std::min<uint64_t>(bt - 1, length - start));
+    hasher.begin(anchor(top));
+    std::vector<StateCandidate> inner;
+    for (uint32_t r = 1; r <= most; ++r) {
+      hasher.add(tokens[start + r - 1]);
+      if (start + r > local.position) inner.push_back({start + r, hasher.chunk(0)});
+    }
+    out.insert(out.end(), inner.rbegin(), inner.rend());
+  }
+  const size_t lowest = top > kMaxInnerSearchBlocks ? top - kMaxInnerSearchBlocks : 0;
+  for (size_t k = top; k > lowest && k * uint64_t{bt} > local.position; --k) {
+    hasher.begin(anchor(k));
+    out.push_back({k * uint64_t{bt}, hasher.chunk(0)});
+  }
+  return out;
+}
+
+std::vector<Key128> Engine::stateChunkKeys(SpaceId space, std::span<const uint32_t> tokens,
+                                           std::span<const Key128> keys, uint64_t position) const {
+  const SpaceInfo& info = spaces_[space].info;
+  const uint32_t bt = info.layout.blockTokens;
+  const size_t whole = position / bt;
+  const auto partial = static_cast<uint32_t>(position % bt);
+  if (keys.empty() ? position > tokens.size() : partial != 0 || whole > keys.size()) return {};
+  StateKeyHasher hasher(info.fingerprint, info.salt);
+  if (whole == 0) {
+    hasher.begin(hasher.root());
+  } else if (!keys.empty()) {
+    hasher.begin(keys[whole - 1]);
+  } else {
+    ChainKeys chain(info, tokens.first(whole * bt), {}, {});
+    Key128 anchor;
+    for (size_t i = 0; i < whole; ++i) anchor = chain.next();
+    hasher.begin(anchor);
+  }
+  for (uint32_t t = 0; t < partial; ++t) hasher.add(tokens[whole * bt + t]);
+  std::vector<Key128> out;
+  const uint32_t chunks = info.layout.stateChunks(info.layout.hasKv() ? partial : 0);
+  for (uint32_t j = 0; j < chunks; ++j) out.push_back(hasher.chunk(j));
+  return out;
 }
 
 void Engine::answerWithState(SpaceId space, std::span<const uint32_t> tokens,

@@ -311,6 +311,46 @@ TEST_F(EngineStates, ALayoutWithoutKvKeepsStatesOnlyAndFindsThemByContent) {
   ASSERT_TRUE(engine_->releaseRead(r->lease).ok());
 }
 
+TEST_F(EngineStates, TheClusterFindsAStatesChunksByTheKeysItCanName) {
+  // What a node that lacks a state asks the cluster about (its candidates, deepest first), and
+  // what a holder pins for it: the chunks, named as a chain's continuation.
+  use(hybridLayout());
+  const auto t = toks(3 * kBt + 5, 100);
+  cache(head(t, 2 * kBt));
+  ASSERT_TRUE(putState(t, kBt, 1).ok());
+  std::vector<Key128> chain;
+  for (size_t b = 0; b < 3; ++b) chain.push_back(chainKey(t, b));
+  // Held here: blocks 0 and 1, the state at 16. Candidates: inside block 2 (positions 47..33),
+  // then the boundary at 32; nothing at or below the state held.
+  auto candidates = engine_->stateCandidates(space_, t, {}, chain);
+  ASSERT_EQ(candidates.size(), 16u);
+  EXPECT_EQ(candidates.front().position, 2 * kBt + kBt - 1);
+  EXPECT_EQ(candidates.back().position, 2 * kBt);
+  // The state at 37 put here: its first chunk is the candidate the cluster would ask about.
+  auto longer = head(t, 2 * kBt + 5);
+  ASSERT_TRUE(putState(longer, longer.size(), 2).ok());
+  const auto chunks = engine_->stateChunkKeys(space_, longer, {}, longer.size());
+  ASSERT_EQ(chunks.size(), layout_.stateChunks(5));
+  bool named = false;
+  for (const auto& c : candidates) named = named || (c.position == 37 && c.firstChunk == chunks[0]);
+  EXPECT_TRUE(named);
+  // A peer's pin of those chunks (as a chain's continuation after the blocks) holds them.
+  std::vector<Key128> pin(chain.begin(), chain.begin() + 2);
+  pin.insert(pin.end(), chunks.begin(), chunks.end());
+  auto peer = engine_->lookup(kOwner, space_, {}, pin, "", {}, {}, 0, LookupFor::kPeer);
+  ASSERT_TRUE(peer.ok());
+  EXPECT_EQ(peer->blocks.size(), pin.size());
+  ASSERT_TRUE(engine_->releaseRead(peer->lease).ok());
+  // In a layout without KV too (a peer's pin names the chunks alone).
+  use(recurrentLayout());
+  ASSERT_TRUE(putState(t, 2 * kBt, 3).ok());
+  const auto only = engine_->stateChunkKeys(space_, t, {}, 2 * kBt);
+  auto recurrentPin = engine_->lookup(kOwner, space_, {}, only, "", {}, {}, 0, LookupFor::kPeer);
+  ASSERT_TRUE(recurrentPin.ok());
+  EXPECT_EQ(recurrentPin->blocks.size(), only.size());
+  ASSERT_TRUE(engine_->releaseRead(recurrentPin->lease).ok());
+}
+
 TEST_F(EngineStates, ATenantsStatesAreItsOwn) {
   use(hybridLayout());
   const auto t = toks(2 * kBt, 100);

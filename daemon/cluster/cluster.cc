@@ -135,8 +135,8 @@ std::unordered_map<DirKey, std::vector<Key128>, DirKeyHash> ClusterService::Impl
       DirKey k;
       uint32_t n = 0;
       if (std::fread(&k.fingerprint, 8, 1, f) != 1 || std::fread(k.salt.data(), 16, 1, f) != 1 ||
-          std::fread(k.key.bytes.data(), 16, 1, f) != 1 || std::fread(&n, 4, 1, f) != 1 ||
-          n == 0 || n > kMaxAnchorsPerBlock) {
+          std::fread(k.key.bytes.data(), 16, 1, f) != 1 || std::fread(&n, 4, 1, f) != 1 || n == 0 ||
+          n > kMaxAnchorsPerBlock) {
         break;  // the end, or a damaged tail: what was read so far stands
       }
       std::vector<Key128> under(n);
@@ -202,6 +202,10 @@ kj::Promise<void> ClusterService::leave() { return impl_->leave(); }
 bool ClusterService::active() const { return impl_->active(); }
 kj::Promise<void> ClusterService::fetch(SpaceId space, std::vector<Key128> chain, size_t from) {
   return impl_->fetch(space, std::move(chain), from);
+}
+kj::Promise<void> ClusterService::fetchState(SpaceId space, std::vector<uint32_t> tokens,
+                                             std::vector<Key128> keys, std::vector<Key128> chain) {
+  return impl_->fetchState(space, std::move(tokens), std::move(keys), std::move(chain));
 }
 RemoteStats ClusterService::stats() const { return impl_->stats(); }
 kj::Promise<SnapshotId> ClusterService::pullSnapshot(SpaceId space, std::string node,

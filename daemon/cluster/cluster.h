@@ -87,6 +87,8 @@ class ClusterService final : public RemoteTier {
   // RemoteTier
   bool active() const override;
   kj::Promise<void> fetch(SpaceId space, std::vector<Key128> chain, size_t from) override;
+  kj::Promise<void> fetchState(SpaceId space, std::vector<uint32_t> tokens,
+                               std::vector<Key128> keys, std::vector<Key128> chain) override;
   RemoteStats stats() const override;
   std::vector<RemoteMember> members() const override;
   kj::Promise<SnapshotId> pullSnapshot(SpaceId space, std::string node, SnapshotId id) override;

@@ -255,6 +255,8 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   void savePlaces() const;
   std::unordered_map<DirKey, std::vector<Key128>, DirKeyHash> loadPlaces() const;
   kj::Promise<void> fetch(SpaceId space, std::vector<Key128> chain, size_t from);
+  kj::Promise<void> fetchState(SpaceId space, std::vector<uint32_t> tokens,
+                               std::vector<Key128> keys, std::vector<Key128> chain);
   RemoteStats stats() const;
   std::vector<RemoteMember> memberList() const;
   bool active() const { return members_.size() > 1; }
@@ -404,6 +406,15 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
   // by key, and each later anchor of `chain` (this node's own directory when it is that home):
   // fills plan->asked, keyedEnd and holders; the promise gives the messages sent (0 or 1).
   // nullptr: the home is not reachable.
+  // Asks the home of `anchor` (this node's own directory when it is that home) who holds each
+  // of `keys` filed under it: holders[j] for keys[j] (the answer's hot flag handled as askHome
+  // does). Nothing when the home is not reachable.
+  struct HomeAnswer {
+    std::vector<std::vector<std::string>> holders;
+    uint32_t messages = 0;
+  };
+  kj::Maybe<kj::Promise<HomeAnswer>> queryHome(const DirKey& anchor,
+                                               const std::vector<Key128>& keys);
   kj::Maybe<kj::Promise<uint32_t>> askHome(SpaceId space, const std::vector<Key128>& chain,
                                            std::shared_ptr<PinInputs> plan);
   // At most maxPins pins: the holder reaching furthest from `at`, then the one reaching furthest

@@ -156,44 +156,39 @@ kj::Promise<void> ClusterService::Impl::fetchChain(SpaceId space, std::vector<Ke
   return kj::READY_NOW;  // the home is not reachable: nobody to ask until membership settles
 }
 
-kj::Maybe<kj::Promise<uint32_t>> ClusterService::Impl::askHome(SpaceId space,
-                                                               const std::vector<Key128>& chain,
-                                                               std::shared_ptr<PinInputs> plan) {
-  const SpaceInfo& info = engine_.space(space);
-  const size_t n = chain.size();
-  const size_t segment = plan->keyedFrom / kSegmentBlocks;
-  plan->keyedEnd = std::min(n, (segment + 1) * kSegmentBlocks);
-  plan->asked.clear();
-  for (size_t i = plan->keyedFrom; i < plan->keyedEnd; ++i) plan->asked.push_back(i);
-  for (size_t a = plan->keyedEnd; a < n; a += kSegmentBlocks) plan->asked.push_back(a);
-  plan->holders.assign(plan->asked.size(), {});
-  const DirKey anchor{info.fingerprint, info.salt, chain[segment * kSegmentBlocks]};
+kj::Maybe<kj::Promise<ClusterService::Impl::HomeAnswer>> ClusterService::Impl::queryHome(
+    const DirKey& anchor, const std::vector<Key128>& keys) {
   const std::string home = directoryHomeFor(anchor);
   if (home == options_.nodeId) {
-    for (size_t j = 0; j < plan->asked.size(); ++j) {
-      plan->holders[j] = home_.holders(
-          DirEntry{DirKey{info.fingerprint, info.salt, chain[plan->asked[j]]}, anchor.key});
+    HomeAnswer answer;
+    for (const Key128& key : keys) {
+      answer.holders.push_back(
+          home_.holders(DirEntry{DirKey{anchor.fingerprint, anchor.salt, key}, anchor.key}));
     }
-    return kj::Promise<uint32_t>(0u);
+    return kj::Promise<HomeAnswer>(std::move(answer));
   }
   auto link = linkTo(home);
   if (!link) return nullptr;
   KJ_IF_MAYBE (p, link->peer) {
     auto req = p->whoHoldsRequest();
-    req.getSpace().setFingerprint(info.fingerprint);
-    req.getSpace().setSalt(capnp::Data::Reader(info.salt.data(), 16));
+    req.getSpace().setFingerprint(anchor.fingerprint);
+    req.getSpace().setSalt(capnp::Data::Reader(anchor.salt.data(), 16));
     req.setUnder(capnp::Data::Reader(anchor.key.bytes.data(), 16));
-    auto packed = req.initKeys(plan->asked.size() * 16);
-    for (size_t j = 0; j < plan->asked.size(); ++j)
-      std::memcpy(packed.begin() + 16 * j, chain[plan->asked[j]].bytes.data(), 16);
+    auto packed = req.initKeys(keys.size() * 16);
+    for (size_t j = 0; j < keys.size(); ++j)
+      std::memcpy(packed.begin() + 16 * j, keys[j].bytes.data(), 16);
+    const size_t n = keys.size();
     return withDeadline(timer_, options_.peerTimeout, req.send())
-        .then([this, plan, anchor, home](auto response) -> uint32_t {
+        .then([this, anchor, home, n](auto response) -> HomeAnswer {
+          HomeAnswer answer;
+          answer.holders.resize(n);
+          answer.messages = 1;
           auto nodes = response.getNodes();
           auto masks = response.getHolders();
-          const size_t m = std::min<size_t>(masks.size(), plan->holders.size());
+          const size_t m = std::min<size_t>(masks.size(), n);
           for (size_t j = 0; j < m; ++j) {
             for (size_t b = 0; b < nodes.size() && b < 64; ++b) {
-              if (masks[j] & (uint64_t{1} << b)) plan->holders[j].push_back(text(nodes[b]));
+              if (masks[j] & (uint64_t{1} << b)) answer.holders[j].push_back(text(nodes[b]));
             }
           }
           // Hot now: the next lookups through it skip it (until the heartbeats say so).
@@ -205,10 +200,84 @@ kj::Maybe<kj::Promise<uint32_t>> ClusterService::Impl::askHome(SpaceId space,
               if (validNodeId(text(h))) holders.push_back(text(h));
             }
           }
-          return 1;
+          return answer;
         });
   }
   return nullptr;
+}
+
+kj::Maybe<kj::Promise<uint32_t>> ClusterService::Impl::askHome(SpaceId space,
+                                                               const std::vector<Key128>& chain,
+                                                               std::shared_ptr<PinInputs> plan) {
+  const SpaceInfo& info = engine_.space(space);
+  const size_t n = chain.size();
+  const size_t segment = plan->keyedFrom / kSegmentBlocks;
+  plan->keyedEnd = std::min(n, (segment + 1) * kSegmentBlocks);
+  plan->asked.clear();
+  for (size_t i = plan->keyedFrom; i < plan->keyedEnd; ++i) plan->asked.push_back(i);
+  for (size_t a = plan->keyedEnd; a < n; a += kSegmentBlocks) plan->asked.push_back(a);
+  const DirKey anchor{info.fingerprint, info.salt, chain[segment * kSegmentBlocks]};
+  std::vector<Key128> keys;
+  for (size_t i : plan->asked) keys.push_back(chain[i]);
+  KJ_IF_MAYBE (answered, queryHome(anchor, keys)) {
+    return answered->then([plan](HomeAnswer&& answer) {
+      plan->holders = std::move(answer.holders);
+      plan->holders.resize(plan->asked.size());
+      return answer.messages;
+    });
+  }
+  return nullptr;
+}
+
+kj::Promise<void> ClusterService::Impl::fetchState(SpaceId space, std::vector<uint32_t> tokens,
+                                                   std::vector<Key128> keys,
+                                                   std::vector<Key128> chain) {
+  if (!active()) return kj::READY_NOW;
+  const SpaceInfo& info = engine_.space(space);
+  const auto candidates = engine_.stateCandidates(space, tokens, keys, chain);
+  if (candidates.empty()) return kj::READY_NOW;
+  // A state at block boundary k is filed as if its chunks followed chain[0, k): under the anchor
+  // of chain position k's segment, and (when position k opens a segment) under the anchor before
+  // it as well. The deepest candidates' anchor is asked, about every candidate filed under it.
+  const uint32_t bt = info.layout.blockTokens;
+  auto anchorOf = [&](uint64_t position) -> std::optional<Key128> {
+    const uint64_t k = position / bt;
+    if (k == 0 || k > chain.size()) return std::nullopt;  // the first block's: not filed so
+    return chain[(k - 1) / kSegmentBlocks * kSegmentBlocks];
+  };
+  const std::optional<Key128> under = anchorOf(candidates.front().position);
+  if (!under) return kj::READY_NOW;
+  std::vector<Key128> asked;
+  std::vector<uint64_t> positions;
+  for (const auto& c : candidates) {
+    if (anchorOf(c.position) != under) continue;
+    asked.push_back(c.firstChunk);
+    positions.push_back(c.position);
+  }
+  KJ_IF_MAYBE (answered, queryHome(DirKey{info.fingerprint, info.salt, *under}, asked)) {
+    return answered
+        ->then([this, space, tokens = std::move(tokens), keys = std::move(keys),
+                chain = std::move(chain), positions](HomeAnswer&& answer) -> kj::Promise<void> {
+          countLookupMessages(answer.messages);
+          for (size_t j = 0; j < positions.size() && j < answer.holders.size(); ++j) {
+            const auto& holders = answer.holders[j];
+            const bool elsewhere = std::any_of(holders.begin(), holders.end(), [&](const auto& h) {
+              return h != options_.nodeId && linkTo(h) != nullptr;
+            });
+            if (!elsewhere) continue;
+            // The deepest one another node holds: its chunks, fetched as a chain's continuation.
+            const uint64_t k = positions[j] / engine_.space(space).layout.blockTokens;
+            std::vector<Key128> run(chain.begin(), chain.begin() + std::min(k, chain.size()));
+            const size_t from = run.size();
+            auto chunks = engine_.stateChunkKeys(space, tokens, keys, positions[j]);
+            run.insert(run.end(), chunks.begin(), chunks.end());
+            return fetch(space, std::move(run), from);
+          }
+          return kj::READY_NOW;
+        })
+        .catch_([this](kj::Exception&& e) { countFailure(e); });
+  }
+  return kj::READY_NOW;
 }
 
 kj::Promise<void> ClusterService::Impl::pinAndFetch(SpaceId space,

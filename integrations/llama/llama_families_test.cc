@@ -4,10 +4,12 @@
 // own (kvtier_llama_worker) against a real kvtierd; a restored prefix gives the logits of a
 // recompute that split its batches at the same positions, bit for bit, and whatever cannot be
 // served whole (KV without its state, a damaged state) is a miss.
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <ostream>
 #include <set>
 #include <sstream>
@@ -16,6 +18,7 @@
 
 #include "integrations/llama/llama_support.h"
 #include "integrations/llama/llama_worker_fixture.h"
+#include "tests/etcd_process.h"
 
 namespace kvtier::llama {
 namespace {
@@ -247,6 +250,81 @@ TEST_P(LlamaFamilies, APrefixAndItsStateSurviveADaemonRestartOnTheColdTier) {
   expectSameLogits("restored.0", "recomputed.0");
 }
 
+// Two daemons in a cluster (static membership on loopback): a prefix one node's engine stored is
+// a remote hit on the other, blocks and state together.
+class LlamaFamiliesCluster : public LlamaFamilies {
+ protected:
+  void SetUp() override {
+    stopDaemon(SIGTERM);  // the fixture's lone daemon: this test runs two of its own
+    ports_[0] = test::freePort();
+    do ports_[1] = test::freePort();
+    while (ports_[1] == ports_[0]);
+    token_ = dir_.file("token");
+    std::ofstream(token_) << "kvtier-llama-cluster-test-token";
+    for (int i = 0; i < 2; ++i) {
+      const std::vector<std::string> args = {"--listen",
+                                             "127.0.0.1:" + std::to_string(ports_[i]),
+                                             "--node-id",
+                                             "n" + std::to_string(i),
+                                             "--cluster-token-file",
+                                             token_,
+                                             "--peer-timeout-ms",
+                                             "2000",
+                                             "--peers",
+                                             "127.0.0.1:" + std::to_string(ports_[1 - i])};
+      nodes_[i] = std::make_unique<test::DaemonProcess>(256 << 20, "", args);
+    }
+    for (auto& node : nodes_) {
+      auto client = node->connect();
+      test::waitForStats(*client, [](const Stats& s) { return s.clusterMembersUp == 2; });
+    }
+  }
+  void TearDown() override {
+    for (auto& node : nodes_) {
+      const std::string prefix = node->segmentPrefix();
+      node.reset();
+      for (const auto& name : test::shmSegments(prefix)) ::shm_unlink(("/" + name).c_str());
+    }
+  }
+  // A worker of this family on node `node`, to its end.
+  Run on(int node, const std::string& mode, const std::string& logitsName,
+         std::vector<std::string> args) {
+    std::vector<std::string> all = {mode,
+                                    "--model",
+                                    model(),
+                                    "--socket",
+                                    nodes_[node]->socket(),
+                                    "--logits",
+                                    dir_.file(logitsName)};
+    all.insert(all.end(), args.begin(), args.end());
+    test::PeerProcess p(with(all), KVTIER_LLAMA_WORKER_PATH);
+    Run r;
+    r.code = p.wait();
+    r.out = p.output();
+    return r;
+  }
+
+  uint16_t ports_[2] = {};
+  std::string token_;
+  std::unique_ptr<test::DaemonProcess> nodes_[2];
+};
+
+TEST_P(LlamaFamiliesCluster, AnotherNodeRestoresThePrefixWithItsStateFromTheFirst) {
+  ASSERT_EQ(on(0, "prefill", "-", {"--prompt", "1:300"}).code, 0);
+  // Node 0 has told the directory what it holds.
+  auto first = nodes_[0]->connect();
+  test::waitForStats(*first, [](const Stats& s) { return s.publishBacklog == 0; });
+  const size_t p = restorable(300);
+  Run b = on(1, "prefill", "restored", {"--prompt", "1:300+2:100"});
+  ASSERT_EQ(b.code, 0) << b.out;
+  EXPECT_TRUE(has(b.out, "restored " + std::to_string(p) + " unavailable 0")) << b.out;
+  auto second = nodes_[1]->connect();
+  EXPECT_GT(second->stats().value().remoteHitBlocks, 0u);
+  Run c = worker("recompute", model(), "recomputed",
+                 with({"--prompt", "1:300+2:100", "--split", splitsOf(step(), p, 400)}));
+  expectSameLogits("restored.0", "recomputed.0");
+}
+
 std::string nameOf(const ::testing::TestParamInfo<std::tuple<Family, bool>>& info) {
   std::string name = std::get<0>(info.param).memory;
   return name + (std::get<1>(info.param) ? "_FlashAttention" : "_NoFlashAttention");
@@ -255,6 +333,10 @@ std::string nameOf(const ::testing::TestParamInfo<std::tuple<Family, bool>>& inf
 INSTANTIATE_TEST_SUITE_P(Memories, LlamaFamilies,
                          ::testing::Combine(::testing::Values(kGemma2, kMamba, kLfm2),
                                             ::testing::Bool()),
+                         nameOf);
+INSTANTIATE_TEST_SUITE_P(Memories, LlamaFamiliesCluster,
+                         ::testing::Combine(::testing::Values(kGemma2, kMamba, kLfm2),
+                                            ::testing::Values(true)),
                          nameOf);
 INSTANTIATE_TEST_SUITE_P(Memories, LlamaRecurrentFamilies,
                          ::testing::Combine(::testing::Values(kMamba, kLfm2), ::testing::Bool()),
