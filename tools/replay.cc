@@ -173,7 +173,11 @@ Result<std::vector<TraceRequest>> loadTrace(const std::string& path, size_t limi
   return out;
 }
 
-Layout replayLayout() { return Layout{"replay/tiny", 1, 1, 16, DType::kFloat16, 16, {}}; }
+Layout replayLayout(uint32_t stateBlocks) {
+  Layout layout{"replay/tiny", 1, 1, 16, DType::kFloat16, 16, {}};
+  layout.stateBytes = uint64_t{stateBlocks} * layout.blockBytes();
+  return layout;
+}
 
 Key128 blockKey(uint64_t hashId) {
   const std::string text = std::to_string(hashId);
@@ -217,6 +221,42 @@ size_t LruCache::access(std::span<const uint64_t> ids) {
   const size_t hits = run(ids, 0);
   for (uint64_t id : ids) insert(id);
   return hits;
+}
+
+void StateLru::touch(uint64_t id) {
+  auto it = where_.find(id);
+  if (it != where_.end()) order_.splice(order_.end(), order_, it->second.first);
+}
+
+void StateLru::insert(uint64_t id, uint64_t weight) {
+  if (has(id)) return touch(id);
+  order_.push_back(id);
+  where_[id] = {std::prev(order_.end()), weight};
+  used_ += weight;
+  while (used_ > capacity_ && !order_.empty()) {
+    auto victim = where_.find(order_.front());
+    used_ -= victim->second.second;
+    where_.erase(victim);
+    order_.pop_front();
+  }
+}
+
+size_t StateLru::access(std::span<const uint64_t> ids) {
+  const size_t n = ids.size();
+  size_t run = 0;
+  while (run < n && has(ids[run])) ++run;
+  size_t hit = run;
+  while (hit > 0 && !has(stateId(ids[hit - 1]))) --hit;
+  if (hit > 0) {
+    touch(stateId(ids[hit - 1]));
+    for (size_t b = hit; b-- > 0;) touch(ids[b]);
+  }
+  for (size_t b = hit; b < n; ++b) {
+    insert(ids[b], 1);
+    const size_t k = b + 1;
+    if (k % spacing_ == 0 || k == n) insert(stateId(ids[b]), stateBlocks_);
+  }
+  return hit;
 }
 
 OfflineOptimum::OfflineOptimum(std::span<const TraceRequest> trace)
@@ -305,8 +345,14 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
   if (options.sockets.empty())
     return makeError(ErrorCode::kInvalidArgument, "no node to replay on");
   if (options.speedup < 0) return makeError(ErrorCode::kInvalidArgument, "negative speedup");
-  const Layout layout = replayLayout();
+  if (options.stateBlocks > 0 && options.checkpointBlocks == 0) {
+    return makeError(ErrorCode::kInvalidArgument, "states need a checkpoint spacing");
+  }
+  const bool states = options.stateBlocks > 0;
+  const Layout layout = replayLayout(options.stateBlocks);
   const uint32_t bt = layout.blockTokens;
+  // A state's bytes: the id of the block it follows, then zeros (checked when a lookup hits it).
+  std::vector<uint8_t> state(layout.stateBytes, 0), stateRead(layout.stateBytes);
   const size_t n = options.sockets.size();
 
   // One client per node. A caller-thread client saves a thread hop per call, but a thread runs
@@ -337,7 +383,9 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
   run.daemonVersion = nodes[0].client->daemonVersion();
   run.route = options.route;
   run.speedup = options.speedup;
-  run.whole = options.whole;
+  run.whole = options.whole || states;
+  run.stateBlocks = options.stateBlocks;
+  run.checkpointBlocks = options.checkpointBlocks;
   run.nodes = n;
   run.requestsPerNode.assign(n, 0);
   for (Node& node : nodes) {
@@ -361,6 +409,9 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
   for (uint64_t c : kCurveCapacities) curve.emplace_back(c);
   std::vector<uint64_t> curveHits(curve.size(), 0);
   std::unordered_set<uint64_t> seen;
+  StateLru statesModel(run.capacityBlocks * n, options.stateBlocks,
+                       std::max<uint32_t>(options.checkpointBlocks, 1));
+  StateLru everyBlockModel(run.capacityBlocks * n, options.stateBlocks, 1);
 
   // The private sequence each request's blocks pass through (one per replaying process).
   const std::string seq = "replay-" + std::to_string(::getpid());
@@ -401,7 +452,7 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
     size_t hit = 0;
     {
       LookupOptions lo;
-      if (!options.whole) lo.bindSeq = seq;
+      if (!run.whole) lo.bindSeq = seq;
       auto found = node.space->lookupKeys(keys, lo);
       lookupMs.push_back(msSince(t0));
       if (lookupMs.back() >= 1000) ++run.slowLookups;
@@ -419,6 +470,17 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
           ++run.verifiedBlocks;
           if (id != req.hashIds[b]) ++run.wrongBlocks;
         }
+        if (states && hit > 0) {
+          // The state: its writer's, checked against its checksum, and the one of this prefix.
+          uint64_t id = 0;
+          if (auto s = found->copyState(stateRead.data(), stateRead.size()); !s) {
+            if (auto fatal = failed(s.error())) return *fatal;
+          } else {
+            std::memcpy(&id, stateRead.data(), 8);
+            ++run.verifiedBlocks;
+            if (id != req.hashIds[hit - 1]) ++run.wrongBlocks;
+          }
+        }
         // Unpinned before the sequence goes, so that its removal settles the blocks in request
         // order (the sequence still holds the hit prefix meanwhile). A whole put reads its hit
         // blocks and lets them go before it puts them again, as an engine that copied them into
@@ -427,7 +489,7 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
       }
     }
     // The blocks put: the missed ones after the hit, or (whole) every block from position 0.
-    const size_t from = options.whole ? 0 : hit;
+    const size_t from = run.whole ? 0 : hit;
     if (from < blocks) {
       const size_t miss = blocks - from;
       tokens.assign(miss * bt, 0);
@@ -446,6 +508,20 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
         if (auto fatal = failed(put.error())) return *fatal;
       }
     }
+    if (states) {
+      // A state at every checkpoint past the hit and at the request's end (a turn's end).
+      for (size_t k = hit + 1; k <= blocks; ++k) {
+        if (k % options.checkpointBlocks != 0 && k != blocks) continue;
+        std::memcpy(state.data(), &req.hashIds[k - 1], 8);
+        auto s = node.space->putStateKeys(std::span<const Key128>(keys).first(k), state.data(),
+                                          state.size());
+        if (!s) {
+          if (auto fatal = failed(s.error())) return *fatal;
+        } else {
+          ++run.statesPut;
+        }
+      }
+    }
     if (auto s = node.space->remove(seq, 0); !s) {
       if (auto fatal = failed(s.error())) return *fatal;
     }
@@ -462,6 +538,10 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
       run.modelFetchedLastHitBlocks += clusterModelAccess(modelFetchedLast, at, req.hashIds, true);
     }
     for (size_t c = 0; c < curve.size(); ++c) curveHits[c] += curve[c].access(req.hashIds);
+    if (states) {
+      run.modelStatesHitBlocks += statesModel.access(req.hashIds);
+      run.modelEveryBlockHitBlocks += everyBlockModel.access(req.hashIds);
+    }
     size_t infinite = 0;
     while (infinite < blocks && seen.count(req.hashIds[infinite])) ++infinite;
     run.infiniteHitBlocks += infinite;
@@ -517,6 +597,13 @@ std::string runJson(const ReplayRun& run) {
     o += "\"" + std::string(name) + "\": " + value;
   };
   field("trace", jsonString(run.tracePath));
+  if (run.stateBlocks > 0) {
+    field("state_blocks", std::to_string(run.stateBlocks));
+    field("checkpoint_blocks", std::to_string(run.checkpointBlocks));
+    field("states_put", std::to_string(run.statesPut));
+    field("model_states_hit_rate", fixed(run.rate(run.modelStatesHitBlocks)));
+    field("model_every_block_hit_rate", fixed(run.rate(run.modelEveryBlockHitBlocks)));
+  }
   field("daemon_version", jsonString(run.daemonVersion));
   field("requests", std::to_string(run.requests));
   field("blocks", std::to_string(run.blocks));
@@ -592,279 +679,4 @@ std::string runsJson(std::span<const ReplayRun> runs) {
   return out + "\n]}\n";
 }
 
-namespace {
-
-const char* kReplayUsage =
-    "usage: kvtier [--socket PATH] replay TRACE|--synthetic KIND [options]\n"
-    "Replays a Mooncake-format trace (JSON lines: timestamp, input_length, output_length,\n"
-    "hash_ids) against running kvtierd daemons; one trace block = one 1 KiB kvtier block.\n"
-    "  --capacity BLOCKS        blocks per node the anchors assume (default: the daemon's)\n"
-    "  --nodes S1,S2,...        the daemons' sockets (default: --socket)\n"
-    "  --route session|round-robin  session: by the request's first hash id (default)\n"
-    "  --speedup X              replay at X times the trace's timestamps (default: at once)\n"
-    "  --limit N                the first N requests\n"
-    "  --whole                  put each request whole from position 0, hit blocks included\n"
-    "                           (default: a lookup bound to the sequence, then the missed blocks)\n"
-    "  --synthetic KIND         replay a generated workload instead of TRACE: shared-prompts,\n"
-    "                           scan or agents (tools/synthetic_trace.h), written as a trace\n"
-    "                           into a temporary directory (removed after) or --trace-out FILE\n"
-    "  --seed N                 the synthetic workload's seed (default 1)\n"
-    "  --trace-out FILE         keep the synthetic trace (Mooncake JSON lines) in FILE\n"
-    "  --json FILE              write the run as JSON ({\"runs\": [...]})\n"
-    "  --plot FILE.png          plot it (scripts/plot-replay.py, matplotlib)\n"
-    "  --progress               a progress bar even when stderr is not a terminal\n";
-
-// A fresh directory under $TMPDIR (or /tmp) for a generated trace, removed with what it holds.
-struct TempTraceDir {
-  std::string path;
-  TempTraceDir() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/kvtier-trace-XXXXXX";
-    if (::mkdtemp(pattern.data())) path = pattern;
-  }
-  ~TempTraceDir() {
-    std::error_code ignored;
-    if (!path.empty()) std::filesystem::remove_all(path, ignored);
-  }
-  TempTraceDir(const TempTraceDir&) = delete;
-  TempTraceDir& operator=(const TempTraceDir&) = delete;
-};
-
-std::vector<std::string> splitList(const std::string& s) {
-  std::vector<std::string> out;
-  for (size_t start = 0;;) {
-    const size_t comma = s.find(',', start);
-    std::string part = s.substr(start, comma - start);
-    if (!part.empty()) out.push_back(part);
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
-void printTable(const ReplayRun& r) {
-  const uint64_t total = r.capacityBlocks * r.nodes;
-  std::printf("kvtier replay %s: %lu requests, %lu blocks (%lu distinct)\n", r.tracePath.c_str(),
-              (unsigned long)r.requests, (unsigned long)r.blocks, (unsigned long)r.distinctBlocks);
-  std::printf("  %zu node%s x %lu blocks", r.nodes, r.nodes > 1 ? "s" : "",
-              (unsigned long)r.capacityBlocks);
-  if (r.nodes > 1) std::printf(", route %s", routeName(r.route));
-  if (r.speedup > 0) std::printf(", speedup %.1fx (max lag %.1f ms)", r.speedup, r.maxLagMs);
-  std::printf(", %s", r.whole ? "whole puts" : "puts of the missed blocks");
-  std::printf("\n\n  %-38s %9s %12s\n", "", "hit rate", "hit blocks");
-  char label[96];
-  std::snprintf(label, sizeof label, "kvtier (%zu node%s)", r.nodes, r.nodes > 1 ? "s" : "");
-  std::printf("  %-38s %8.2f%% %12lu\n", label, 100 * r.hitRate(), (unsigned long)r.hitBlocks);
-  std::snprintf(label, sizeof label, "ideal LRU of %lu blocks", (unsigned long)total);
-  std::printf("  %-38s %8.2f%% %12lu   kvtier %+.2f pp\n", label, 100 * r.idealHitRate(),
-              (unsigned long)r.idealHitBlocks, 100 * (r.hitRate() - r.idealHitRate()));
-  if (r.nodes > 1) {
-    std::snprintf(label, sizeof label, "%zu isolated LRUs of %lu (%s)", r.nodes,
-                  (unsigned long)r.capacityBlocks, routeName(r.route));
-    std::printf("  %-38s %8.2f%% %12lu   kvtier x%.3f\n", label, 100 * r.rate(r.isolatedHitBlocks),
-                (unsigned long)r.isolatedHitBlocks,
-                r.isolatedHitBlocks ? double(r.hitBlocks) / double(r.isolatedHitBlocks) : 0.0);
-  }
-  if (r.nodes > 1) {
-    std::printf("  %-38s %8.2f%% %12lu\n", "model: remote hits copied (as kvtier)",
-                100 * r.rate(r.modelHitBlocks), (unsigned long)r.modelHitBlocks);
-    std::printf("  %-38s %8.2f%% %12lu\n", "model: copies evicted first (what-if)",
-                100 * r.rate(r.modelFetchedLastHitBlocks),
-                (unsigned long)r.modelFetchedLastHitBlocks);
-  }
-  std::printf("  %-38s %8.2f%% %12lu   kvtier closed %.1f%% of the LRU-to-optimum gap\n",
-              "Belady's optimum (offline)", 100 * r.rate(r.optHitBlocks),
-              (unsigned long)r.optHitBlocks, 100 * r.gapClosed());
-  std::printf("  %-38s %8.2f%% %12lu\n", "infinite cache", 100 * r.rate(r.infiniteHitBlocks),
-              (unsigned long)r.infiniteHitBlocks);
-  std::printf("\n  evictions %lu", (unsigned long)r.evictions);
-  if (r.nodes > 1) {
-    std::printf(", remote hit blocks %lu in %lu remote lookups, fetch errors %lu\n",
-                (unsigned long)r.remoteHitBlocks, (unsigned long)r.remoteLookups,
-                (unsigned long)r.fetchErrors);
-    std::printf("  held copies %lu of %lu distinct keys (%.3f copies per key)",
-                (unsigned long)r.heldKeys, (unsigned long)r.distinctKeys,
-                r.distinctKeys ? double(r.heldKeys) / double(r.distinctKeys) : 0.0);
-  }
-  std::printf("\n  hit blocks checked %lu, wrong %lu; errors %lu%s%s\n",
-              (unsigned long)r.verifiedBlocks, (unsigned long)r.wrongBlocks,
-              (unsigned long)r.errors, r.errors ? ", first: " : "", r.firstError.c_str());
-  std::printf(
-      "  %.2f s, %.0f requests/s; lookup p50 %.3f ms p99 %.3f ms max %.1f ms (%lu over 1 s); "
-      "request p50 %.3f ms p99 %.3f ms\n",
-      r.wallSeconds, r.wallSeconds > 0 ? r.requests / r.wallSeconds : 0.0, r.lookupMs.p50,
-      r.lookupMs.p99, r.lookupMs.max, (unsigned long)r.slowLookups, r.requestMs.p50,
-      r.requestMs.p99);
-  for (size_t i = 0; i < r.daemonCapacityBlocks.size(); ++i) {
-    if (r.daemonCapacityBlocks[i] != r.capacityBlocks) {
-      std::printf("  note: node %zu's pool holds %lu blocks of this layout, not %lu\n", i,
-                  (unsigned long)r.daemonCapacityBlocks[i], (unsigned long)r.capacityBlocks);
-    }
-  }
-}
-
-// Runs scripts/plot-replay.py on a JSON file; the exit status of the script (127: not started).
-int plot(const std::string& json, const std::string& png) {
-  const char* script = std::getenv("KVTIER_PLOT_SCRIPT");
-  std::string scriptPath = script ? script : KVTIER_PLOT_SCRIPT;
-  // Debian's python3 sees python3-matplotlib; another python3 first on the PATH may not.
-  const char* python = std::getenv("KVTIER_PYTHON");
-  std::string pythonPath =
-      python ? python : (access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3");
-  std::vector<std::string> args = {pythonPath, scriptPath, "--out", png, json};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid;
-  if (posix_spawnp(&pid, pythonPath.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
-    std::fprintf(stderr, "kvtier replay: cannot start %s\n", pythonPath.c_str());
-    return 127;
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
-}
-
-}  // namespace
 }  // namespace kvtier::replay
-
-namespace kvtier {
-
-int replayMain(const std::string& socket, int argc, char** argv) {
-  using namespace replay;
-  std::string tracePath, json, png, nodes, synthetic, traceOut;
-  uint64_t seed = 1;
-  ReplayOptions options;
-  size_t limit = 0;
-  bool progress = isatty(STDERR_FILENO) != 0;
-  try {
-    for (int i = 0; i < argc; ++i) {
-      const std::string a = argv[i];
-      auto value = [&]() -> std::string {
-        if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
-        return argv[++i];
-      };
-      if (a == "--capacity") {
-        options.capacityBlocks = std::stoull(value());
-      } else if (a == "--nodes") {
-        nodes = value();
-      } else if (a == "--route") {
-        const std::string r = value();
-        if (r == "session") {
-          options.route = Route::kSession;
-        } else if (r == "round-robin") {
-          options.route = Route::kRoundRobin;
-        } else {
-          throw std::invalid_argument("--route is session or round-robin, not " + r);
-        }
-      } else if (a == "--speedup") {
-        options.speedup = std::stod(value());
-        if (!(options.speedup > 0)) throw std::invalid_argument("--speedup must be > 0");
-      } else if (a == "--limit") {
-        limit = std::stoull(value());
-      } else if (a == "--json") {
-        json = value();
-      } else if (a == "--plot") {
-        png = value();
-      } else if (a == "--whole") {
-        options.whole = true;
-      } else if (a == "--synthetic") {
-        synthetic = value();
-      } else if (a == "--seed") {
-        seed = std::stoull(value());
-      } else if (a == "--trace-out") {
-        traceOut = value();
-      } else if (a == "--progress") {
-        progress = true;
-      } else if (a == "-h" || a == "--help") {
-        std::fputs(kReplayUsage, stdout);
-        return 0;
-      } else if (!a.empty() && a[0] != '-' && tracePath.empty()) {
-        tracePath = a;
-      } else {
-        throw std::invalid_argument("unknown argument " + a);
-      }
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "kvtier replay: %s\n%s", e.what(), kReplayUsage);
-    return 2;
-  }
-  if (tracePath.empty() == synthetic.empty()) {
-    std::fprintf(stderr, "kvtier replay: give a TRACE or --synthetic KIND, not %s\n%s",
-                 tracePath.empty() ? "neither" : "both", kReplayUsage);
-    return 2;
-  }
-  // A synthetic workload is written as a trace file and replayed from it, so that what was
-  // replayed can be kept and replayed again (--trace-out) or by other tools.
-  std::optional<TempTraceDir> tempDir;
-  if (!synthetic.empty()) {
-    auto kind = parseSyntheticKind(synthetic);
-    if (!kind) {
-      std::fprintf(stderr, "kvtier replay: %s\n", kind.error().message().c_str());
-      return 2;
-    }
-    if (traceOut.empty()) {
-      tempDir.emplace();
-      if (tempDir->path.empty()) {
-        std::fprintf(stderr, "kvtier replay: cannot make a temporary directory\n");
-        return 1;
-      }
-      traceOut = tempDir->path + "/" + synthetic + ".jsonl";
-    }
-    if (auto s = writeTrace(traceOut, syntheticTrace(*kind, seed)); !s) {
-      std::fprintf(stderr, "kvtier replay: %s\n", s.error().message().c_str());
-      return 1;
-    }
-    tracePath = traceOut;
-  }
-  options.sockets = nodes.empty() ? std::vector<std::string>{socket} : splitList(nodes);
-  options.tracePath = tracePath;
-  if (tempDir) options.tracePath = "synthetic:" + synthetic + " seed " + std::to_string(seed);
-  auto trace = loadTrace(tracePath, limit);
-  if (!trace) {
-    std::fprintf(stderr, "kvtier replay: %s\n", trace.error().toString().c_str());
-    return 2;
-  }
-
-  ProgressFn bar;
-  if (progress) {
-    bar = [last = std::chrono::steady_clock::time_point()](size_t done, size_t total,
-                                                           const ReplayRun& r) mutable {
-      const auto now = std::chrono::steady_clock::now();
-      if (done != total && now - last < std::chrono::milliseconds(100)) return;
-      last = now;
-      constexpr int kWidth = 30;
-      const int filled = static_cast<int>(kWidth * done / total);
-      std::fprintf(stderr, "\r[%.*s%*s] %5.1f%% %zu/%zu  hit %.2f%%  ideal LRU %.2f%% ", filled,
-                   "##############################", kWidth - filled, "", 100.0 * done / total,
-                   done, total, 100 * r.hitRate(), 100 * r.idealHitRate());
-      if (done == total) std::fputc('\n', stderr);
-    };
-  }
-  auto run = replayTrace(*trace, options, bar);
-  if (!run) {
-    if (progress) std::fputc('\n', stderr);
-    std::fprintf(stderr, "kvtier replay: %s\n", run.error().toString().c_str());
-    return 1;
-  }
-  printTable(*run);
-  std::fflush(stdout);
-
-  const std::string doc = runsJson(std::span<const ReplayRun>(&*run, 1));
-  std::string jsonPath = json;
-  if (jsonPath.empty() && !png.empty()) jsonPath = png + ".json";
-  if (!jsonPath.empty()) {
-    std::FILE* f = std::fopen(jsonPath.c_str(), "w");
-    if (!f || std::fwrite(doc.data(), 1, doc.size(), f) != doc.size() || std::fclose(f) != 0) {
-      std::fprintf(stderr, "kvtier replay: cannot write %s\n", jsonPath.c_str());
-      return 1;
-    }
-  }
-  if (!png.empty() && plot(jsonPath, png) != 0) {
-    std::fprintf(stderr, "kvtier replay: the plot failed (python3-matplotlib installed?)\n");
-    return 1;
-  }
-  return run->errors == 0 && run->wrongBlocks == 0 ? 0 : 1;
-}
-
-}  // namespace kvtier

@@ -51,8 +51,9 @@ Result<TraceRequest> parseTraceLine(std::string_view line);
 // the file and line of the first bad one; NOT_FOUND when the file cannot be read.
 Result<std::vector<TraceRequest>> loadTrace(const std::string& path, size_t limit = 0);
 
-// The layout a replay opens: 1 layer, 1 KV head, head dim 16, fp16, 16 tokens per block.
-Layout replayLayout();
+// The layout a replay opens: 1 layer, 1 KV head, head dim 16, fp16, 16 tokens per block; with
+// `stateBlocks`, a state of that many blocks' bytes (a hybrid model's cache).
+Layout replayLayout(uint32_t stateBlocks = 0);
 // A trace block's kvtier key: the first 16 bytes of SHA-256 of the hash id's decimal text.
 Key128 blockKey(uint64_t hashId);
 
@@ -97,6 +98,34 @@ class LruCache {
 size_t clusterModelAccess(std::vector<LruCache>& nodes, size_t at, std::span<const uint64_t> ids,
                           bool fetchedLeastRecent);
 
+// A hybrid model's prefix cache (prefix states, docs/cache-shapes.md) as an LRU of blocks and
+// states, offline: a state takes `stateBlocks` blocks of the capacity. access(): the hit is the
+// deepest block boundary k whose blocks [0, k) and state at k are all cached (a restore needs the
+// state); they are touched (the state first, then the blocks last first, as a lookup's release
+// does); then every block of the request enters, and a state at each `spacing`-th boundary past
+// the hit and at the request's end, evicting the least recently used beyond capacity.
+class StateLru {
+ public:
+  StateLru(uint64_t capacity, uint32_t stateBlocks, uint32_t spacing)
+      : capacity_(capacity), stateBlocks_(stateBlocks), spacing_(spacing) {}
+  // Returns the number of hit blocks.
+  size_t access(std::span<const uint64_t> ids);
+  uint32_t spacing() const { return spacing_; }
+
+ private:
+  // A state's id: the id of the block it follows with the top bit set (trace ids are chained:
+  // the same id means the same prefix).
+  static uint64_t stateId(uint64_t block) { return block | (uint64_t{1} << 63); }
+  bool has(uint64_t id) const { return where_.count(id) != 0; }
+  void touch(uint64_t id);
+  void insert(uint64_t id, uint64_t weight);
+
+  uint64_t capacity_, used_ = 0;
+  uint32_t stateBlocks_, spacing_;
+  std::list<uint64_t> order_;  // front: least recently used
+  std::unordered_map<uint64_t, std::pair<std::list<uint64_t>::iterator, uint64_t>> where_;
+};
+
 // Belady's MIN, the offline optimum, over the request model of LruCache::access: the hit is the
 // longest cached prefix of a request's ids; then each of its ids enters the cache (no bypass),
 // and one that needs room evicts the cached id whose next request is farthest away — never one of
@@ -132,6 +161,12 @@ struct ReplayOptions {
   // included — what an engine that saves every request it computed does; the daemon reuses the
   // cached blocks instead of allocating for them.
   bool whole = false;
+  // A hybrid model's cache (`--state-blocks S --checkpoint-blocks C`): the layout has a state of
+  // S blocks' bytes; each request's lookup answers the deepest boundary with a state (whole
+  // puts), and a state is put at every C-th block boundary past the hit and at the request's end.
+  // 0: a plain KV cache.
+  uint32_t stateBlocks = 0;
+  uint32_t checkpointBlocks = 0;
 };
 
 struct Percentiles {
@@ -169,7 +204,12 @@ struct ReplayRun {
   // keys (sum of each home's directory entries), once nothing is left to publish.
   uint64_t heldKeys = 0, distinctKeys = 0;
   std::vector<uint64_t> blocksUsedPerNode;
-  uint64_t verifiedBlocks = 0, wrongBlocks = 0;  // hit blocks whose bytes were checked
+  // A hybrid model's cache (ReplayOptions::stateBlocks): states put, and StateLru over the same
+  // requests with the total capacity, states every checkpointBlocks and at every block.
+  uint32_t stateBlocks = 0, checkpointBlocks = 0;
+  uint64_t statesPut = 0;
+  uint64_t modelStatesHitBlocks = 0, modelEveryBlockHitBlocks = 0;
+  uint64_t verifiedBlocks = 0, wrongBlocks = 0;  // hit blocks (and states) whose bytes were checked
   uint64_t errors = 0;
   std::string firstError;
   uint64_t slowLookups = 0;  // lookups that took a second or more (a peer deadline is 2 s)
@@ -182,10 +222,9 @@ struct ReplayRun {
   // The share of the distance from the ideal LRU to the optimum that the daemons covered
   // (negative below the LRU; NaN when the optimum is the LRU).
   double gapClosed() const {
-    return optHitBlocks == idealHitBlocks
-               ? std::nan("")
-               : (double(hitBlocks) - double(idealHitBlocks)) /
-                     (double(optHitBlocks) - double(idealHitBlocks));
+    return optHitBlocks == idealHitBlocks ? std::nan("")
+                                          : (double(hitBlocks) - double(idealHitBlocks)) /
+                                                (double(optHitBlocks) - double(idealHitBlocks));
   }
 };
 

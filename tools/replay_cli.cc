@@ -1,0 +1,320 @@
+// `kvtier replay`'s command line: its arguments, the table it prints, the plot, the JSON file
+// (replay.cc runs the replay itself).
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tools/replay.h"
+#include "tools/synthetic_trace.h"
+
+extern char** environ;
+
+namespace kvtier::replay {
+namespace {
+
+const char* kReplayUsage =
+    "usage: kvtier [--socket PATH] replay TRACE|--synthetic KIND [options]\n"
+    "Replays a Mooncake-format trace (JSON lines: timestamp, input_length, output_length,\n"
+    "hash_ids) against running kvtierd daemons; one trace block = one 1 KiB kvtier block.\n"
+    "  --capacity BLOCKS        blocks per node the anchors assume (default: the daemon's)\n"
+    "  --nodes S1,S2,...        the daemons' sockets (default: --socket)\n"
+    "  --route session|round-robin  session: by the request's first hash id (default)\n"
+    "  --speedup X              replay at X times the trace's timestamps (default: at once)\n"
+    "  --limit N                the first N requests\n"
+    "  --whole                  put each request whole from position 0, hit blocks included\n"
+    "                           (default: a lookup bound to the sequence, then the missed blocks)\n"
+    "  --state-blocks S         a hybrid model's cache: a state of S blocks' bytes is put at\n"
+    "                           every --checkpoint-blocks C-th boundary past the hit and at each\n"
+    "                           request's end; a hit needs the state (whole puts); the table\n"
+    "                           adds an LRU model with states every C blocks and every block\n"
+    "  --checkpoint-blocks C    the states' spacing in blocks (default 8 with --state-blocks)\n"
+    "  --synthetic KIND         replay a generated workload instead of TRACE: shared-prompts,\n"
+    "                           scan or agents (tools/synthetic_trace.h), written as a trace\n"
+    "                           into a temporary directory (removed after) or --trace-out FILE\n"
+    "  --seed N                 the synthetic workload's seed (default 1)\n"
+    "  --trace-out FILE         keep the synthetic trace (Mooncake JSON lines) in FILE\n"
+    "  --json FILE              write the run as JSON ({\"runs\": [...]})\n"
+    "  --plot FILE.png          plot it (scripts/plot-replay.py, matplotlib)\n"
+    "  --progress               a progress bar even when stderr is not a terminal\n";
+
+// A fresh directory under $TMPDIR (or /tmp) for a generated trace, removed with what it holds.
+struct TempTraceDir {
+  std::string path;
+  TempTraceDir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/kvtier-trace-XXXXXX";
+    if (::mkdtemp(pattern.data())) path = pattern;
+  }
+  ~TempTraceDir() {
+    std::error_code ignored;
+    if (!path.empty()) std::filesystem::remove_all(path, ignored);
+  }
+  TempTraceDir(const TempTraceDir&) = delete;
+  TempTraceDir& operator=(const TempTraceDir&) = delete;
+};
+
+std::vector<std::string> splitList(const std::string& s) {
+  std::vector<std::string> out;
+  for (size_t start = 0;;) {
+    const size_t comma = s.find(',', start);
+    std::string part = s.substr(start, comma - start);
+    if (!part.empty()) out.push_back(part);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+void printTable(const ReplayRun& r) {
+  const uint64_t total = r.capacityBlocks * r.nodes;
+  std::printf("kvtier replay %s: %lu requests, %lu blocks (%lu distinct)\n", r.tracePath.c_str(),
+              (unsigned long)r.requests, (unsigned long)r.blocks, (unsigned long)r.distinctBlocks);
+  std::printf("  %zu node%s x %lu blocks", r.nodes, r.nodes > 1 ? "s" : "",
+              (unsigned long)r.capacityBlocks);
+  if (r.nodes > 1) std::printf(", route %s", routeName(r.route));
+  if (r.speedup > 0) std::printf(", speedup %.1fx (max lag %.1f ms)", r.speedup, r.maxLagMs);
+  std::printf(", %s", r.whole ? "whole puts" : "puts of the missed blocks");
+  std::printf("\n\n  %-38s %9s %12s\n", "", "hit rate", "hit blocks");
+  char label[96];
+  std::snprintf(label, sizeof label, "kvtier (%zu node%s)", r.nodes, r.nodes > 1 ? "s" : "");
+  std::printf("  %-38s %8.2f%% %12lu\n", label, 100 * r.hitRate(), (unsigned long)r.hitBlocks);
+  std::snprintf(label, sizeof label, "ideal LRU of %lu blocks", (unsigned long)total);
+  std::printf("  %-38s %8.2f%% %12lu   kvtier %+.2f pp\n", label, 100 * r.idealHitRate(),
+              (unsigned long)r.idealHitBlocks, 100 * (r.hitRate() - r.idealHitRate()));
+  if (r.nodes > 1) {
+    std::snprintf(label, sizeof label, "%zu isolated LRUs of %lu (%s)", r.nodes,
+                  (unsigned long)r.capacityBlocks, routeName(r.route));
+    std::printf("  %-38s %8.2f%% %12lu   kvtier x%.3f\n", label, 100 * r.rate(r.isolatedHitBlocks),
+                (unsigned long)r.isolatedHitBlocks,
+                r.isolatedHitBlocks ? double(r.hitBlocks) / double(r.isolatedHitBlocks) : 0.0);
+  }
+  if (r.nodes > 1) {
+    std::printf("  %-38s %8.2f%% %12lu\n", "model: remote hits copied (as kvtier)",
+                100 * r.rate(r.modelHitBlocks), (unsigned long)r.modelHitBlocks);
+    std::printf("  %-38s %8.2f%% %12lu\n", "model: copies evicted first (what-if)",
+                100 * r.rate(r.modelFetchedLastHitBlocks),
+                (unsigned long)r.modelFetchedLastHitBlocks);
+  }
+  std::printf("  %-38s %8.2f%% %12lu   kvtier closed %.1f%% of the LRU-to-optimum gap\n",
+              "Belady's optimum (offline)", 100 * r.rate(r.optHitBlocks),
+              (unsigned long)r.optHitBlocks, 100 * r.gapClosed());
+  std::printf("  %-38s %8.2f%% %12lu\n", "infinite cache", 100 * r.rate(r.infiniteHitBlocks),
+              (unsigned long)r.infiniteHitBlocks);
+  if (r.stateBlocks > 0) {
+    std::printf("\n  a hybrid model's cache: states of %u blocks, %lu put\n", r.stateBlocks,
+                (unsigned long)r.statesPut);
+    std::snprintf(label, sizeof label, "model: LRU, a state every %u blocks", r.checkpointBlocks);
+    std::printf("  %-38s %8.2f%% %12lu   kvtier %+.2f pp\n", label,
+                100 * r.rate(r.modelStatesHitBlocks), (unsigned long)r.modelStatesHitBlocks,
+                100 * (r.hitRate() - r.rate(r.modelStatesHitBlocks)));
+    std::printf("  %-38s %8.2f%% %12lu   the spacing %+.2f pp\n",
+                "model: LRU, a state at every block", 100 * r.rate(r.modelEveryBlockHitBlocks),
+                (unsigned long)r.modelEveryBlockHitBlocks,
+                100 * (r.rate(r.modelStatesHitBlocks) - r.rate(r.modelEveryBlockHitBlocks)));
+  }
+  std::printf("\n  evictions %lu", (unsigned long)r.evictions);
+  if (r.nodes > 1) {
+    std::printf(", remote hit blocks %lu in %lu remote lookups, fetch errors %lu\n",
+                (unsigned long)r.remoteHitBlocks, (unsigned long)r.remoteLookups,
+                (unsigned long)r.fetchErrors);
+    std::printf("  held copies %lu of %lu distinct keys (%.3f copies per key)",
+                (unsigned long)r.heldKeys, (unsigned long)r.distinctKeys,
+                r.distinctKeys ? double(r.heldKeys) / double(r.distinctKeys) : 0.0);
+  }
+  std::printf("\n  hit blocks checked %lu, wrong %lu; errors %lu%s%s\n",
+              (unsigned long)r.verifiedBlocks, (unsigned long)r.wrongBlocks,
+              (unsigned long)r.errors, r.errors ? ", first: " : "", r.firstError.c_str());
+  std::printf(
+      "  %.2f s, %.0f requests/s; lookup p50 %.3f ms p99 %.3f ms max %.1f ms (%lu over 1 s); "
+      "request p50 %.3f ms p99 %.3f ms\n",
+      r.wallSeconds, r.wallSeconds > 0 ? r.requests / r.wallSeconds : 0.0, r.lookupMs.p50,
+      r.lookupMs.p99, r.lookupMs.max, (unsigned long)r.slowLookups, r.requestMs.p50,
+      r.requestMs.p99);
+  for (size_t i = 0; i < r.daemonCapacityBlocks.size(); ++i) {
+    if (r.daemonCapacityBlocks[i] != r.capacityBlocks) {
+      std::printf("  note: node %zu's pool holds %lu blocks of this layout, not %lu\n", i,
+                  (unsigned long)r.daemonCapacityBlocks[i], (unsigned long)r.capacityBlocks);
+    }
+  }
+}
+
+// Runs scripts/plot-replay.py on a JSON file; the exit status of the script (127: not started).
+int plot(const std::string& json, const std::string& png) {
+  const char* script = std::getenv("KVTIER_PLOT_SCRIPT");
+  std::string scriptPath = script ? script : KVTIER_PLOT_SCRIPT;
+  // Debian's python3 sees python3-matplotlib; another python3 first on the PATH may not.
+  const char* python = std::getenv("KVTIER_PYTHON");
+  std::string pythonPath =
+      python ? python : (access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3");
+  std::vector<std::string> args = {pythonPath, scriptPath, "--out", png, json};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid;
+  if (posix_spawnp(&pid, pythonPath.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+    std::fprintf(stderr, "kvtier replay: cannot start %s\n", pythonPath.c_str());
+    return 127;
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
+
+}  // namespace
+}  // namespace kvtier::replay
+
+namespace kvtier {
+
+int replayMain(const std::string& socket, int argc, char** argv) {
+  using namespace replay;
+  std::string tracePath, json, png, nodes, synthetic, traceOut;
+  uint64_t seed = 1;
+  ReplayOptions options;
+  size_t limit = 0;
+  bool progress = isatty(STDERR_FILENO) != 0;
+  try {
+    for (int i = 0; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto value = [&]() -> std::string {
+        if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+        return argv[++i];
+      };
+      if (a == "--capacity") {
+        options.capacityBlocks = std::stoull(value());
+      } else if (a == "--nodes") {
+        nodes = value();
+      } else if (a == "--route") {
+        const std::string r = value();
+        if (r == "session") {
+          options.route = Route::kSession;
+        } else if (r == "round-robin") {
+          options.route = Route::kRoundRobin;
+        } else {
+          throw std::invalid_argument("--route is session or round-robin, not " + r);
+        }
+      } else if (a == "--speedup") {
+        options.speedup = std::stod(value());
+        if (!(options.speedup > 0)) throw std::invalid_argument("--speedup must be > 0");
+      } else if (a == "--limit") {
+        limit = std::stoull(value());
+      } else if (a == "--json") {
+        json = value();
+      } else if (a == "--plot") {
+        png = value();
+      } else if (a == "--whole") {
+        options.whole = true;
+      } else if (a == "--state-blocks") {
+        options.stateBlocks = static_cast<uint32_t>(std::stoul(value()));
+      } else if (a == "--checkpoint-blocks") {
+        options.checkpointBlocks = static_cast<uint32_t>(std::stoul(value()));
+        if (options.checkpointBlocks == 0) throw std::invalid_argument("--checkpoint-blocks > 0");
+      } else if (a == "--synthetic") {
+        synthetic = value();
+      } else if (a == "--seed") {
+        seed = std::stoull(value());
+      } else if (a == "--trace-out") {
+        traceOut = value();
+      } else if (a == "--progress") {
+        progress = true;
+      } else if (a == "-h" || a == "--help") {
+        std::fputs(kReplayUsage, stdout);
+        return 0;
+      } else if (!a.empty() && a[0] != '-' && tracePath.empty()) {
+        tracePath = a;
+      } else {
+        throw std::invalid_argument("unknown argument " + a);
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvtier replay: %s\n%s", e.what(), kReplayUsage);
+    return 2;
+  }
+  if (options.stateBlocks > 0 && options.checkpointBlocks == 0) options.checkpointBlocks = 8;
+  if (tracePath.empty() == synthetic.empty()) {
+    std::fprintf(stderr, "kvtier replay: give a TRACE or --synthetic KIND, not %s\n%s",
+                 tracePath.empty() ? "neither" : "both", kReplayUsage);
+    return 2;
+  }
+  // A synthetic workload is written as a trace file and replayed from it, so that what was
+  // replayed can be kept and replayed again (--trace-out) or by other tools.
+  std::optional<TempTraceDir> tempDir;
+  if (!synthetic.empty()) {
+    auto kind = parseSyntheticKind(synthetic);
+    if (!kind) {
+      std::fprintf(stderr, "kvtier replay: %s\n", kind.error().message().c_str());
+      return 2;
+    }
+    if (traceOut.empty()) {
+      tempDir.emplace();
+      if (tempDir->path.empty()) {
+        std::fprintf(stderr, "kvtier replay: cannot make a temporary directory\n");
+        return 1;
+      }
+      traceOut = tempDir->path + "/" + synthetic + ".jsonl";
+    }
+    if (auto s = writeTrace(traceOut, syntheticTrace(*kind, seed)); !s) {
+      std::fprintf(stderr, "kvtier replay: %s\n", s.error().message().c_str());
+      return 1;
+    }
+    tracePath = traceOut;
+  }
+  options.sockets = nodes.empty() ? std::vector<std::string>{socket} : splitList(nodes);
+  options.tracePath = tracePath;
+  if (tempDir) options.tracePath = "synthetic:" + synthetic + " seed " + std::to_string(seed);
+  auto trace = loadTrace(tracePath, limit);
+  if (!trace) {
+    std::fprintf(stderr, "kvtier replay: %s\n", trace.error().toString().c_str());
+    return 2;
+  }
+
+  ProgressFn bar;
+  if (progress) {
+    bar = [last = std::chrono::steady_clock::time_point()](size_t done, size_t total,
+                                                           const ReplayRun& r) mutable {
+      const auto now = std::chrono::steady_clock::now();
+      if (done != total && now - last < std::chrono::milliseconds(100)) return;
+      last = now;
+      constexpr int kWidth = 30;
+      const int filled = static_cast<int>(kWidth * done / total);
+      std::fprintf(stderr, "\r[%.*s%*s] %5.1f%% %zu/%zu  hit %.2f%%  ideal LRU %.2f%% ", filled,
+                   "##############################", kWidth - filled, "", 100.0 * done / total,
+                   done, total, 100 * r.hitRate(), 100 * r.idealHitRate());
+      if (done == total) std::fputc('\n', stderr);
+    };
+  }
+  auto run = replayTrace(*trace, options, bar);
+  if (!run) {
+    if (progress) std::fputc('\n', stderr);
+    std::fprintf(stderr, "kvtier replay: %s\n", run.error().toString().c_str());
+    return 1;
+  }
+  printTable(*run);
+  std::fflush(stdout);
+
+  const std::string doc = runsJson(std::span<const ReplayRun>(&*run, 1));
+  std::string jsonPath = json;
+  if (jsonPath.empty() && !png.empty()) jsonPath = png + ".json";
+  if (!jsonPath.empty()) {
+    std::FILE* f = std::fopen(jsonPath.c_str(), "w");
+    if (!f || std::fwrite(doc.data(), 1, doc.size(), f) != doc.size() || std::fclose(f) != 0) {
+      std::fprintf(stderr, "kvtier replay: cannot write %s\n", jsonPath.c_str());
+      return 1;
+    }
+  }
+  if (!png.empty() && plot(jsonPath, png) != 0) {
+    std::fprintf(stderr, "kvtier replay: the plot failed (python3-matplotlib installed?)\n");
+    return 1;
+  }
+  return run->errors == 0 && run->wrongBlocks == 0 ? 0 : 1;
+}
+
+}  // namespace kvtier
