@@ -14,6 +14,17 @@
 //                            new blocks: llama_state_seq_get_data, scatter into the pool, commit)
 //                            over memcpy of as many bytes
 // The breakdown times llama.cpp's state calls alone, the copies kvtier cannot avoid.
+//
+// Then the other memories llama.cpp keeps, each a generated medium model of its family
+// (gemma2: interleaved sliding window; mamba: recurrent only; lfm2: short-convolution layers with
+// attention between), flash attention on, the integration's default block and checkpoint
+// spacing. A first context prefills the 4,096-token prompt but its last block (storing as it goes)
+// and stores at that end, as an engine does at the end of a turn; the measured context restores
+// the prompt and evaluates the rest:
+//   ttft_speedup_4k_swa / _recurrent / _hybrid   time to first token of the 4,096-token prompt
+//                                                with the prefix restored, vs evaluating all of it
+// with, per family, the bytes of one state (state_bytes_per_checkpoint) and the pool bytes the
+// prefill kept per token of the prompt (cached_bytes_per_token: blocks and states, whole blocks).
 #include <cstring>
 
 #include "bench/harness.h"
@@ -49,6 +60,109 @@ double memcpySeconds(HostBuffer& dst, const HostBuffer& src, size_t bytes) {
   return timed([&] { std::memcpy(dst.data(), src.data(), bytes); });
 }
 
+// A family of the second part: its generated model and the ratio it reports.
+struct FamilyRun {
+  const char* preset;
+  const char* ratio;
+};
+constexpr FamilyRun kFamilies[] = {{"gemma2-medium", "ttft_speedup_4k_swa"},
+                                   {"mamba-medium", "ttft_speedup_4k_recurrent"},
+                                   {"lfm2-medium", "ttft_speedup_4k_hybrid"}};
+
+// One family: its TTFT ratio filled in `report`, its figures appended to `extra` (JSON members).
+Status runFamily(const Options& options, const FamilyRun& family, RatioReport& report,
+                 std::vector<std::string>& extra) {
+  // A daemon of its own: a pool's memory, once carved into one model's block size, stays with
+  // it, and one model per daemon is the common deployment.
+  auto dir = TempDir::create();
+  if (!dir) return dir.error();
+  const std::string socket = dir->file("kvtierd.sock");
+  BenchDaemon daemon;
+  if (auto s = daemon.start(
+          options.daemon, *dir, socket,
+          options.daemonFlags({"--host-pool-bytes", kPoolBytes, "--cold-tier", "off"}));
+      !s)
+    return s;
+  const std::string modelPath = dir->file(std::string(family.preset) + ".gguf");
+  try {
+    sup::makeModel(modelPath, family.preset, 1);
+  } catch (const std::exception& e) {
+    return unavailable(e.what());
+  }
+  sup::ModelPtr model = sup::loadModel(modelPath);
+  if (!model) return unavailable("llama.cpp cannot load ", modelPath);
+  sup::ContextSettings settings;
+  settings.nCtx = kLong + 256;
+  settings.threads = 1;
+  const llama_context_params cp = sup::contextParams(settings);
+  llama::CacheOptions co;
+  co.socketPath = socket;
+  co.modelPath = modelPath;
+  co.contextParams = cp;
+  // The storing engine first, in a context of its own (a recurrent model's state lives in the
+  // context), and its cache closed before the measured one opens (a caller-thread client each,
+  // one per thread at a time).
+  const std::vector<llama_token> prompt = sup::randomTokens(model.get(), kLong, kLong);
+  const size_t prefix = kLong - kBlockTokens;
+  double cachedPerToken = 0;
+  {
+    sup::ContextPtr writer = sup::makeContext(model.get(), cp);
+    if (!writer) return unavailable("llama.cpp cannot make a context");
+    auto writerCache = llama::PrefixCache::open(writer.get(), co);
+    if (!writerCache) return writerCache.error();
+    auto filled = (*writerCache)->prefill(0, prompt.data(), prefix, 0);
+    if (!filled) return filled.error();
+    auto stored = (*writerCache)->store(0, prompt.data(), prefix);
+    if (!stored) return stored.error();
+    // What the prompt's prefix keeps in the pool: its blocks and its states, whole chunks each.
+    const Layout& l = (*writerCache)->layout();
+    const llama::CacheStats& written = (*writerCache)->stats();
+    cachedPerToken = static_cast<double>(written.storedTokens / kBlockTokens * l.blockBytes() +
+                                         written.statesStored * l.stateChunks(0) * l.chunkBytes()) /
+                     prefix;
+  }
+  sup::ContextPtr ctx = sup::makeContext(model.get(), cp);
+  if (!ctx) return unavailable("llama.cpp cannot make a context");
+  auto opened = llama::PrefixCache::open(ctx.get(), co);
+  if (!opened) return opened.error();
+  llama::PrefixCache& cache = **opened;
+  const Layout& layout = cache.layout();
+  std::printf(
+      "%s: %s memory, %d layers, %d wide, %.1f M parameters; %llu KV bytes per token, a "
+      "state of %llu bytes, prefill chunks of %u tokens\n",
+      family.preset, cache.memoryKind(), llama_model_n_layer(model.get()),
+      llama_model_n_embd(model.get()), llama_model_n_params(model.get()) / 1e6,
+      static_cast<unsigned long long>(layout.tokenKvBytes()),
+      static_cast<unsigned long long>(cache.stateBytes()), cache.checkpointTokens());
+
+  llama_memory_t mem = llama_get_memory(ctx.get());
+  for (int rep = 0; rep <= options.reps && !gInterrupted; ++rep) {
+    llama_memory_seq_rm(mem, 0, -1, -1);
+    size_t restored = 0;
+    const double withKvtier = timed([&] {
+      auto r = cache.restore(0, prompt.data(), kLong - 1);
+      restored = r.ok() ? r->tokens : 0;
+      sup::decode(ctx.get(), 0, prompt, restored, kLong);
+    });
+    if (restored != prefix) {
+      return makeError(ErrorCode::kInternal, family.preset, ": restored ", restored, " of ", prefix,
+                       " tokens");
+    }
+    llama_memory_seq_rm(mem, 0, -1, -1);
+    const double recompute = timed([&] { sup::decode(ctx.get(), 0, prompt, 0, kLong); });
+    if (rep == 0) continue;
+    report.kvtier.perRep.push_back(1 / withKvtier);
+    report.anchor.perRep.push_back(1 / recompute);
+  }
+  extra.push_back("\"" + std::string(family.preset) + "\": {\"memory\": \"" + cache.memoryKind() +
+                  "\", \"state_bytes_per_checkpoint\": " + std::to_string(cache.stateBytes()) +
+                  ", \"checkpoint_tokens\": " + std::to_string(cache.checkpointTokens()) +
+                  ", \"kv_bytes_per_token\": " + std::to_string(layout.tokenKvBytes()) +
+                  ", \"cached_bytes_per_token\": " + std::to_string(cachedPerToken) +
+                  ", \"params\": " + std::to_string(llama_model_n_params(model.get())) + "}");
+  return {};
+}
+
 Status run(const Options& options) {
   auto dir = TempDir::create();
   if (!dir) return dir.error();
@@ -60,8 +174,9 @@ Status run(const Options& options) {
   }
   const std::string socket = dir->file("kvtierd.sock");
   BenchDaemon daemon;
-  if (auto s = daemon.start(options.daemon, *dir, socket,
-                            options.daemonFlags({"--host-pool-bytes", kPoolBytes, "--cold-tier", "off"}));
+  if (auto s = daemon.start(
+          options.daemon, *dir, socket,
+          options.daemonFlags({"--host-pool-bytes", kPoolBytes, "--cold-tier", "off"}));
       !s)
     return s;
 
@@ -90,13 +205,14 @@ Status run(const Options& options) {
   const Layout& layout = cache.layout();
   char desc[128];
   llama_model_desc(model.get(), desc, sizeof(desc));
-  std::printf("model: %s, %d layers, %d wide, %d heads, %d KV heads, %.1f M parameters, "
-              "1 thread, flash attention on, unified KV with a scratch sequence; %llu KV bytes per "
-              "token, blocks of %u tokens\n",
-              desc, llama_model_n_layer(model.get()), llama_model_n_embd(model.get()),
-              llama_model_n_head(model.get()), llama_model_n_head_kv(model.get()),
-              llama_model_n_params(model.get()) / 1e6,
-              static_cast<unsigned long long>(layout.tokenKvBytes()), kBlockTokens);
+  std::printf(
+      "model: %s, %d layers, %d wide, %d heads, %d KV heads, %.1f M parameters, "
+      "1 thread, flash attention on, unified KV with a scratch sequence; %llu KV bytes per "
+      "token, blocks of %u tokens\n",
+      desc, llama_model_n_layer(model.get()), llama_model_n_embd(model.get()),
+      llama_model_n_head(model.get()), llama_model_n_head_kv(model.get()),
+      llama_model_n_params(model.get()) / 1e6,
+      static_cast<unsigned long long>(layout.tokenKvBytes()), kBlockTokens);
 
   llama_memory_t mem = llama_get_memory(ctx.get());
   auto clear = [&] { llama_memory_seq_rm(mem, 0, -1, -1); };
@@ -191,13 +307,11 @@ Status run(const Options& options) {
       copies.push_back(memcpySeconds(dst, src, kvBytes));
       // llama.cpp's own state calls for the whole prefix: the copies the state API makes.
       state.resize(llama_state_seq_get_size(ctx.get(), 0));
-      gets.push_back(timed([&] {
-        llama_state_seq_get_data(ctx.get(), state.data(), state.size(), 0);
-      }));
+      gets.push_back(
+          timed([&] { llama_state_seq_get_data(ctx.get(), state.data(), state.size(), 0); }));
       clear();
-      sets.push_back(timed([&] {
-        llama_state_seq_set_data(ctx.get(), state.data(), state.size(), 0);
-      }));
+      sets.push_back(
+          timed([&] { llama_state_seq_set_data(ctx.get(), state.data(), state.size(), 0); }));
     }
     if (warm) continue;
     const llama::CacheStats& after = cache.stats();
@@ -220,29 +334,43 @@ Status run(const Options& options) {
     setData.push_back(medianOf(sets));
   }
 
-  const std::vector<RatioReport> reports = {speed1k, speed4k, restoreMem, storeMem};
+  // The other memories. The plain model's cache is closed first (a caller-thread client per
+  // thread at a time); the figures below that name it were taken before.
+  const uint64_t plainKvPerToken = layout.tokenKvBytes();
+  opened.value().reset();
+  std::vector<RatioReport> reports = {speed1k, speed4k, restoreMem, storeMem};
+  std::vector<std::string> families;
+  for (const FamilyRun& family : kFamilies) {
+    if (gInterrupted) break;
+    RatioReport r =
+        report(family.ratio, restoreOf(kLong), "evaluate 4096 tokens", "1/s", true, 5.0);
+    if (auto s = runFamily(options, family, r, families); !s) return s;
+    reports.push_back(std::move(r));
+  }
   printTable("llama", reports, options.reps);
   Breakdown breakdown;
-  breakdown.steps = {
-      {"memcpy of the long prefix's KV", medianOf(memcpys)},
-      {"restore: kvtierd (lookup, release)", medianOf(phases[0])},
-      {"restore: kvtier's copies, pool -> state", medianOf(phases[1])},
-      {"restore: llama.cpp (set_data, seq_cp, seq_rm)", medianOf(phases[2])},
-      {"store: kvtierd (bind, grant, commit, unbind)", medianOf(phases[3])},
-      {"store: kvtier's copies, state -> pool", medianOf(phases[4])},
-      {"store: llama.cpp (seq_cp, get_data, seq_rm)", medianOf(phases[5])},
-      {"llama_state_seq_get_data alone, the whole prefix", medianOf(getData)},
-      {"llama_state_seq_set_data alone, the whole prefix", medianOf(setData)}};
+  breakdown.steps = {{"memcpy of the long prefix's KV", medianOf(memcpys)},
+                     {"restore: kvtierd (lookup, release)", medianOf(phases[0])},
+                     {"restore: kvtier's copies, pool -> state", medianOf(phases[1])},
+                     {"restore: llama.cpp (set_data, seq_cp, seq_rm)", medianOf(phases[2])},
+                     {"store: kvtierd (bind, grant, commit, unbind)", medianOf(phases[3])},
+                     {"store: kvtier's copies, state -> pool", medianOf(phases[4])},
+                     {"store: llama.cpp (seq_cp, get_data, seq_rm)", medianOf(phases[5])},
+                     {"llama_state_seq_get_data alone, the whole prefix", medianOf(getData)},
+                     {"llama_state_seq_set_data alone, the whole prefix", medianOf(setData)}};
   printBreakdown(breakdown);
   RunInfo info = runInfoOf("llama", options, {{"llama.cpp", "\"node-llama-cpp 3.22.1\""}});
-  info.extra.push_back("\"model\": {\"layers\": " +
-                       std::to_string(llama_model_n_layer(model.get())) +
-                       ", \"embd\": " + std::to_string(llama_model_n_embd(model.get())) +
-                       ", \"heads\": " + std::to_string(llama_model_n_head(model.get())) +
-                       ", \"kv_heads\": " + std::to_string(llama_model_n_head_kv(model.get())) +
-                       ", \"params\": " + std::to_string(llama_model_n_params(model.get())) +
-                       ", \"kv_bytes_per_token\": " + std::to_string(layout.tokenKvBytes()) +
-                       ", \"block_tokens\": " + std::to_string(kBlockTokens) + "}");
+  info.extra.push_back(
+      "\"model\": {\"layers\": " + std::to_string(llama_model_n_layer(model.get())) +
+      ", \"embd\": " + std::to_string(llama_model_n_embd(model.get())) +
+      ", \"heads\": " + std::to_string(llama_model_n_head(model.get())) +
+      ", \"kv_heads\": " + std::to_string(llama_model_n_head_kv(model.get())) +
+      ", \"params\": " + std::to_string(llama_model_n_params(model.get())) +
+      ", \"kv_bytes_per_token\": " + std::to_string(plainKvPerToken) +
+      ", \"block_tokens\": " + std::to_string(kBlockTokens) + "}");
+  std::string familyJson = "\"families\": {";
+  for (size_t i = 0; i < families.size(); ++i) familyJson += (i ? ", " : "") + families[i];
+  info.extra.push_back(familyJson + "}");
   return writeReport(options, reports, breakdown, info);
 }
 

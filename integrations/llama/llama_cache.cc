@@ -346,8 +346,10 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::open(llama_context* ctx,
   uint32_t chunk = options.checkpointTokens;
   if (chunk == 0) {
     if (shape.recurrent()) {
+      // A state takes whole chunks of the namespace's block size in the pool.
       const uint64_t kv = layout.tokenKvBytes();
-      const uint64_t even = kv == 0 ? kNoKvCheckpoint : (shape.stateBytes + kv - 1) / kv;
+      const uint64_t state = uint64_t{layout.stateChunks(0)} * layout.chunkBytes();
+      const uint64_t even = kv == 0 ? kNoKvCheckpoint : (state + kv - 1) / kv;
       chunk = static_cast<uint32_t>(
           std::clamp<uint64_t>((even + bt - 1) / bt * bt, bt, kMaxDefaultCheckpoint));
     } else {

@@ -99,9 +99,9 @@ struct CacheOptions {
   llama_seq_id scratchSeq = -1;
   // Recurrent and hybrid models: prefill() stores a state every this many tokens (a multiple of
   // blockTokens; 0: the default, which spends on states about the bytes the KV between them takes:
-  // stateBytes / KV bytes per token, rounded up to blocks, within [blockTokens, 2048]; 512 for a
-  // model without KV). A restore recomputes at most this many tokens of a cached prompt; the
-  // cache keeps about one state's bytes per this many tokens (docs/llama.md).
+  // a state's pool bytes (whole blocks) / KV bytes per token, rounded up to blocks, within
+  // [blockTokens, 2048]; 512 for a model without KV). A restore recomputes at most this many
+  // tokens of a cached prompt; the cache keeps one state per this many tokens (docs/llama.md).
   uint32_t checkpointTokens = 0;
 };
 
