@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -268,6 +269,7 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::open(llama_context* ctx,
   MemoryShape& shape = impl->memory;
   shape = std::move(*memory);
   for (const StateShape& kv : shape.kv) {
+    if (kv.nLayer == 0) continue;  // positions only (every layer of it is in another section)
     // The probe's rows must be the ones contextParams says (they name the namespace).
     if (kv.kType != static_cast<int32_t>(cp.type_k) ||
         kv.vType != static_cast<int32_t>(cp.type_v) ||
@@ -345,15 +347,19 @@ Result<std::unique_ptr<PrefixCache>> PrefixCache::open(llama_context* ctx,
   // of KV between them), within the window for windowed ones, within a batch.
   uint32_t chunk = options.checkpointTokens;
   if (chunk == 0) {
-    if (shape.recurrent()) {
-      // A state takes whole chunks of the namespace's block size in the pool.
-      const uint64_t kv = layout.tokenKvBytes();
-      const uint64_t state = uint64_t{layout.stateChunks(0)} * layout.chunkBytes();
-      const uint64_t even = kv == 0 ? kNoKvCheckpoint : (state + kv - 1) / kv;
+    chunk = kMaxDefaultCheckpoint;
+    if (shape.recurrent() && !layout.hasKv()) chunk = kNoKvCheckpoint;
+    if (shape.recurrent() && layout.hasKv()) {
+      // Bytes against recomputed tokens: a state every C blocks costs S / C blocks per block of
+      // KV (S: a state's whole blocks in the pool), a restore recomputes C / 2 blocks on average;
+      // the cost is least at C = sqrt(2 a S / b). Replays of the shared trace put its optimum at
+      // C ~ 4 sqrt(S) (docs/llama.md, "The checkpoint spacing").
+      const double state =
+          static_cast<double>(uint64_t{layout.stateChunks(0)} * layout.chunkBytes()) /
+          static_cast<double>(layout.blockBytes());
+      const auto blocks = static_cast<uint64_t>(std::llround(4 * std::sqrt(state)));
       chunk = static_cast<uint32_t>(
-          std::clamp<uint64_t>((even + bt - 1) / bt * bt, bt, kMaxDefaultCheckpoint));
-    } else {
-      chunk = kMaxDefaultCheckpoint;
+          std::clamp<uint64_t>(blocks * bt, bt, kMaxDefaultCheckpoint / bt * bt));
     }
   }
   if (shape.windowed()) chunk = std::min(chunk, shape.nSwa / bt * bt);

@@ -10,8 +10,8 @@
 #include <csignal>
 #include <thread>
 
-#include "integrations/llama/llama_support.h"
 #include "integrations/llama/generated_model.h"
+#include "integrations/llama/llama_support.h"
 #include "tests/test_support.h"
 
 namespace kvtier::llama {

@@ -1,6 +1,7 @@
 // Every memory llama.cpp keeps, on kvtier, end to end with the real engine: a sliding-window
 // model (gemma2: interleaved SWA), a recurrent one (mamba) and a hybrid (lfm2: short-convolution
-// layers and attention), each with flash attention on and off. Each engine is a process of its
+// layers and attention; and lfm2 whose attention is windowed: hybrid-iSWA), each with flash
+// attention on and off. Each engine is a process of its
 // own (kvtier_llama_worker) against a real kvtierd; a restored prefix gives the logits of a
 // recompute that split its batches at the same positions, bit for bit, and whatever cannot be
 // served whole (KV without its state, a damaged state) is a miss.
@@ -34,6 +35,7 @@ void PrintTo(const Family& f, std::ostream* os) { *os << f.name; }
 const Family kGemma2{"gemma2-tiny", "iswa", false};
 const Family kMamba{"mamba-tiny", "recurrent", true};
 const Family kLfm2{"lfm2-tiny", "hybrid", true};
+const Family kLfm2Swa{"lfm2-swa-tiny", "hybrid-iswa", true};
 
 // Blocks of 32 tokens (the worker's default); the recurrent models store a state every 64
 // tokens, the windowed one evaluates in chunks of its window (128): every prefill splits its
@@ -60,7 +62,7 @@ class LlamaFamilies : public WorkerTest,
 
   static void SetUpTestSuite() {
     models_ = new test::TempDir();
-    for (const Family& f : {kGemma2, kMamba, kLfm2}) {
+    for (const Family& f : {kGemma2, kMamba, kLfm2, kLfm2Swa}) {
       support::makeModel(models_->file(std::string(f.name) + ".gguf"), f.name, 1);
     }
   }
@@ -112,6 +114,17 @@ TEST_P(LlamaFamilies, AnotherProcessRestoresThePrefixWithTheLogitsOfARecompute) 
                  with({"--prompt", "1:300+2:100", "--split", splitsOf(step(), p, 400)}));
   ASSERT_EQ(c.code, 0) << c.out;
   expectSameLogits("restored.0", "recomputed.0");
+}
+
+TEST_P(LlamaFamilies, TheDefaultChunkIsTheDocumentedOne) {
+  // No --checkpoint: gemma2's window (128 tokens); a state of one block (mamba has no KV: 512
+  // tokens; lfm2's 1,100-byte state takes one 8 KiB block): 4 sqrt(1) blocks of 32 tokens.
+  Run a = worker("prefill", model(), "-",
+                 {"--prompt", "1:40", "--fa", std::get<1>(GetParam()) ? "on" : "off"});
+  ASSERT_EQ(a.code, 0) << a.out;
+  const std::string memory = family().memory;
+  const char* expected = memory == "iswa" ? "128" : memory == "recurrent" ? "512" : "128";
+  EXPECT_NE(a.out.find(std::string(" checkpoint ") + expected + "\n"), std::string::npos) << a.out;
 }
 
 TEST_P(LlamaRecurrentFamilies, ADamagedStateIsAMissNeverFedToTheEngine) {
@@ -327,11 +340,12 @@ TEST_P(LlamaFamiliesCluster, AnotherNodeRestoresThePrefixWithItsStateFromTheFirs
 
 std::string nameOf(const ::testing::TestParamInfo<std::tuple<Family, bool>>& info) {
   std::string name = std::get<0>(info.param).memory;
+  std::replace(name.begin(), name.end(), '-', '_');
   return name + (std::get<1>(info.param) ? "_FlashAttention" : "_NoFlashAttention");
 }
 
 INSTANTIATE_TEST_SUITE_P(Memories, LlamaFamilies,
-                         ::testing::Combine(::testing::Values(kGemma2, kMamba, kLfm2),
+                         ::testing::Combine(::testing::Values(kGemma2, kMamba, kLfm2, kLfm2Swa),
                                             ::testing::Bool()),
                          nameOf);
 INSTANTIATE_TEST_SUITE_P(Memories, LlamaFamiliesCluster,
@@ -339,7 +353,8 @@ INSTANTIATE_TEST_SUITE_P(Memories, LlamaFamiliesCluster,
                                             ::testing::Values(true)),
                          nameOf);
 INSTANTIATE_TEST_SUITE_P(Memories, LlamaRecurrentFamilies,
-                         ::testing::Combine(::testing::Values(kMamba, kLfm2), ::testing::Bool()),
+                         ::testing::Combine(::testing::Values(kMamba, kLfm2, kLfm2Swa),
+                                            ::testing::Bool()),
                          nameOf);
 
 }  // namespace

@@ -125,7 +125,7 @@ std::vector<llama_token> randomTokens(const llama_model* model, uint64_t seed, s
 void makeModel(const std::string& path, const std::string& preset, uint64_t seed,
                const std::vector<std::string>& extraArgs) {
   std::vector<std::string> args = {"/usr/bin/python3", KVTIER_MAKE_GGUF_PATH, "--preset", preset,
-                                   "--seed", std::to_string(seed), "--out", path};
+                                   "--seed",           std::to_string(seed),  "--out",    path};
   args.insert(args.end(), extraArgs.begin(), extraArgs.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());

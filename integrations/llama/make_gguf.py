@@ -37,7 +37,9 @@ src/llama-model.cpp, src/models/{llama,gemma2,mamba,lfm2}.cpp and src/llama-voca
   * mamba needs d_inner = 2 * n_embd; ssm_a and ssm_d have no ".weight"
     suffix; A is negative (a decaying state), so long prompts stay finite.
   * lfm2's layers are recurrent where lfm2.attention.head_count_kv (a per-layer
-    array) is 0; its final norm is named token_embd_norm.
+    array) is 0; its final norm is named token_embd_norm; with
+    lfm2.attention.sliding_window its attention layers are windowed (llama.cpp
+    then keeps a hybrid-iSWA memory).
 
 Usage:
   /usr/bin/python3 integrations/llama/make_gguf.py --preset tiny --seed 1 --out tiny.gguf
@@ -96,6 +98,9 @@ PRESETS = {
                       ctx=8192, wtype="f32"),
     "lfm2-medium": dict(_BASE, arch="lfm2", layers=8, embd=512, heads=8, kv_heads=2, ff=1536,
                         ctx=8192, wtype="f16"),
+    # the same hybrid whose attention layers see a sliding window of 128 (hybrid-iSWA memory)
+    "lfm2-swa-tiny": dict(_BASE, arch="lfm2", layers=4, embd=64, heads=2, kv_heads=1, ff=128,
+                          ctx=8192, swa=128, wtype="f32"),
 }
 
 ROPE_FREQ_BASE = 10000.0
@@ -376,6 +381,8 @@ def write_model(path, preset="tiny", seed=0, wtype=None, name=None, **overrides)
                      [h["kv_heads"] if _is_attention_layer(h, i) else 0
                       for i in range(h["layers"])], T_INT32),
                     ("lfm2.shortconv.l_cache", T_UINT32, h["l_cache"])]
+            if h["swa"] > 0:
+                kvs += [("lfm2.attention.sliding_window", T_UINT32, h["swa"])]
         else:
             kvs += [(arch + ".attention.head_count_kv", T_UINT32, h["kv_heads"])]
         # llama.cpp rejects a llama model whose n_rot differs from head_dim

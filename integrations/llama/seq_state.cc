@@ -97,7 +97,9 @@ Result<size_t> parseKvSection(std::span<const uint8_t> state, size_t offset,
     }
     uint32_t vTrans = 0, nLayer = 0;
     if (!r.read(vTrans) || !r.read(nLayer)) return bad(r.pos(), "truncated data header");
-    if (vTrans > 1 || nLayer == 0 || nLayer > kMaxLayers) return bad(r.pos(), "bad data header");
+    // (No layers: a cache all of whose layers went to another section, e.g. a hybrid whose every
+    // attention layer is windowed keeps only positions in its full-attention cache.)
+    if (vTrans > 1 || nLayer > kMaxLayers) return bad(r.pos(), "bad data header");
     StateShape& shape = view.shape;
     shape.nLayer = nLayer;
     shape.vTrans = vTrans == 1;

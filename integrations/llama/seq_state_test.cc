@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 
-#include "integrations/llama/llama_support.h"
 #include "integrations/llama/generated_model.h"
+#include "integrations/llama/llama_support.h"
 
 namespace kvtier::llama {
 namespace {
@@ -91,8 +91,7 @@ TEST_F(SeqStateTest, ABuiltStateLoadsAndTheEngineWritesItBackTheSame) {
       if (view.shape.vTrans) {
         const uint32_t el = view.shape.vElemBytes;
         for (uint32_t j = 0; j < view.shape.nEmbdV; ++j) {
-          std::memcpy(slots.v[l] + j * cells * el, view.v[l] + j * view.cellCount * el,
-                      cells * el);
+          std::memcpy(slots.v[l] + j * cells * el, view.v[l] + j * view.cellCount * el, cells * el);
         }
       } else {
         std::memcpy(slots.v[l], view.v[l], cells * view.shape.vRowBytes);

@@ -125,7 +125,8 @@ Result<MemoryShape> shapeFromState(std::span<const uint8_t> state, MemoryKind ki
     if (view.cellCount == 0) {
       return makeError(ErrorCode::kNotSupported, "a KV section of the probe holds no cell");
     }
-    if (!shape.kv.empty() && shape.kv.front().vTrans != view.shape.vTrans) {
+    if (!shape.kv.empty() && view.shape.nLayer > 0 && shape.kv.front().nLayer > 0 &&
+        shape.kv.front().vTrans != view.shape.vTrans) {
       return makeError(ErrorCode::kNotSupported, "KV sections arrange V differently");
     }
     shape.kv.push_back(view.shape);

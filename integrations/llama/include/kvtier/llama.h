@@ -98,10 +98,10 @@ struct CacheOptions {
   // use this sequence (calls fail with INVALID_ARGUMENT while it holds tokens).
   llama_seq_id scratchSeq = -1;
   // Recurrent and hybrid models: prefill() stores a state every this many tokens (a multiple of
-  // blockTokens; 0: the default, which spends on states about the bytes the KV between them takes:
-  // a state's pool bytes (whole blocks) / KV bytes per token, rounded up to blocks, within
-  // [blockTokens, 2048]; 512 for a model without KV). A restore recomputes at most this many
-  // tokens of a cached prompt; the cache keeps one state per this many tokens (docs/llama.md).
+  // blockTokens; 0: the default, 4 sqrt(S) blocks for a state of S blocks in the pool, within
+  // [blockTokens, 2048] — measured the best trade of bytes against recomputed tokens on the shared
+  // trace; 512 for a model without KV). A restore recomputes at most this many tokens of a cached
+  // prompt; the cache keeps one state per this many tokens (docs/llama.md).
   uint32_t checkpointTokens = 0;
 };
 
