@@ -652,6 +652,13 @@ kvtier_code kvtier_read_copy(kvtier_read_handle* handle, uint64_t from, uint64_t
   });
 }
 
+kvtier_code kvtier_read_verify(kvtier_read_handle* handle, uint64_t index) {
+  return onHandle(handle, "read handle", [&](kvtier_read_handle& h) {
+    if (!h.read) return released("the read handle was released");
+    return check(h.read->verify(index));
+  });
+}
+
 kvtier_code kvtier_read_state(kvtier_read_handle* handle, void* out, size_t out_bytes) {
   return onHandle(handle, "read handle", [&](kvtier_read_handle& h) {
     if (!h.read) return released("the read handle was released");

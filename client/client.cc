@@ -462,6 +462,7 @@ Result<Stats> Client::stats() {
           out.hits = s.getHits();
           out.misses = s.getMisses();
           out.evictions = s.getEvictions();
+          out.blocksCorrupt = s.getBlocksCorrupt();
           out.clients = s.getClients();
           out.sequences = s.getSequences();
           out.readLeases = s.getReadLeases();
@@ -557,9 +558,9 @@ std::string Stats::toJson() const {
   std::ostringstream o;
   o << "{\"blocks\": {\"total\": " << blocksTotal << ", \"used\": " << blocksUsed
     << ", \"pinned\": " << blocksPinned << ", \"cached\": " << blocksCached
-    << "}, \"bytes\": {\"total\": " << bytesTotal << ", \"used\": " << bytesUsed
-    << ", \"put\": " << bytesPut << ", \"got\": " << bytesGot << "}, \"hits\": " << hits
-    << ", \"misses\": " << misses << ", \"evictions\": " << evictions
+    << ", \"corrupt\": " << blocksCorrupt << "}, \"bytes\": {\"total\": " << bytesTotal
+    << ", \"used\": " << bytesUsed << ", \"put\": " << bytesPut << ", \"got\": " << bytesGot
+    << "}, \"hits\": " << hits << ", \"misses\": " << misses << ", \"evictions\": " << evictions
     << ", \"clients\": " << clients << ", \"sequences\": " << sequences
     << ", \"leases\": {\"read\": " << readLeases << ", \"write\": " << writeLeases
     << "}, \"snapshots\": " << snapshots << ", \"entries\": " << entries
@@ -578,8 +579,7 @@ std::string Stats::toJson() const {
     << ", \"remote_lookups_cut\": " << remoteLookupsCut
     << ", \"lookup_peer_messages\": " << lookupPeerMessages
     << ", \"lookup_peer_messages_max\": " << lookupPeerMessagesMax
-    << ", \"directory_queries\": " << directoryQueries
-    << ", \"directory_keys\": " << directoryKeys
+    << ", \"directory_queries\": " << directoryQueries << ", \"directory_keys\": " << directoryKeys
     << ", \"remote_hit_blocks\": " << remoteHitBlocks
     << ", \"remote_hit_bytes\": " << remoteHitBytes << ", \"served_blocks\": " << servedBlocks
     << ", \"fetch_errors\": {\"timeout\": " << fetchTimeouts

@@ -39,19 +39,60 @@ Status ReadHandle::copyTo(uint64_t from, uint64_t to, void* out, size_t bytes) c
   if (!layout.hasKv()) return {};  // a layout of recurrent layers only: positions hold no KV
   const uint32_t bt = layout.blockTokens;
   const auto g = geometry(layout);
+  auto* packed = static_cast<uint8_t*>(out);
+  std::vector<kernels::CopyRun> runs;
   for (uint64_t pos = from; pos < to;) {
     const uint64_t block = (pos - firstPosition_) / bt;
     const uint32_t slot = static_cast<uint32_t>((pos - firstPosition_) % bt);
     const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(bt - slot, to - pos));
-    if (!views_[block].data()) {
+    const std::span<const uint8_t> view = views_[block];
+    if (!view.data()) {
       return makeError(ErrorCode::kNotSupported,
                        "block is in GPU memory: gather it with Space::gatherTo");
     }
-    kernels::packSlots(g, views_[block].data(), slot, n, static_cast<uint8_t*>(out), to - from,
-                       pos - from);
+    if (sum(block) == 0) {
+      kernels::packSlots(g, view.data(), slot, n, packed, to - from, pos - from);
+    } else {
+      // The block's K and V slots of [pos, pos + n) to their places in `out`, the whole block
+      // folded into its checksum in the same pass.
+      runs.clear();
+      for (uint64_t lkv = 0; lkv < 2ull * layout.numLayers; ++lkv) {
+        runs.push_back({layout.slotOffset(static_cast<uint32_t>(lkv / 2),
+                                          static_cast<uint32_t>(lkv % 2), slot),
+                        uint64_t{n} * g.tokenBytes,
+                        packed + (lkv * (to - from) + (pos - from)) * g.tokenBytes});
+      }
+      if (kernels::copyRunsSummed(view.data(), view.size(), runs,
+                                  kernels::CopyDirection::kOutOfPool) != sum(block)) {
+        kernels::copyFence();
+        reportCorrupt(block);
+        return makeError(ErrorCode::kChecksumMismatch, "the block holding positions from ",
+                         firstPosition_ + block * bt,
+                         " differs from what its writer stored; nothing copied is to be used");
+      }
+    }
     pos += n;
   }
+  kernels::copyFence();
   return {};
+}
+
+Status ReadHandle::verify(size_t i) const {
+  if (views_.empty()) return makeError(ErrorCode::kReleased, "read handle was released");
+  if (i >= views_.size()) return invalid("block ", i, " of a handle holding ", views_.size());
+  if (sum(i) == 0) return {};
+  const std::span<const uint8_t> view = views_[i];
+  if (!view.data()) return makeError(ErrorCode::kNotSupported, "block is in GPU memory");
+  if (kernels::blockChecksum(view.data(), view.size()) == sum(i)) return {};
+  reportCorrupt(i);
+  return makeError(ErrorCode::kChecksumMismatch, "block ", i,
+                   " differs from what its writer stored");
+}
+
+void ReadHandle::reportCorrupt(size_t i) const {
+  if (space_ != nullptr && i < refs_.size()) {
+    space_->reportCorrupt(std::span<const BlockRef>(&refs_[i], 1));
+  }
 }
 
 uint32_t ReadHandle::partialTokens() const {
@@ -97,7 +138,8 @@ Status ReadHandle::copyState(void* out, size_t bytes) const {
       at += n;
     }
     kernels::copyFence();
-    if (sum.digest() != stateSums_[j]) {
+    if (sum.digest() != this->sum(first + j)) {
+      reportCorrupt(first + j);
       return makeError(ErrorCode::kChecksumMismatch, "state chunk ", j, " at position ", end_,
                        " differs from what its writer stored");
     }

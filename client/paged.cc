@@ -121,7 +121,21 @@ Status Space::gatherTo(const ReadHandle& handle, uint64_t from, uint64_t to,
   if (handle.views_.empty() && from < to) {
     return makeError(ErrorCode::kReleased, "read handle was released");
   }
-  return pagedCopy(false, handle.refs_, handle.firstPosition_, from, to, cache, blockTable, stream);
+  if (auto s = pagedCopy(false, handle.refs_, handle.firstPosition_, from, to, cache, blockTable,
+                         stream);
+      !s || device_ >= 0) {
+    return s;
+  }
+  // A host space: each block read is checked against its writer's checksum after the copy (a
+  // second read of it, in the cache still for a block of a few hundred KiB); on a mismatch the
+  // engine's cache holds bytes nothing may use, as with copyTo. GPU blocks are checked where they
+  // are moved in (docs/reliability.md).
+  const uint32_t bt = layout_.blockTokens;
+  for (uint64_t b = (from - handle.firstPosition_) / bt; b <= (to - 1 - handle.firstPosition_) / bt;
+       ++b) {
+    if (auto s = handle.verify(b); !s) return s;
+  }
+  return {};
 }
 
 }  // namespace kvtier

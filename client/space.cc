@@ -170,13 +170,31 @@ Result<ReadHandle> Space::get(std::string_view seq, uint64_t begin, uint64_t end
       handle.end_ = r.getEnd();
       handle.firstPosition_ = r.getFirstPosition();
       readBlocks(r, handle.refs_, handle.inline_);
+      for (uint64_t sum : r.getSums()) handle.sums_.push_back(sum);
     });
   });
   if (!status) return status.error();
   handle.lease_ = std::move(lease);
+  handle.sums_.resize(handle.refs_.size(), 0);
   if (auto s = attachViews(*client, handle.refs_, handle.inline_, handle.views_); !s)
     return s.error();
   return handle;
+}
+
+size_t Space::reportCorrupt(std::span<const BlockRef> refs) {
+  auto dropped = client_.impl_->run([&] {
+    auto req = impl_->space().reportCorruptRequest();
+    auto out = req.initRefs(static_cast<uint32_t>(refs.size()));
+    for (uint32_t i = 0; i < refs.size(); ++i) {
+      out[i].setExtent(refs[i].extent);
+      out[i].setOffset(refs[i].offset);
+      out[i].setBytes(refs[i].bytes);
+      out[i].setGeneration(refs[i].generation);
+    }
+    return req.send().then(
+        [](capnp::Response<rpc::Space::ReportCorruptResults>&& r) { return r.getDropped(); });
+  });
+  return dropped ? *dropped : 0;
 }
 
 Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span<const Key128> keys,
@@ -209,6 +227,7 @@ Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span
       handle.end_ = r.matchedTokens;
       handle.refs_.reserve(r.blocks.size());
       for (const auto& b : r.blocks) handle.refs_.push_back(refFrom(b));
+      handle.sums_ = std::move(r.sums);
       answered = true;
     }
   }
@@ -226,7 +245,7 @@ Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span
         handle.end_ = r.getMatchedTokens();
         readBlocks(r, handle.refs_, handle.inline_);
         handle.stateBlocks_ = std::min<uint32_t>(r.getStateBlocks(), handle.refs_.size());
-        for (uint64_t sum : r.getStateSums()) handle.stateSums_.push_back(sum);
+        for (uint64_t sum : r.getSums()) handle.sums_.push_back(sum);
       });
     });
     if (!status) return status.error();
@@ -239,7 +258,6 @@ Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span
     const uint64_t whole = layout_.hasKv() ? handle.end_ / bt : 0;
     const auto partial = static_cast<uint32_t>(handle.end_ % bt);
     if (handle.refs_.size() != whole + handle.stateBlocks_ ||
-        handle.stateSums_.size() != handle.stateBlocks_ ||
         handle.stateBlocks_ != layout_.stateChunks(partial)) {
       return makeError(ErrorCode::kInternal, "daemon answered a state of ", handle.stateBlocks_,
                        " chunks at ", handle.end_, " with ", handle.refs_.size(), " blocks");
@@ -249,6 +267,8 @@ Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span
     return makeError(ErrorCode::kInternal, "daemon answered ", handle.end_,
                      " tokens without their state");
   }
+  // One checksum per block (a daemon that sent none, or fewer: none is checked).
+  handle.sums_.resize(handle.refs_.size(), 0);
   if (auto s = attachViews(*client, handle.refs_, handle.inline_, handle.views_); !s)
     return s.error();
   return handle;

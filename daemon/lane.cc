@@ -278,7 +278,8 @@ void Lane::answer(uint64_t id, SpaceId space, uint8_t tier, const lane::LookupRe
   }
   if (result->lease != 0) leases_.insert(result->lease);
   ++stats_.lookups;
-  lane::appendLookupReply(out_, id, {result->matchedTokens, result->lease, result->blocks});
+  lane::appendLookupReply(out_, id,
+                          {result->matchedTokens, result->lease, result->blocks, result->sums});
 }
 
 void Lane::reply(const Error& error, uint16_t op, uint64_t id) {

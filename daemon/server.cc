@@ -119,6 +119,10 @@ void setBlocks(Builder&& out, const std::vector<BlockLocation>& blocks) {
   for (uint32_t i = 0; i < blocks.size(); ++i) blockToRpc(blocks[i], out[i]);
 }
 
+void setSums(capnp::List<uint64_t>::Builder out, const std::vector<uint64_t>& sums) {
+  for (uint32_t i = 0; i < sums.size(); ++i) out.set(i, sums[i]);
+}
+
 // Copies whole blocks into the result for clients that cannot map the pool. Blocks in GPU memory
 // never travel inline: the read lease that holds them is released and the call fails, typed.
 void setInlineData(capnp::List<capnp::Data>::Builder out, Engine& engine,
@@ -347,6 +351,7 @@ class SpaceImpl final : public rpc::Space::Server {
     out.setFirstPosition(grant.firstPosition);
     out.setEnd(grant.end);
     setBlocks(out.initBlocks(grant.blocks.size()), grant.blocks);
+    setSums(out.initSums(static_cast<uint32_t>(grant.sums.size())), grant.sums);
     if (p.getInline()) {
       setInlineData(out.initData(grant.blocks.size()), engine_, grant.blocks, grant.lease);
     }
@@ -389,8 +394,7 @@ class SpaceImpl final : public rpc::Space::Server {
     out.setMatchedTokens(result.matchedTokens);
     setBlocks(out.initBlocks(result.blocks.size()), result.blocks);
     out.setStateBlocks(result.stateBlocks);
-    auto sums = out.initStateSums(static_cast<uint32_t>(result.stateSums.size()));
-    for (uint32_t i = 0; i < result.stateSums.size(); ++i) sums.set(i, result.stateSums[i]);
+    setSums(out.initSums(static_cast<uint32_t>(result.sums.size())), result.sums);
     if (inlineData) {
       setInlineData(out.initData(result.blocks.size()), engine_, result.blocks, result.lease);
     }
@@ -638,6 +642,21 @@ class SpaceImpl final : public rpc::Space::Server {
     });
   }
 
+  kj::Promise<void> reportCorrupt(ReportCorruptContext context) override {
+    auto refs = context.getParams().getRefs();
+    if (refs.size() > kMaxRefsPerRead) {
+      throwRpcError(makeError(ErrorCode::kInvalidArgument, "a report of ", refs.size(),
+                              " blocks exceeds ", kMaxRefsPerRead));
+    }
+    std::vector<BlockLocation> locations;
+    locations.reserve(refs.size());
+    for (auto r : refs) locations.push_back(blockFromRpc(r));
+    const size_t dropped = engine_.dropCorrupt(space_, locations);
+    if (dropped > 0) logWarn("blocks_corrupt", "dropped=" + std::to_string(dropped));
+    context.getResults().setDropped(static_cast<uint32_t>(dropped));
+    return kj::READY_NOW;
+  }
+
   kj::Promise<void> putEntry(PutEntryContext context) override {
     return whenRoom([this, context]() mutable {
       auto p = context.getParams();
@@ -844,6 +863,7 @@ class SessionImpl final : public rpc::Session::Server {
     out.setHits(s.hits);
     out.setMisses(s.misses);
     out.setEvictions(s.evictions);
+    out.setBlocksCorrupt(s.corruptBlocks);
     out.setClients(server_.sessions());
     out.setSequences(s.sequences);
     out.setReadLeases(s.readLeases);
@@ -1185,6 +1205,9 @@ std::string Server::metricsText() {
   counter("kvtier_lookup_hit_blocks_total", "Blocks found by lookups.", s.hits);
   counter("kvtier_lookup_misses_total", "Lookups that stopped short.", s.misses);
   counter("kvtier_evictions_total", "Blocks evicted from memory.", s.evictions);
+  counter("kvtier_blocks_corrupt_total",
+          "Blocks a reader found differing from their writer's checksum: out of the index, freed.",
+          s.corruptBlocks);
   gauge("kvtier_clients", "Connected sessions.", sessions_);
   gauge("kvtier_sequences", "Sequences.", s.sequences);
   gauge("kvtier_read_leases", "Open read leases.", s.readLeases);

@@ -1,6 +1,9 @@
 #include "daemon/tier_service.h"
 
+#include <algorithm>
+
 #include "daemon/log.h"
+#include "store/checksum.h"
 #include "transport/cross_thread.h"
 
 namespace kvtier {
@@ -20,21 +23,41 @@ TierService::~TierService() {
   worker_.reset();
 }
 
-kj::Promise<bool> TierService::copyOnWorker(const std::vector<MoveTicket>& tickets) {
+kj::Promise<TierService::Copied> TierService::copyOnWorker(const std::vector<MoveTicket>& tickets) {
   std::vector<BlockCopy> copies;
+  struct Check {
+    const uint8_t* at;
+    uint64_t bytes, sum;
+  };
+  std::vector<Check> checks;  // each copy's end in host memory
   copies.reserve(tickets.size());
+  checks.reserve(tickets.size());
   BlockMemory& memory = engine_.memory();
   for (const auto& t : tickets) {
     copies.push_back(BlockCopy{memory.extentBase(t.dst.extent) + t.dst.offset,
                                memory.extentBase(t.src.extent) + t.src.offset, t.src.bytes});
+    checks.push_back({t.sumOfSource ? copies.back().src : copies.back().dst, t.src.bytes, t.sum});
   }
   // Both ends of every copy stay pinned until finishMoves: the worker reads and writes in place.
   // A copy that throws, or a worker that is gone, is a failed copy: the moves still finish.
-  return worker_->run(
-                   [this, copies = std::move(copies)]() { return copier_(copies); })
+  // After the copies, the end of each in host memory is checked against the block's checksum (a
+  // promotion's source: bytes changed in the host pool never reach a GPU; a demotion's copy:
+  // what the GPU held was the writer's), on the worker, off the event loop.
+  return worker_
+      ->run([this, copies = std::move(copies), checks = std::move(checks)]() {
+        Copied out;
+        out.ok = copier_(copies);
+        out.damaged.assign(checks.size(), 0);
+        if (!out.ok) return out;
+        for (size_t i = 0; i < checks.size(); ++i) {
+          const Check& c = checks[i];
+          out.damaged[i] = c.sum != 0 && blockChecksum(c.at, c.bytes) != c.sum;
+        }
+        return out;
+      })
       .catch_([](kj::Exception&& e) {
         logWarn("tier_copy_failed", e.getDescription().cStr());
-        return false;
+        return Copied{};
       });
 }
 
@@ -58,13 +81,26 @@ void TierService::makeRoom(uint8_t tier) {
 void TierService::startDemotion(std::vector<MoveTicket> batch) {
   inFlight_ = true;
   auto copied = copyOnWorker(batch);
-  tasks_.add(copied.then([this, batch = std::move(batch)](bool ok) mutable {
-    demotionFinished(std::move(batch), ok);
+  tasks_.add(copied.then([this, batch = std::move(batch)](Copied c) mutable {
+    demotionFinished(std::move(batch), std::move(c));
   }));
 }
 
-void TierService::demotionFinished(std::vector<MoveTicket> batch, bool ok) {
-  engine_.finishMoves(batch, ok);
+namespace {
+
+// Logs blocks a move found damaged (counted by the engine: blocks_corrupt).
+void logDamaged(const std::vector<uint8_t>& damaged, const char* move) {
+  const auto n = std::count(damaged.begin(), damaged.end(), 1);
+  if (n > 0)
+    logWarn("blocks_corrupt", std::string("move=") + move + " dropped=" + std::to_string(n));
+}
+
+}  // namespace
+
+void TierService::demotionFinished(std::vector<MoveTicket> batch, Copied copied) {
+  const bool ok = copied.ok;
+  logDamaged(copied.damaged, "demotion");
+  engine_.finishMoves(batch, ok, copied.damaged);
   inFlight_ = false;
   for (auto& waiter : settleWaiters_) waiter->fulfill();
   settleWaiters_.clear();
@@ -94,8 +130,9 @@ kj::Maybe<kj::Promise<void>> TierService::bringTo(SpaceId space, std::span<const
   auto tickets = engine_.beginMovesTo(space, keys, tier);
   if (tickets.empty()) return nullptr;
   auto done = copyOnWorker(tickets)
-                  .then([this, tickets = std::move(tickets)](bool ok) {
-                    engine_.finishMoves(tickets, ok);
+                  .then([this, tickets = std::move(tickets)](Copied c) {
+                    logDamaged(c.damaged, "promotion");
+                    engine_.finishMoves(tickets, c.ok, c.damaged);
                     kick();  // the promoted blocks may have taken the GPU pool below its mark
                   })
                   .fork();

@@ -55,8 +55,14 @@ class TierService final : private kj::TaskSet::ErrorHandler {
  private:
   void taskFailed(kj::Exception&& exception) override;
   // Copies the tickets' bytes on the worker; resolves with whether every copy succeeded.
-  kj::Promise<bool> copyOnWorker(const std::vector<MoveTicket>& tickets);
-  void demotionFinished(std::vector<MoveTicket> batch, bool ok);
+  // What a batch of copies did: all copied, and per ticket whether its bytes in host memory
+  // failed their checksum after the copy (MoveTicket::sum).
+  struct Copied {
+    bool ok = false;
+    std::vector<uint8_t> damaged;
+  };
+  kj::Promise<Copied> copyOnWorker(const std::vector<MoveTicket>& tickets);
+  void demotionFinished(std::vector<MoveTicket> batch, Copied copied);
   void startDemotion(std::vector<MoveTicket> batch);
 
   Engine& engine_;

@@ -147,6 +147,65 @@ TEST(TierService, PromoteBringsHostBlocksToTheGpu) {
   EXPECT_TRUE(tiers.bringTo(rig.space, rig.keysOf(tokens), kGpu) == nullptr);
 }
 
+TEST(TierService, BytesChangedInTheHostPoolNeverReachTheGpu) {
+  kj::EventLoop loop;
+  kj::WaitScope ws(loop);
+  Rig rig;
+  TierService tiers(rig.engine, rig.copier(), {kGpu}, 0.0);
+  const auto tokens = toks(2 * kBt, 800);
+  rig.cache(tokens, 0);  // sealed with checksums the engine took from the bytes
+  {
+    // A stray write changes a byte of the second block after its seal.
+    auto r = rig.engine.lookup(kOwner, rig.space, tokens, {}, "", SeqOptions{});
+    ASSERT_TRUE(r.ok());
+    ASSERT_EQ(r->blocks.size(), 2u);
+    rig.mem.extentBase(r->blocks[1].extent)[r->blocks[1].offset + 300] ^= 1;
+    ASSERT_TRUE(rig.engine.releaseRead(r->lease).ok());
+  }
+  const uint64_t used = rig.engine.stats().blocksUsed;
+  KJ_ASSERT_NONNULL(tiers.bringTo(rig.space, rig.keysOf(tokens), kGpu)).wait(ws);
+  // The first block moved; the damaged one moved nowhere and left the index and the pool.
+  EXPECT_EQ(rig.where(tokens), (std::vector<uint32_t>{1}));
+  const EngineStats s = rig.engine.stats();
+  EXPECT_EQ(s.gpuPromoted, 1u);
+  EXPECT_EQ(s.corruptBlocks, 1u);
+  EXPECT_EQ(s.gpuBlocksUsed, 1u);
+  EXPECT_EQ(s.blocksUsed, used - 2);  // the promoted block's host copy and the damaged one
+  EXPECT_EQ(s.blocksPinned, 0u);
+}
+
+TEST(TierService, ADemotionWhoseCopyIsNotTheWritersDropsTheBlock) {
+  kj::EventLoop loop;
+  kj::WaitScope ws(loop);
+  Rig rig;
+  // A copier that damages what it writes once told to (a fault on the way, or in GPU memory).
+  std::atomic<bool> damage{false};
+  auto copier = [&](std::span<const BlockCopy> cs) {
+    for (const auto& c : cs) {
+      std::memcpy(c.dst, c.src, c.bytes);
+      if (damage) c.dst[c.bytes - 1] ^= 1;
+    }
+    return true;
+  };
+  TierService tiers(rig.engine, copier, {kGpu}, 0.0);
+  // Blocks written to the host pool carry their writer's checksum to the GPU and back; a GPU
+  // block without one (written there) gets it from its bytes as it reaches host memory.
+  const auto tokens = toks(2 * kBt, 900);
+  rig.cache(tokens, 0);
+  KJ_ASSERT_NONNULL(tiers.bringTo(rig.space, rig.keysOf(tokens), kGpu)).wait(ws);
+  ASSERT_EQ(rig.where(tokens), (std::vector<uint32_t>{1, 1}));
+  damage = true;
+  tiers.makeRoom(kGpu);
+  tiers.whenSettles().wait(ws);
+  const EngineStats s = rig.engine.stats();
+  EXPECT_EQ(s.gpuDemoted, 0u);
+  EXPECT_EQ(s.corruptBlocks, 2u);
+  EXPECT_EQ(s.blocksPinned, 0u);
+  EXPECT_EQ(s.blocksUsed, 0u);  // neither the host copies nor the GPU blocks were kept
+  EXPECT_EQ(s.gpuBlocksUsed, 0u);
+  EXPECT_TRUE(rig.where(tokens).empty());
+}
+
 TEST(TierService, AFailedCopyMovesNothingAndLeaksNothing) {
   kj::EventLoop loop;
   kj::WaitScope ws(loop);

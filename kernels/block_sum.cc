@@ -243,7 +243,7 @@ void FusedXxh3::feed(uint8_t* dst, const uint8_t* src, size_t n) {
 void FusedXxh3::feedState(uint8_t* dst, const uint8_t* src, size_t n, CopyMethod method) {
   for (size_t off = 0; off < n; off += kFallbackPiece) {
     const size_t piece = std::min(n - off, kFallbackPiece);
-    copyWithMethod(dst + off, src + off, piece, method);
+    if (dst != nullptr) copyWithMethod(dst + off, src + off, piece, method);
     XXH3_64bits_update(xxh3State(state_), src + off, piece);
   }
 }
@@ -264,10 +264,10 @@ void FusedXxh3::feedStripes(uint8_t* dst, const uint8_t* src, size_t n, CopyMeth
   // Finish the stripe an earlier run began: copy its rest, accumulate it from the carry buffer.
   if (s.carried > 0) {
     const size_t take = std::min(kStripe - s.carried, n);
-    std::memcpy(dst, src, take);
+    if (dst != nullptr) std::memcpy(dst, src, take);
     std::memcpy(s.carry + s.carried, src, take);
     s.carried += take;
-    dst += take;
+    if (dst != nullptr) dst += take;
     src += take;
     n -= take;
     if (s.carried < kStripe) return;
@@ -281,15 +281,16 @@ void FusedXxh3::feedStripes(uint8_t* dst, const uint8_t* src, size_t n, CopyMeth
     const uintptr_t align = path_ == FusedPath::kAvx512 ? 63 : 31;
     const bool stream =
         method == CopyMethod::kStreaming && (reinterpret_cast<uintptr_t>(dst) & align) == 0;
-    foldWith(path_, stream ? Store::kStream : Store::kPlain, s.acc, s.done, dst, src, whole);
+    const Store store = dst == nullptr ? Store::kNone : stream ? Store::kStream : Store::kPlain;
+    foldWith(path_, store, s.acc, s.done, dst, src, whole);
     s.done += whole;
-    dst += whole * kStripe;
+    if (dst != nullptr) dst += whole * kStripe;
     src += whole * kStripe;
     n -= whole * kStripe;
   }
   // The rest: the start of a stripe the next run finishes, or the input's tail past the regular
   // stripes (keepLastStripe has it).
-  std::memcpy(dst, src, n);
+  if (dst != nullptr) std::memcpy(dst, src, n);
   if (s.done < s.regular) {
     std::memcpy(s.carry, src, n);
     s.carried = n;
@@ -308,6 +309,24 @@ uint64_t FusedXxh3::digest() const {
   foldLastStripe(acc, stripes_.last);
 #endif
   return XXH3_mergeAccs(acc, XXH3_kSecret + kSecretMerge, total_ * XXH_PRIME64_1);
+}
+
+uint64_t copyRunsSummed(const uint8_t* block, size_t blockBytes, std::span<const CopyRun> runs,
+                        CopyDirection direction) {
+  return copyRunsSummed(block, blockBytes, runs, copyMethod(direction));
+}
+
+uint64_t copyRunsSummed(const uint8_t* block, size_t blockBytes, std::span<const CopyRun> runs,
+                        CopyMethod method) {
+  FusedXxh3 sum(blockBytes, method);
+  uint64_t at = 0;
+  for (const CopyRun& run : runs) {
+    if (run.offset > at) sum.feed(nullptr, block + at, run.offset - at);  // bytes not copied out
+    sum.feed(run.dst, block + run.offset, run.bytes);
+    at = run.offset + run.bytes;
+  }
+  if (at < blockBytes) sum.feed(nullptr, block + at, blockBytes - at);
+  return sum.digest();
 }
 
 uint64_t copyBytesSummed(uint8_t* dst, const uint8_t* src, size_t n, CopyDirection direction) {

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "kernels/block_copy.h"
 
@@ -44,7 +45,8 @@ class FusedXxh3 {
   FusedXxh3(const FusedXxh3&) = delete;
   FusedXxh3& operator=(const FusedXxh3&) = delete;
 
-  // The next `n` bytes: copied from src to dst and folded in. At most totalBytes in all.
+  // The next `n` bytes: copied from src to dst and folded in. At most totalBytes in all. A null
+  // dst folds them in without copying them anywhere (bytes checked but not wanted).
   void feed(uint8_t* dst, const uint8_t* src, size_t n);
   // XXH3_64bits of the totalBytes fed (all of them must have been).
   uint64_t digest() const;
@@ -78,6 +80,24 @@ class FusedXxh3 {
     alignas(64) unsigned char state_[kXxh3StateBytes];  // XXH3_state_t, fallback path
   };
 };
+
+// A run of a block's bytes a verified read copies out: bytes [offset, offset + bytes) to dst.
+struct CopyRun {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  uint8_t* dst = nullptr;
+};
+// Copies the runs (ascending, not overlapping, within the block) out of a block of `blockBytes`
+// and returns XXH3_64bits of the whole block, every byte read once: the runs' as they are copied,
+// the others as they are folded in. What a reader verifies a block with (the writer's checksum is
+// of the whole block) without reading it twice, and without a window between the check and the
+// copy. The caller issues copyFence() as with copyBytes.
+uint64_t copyRunsSummed(const uint8_t* block, size_t blockBytes, std::span<const CopyRun> runs,
+                        CopyDirection direction);
+// The same with a copy method of the caller's choosing (kCached for a destination read again at
+// once).
+uint64_t copyRunsSummed(const uint8_t* block, size_t blockBytes, std::span<const CopyRun> runs,
+                        CopyMethod method);
 
 // copyBytes(dst, src, n, direction) that also returns XXH3_64bits(src, n), in one pass (for
 // blobs). The caller issues copyFence() as with copyBytes.

@@ -285,5 +285,34 @@ TEST(BlockSum, CopyBytesSummedEqualsCopyThenXxh3) {
   }
 }
 
+TEST(BlockSum, CopyRunsSummedCopiesTheRunsAndSumsTheWholeBlock) {
+  // A reader's verified copy: some runs of a block out, every byte of it into the checksum.
+  std::mt19937_64 rng(5);
+  for (const Config& c : configs()) {
+    ScopedConfig scoped(c);
+    for (size_t n : {100u, 241u, 4096u, 65536u, 262144u}) {
+      AlignedBuffer block(n);
+      fillRandom(block.at(0), n, rng);
+      // Runs of every shape: none, the whole block, and odd pieces with gaps between them.
+      std::vector<std::vector<std::pair<uint64_t, uint64_t>>> shapes = {
+          {}, {{0, n}}, {{1, n / 3}, {n / 2, n / 5 + 1}, {n - 7, 7}}, {{0, 64}, {64, n - 64}}};
+      for (const auto& shape : shapes) {
+        std::vector<uint8_t> out(n + 1, 0xCD);
+        std::vector<CopyRun> runs;
+        for (const auto& [offset, bytes] : shape)
+          runs.push_back({offset, bytes, out.data() + offset});
+        const uint64_t sum = copyRunsSummed(block.at(0), n, runs, CopyDirection::kOutOfPool);
+        copyFence();
+        EXPECT_EQ(sum, XXH3_64bits(block.at(0), n)) << c.name() << " n " << n;
+        std::vector<uint8_t> want(n + 1, 0xCD);
+        for (const auto& [offset, bytes] : shape) {
+          std::memcpy(want.data() + offset, block.at(offset), bytes);
+        }
+        EXPECT_EQ(out, want) << c.name() << " n " << n << ": only the runs are copied";
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvtier::kernels

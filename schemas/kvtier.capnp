@@ -205,6 +205,8 @@ struct Stats {
   lookupPeerMessagesMax @61 :UInt64;  # the most one remote lookup sent
   directoryQueries @62 :UInt64;     # who-holds queries this node answered as a directory home
   directoryKeys @63 :UInt64;        # distinct keys this node is the first directory home of
+  blocksCorrupt @64 :UInt64;        # blocks in memory a reader found differing from their writer's
+                                    # checksum (checked again here): out of the index, freed
 }
 
 interface Daemon {
@@ -245,17 +247,20 @@ interface Space {
   # one for each block this put completes, in order.
 
   get @1 (seq :Text, begin :UInt64, end :UInt64 = 0xffffffffffffffff, inline :Bool)
-      -> (lease :ReadLease, blocks :List(BlockRef), firstPosition :UInt64, end :UInt64, data :List(Data));
+      -> (lease :ReadLease, blocks :List(BlockRef), firstPosition :UInt64, end :UInt64, data :List(Data),
+          sums :List(UInt64));
+  # `sums`: each block's checksum from its writer (xxh3-64 of the block), for the reader to check
+  # its copy against; 0 where there is none (a partial block's, a GPU block's).
 
   lookup @2 (tokens :List(UInt32), keys :List(Data), bindSeq :Text, options :SeqOptions, inline :Bool,
              remote :RemoteMode)
       -> (matchedTokens :UInt64, lease :ReadLease, blocks :List(BlockRef), data :List(Data),
-          stateBlocks :UInt32, stateSums :List(UInt64));
+          stateBlocks :UInt32, sums :List(UInt64));
   # Longest prefix made of sealed full blocks. With bindSeq, that prefix also becomes the sequence.
+  # `sums`: each block's checksum from its writer, as get's.
   # In a namespace whose layout has a state (and without bindSeq): the deepest prefix whose state
-  # is cached too; the last `stateBlocks` of `blocks` are that state's chunks, `stateSums` their
-  # writer's checksums (docs/cache-shapes.md), the blocks before them cover the whole blocks of
-  # [0, matchedTokens).
+  # is cached too; the last `stateBlocks` of `blocks` are that state's chunks
+  # (docs/cache-shapes.md), the blocks before them cover the whole blocks of [0, matchedTokens).
 
   copyPrefix @3 (src :Text, dst :Text, len :UInt64, options :SeqOptions) -> ();
   remove @4 (seq :Text, begin :UInt64, end :UInt64 = 0xffffffffffffffff) -> ();
@@ -300,6 +305,11 @@ interface Space {
   # one checksum per chunk). Found by content: any lookup of a prompt beginning with those tokens.
   putState @22 (tokens :List(UInt32), keys :List(Data))
       -> (lease :WriteLease, blocks :List(BlockRef), position :UInt64);
+
+  reportCorrupt @23 (refs :List(BlockRef)) -> (dropped :UInt32);
+  # Blocks whose bytes a reader found differing from their checksum (get's or lookup's sums). The
+  # daemon checks each itself; those that differ leave the index and are freed once nothing holds
+  # them (counted: Stats.blocksCorrupt). At most 4096 references.
 
   # Position-independent entries (encoder outputs, image embeddings): content-keyed blobs.
   putEntry @18 (key :Data, bytes :UInt64) -> (lease :WriteLease, block :BlockRef);

@@ -138,6 +138,7 @@ void BlockPool::release(BlockId id) {
   m.spilling = false;
   m.replicaSettles = 0;
   m.summed = false;
+  m.corrupt = false;
   m.nextFree = c.freeHead;
   c.freeHead = id;
   c.used--;

@@ -73,6 +73,9 @@ struct BlockMeta {
   // The block's checksum (BlockPool::checksum) is set: taken from its writer when it was sealed,
   // or carried with its bytes from the disk or another node. Cleared when the block is released.
   bool summed : 1 = false;
+  // Its bytes were found to differ from its checksum: out of the index, freed (never cached
+  // again) once nothing holds it (Engine::dropCorrupt).
+  bool corrupt : 1 = false;
 };
 static_assert(sizeof(BlockMeta) == 64);
 

@@ -130,13 +130,13 @@ void Engine::unpinTailFirst(std::span<const BlockId> blocks) {
 
 void Engine::settle(BlockId id) {
   BlockMeta& m = pool_[id];
-  if (m.state == BlockState::kSealed) {
+  if (m.state == BlockState::kSealed && !m.corrupt) {
     const bool replica = m.replicaSettles > 0;
     if (replica) --m.replicaSettles;
     cacheInsert(id, replica);
     // The cold tier takes host blocks: GPU blocks reach it through the host pool.
     if (cold_ && !m.onDisk && !m.entry && pool_.tierOf(id) == 0) dirty_.push_back(id);
-  } else {
+  } else if (!m.spilling) {  // a corrupt block the cold tier is writing: finishSpill frees it
     pool_.release(id);
   }
 }
@@ -841,7 +841,12 @@ Result<ReadGrant> Engine::get(SpaceId space, std::string_view name, uint64_t beg
     }
   }
   grant.blocks.reserve(blocks.size());
-  for (BlockId id : blocks) grant.blocks.push_back(pool_.location(id));
+  for (BlockId id : blocks) {
+    grant.blocks.push_back(pool_.location(id));
+    // A sealed block's writer's checksum; a partial block has none (its bytes may still grow).
+    const BlockMeta& m = pool_[id];
+    grant.sums.push_back(m.state == BlockState::kSealed ? pool_.checksum(id).value_or(0) : 0);
+  }
   bytesGot_ += (end - begin) * spaces_[space].info.layout.tokenKvBytes();
   grant.lease = newReadLease(std::move(blocks));
   return grant;
@@ -968,6 +973,10 @@ Result<LookupResult> Engine::lookup(OwnerId owner, SpaceId space, std::span<cons
   }
   result.blocks.reserve(blocks.size());
   for (BlockId id : blocks) result.blocks.push_back(pool_.location(id));
+  if (who == LookupFor::kClient) {
+    result.sums.reserve(blocks.size());
+    for (BlockId id : blocks) result.sums.push_back(pool_.checksum(id).value_or(0));
+  }
   if (who == LookupFor::kPeer) {
     for (BlockId id : blocks) result.checksums.push_back(pool_.checksum(id));
   }
@@ -1138,6 +1147,46 @@ void Engine::endOwner(OwnerId owner) {
   }
 }
 
+size_t Engine::dropCorrupt(SpaceId space, std::span<const BlockLocation> refs) {
+  if (!checkSpace(space)) return 0;
+  size_t dropped = 0;
+  for (const BlockLocation& ref : refs) {
+    const BlockId id = pool_.find(ref.extent, ref.offset);
+    if (id == kNoBlock) continue;
+    BlockMeta& m = pool_[id];
+    if (m.generation != ref.generation || m.state != BlockState::kSealed || m.space != space ||
+        m.corrupt || !memory_.hostAddressable(m.extent)) {
+      continue;
+    }
+    // The reader's word is not taken: the engine sums the bytes itself.
+    const auto sum = pool_.checksum(id);
+    if (!sum || blockChecksum(memory_.blockData(m), pool_.classBytes(m.sizeClass)) == *sum) {
+      continue;
+    }
+    markCorrupt(id, space);
+    ++dropped;
+  }
+  return dropped;
+}
+
+void Engine::markCorrupt(BlockId id, SpaceId space) {
+  BlockMeta& m = pool_[id];
+  m.corrupt = true;
+  ++corruptBlocks_;
+  if (m.entry) {
+    entries_.erase(IndexKey{space, m.key});
+  } else if (index_.find(space, m.key) == id) {
+    index_.erase(space, m.key);
+    if (observer_) observer_->blockUnindexed(space, m.key);
+  }
+  // Cached and free to go: freed now (or, while the cold tier writes it, when that is done).
+  // Held or pinned: freed when the last holder lets go (settle), never cached again.
+  if (m.refs == 0 && m.pins == 0) {
+    cacheErase(id);
+    if (!m.spilling) pool_.release(id);
+  }
+}
+
 EngineStats Engine::stats() const {
   EngineStats s;
   for (uint32_t cls = 0; cls < pool_.classCount(); ++cls) {
@@ -1157,6 +1206,7 @@ EngineStats Engine::stats() const {
   s.hits = hits_;
   s.misses = misses_;
   s.evictions = evictions_;
+  s.corruptBlocks = corruptBlocks_;
   s.readLeases = readLeases_.size();
   s.snapshots = snapshots_.size();
   s.spilled = spilled_;

@@ -79,6 +79,9 @@ struct ReadGrant {
   uint64_t firstPosition = 0;
   uint64_t end = 0;
   std::vector<BlockLocation> blocks;
+  // Each block's checksum from its writer, for the reader to verify its copy against (0: none,
+  // e.g. a partial block, which is not sealed; a GPU block's).
+  std::vector<uint64_t> sums;
 };
 
 struct BlobGrant {  // a checkpoint or an entry: one blob
@@ -111,6 +114,11 @@ struct LeftMemory {
 struct MoveTicket {
   BlockId from = kNoBlock, to = kNoBlock;
   BlockLocation src, dst;
+  // The block's checksum, which the copy's end in host memory must match once copied (the
+  // source of a promotion, the copy of a demotion); 0: nothing to check (a GPU block without
+  // one).
+  uint64_t sum = 0;
+  bool sumOfSource = false;
 };
 
 // A cold block being read back into a fresh pool block (pinned until finishPromote).
@@ -189,11 +197,13 @@ struct LookupResult {
   // For a peer's lookup (LookupFor::kPeer): each block's checksum from its writer, served with
   // it for the fetcher to verify (unset where the block has none: a GPU block's).
   std::vector<std::optional<uint64_t>> checksums = {};
+  // A client's lookup: each block's checksum from its writer, for the reader to verify its copy
+  // against (0: none, a GPU block's).
+  std::vector<uint64_t> sums = {};
   // A client's lookup in a namespace with prefix states (Layout::stateBytes): the last
-  // `stateBlocks` of `blocks` are the chunks of the state captured at matchedTokens (each with its
-  // writer's checksum in stateSums); the blocks before them cover [0, matchedTokens / B * B).
+  // `stateBlocks` of `blocks` are the chunks of the state captured at matchedTokens; the blocks
+  // before them cover [0, matchedTokens / B * B).
   uint32_t stateBlocks = 0;
-  std::vector<uint64_t> stateSums = {};
 };
 
 struct SpaceInfo {
@@ -213,6 +223,7 @@ struct EngineStats {
   uint64_t blocksTotal = 0, blocksUsed = 0, blocksPinned = 0, blocksCached = 0;
   uint64_t bytesTotal = 0, bytesUsed = 0;
   uint64_t hits = 0, misses = 0, evictions = 0;
+  uint64_t corruptBlocks = 0;  // Engine::dropCorrupt
   uint64_t sequences = 0, readLeases = 0, writeLeases = 0;
   uint64_t snapshots = 0, entries = 0, checkpoints = 0;
   uint64_t spilled = 0, promoted = 0, coldHits = 0, evictedUnspilled = 0;
@@ -490,7 +501,10 @@ class Engine {
   // After the copies: a moved block's index entry names its new block and the old block is freed.
   // A block that someone took meanwhile (a sequence, a lease) stays where it was; the copy is
   // freed.
-  void finishMoves(std::span<const MoveTicket> tickets, bool copied);
+  // `damaged[i]`: ticket i's bytes in host memory did not match its checksum after the copy: the
+  // move does not take and the source block is dropped as corrupt (as dropCorrupt does).
+  void finishMoves(std::span<const MoveTicket> tickets, bool copied,
+                   std::span<const uint8_t> damaged = {});
   // --- Snapshot persistence (docs/cache-shapes.md). With a cold directory set, every new snapshot
   // waits to be written (write-behind); a snapshot rebuilt from disk is written already.
   // Snapshots waiting, oldest first, until they cover `maxBlocks` blocks (at least one snapshot
@@ -541,6 +555,14 @@ class Engine {
 
   // Removes the sequences `owner` created that are not detached (its session ended).
   void endOwner(OwnerId owner);
+
+  // A reader found the bytes of these sealed blocks of `space` differ from their writer's
+  // checksum (a memory fault, a stray write). Each one whose bytes really differ now — the engine
+  // sums them itself; a reference that is stale, unsealed, in GPU memory or whose bytes check out
+  // is passed over — leaves the prefix index at once (no lookup finds it again; a copy on disk
+  // serves the next one) and is freed when nothing holds it. Returns how many it dropped.
+  size_t dropCorrupt(SpaceId space, std::span<const BlockLocation> refs);
+  uint64_t corruptBlocks() const { return corruptBlocks_; }
 
   EngineStats stats() const;
   BlockPool& pool() { return pool_; }
@@ -630,6 +652,9 @@ class Engine {
   bool reachable(BlockId id, int servedTier) const;
   // A move of `from`'s bytes into the fresh block `to`, both pinned until finishMoves.
   MoveTicket beginMove(BlockId from, BlockId to);
+  // Sealed block `id` of `space` holds bytes other than its writer's: out of the index now,
+  // freed once nothing holds it (never cached again), counted.
+  void markCorrupt(BlockId id, SpaceId space);
   uint32_t blockTokens(SpaceId space) const { return spaces_[space].info.layout.blockTokens; }
 
   // Allocation with eviction: a fresh block of the space's class (or of `cls`), or kNoBlock when
@@ -812,6 +837,7 @@ class Engine {
   uint64_t nextVersion_ = 1;
   uint64_t pinnedBlocks_ = 0;
   uint64_t hits_ = 0, misses_ = 0, evictions_ = 0, bytesPut_ = 0, bytesGot_ = 0;
+  uint64_t corruptBlocks_ = 0;
 };
 
 }  // namespace kvtier

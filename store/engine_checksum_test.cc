@@ -160,5 +160,69 @@ TEST_F(EngineChecksumTest, ASnapshotCarriesTheChecksumsOfItsSealedBlocksAndCheck
   ASSERT_TRUE(engine_->releaseRead(pin->lease).ok());
 }
 
+TEST_F(EngineChecksumTest, ABlockReportedCorruptIsDroppedOnlyWhenItsBytesDisagree) {
+  const auto t = toks(48, 300);  // three whole blocks, checksums taken by the engine
+  ASSERT_TRUE(putWith("s", t, {}).ok());
+  ASSERT_TRUE(engine_->remove(space_, "s", 0, kEnd).ok());
+  const uint64_t used = engine_->stats().blocksUsed;
+  auto r = engine_->lookup(kOwner, space_, t, {}, "", SeqOptions{});
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->blocks.size(), 3u);
+  // A client lookup carries each block's checksum, for the reader to check its copy with.
+  ASSERT_EQ(r->sums.size(), 3u);
+  EXPECT_EQ(r->sums[1], blockChecksum(at(r->blocks[1]), layout_.blockBytes()));
+  // A reader's report is not taken on its word: intact bytes stay.
+  const BlockLocation one[] = {r->blocks[1]};
+  EXPECT_EQ(engine_->dropCorrupt(space_, one), 0u);
+  EXPECT_EQ(engine_->stats().corruptBlocks, 0u);
+  // A byte changes in the pool: the block leaves the index at once, and the pool when the
+  // reader lets it go.
+  at(r->blocks[1])[100] ^= 1;
+  EXPECT_EQ(engine_->dropCorrupt(space_, one), 1u);
+  EXPECT_EQ(engine_->dropCorrupt(space_, one), 0u);  // counted once
+  EXPECT_EQ(engine_->stats().corruptBlocks, 1u);
+  // References to nothing, of another generation or another space drop nothing.
+  BlockLocation stale = r->blocks[0];
+  ++stale.generation;
+  const BlockLocation others[] = {stale,
+                                  {0, 1u << 30, static_cast<uint32_t>(layout_.blockBytes()), 1}};
+  EXPECT_EQ(engine_->dropCorrupt(space_, others), 0u);
+  EXPECT_EQ(engine_->dropCorrupt(space_ + 1, std::span<const BlockLocation>(&r->blocks[0], 1)), 0u);
+  ASSERT_TRUE(engine_->releaseRead(r->lease).ok());
+  EXPECT_EQ(engine_->stats().blocksUsed, used - 1);
+  // The next lookup stops before it; the prefix is whole again once someone writes it.
+  auto after = engine_->lookup(kOwner, space_, t, {}, "", SeqOptions{});
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->blocks.size(), 1u);
+  ASSERT_TRUE(engine_->releaseRead(after->lease).ok());
+  ASSERT_TRUE(putWith("s", t, {}).ok());
+  ASSERT_TRUE(engine_->remove(space_, "s", 0, kEnd).ok());
+  auto again = engine_->lookup(kOwner, space_, t, {}, "", SeqOptions{});
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->blocks.size(), 3u);
+  EXPECT_EQ(readTag(layout_, at(again->blocks[1]), 0), std::optional<uint32_t>{316});
+  ASSERT_TRUE(engine_->releaseRead(again->lease).ok());
+}
+
+TEST_F(EngineChecksumTest, ACorruptBlockASequenceHoldsLeavesTheIndexAndThePoolWhenItIsRemoved) {
+  const auto t = toks(32, 700);
+  ASSERT_TRUE(putWith("s", t, {}).ok());
+  const uint64_t used = engine_->stats().blocksUsed;
+  auto r = engine_->lookup(kOwner, space_, t, {}, "", SeqOptions{});
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->blocks.size(), 2u);
+  at(r->blocks[0])[7] ^= 0x80;
+  EXPECT_EQ(engine_->dropCorrupt(space_, std::span<const BlockLocation>(&r->blocks[0], 1)), 1u);
+  ASSERT_TRUE(engine_->releaseRead(r->lease).ok());
+  EXPECT_EQ(engine_->stats().blocksUsed, used);  // the sequence still holds it
+  auto miss = engine_->lookup(kOwner, space_, t, {}, "", SeqOptions{});
+  ASSERT_TRUE(miss.ok());
+  EXPECT_TRUE(miss->blocks.empty());
+  // Removed, the damaged block is freed, never cached; its intact successor is cached.
+  ASSERT_TRUE(engine_->remove(space_, "s", 0, kEnd).ok());
+  EXPECT_EQ(engine_->stats().blocksUsed, used - 1);
+  EXPECT_EQ(engine_->stats().blocksCached, 1u);
+}
+
 }  // namespace
 }  // namespace kvtier

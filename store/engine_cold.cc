@@ -70,6 +70,10 @@ void Engine::finishSpill(std::span<const SpillItem> items, bool written) {
     BlockMeta& m = pool_[item.block];
     assert(m.spilling && m.state == BlockState::kSealed);
     m.spilling = false;
+    if (m.corrupt) {  // found bad while it was written (its record fails its check when read)
+      if (m.refs == 0 && m.pins == 0) pool_.release(item.block);
+      continue;
+    }
     if (written) {
       m.onDisk = true;
       ++spilled_;

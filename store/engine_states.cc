@@ -313,11 +313,7 @@ void Engine::answerWithState(SpaceId space, std::span<const uint32_t> tokens,
   result.matchedTokens = state.position;
   blocks.resize(spaces_[space].info.layout.hasKv() ? state.position / bt : 0);
   result.stateBlocks = static_cast<uint32_t>(state.chunks.size());
-  for (const Key128& key : state.chunks) {
-    const BlockId b = index_.find(space, key);
-    blocks.push_back(b);
-    result.stateSums.push_back(pool_.checksum(b).value_or(0));
-  }
+  for (const Key128& key : state.chunks) blocks.push_back(index_.find(space, key));
 }
 
 }  // namespace kvtier

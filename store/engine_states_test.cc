@@ -113,7 +113,7 @@ class EngineStates : protected EngineHarness, public ::testing::Test {
     const uint32_t partial = layout_.hasKv() ? static_cast<uint32_t>(a.position % kBt) : 0;
     const size_t whole = layout_.hasKv() ? a.position / kBt : 0;
     a.whole = r->stateBlocks == layout_.stateChunks(partial) &&
-              r->blocks.size() == whole + r->stateBlocks && r->stateSums.size() == r->stateBlocks;
+              r->blocks.size() == whole + r->stateBlocks && r->sums.size() == r->blocks.size();
     // The blocks hold the tokens' tags; the partial block's first slots too.
     for (size_t b = 0; a.whole && b < whole; ++b) {
       for (uint32_t s = 0; s < kBt; ++s) {
@@ -123,7 +123,7 @@ class EngineStates : protected EngineHarness, public ::testing::Test {
     std::vector<uint8_t> payload;
     for (uint32_t j = 0; a.whole && j < r->stateBlocks; ++j) {
       const uint8_t* chunk = at(r->blocks[whole + j]);
-      a.whole = blockChecksum(chunk, layout_.chunkBytes()) == r->stateSums[j];
+      a.whole = blockChecksum(chunk, layout_.chunkBytes()) == r->sums[whole + j];
       payload.insert(payload.end(), chunk, chunk + layout_.chunkBytes());
     }
     for (uint32_t s = 0; a.whole && s < partial; ++s) {

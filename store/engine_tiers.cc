@@ -13,7 +13,18 @@ namespace kvtier {
 MoveTicket Engine::beginMove(BlockId from, BlockId to) {
   pin(from);
   pin(to);
-  return MoveTicket{from, to, pool_.location(from), pool_.location(to)};
+  MoveTicket t{from, to, pool_.location(from), pool_.location(to)};
+  // A demotion checks the copy it made in the host pool (what the GPU held, as it arrived); a
+  // promotion checks its source there, after the copy.
+  if (const auto sum = pool_.checksum(from)) {
+    if (pool_.tierOf(to) == 0) {
+      t.sum = *sum;
+    } else if (pool_.tierOf(from) == 0) {
+      t.sum = *sum;
+      t.sumOfSource = true;
+    }
+  }
+  return t;
 }
 
 std::vector<MoveTicket> Engine::takeDemoteBatch(uint8_t tier, size_t max, double lowWater) {
@@ -56,11 +67,20 @@ std::vector<MoveTicket> Engine::beginMovesTo(SpaceId space, std::span<const Key1
   return out;
 }
 
-void Engine::finishMoves(std::span<const MoveTicket> tickets, bool copied) {
-  for (const MoveTicket& t : tickets) {
+void Engine::finishMoves(std::span<const MoveTicket> tickets, bool copied,
+                         std::span<const uint8_t> damaged) {
+  for (size_t i = 0; i < tickets.size(); ++i) {
+    const MoveTicket& t = tickets[i];
     BlockMeta& src = pool_[t.from];
     BlockMeta& dst = pool_[t.to];
     assert(src.pins > 0 && dst.pins > 0 && dst.state == BlockState::kWriting);
+    if (i < damaged.size() && damaged[i]) {
+      // The bytes were not the writer's: they reach no one, in either tier.
+      if (src.state == BlockState::kSealed && !src.corrupt) markCorrupt(t.from, src.space);
+      unpin(t.from);
+      unpin(t.to);
+      continue;
+    }
     const bool take = copied && src.state == BlockState::kSealed && src.refs == 0 &&
                       src.pins == 1 && index_.find(src.space, src.key) == t.from;
     if (!take) {

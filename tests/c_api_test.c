@@ -765,6 +765,52 @@ static int test_threads(void) {
   return 0;
 }
 
+/* A byte of a block changed in the pool (a stray write of another process of the same user): a
+ * copy or a check of that block is CHECKSUM_MISMATCH, and the daemon, told, drops the block, so
+ * the next lookup stops before it. */
+static int test_corrupt_block(void) {
+  enum { n = 48 };
+  kvtier_client* client = NULL;
+  kvtier_space* space = NULL;
+  kvtier_read_handle* hit = NULL;
+  kvtier_handle_info info;
+  uint32_t tokens[n];
+  static uint8_t kv[n * kTokenKvBytes], out[n * kTokenKvBytes], want[n * kTokenKvBytes];
+  const void* data = NULL;
+  size_t bytes = 0;
+  char* json = NULL;
+
+  if (connect_and_open("c-api/corrupt-block", 0, &client, &space)) return 1;
+  fill_tokens(tokens, n, 9);
+  fill_kv(kv, sizeof kv, 9);
+  CHECK_OK(kvtier_put(space, "r", 0, tokens, n, kv, sizeof kv, NULL, NULL));
+  CHECK_OK(kvtier_remove(space, "r", 0, KVTIER_END));
+  CHECK_OK(kvtier_lookup(space, tokens, n, NULL, &hit));
+  CHECK_OK(kvtier_read_verify(hit, 2));
+  CHECK_CODE(kvtier_read_verify(hit, 3), KVTIER_INVALID_ARGUMENT);
+  CHECK_OK(kvtier_read_block(hit, 1, &data, &bytes));
+  ((uint8_t*)data)[bytes / 2] ^= 0x08;
+  CHECK_CODE(kvtier_read_verify(hit, 1), KVTIER_CHECKSUM_MISMATCH);
+  CHECK_CODE(kvtier_read_copy(hit, 0, n, out, sizeof out), KVTIER_CHECKSUM_MISMATCH);
+  CHECK(strstr(kvtier_last_error(), "positions from 16") != NULL);
+  kvtier_read_destroy(hit);
+  CHECK_OK(kvtier_client_stats_json(client, &json));
+  CHECK(strstr(json, "\"corrupt\": 1}") != NULL);
+  kvtier_free(json);
+  CHECK_OK(kvtier_lookup(space, tokens, n, NULL, &hit));
+  CHECK_OK(kvtier_read_info(hit, &info));
+  CHECK(info.end == 16 && info.block_count == 1);
+  CHECK_OK(kvtier_read_copy(hit, 0, 16, out, 16 * kTokenKvBytes));
+  pack_range(kv, n, 0, 16, want);
+  CHECK(memcmp(out, want, 16 * kTokenKvBytes) == 0);
+  CHECK_OK(kvtier_read_release(hit));
+  CHECK_CODE(kvtier_read_verify(hit, 0), KVTIER_RELEASED);
+  kvtier_read_destroy(hit);
+  kvtier_space_destroy(space);
+  kvtier_client_destroy(client);
+  return 0;
+}
+
 struct test_case {
   const char* name;
   int (*run)(void);
@@ -782,6 +828,7 @@ static const struct test_case kCases[] = {
     {"Fork", test_fork},
     {"InlineClient", test_inline_client},
     {"Threads", test_threads},
+    {"CorruptBlock", test_corrupt_block},
 };
 
 int main(int argc, char** argv) {

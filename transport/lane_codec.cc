@@ -70,8 +70,10 @@ void appendLeases(std::vector<uint8_t>& out, uint16_t op, std::span<const uint64
 }
 
 // A lookup's or a put's grant: a position, the lease and the blocks.
+// A grant's body: position, lease, the blocks, then (a lookup's) their checksums, one each.
 void appendGrant(std::vector<uint8_t>& out, uint16_t op, uint64_t id, uint64_t position,
-                 uint64_t lease, std::span<const BlockLocation> blocks) {
+                 uint64_t lease, std::span<const BlockLocation> blocks,
+                 std::span<const uint64_t> sums = {}) {
   const size_t at = begin(out, static_cast<uint16_t>(op | kReply), id);
   put(out, uint32_t{0});
   put(out, static_cast<uint32_t>(blocks.size()));
@@ -79,7 +81,7 @@ void appendGrant(std::vector<uint8_t>& out, uint16_t op, uint64_t id, uint64_t p
   put(out, lease);
   // One resize for all the blocks (a put or lookup names up to 65,536).
   const size_t first = out.size();
-  out.resize(first + blocks.size() * kBlockBytes);
+  out.resize(first + blocks.size() * kBlockBytes + sums.size() * 8);
   uint8_t* p = out.data() + first;
   for (const BlockLocation& b : blocks) {
     std::memcpy(p, &b.extent, 4);
@@ -88,13 +90,15 @@ void appendGrant(std::vector<uint8_t>& out, uint16_t op, uint64_t id, uint64_t p
     std::memcpy(p + 16, &b.generation, 8);
     p += kBlockBytes;
   }
+  if (!sums.empty()) std::memcpy(p, sums.data(), sums.size() * 8);
   finish(out, at);
 }
 
 Status readGrant(Reader& r, uint32_t n, uint64_t& position, uint64_t& lease,
-                 std::vector<BlockLocation>& blocks) {
+                 std::vector<BlockLocation>& blocks, std::vector<uint64_t>* sums = nullptr) {
   if (!r.get(position) || !r.get(lease)) return malformed("short reply");
-  if (n > kMaxBlocksPerLease || r.left() != size_t{n} * kBlockBytes) {
+  const size_t each = kBlockBytes + (sums ? 8 : 0);
+  if (n > kMaxBlocksPerLease || r.left() != size_t{n} * each) {
     return malformed("reply size does not match its count");
   }
   blocks.resize(n);
@@ -103,6 +107,10 @@ Status readGrant(Reader& r, uint32_t n, uint64_t& position, uint64_t& lease,
     r.get(b.bytes);
     r.get(b.offset);
     r.get(b.generation);
+  }
+  if (sums) {
+    sums->resize(n);
+    for (uint64_t& sum : *sums) r.get(sum);
   }
   return {};
 }
@@ -183,7 +191,10 @@ void appendSyncReply(std::vector<uint8_t>& out, uint64_t id) {
 }
 
 void appendLookupReply(std::vector<uint8_t>& out, uint64_t id, const LookupReply& reply) {
-  appendGrant(out, kLookup, id, reply.matchedTokens, reply.lease, reply.blocks);
+  // Every block has its entry (0: no checksum).
+  std::vector<uint64_t> sums = reply.sums;
+  sums.resize(reply.blocks.size(), 0);
+  appendGrant(out, kLookup, id, reply.matchedTokens, reply.lease, reply.blocks, sums);
 }
 
 void appendPutReply(std::vector<uint8_t>& out, uint64_t id, const PutReply& reply) {
@@ -303,7 +314,7 @@ Result<std::vector<uint64_t>> decodeLeases(std::span<const uint8_t> body) {
 Result<Result<LookupReply>> decodeLookupReply(std::span<const uint8_t> body) {
   return decodeAnswer<LookupReply>(body, [](Reader& r, uint32_t n) -> Result<LookupReply> {
     LookupReply reply;
-    if (auto s = readGrant(r, n, reply.matchedTokens, reply.lease, reply.blocks); !s) {
+    if (auto s = readGrant(r, n, reply.matchedTokens, reply.lease, reply.blocks, &reply.sums); !s) {
       return s.error();
     }
     return reply;

@@ -34,7 +34,7 @@ namespace kvtier::lane {
 static_assert(std::endian::native == std::endian::little, "the lane's frames are little-endian");
 
 inline constexpr uint32_t kMagic = 0x4C46564B;  // the bytes "KVFL"
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;         // 2: lookup replies carry the blocks' checksums
 inline constexpr size_t kTokenBytes = 16;
 
 struct Attach {
@@ -83,6 +83,8 @@ struct LookupReply {
   uint64_t matchedTokens = 0;
   uint64_t lease = 0;  // 0 when nothing matched
   std::vector<BlockLocation> blocks;
+  // Each block's checksum from its writer (0: none); on the wire after the blocks, 8 bytes each.
+  std::vector<uint64_t> sums;
 };
 
 // A put as the client names it (views of its own data).

@@ -44,7 +44,7 @@ TEST(LaneCodec, LookupRoundTrips) {
 }
 
 TEST(LaneCodec, ReplyRoundTripsAndCarriesTypedErrors) {
-  LookupReply reply{48, 9, {{1, 4096, 65536, 7}, {0, 0, 65536, 1}}};
+  LookupReply reply{48, 9, {{1, 4096, 65536, 7}, {0, 0, 65536, 1}}, {0x1234, 0}};
   std::vector<uint8_t> frames;
   appendLookupReply(frames, 5, reply);
   Header h;
@@ -55,6 +55,7 @@ TEST(LaneCodec, ReplyRoundTripsAndCarriesTypedErrors) {
   EXPECT_EQ((*decoded)->matchedTokens, 48u);
   EXPECT_EQ((*decoded)->lease, 9u);
   EXPECT_EQ((*decoded)->blocks, reply.blocks);
+  EXPECT_EQ((*decoded)->sums, reply.sums);  // each block's writer's checksum (0: none)
 
   frames.clear();
   appendErrorReply(frames, kLookup, 6, makeError(ErrorCode::kNotFound, "no such thing"));
@@ -150,7 +151,7 @@ TEST(LaneCodec, PutAndCommitRoundTrip) {
 TEST(LaneCodec, EveryTruncationOrExtensionIsRefused) {
   std::vector<uint8_t> lookup, reply, release, put, putReply, commit, commitReply;
   appendLookup(lookup, 1, 1, 0, std::vector<uint32_t>{1, 2, 3}, std::vector<Key128>{key(3)});
-  appendLookupReply(reply, 1, {16, 1, {{0, 0, 4096, 1}}});
+  appendLookupReply(reply, 1, {16, 1, {{0, 0, 4096, 1}}, {0x1234}});
   appendRelease(release, std::vector<uint64_t>{5, 6});
   appendPut(put, 2, {1, "s", 0, std::vector<uint32_t>{1, 2}, std::vector<Key128>{key(4)}});
   appendPutReply(putReply, 2, {0, 3, {{0, 0, 4096, 1}}});

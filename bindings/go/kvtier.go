@@ -606,7 +606,9 @@ func (h *ReadHandle) Info() (HandleInfo, error) {
 }
 
 // CopyTo copies positions [from, to) into out, packed; len(out) must be
-// (to - from) * Space.TokenKVBytes().
+// (to - from) * Space.TokenKVBytes(). Each block is checked against its writer's checksum as it
+// is copied: an error matching ErrChecksumMismatch when one changed in the pool (use nothing of
+// out; the daemon drops the block, so the next lookup stops before it).
 func (h *ReadHandle) CopyTo(from, to uint64, out []byte) error {
 	return h.with(func(r *C.kvtier_read_handle) C.kvtier_code {
 		return C.kvtier_read_copy(r, C.uint64_t(from), C.uint64_t(to), bytesPtr(out), C.size_t(len(out)))

@@ -156,6 +156,20 @@ With a state inside a block: the positions past the last whole block (end % bloc
            R"doc(
 Copies positions [start, stop) (default: [begin, end)) packed into `out` (a new array when None;
 else a writable C-contiguous array of shape layout.packed_shape(stop - start)) and returns it.
+Each block is checked against its writer's checksum in the same pass as the copy:
+kvtier.ChecksumMismatch when one changed in the pool (nothing of `out` may be used; the daemon
+is told and drops the block, so the next lookup stops before it).
+)doc")
+      .def(
+          "verify",
+          [](const std::shared_ptr<ReadHandleState>& h, py::ssize_t i) {
+            h->verify(blockIndex(*h, i));
+          },
+          "index"_a, R"doc(
+Checks block `index` (negative: from the end) in the pool against its writer's checksum, for
+readers of block(i) in place: kvtier.ChecksumMismatch when its bytes changed (use none of them;
+the daemon is told, as with copy_to). Returns None when they match or the block has none (a
+partial block). kvtier.NotSupported for a block in GPU memory.
 )doc")
       .def("read_state", &readState, "out"_a = py::none(), R"doc(
 Copies the prefix state the handle holds (layout.state_bytes bytes) into `out` and returns it:

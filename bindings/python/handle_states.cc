@@ -237,6 +237,15 @@ void ReadHandleState::copyState(void* out, size_t bytes) {
   });
 }
 
+void ReadHandleState::verify(size_t i) {
+  checkOpen();
+  client().call([&] {
+    std::lock_guard lock(mu_);
+    if (!handle_) throwError(ErrorCode::kReleased, "the read handle was released");
+    unwrap(handle_->verify(i));
+  });
+}
+
 void ReadHandleState::gatherTo(uint64_t from, uint64_t to, const PagedKvCache& cache,
                                std::span<const int32_t> blockTable, void* stream) {
   checkOpen();

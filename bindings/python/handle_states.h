@@ -221,6 +221,8 @@ class ReadHandleState : public HandleState {
   // writer's checksum: CHECKSUM_MISMATCH, NOT_FOUND without a state, INVALID_ARGUMENT for another
   // size (ReadHandle::copyState). GIL released while it copies.
   void copyState(void* out, size_t bytes);
+  // ReadHandle::verify of block i (GIL released while it reads the block).
+  void verify(size_t i);
   // Space::gatherTo of [from, to) into an engine's paged cache, with this handle's space (GIL
   // released while the kernel runs).
   void gatherTo(uint64_t from, uint64_t to, const PagedKvCache& cache,

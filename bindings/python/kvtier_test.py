@@ -1556,3 +1556,35 @@ def test_importable_from_an_installed_prefix(
     assert out.returncode == 0, out.stderr
     file, ok = out.stdout.split()
     assert file.startswith(str(site)) and ok == "ok"
+
+
+def test_a_block_whose_pool_bytes_changed_is_refused_and_dropped(
+    daemon: Daemon, client: kvtier.Client, layout: kvtier.Layout, seq: str
+) -> None:
+    space = client.open(layout)
+    tokens = prompt(48)
+    kv = packed(layout, 48, seed=31)
+    space.put(seq, 0, tokens, kv)
+    space.remove(seq)  # the prefix index alone holds the blocks
+    with space.lookup(tokens) as hit:
+        ref = hit.refs[1]
+        segment = os.path.join("/dev/shm", (daemon.segment_prefix or "") + str(ref.extent))
+        if not os.path.exists(segment):
+            pytest.skip("the pool is on huge pages: its memory has no name to write through")
+        # A fault in the pool (here: another process writing its memory) changes a byte of the
+        # second block.
+        with open(segment, "r+b") as f:
+            f.seek(ref.offset + 100)
+            good = f.read(1)[0]
+            f.seek(ref.offset + 100)
+            f.write(bytes([good ^ 0x10]))
+        hit.verify(0)  # intact: returns
+        with pytest.raises(kvtier.ChecksumMismatch, match="differs from what its writer"):
+            hit.verify(1)
+        with pytest.raises(kvtier.ChecksumMismatch, match="positions from 16"):
+            hit.copy_to()
+    # The daemon checked the block itself and dropped it: the next lookup stops before it.
+    assert client.stats()["blocks"]["corrupt"] == 1
+    with space.lookup(tokens) as shorter:
+        assert shorter.matched_tokens == 16
+        np.testing.assert_array_equal(shorter.copy_to(), kv[:, :, :16])

@@ -189,7 +189,6 @@ Status PrefixCache::Impl::checkCall(llama_seq_id seq, const llama_token* tokens,
 void PrefixCache::Impl::disconnect() {
   space.reset();
   client.reset();
-  lastAttempt = Clock::now();
 }
 
 bool PrefixCache::Impl::connected() {
@@ -215,7 +214,9 @@ bool PrefixCache::Impl::connected() {
 }
 
 void PrefixCache::Impl::noteError(const Error& error) {
-  if (error.code() == ErrorCode::kUnavailable) disconnect();
+  // Only a connection that was there goes: a call refused for want of one must not push the next
+  // attempt away (an engine calling without pause would never reconnect).
+  if (error.code() == ErrorCode::kUnavailable && space) disconnect();
 }
 
 Result<std::unique_ptr<PrefixCache>> PrefixCache::open(llama_context* ctx,
@@ -432,83 +433,133 @@ Result<RestoreInfo> PrefixCache::restore(llama_seq_id seq, const llama_token* to
     return info;
   }
   // The blocks stay pinned until the copies are done: the bytes copied are the ones looked up.
-  const bool restored = m.scratchSeq >= 0 ? m.restoreStaged(seq, *hit) : m.restoreWhole(seq, *hit);
+  const auto r = m.scratchSeq >= 0 ? m.restoreStaged(seq, *hit) : m.restoreWhole(seq, *hit, cells);
   {
     Timed t(m.stats.restoreDaemonNs);
     hit->release();
   }
-  if (!restored || llama_memory_seq_pos_max(mem, seq) != static_cast<llama_pos>(cells) - 1) {
+  if (r.corrupt) ++m.stats.restoreCorrupt;
+  if (r.cells == 0 || llama_memory_seq_pos_max(mem, seq) != static_cast<llama_pos>(r.cells) - 1) {
     llama_memory_seq_rm(mem, seq, -1, -1);
-    ++m.stats.restoreFailures;
+    // A damaged block or state is a miss: nothing of it reached llama.cpp.
+    if (r.corrupt && !r.failed) {
+      ++m.stats.restoreMisses;
+    } else {
+      ++m.stats.restoreFailures;
+    }
     return info;
   }
-  info.tokens = static_cast<uint32_t>(cells);
-  info.bytes = cells * m.layout.tokenKvBytes() + m.layout.stateBytes;
-  m.stats.restoredTokens += cells;
+  info.tokens = static_cast<uint32_t>(r.cells);
+  info.bytes = r.cells * m.layout.tokenKvBytes() + m.layout.stateBytes;
+  m.stats.restoredTokens += r.cells;
   if (m.layout.hasState()) ++m.stats.statesRestored;
   return info;
 }
 
-bool PrefixCache::Impl::restoreWhole(llama_seq_id seq, const ReadHandle& hit) {
-  const uint64_t end = hit.matchedTokens();
+bool PrefixCache::Impl::drainChecked(const StateMap::Build& build, const ReadHandle& hit, size_t b,
+                                     uint64_t first, uint32_t slots, kernels::CopyMethod method) {
+  // Checked against its writer's checksum as it is copied, every byte read once: a byte that
+  // changed in the pool never reaches llama.cpp, which would compute on without a word. A block
+  // without a checksum (0) is copied as it is.
+  const uint64_t want = hit.sum(b);
+  const uint64_t got = map->drainBlock(build, first, hit.block(b).data(), slots, method, want != 0);
+  if (got == want) return true;
+  hit.reportCorrupt(b);  // the daemon drops it: the next lookup stops before it
+  return false;
+}
+
+PrefixCache::Impl::Restored PrefixCache::Impl::restoreWhole(llama_seq_id seq, const ReadHandle& hit,
+                                                            uint64_t end) {
   const uint32_t bt = layout.blockTokens;
+  const size_t blocks = layout.hasKv() ? (end + bt - 1) / bt : 0;
   const size_t bytes = map->stateBytesAt(0, end);
   std::span<uint8_t> state(scratchOf(bytes), bytes);
+  size_t bad = blocks;
   {
     Timed t(stats.restoreCopyNs);
     const StateMap::Build build = map->buildState(state, 0, end, seq);
-    for (size_t b = 0; b < hit.blockCount(); ++b) {
-      if (hit.block(b).size() != layout.chunkBytes()) return false;
+    const kernels::CopyMethod method = kernels::copyMethod(kernels::CopyDirection::kOutOfPool);
+    for (size_t b = 0; b < blocks && bad == blocks; ++b) {
+      if (hit.block(b).size() != layout.chunkBytes()) return {.failed = true};
       const uint64_t first = b * uint64_t{bt};
       const auto slots = static_cast<uint32_t>(std::min<uint64_t>(bt, end - first));
-      map->drainBlock(build, first, hit.block(b).data(), slots, true);
+      if (!drainChecked(build, hit, b, first, slots, method)) bad = b;
     }
     kernels::copyFence();
-    if (layout.hasState()) {
-      // The state, checked against its writer's checksum as it is copied: a byte that changed in
-      // the pool never reaches llama.cpp, which would compute on without a word.
+    if (bad == blocks && layout.hasState()) {
       if (auto s = hit.copyState(build.recurrent.data(), build.recurrent.size()); !s.ok()) {
-        if (s.code() == ErrorCode::kChecksumMismatch) ++stats.restoreCorrupt;
-        return false;
+        if (s.code() == ErrorCode::kChecksumMismatch) return {.corrupt = true};
+        return {.failed = true};
       }
-      if (!checkRecurrentSection(build.recurrent, end, memory.stateBytes).ok()) return false;
+      if (!checkRecurrentSection(build.recurrent, end, memory.stateBytes).ok()) {
+        return {.failed = true};
+      }
     }
+  }
+  if (bad < blocks) {
+    // A model with a state restores all or nothing; a KV cache the blocks before the bad one.
+    if (layout.hasState() || bad == 0) return {.corrupt = true};
+    Restored shorter = restoreWhole(seq, hit, bad * uint64_t{bt});
+    shorter.corrupt = true;
+    return shorter;
   }
   // llama.cpp checks the state against the context (stream count, layers, types, row sizes, V
   // arrangement) and restores nothing from one that does not match.
   Timed t(stats.restoreLlamaNs);
-  return llama_state_seq_set_data(ctx, state.data(), state.size(), seq) == bytes;
+  if (llama_state_seq_set_data(ctx, state.data(), state.size(), seq) != bytes)
+    return {.failed = true};
+  return {.cells = end};
 }
 
-bool PrefixCache::Impl::restoreStaged(llama_seq_id seq, const ReadHandle& hit) {
+PrefixCache::Impl::Restored PrefixCache::Impl::restoreStaged(llama_seq_id seq,
+                                                             const ReadHandle& hit) {
   llama_memory_t mem = llama_get_memory(ctx);
   const uint32_t bt = layout.blockTokens;
   const size_t per = stageBlocks();
+  Restored done;
   for (size_t b0 = 0; b0 < hit.blockCount(); b0 += per) {
-    const size_t n = std::min(per, hit.blockCount() - b0);
-    const uint64_t first = b0 * bt, end = first + n * bt;
-    const size_t bytes = map->stateBytesAt(first, end);
-    std::span<uint8_t> state(scratchOf(bytes), bytes);
-    {
-      Timed t(stats.restoreCopyNs);
-      const StateMap::Build build = map->buildState(state, first, end, scratchSeq);
-      for (size_t b = 0; b < n; ++b) {
-        if (hit.block(b0 + b).size() != layout.blockBytes()) return false;
-        map->drainBlock(build, first + b * bt, hit.block(b0 + b).data(), bt, false);
+    size_t n = std::min(per, hit.blockCount() - b0);
+    const uint64_t first = b0 * bt;
+    // A step whose block b0 + bad fails its check is built again without it and what follows.
+    for (;;) {
+      const uint64_t end = first + n * bt;
+      const size_t bytes = map->stateBytesAt(first, end);
+      std::span<uint8_t> state(scratchOf(bytes), bytes);
+      size_t bad = n;
+      {
+        Timed t(stats.restoreCopyNs);
+        const StateMap::Build build = map->buildState(state, first, end, scratchSeq);
+        for (size_t b = 0; b < n && bad == n; ++b) {
+          if (hit.block(b0 + b).size() != layout.blockBytes())
+            return {done.cells, done.corrupt, true};
+          // Read back at once by llama.cpp: a cached copy.
+          if (!drainChecked(build, hit, b0 + b, first + b * bt, bt, kernels::CopyMethod::kCached)) {
+            bad = b;
+          }
+        }
       }
+      if (bad < n) {
+        done.corrupt = true;
+        if (bad == 0) return done;
+        n = bad;
+        continue;
+      }
+      Timed t(stats.restoreLlamaNs);
+      const bool loaded =
+          llama_state_seq_set_data(ctx, state.data(), state.size(), scratchSeq) == bytes;
+      // In a unified KV cache a copy between sequences shares the cells: no bytes move.
+      if (loaded) {
+        llama_memory_seq_cp(mem, scratchSeq, seq, static_cast<llama_pos>(first),
+                            static_cast<llama_pos>(end));
+      }
+      llama_memory_seq_rm(mem, scratchSeq, -1, -1);
+      if (!loaded) return {done.cells, done.corrupt, true};
+      done.cells = end;
+      break;
     }
-    Timed t(stats.restoreLlamaNs);
-    const bool loaded =
-        llama_state_seq_set_data(ctx, state.data(), state.size(), scratchSeq) == bytes;
-    // In a unified KV cache a copy between sequences shares the cells: no bytes move.
-    if (loaded) {
-      llama_memory_seq_cp(mem, scratchSeq, seq, static_cast<llama_pos>(first),
-                          static_cast<llama_pos>(end));
-    }
-    llama_memory_seq_rm(mem, scratchSeq, -1, -1);
-    if (!loaded) return false;
+    if (done.corrupt) return done;
   }
-  return true;
+  return done;
 }
 
 }  // namespace kvtier::llama

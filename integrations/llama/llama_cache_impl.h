@@ -49,7 +49,7 @@ struct PrefixCache::Impl {
 
   std::unique_ptr<Client> client;
   std::unique_ptr<Space> space;     // borrows client: declared after it, destroyed before it
-  Clock::time_point lastAttempt{};  // of a connection, or when the daemon went away
+  Clock::time_point lastAttempt{};  // of a connection: the next is at most once a second later
   bool everConnected = false;
   std::string helperSeq;  // the sequence stores write through (storeImpl)
   CacheStats stats;
@@ -79,8 +79,20 @@ struct PrefixCache::Impl {
   // A result's error that means the daemon is gone drops the connection.
   void noteError(const Error& error);
 
-  bool restoreWhole(llama_seq_id seq, const ReadHandle& hit);
-  bool restoreStaged(llama_seq_id seq, const ReadHandle& hit);
+  // What a restore's copies did.
+  struct Restored {
+    uint64_t cells = 0;    // the sequence's cells now (0: nothing restored)
+    bool corrupt = false;  // a block or state failed its check (reported to the daemon, not used)
+    bool failed = false;   // llama.cpp refused the state, or the hit had another shape
+  };
+  // Restores [0, end) of the hit in one state (a KV cache: the blocks before a damaged one).
+  Restored restoreWhole(llama_seq_id seq, const ReadHandle& hit, uint64_t end);
+  // Restores the hit in steps through the scratch sequence, up to a damaged block.
+  Restored restoreStaged(llama_seq_id seq, const ReadHandle& hit);
+  // Copies block b of the hit (positions from `first`, slots [0, slots)) into the built state,
+  // checked against its writer's checksum; false (and reported) when it fails the check.
+  bool drainChecked(const StateMap::Build& build, const ReadHandle& hit, size_t b, uint64_t first,
+                    uint32_t slots, kernels::CopyMethod method);
   // Writes blocks [firstBlock, firstBlock + nBlocks) of `w`, positions from firstPos on, from a
   // parsed state.
   Status fillFromState(WriteHandle& w, size_t firstBlock, size_t nBlocks, const ParsedState& state,

@@ -41,6 +41,25 @@ class PrefixCacheChecks : public ::testing::Test {
     options_.contextParams = params_;
   }
 
+  // Opens a cache on a daemon of its own and stores `tokens` (evaluated in sequence 0); then the
+  // daemon is killed and its pool removed. Returns its data directory, where a new daemon takes
+  // the same socket.
+  std::string storeThenKillTheDaemon(std::unique_ptr<PrefixCache>& cache,
+                                     const std::vector<llama_token>& tokens) {
+    EXPECT_TRUE(sup::decode(ctx_.get(), 0, tokens, 0, tokens.size()));
+    auto first = std::make_unique<test::DaemonProcess>(64 << 20);
+    const std::string dataDir = first->dataDir(), prefix = first->segmentPrefix();
+    options_.socketPath = first->socket();
+    auto opened = PrefixCache::open(ctx_.get(), options_);
+    EXPECT_TRUE(opened.ok()) << opened.error();
+    if (!opened.ok()) return dataDir;
+    cache = std::move(opened).value();
+    EXPECT_TRUE(cache->store(0, tokens.data(), tokens.size()).ok());
+    first->stop(SIGKILL);
+    for (const auto& name : test::shmSegments(prefix)) ::shm_unlink(("/" + name).c_str());
+    return dataDir;
+  }
+
   static sup::GeneratedModel* tiny_;
   static llama_model* model_;
   llama_context_params params_{};
@@ -123,20 +142,11 @@ TEST_F(PrefixCacheChecks, BadCallsAreTypedErrorsAndChangeNothing) {
 }
 
 TEST_F(PrefixCacheChecks, TheCacheReconnectsToADaemonThatCameBack) {
-  std::string dataDir, prefix;
   auto tokens = sup::randomTokens(model_, 5, 70);
-  ASSERT_TRUE(sup::decode(ctx_.get(), 0, tokens, 0, tokens.size()));
-  auto first = std::make_unique<test::DaemonProcess>(64 << 20);
-  dataDir = first->dataDir();
-  prefix = first->segmentPrefix();
-  options_.socketPath = first->socket();
-  auto cache = PrefixCache::open(ctx_.get(), options_);
-  ASSERT_TRUE(cache.ok()) << cache.error();
-  PrefixCache& c = **cache;
-  ASSERT_TRUE(c.store(0, tokens.data(), tokens.size()).ok());
-  first->stop(SIGKILL);
-  for (const auto& name : test::shmSegments(prefix)) ::shm_unlink(("/" + name).c_str());
-  first.reset();
+  std::unique_ptr<PrefixCache> cache;
+  const std::string dataDir = storeThenKillTheDaemon(cache, tokens);
+  ASSERT_NE(cache, nullptr);
+  PrefixCache& c = *cache;
   llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, -1, -1);
   auto gone = c.restore(0, tokens.data(), tokens.size());
   ASSERT_TRUE(gone.ok());
@@ -160,6 +170,31 @@ TEST_F(PrefixCacheChecks, TheCacheReconnectsToADaemonThatCameBack) {
   EXPECT_EQ(stored->storedTokens, 64u);
   llama_memory_seq_rm(llama_get_memory(ctx_.get()), 0, -1, -1);
   EXPECT_EQ(c.restore(0, tokens.data(), tokens.size())->tokens, 64u);
+}
+
+TEST_F(PrefixCacheChecks, AnEngineCallingWithoutPauseReconnectsWithinAboutASecond) {
+  // A store loop that never pauses: every call while the daemon is gone fails at once, and none
+  // of them may push the next attempt away.
+  auto tokens = sup::randomTokens(model_, 6, 70);
+  std::unique_ptr<PrefixCache> cache;
+  const std::string dataDir = storeThenKillTheDaemon(cache, tokens);
+  ASSERT_NE(cache, nullptr);
+  PrefixCache& c = *cache;
+  for (int i = 0; i < 200; ++i) {
+    EXPECT_EQ(c.store(0, tokens.data(), tokens.size()).code(), ErrorCode::kUnavailable);
+  }
+  test::DaemonProcess second(64 << 20, dataDir);
+  const auto back = std::chrono::steady_clock::now();
+  Result<StoreInfo> stored = makeError(ErrorCode::kUnavailable, "not yet");
+  uint64_t calls = 0;
+  while (!stored.ok() && std::chrono::steady_clock::now() - back < std::chrono::seconds(10)) {
+    stored = c.store(0, tokens.data(), tokens.size());
+    ++calls;
+  }
+  // (Attempts are a second apart at most: the one after the daemon came back is within about a
+  // second of it. Before, each refused call pushed the next attempt a second away: none came.)
+  ASSERT_TRUE(stored.ok()) << "no reconnection in 10 s of " << calls << " calls";
+  EXPECT_EQ(c.stats().reconnects, 1u);
 }
 
 }  // namespace

@@ -349,8 +349,8 @@ INSTANTIATE_TEST_SUITE_P(Memories, LlamaFamilies,
                                             ::testing::Bool()),
                          nameOf);
 INSTANTIATE_TEST_SUITE_P(Memories, LlamaFamiliesCluster,
-                         ::testing::Combine(::testing::Values(kGemma2, kMamba, kLfm2),
-                                            ::testing::Values(true)),
+                         ::testing::Combine(::testing::Values(kGemma2, kMamba, kLfm2, kLfm2Swa),
+                                            ::testing::Bool()),
                          nameOf);
 INSTANTIATE_TEST_SUITE_P(Memories, LlamaRecurrentFamilies,
                          ::testing::Combine(::testing::Values(kMamba, kLfm2, kLfm2Swa),

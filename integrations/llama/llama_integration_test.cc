@@ -176,6 +176,60 @@ TEST_F(LlamaIntegration, AScratchSequenceMovesTheSameKvAFewBlocksAtATime) {
   expectSameLogits("d.0", "e.0");
 }
 
+TEST_F(LlamaIntegration, ADamagedBlockNeverReachesTheEngineThePrefixBeforeItIsRestored) {
+  // A stray write flips a byte of one block in the pool (in the middle: a K or V row). The
+  // restore checks every block against its writer's checksum as it copies it: it restores the
+  // blocks before the damaged one, the engine computes the rest, and its logits are a
+  // recompute's. The daemon is told and drops the block; the restoring process stores its prompt
+  // whole again, so a third process restores it all. In one step (flash attention on and off)
+  // and in steps through a scratch sequence, the damaged block in the second step.
+  struct Case {
+    const char* name;
+    std::vector<std::string> settings;
+    std::string stored, asked;
+    int damaged;
+    size_t before, all;
+  };
+  const std::vector<Case> cases = {
+      {"one step", {}, "1:128", "1:128+2:8", 2, 64, 128},
+      {"V transposed", {"--fa", "off"}, "3:128", "3:128+2:8", 1, 32, 128},
+      {"staged",
+       {"--scratch", "on", "--block", "16", "--ctx", "6144"},
+       "4:5000",
+       "4:5000+2:20",
+       300,
+       4800,
+       5008},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    auto with = [&](std::vector<std::string> args) {
+      args.insert(args.end(), k.settings.begin(), k.settings.end());
+      return args;
+    };
+    ASSERT_EQ(worker("store", "-", with({"--prompt", k.stored})).code, 0);
+    Run x = worker("corrupt", "-",
+                   with({"--prompt", k.asked, "--corrupt-block", std::to_string(k.damaged)}));
+    ASSERT_EQ(x.code, 0) << x.out;
+    EXPECT_TRUE(has(x.out, "corrupted block " + std::to_string(k.damaged))) << x.out;
+    const std::string before = std::to_string(k.before), all = std::to_string(k.all);
+    Run b = worker("restore", "r", with({"--prompt", k.asked, "--split", before}));
+    ASSERT_EQ(b.code, 0) << b.out;
+    EXPECT_TRUE(has(b.out, "restored " + before + " unavailable 0")) << b.out;
+    EXPECT_TRUE(has(b.out, "stats restoreCorrupt 1")) << b.out;
+    Run c = worker("recompute", "c", with({"--prompt", k.asked, "--split", before}));
+    ASSERT_EQ(c.code, 0) << c.out;
+    expectSameLogits("r.0", "c.0");
+    // b's store put its own, good, bytes where the dropped block was.
+    EXPECT_TRUE(has(b.out, "store ok")) << b.out;
+    Run d = worker("restore", "d", with({"--prompt", k.asked, "--split", before + "," + all}));
+    EXPECT_TRUE(has(d.out, "restored " + all + " unavailable 0")) << d.out;
+    EXPECT_TRUE(has(d.out, "stats restoreCorrupt 0")) << d.out;
+    Run e = worker("recompute", "e", with({"--prompt", k.asked, "--split", before + "," + all}));
+    expectSameLogits("d.0", "e.0");
+  }
+}
+
 TEST_F(LlamaIntegration, TheEngineGoesOnComputingWhenTheDaemonStopsMidRun) {
   ASSERT_EQ(worker("store", "-", {"--prompt", "1:128"}).code, 0);
   const std::string fifo = dir_.file("go");

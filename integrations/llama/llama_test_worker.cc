@@ -15,7 +15,7 @@
 //         chat        a turn: restore and prefill the prompt, then evaluate the --answer tokens
 //                     one llama_decode each (as a decode loop does) and store at the turn's end
 //         corrupt     look the prompt up as the cache would and flip one byte of its state (or,
-//                     with --corrupt-block, of its first block) in the pool, as a stray write
+//                     with --corrupt-block B, of its block B) in the pool, as a stray write
 //         prefill-loop  prefill prompts of a growing seed, one after another, until killed
 //   SPEC  SEED:LEN[+SEED:LEN...]  the concatenation of randomTokens(SEED, LEN) runs
 //   --split P[,P...]  batch boundaries (positions) of every evaluation
@@ -45,7 +45,7 @@ namespace {
 struct Args {
   std::string mode, model, socket, logits, waitFifo, adapters, answer;
   uint32_t checkpoint = 0;
-  bool corruptBlock = false;
+  int corruptBlock = -1;  // -1: the state
   std::vector<std::string> prompts;
   std::vector<size_t> splits;
   sup::ContextSettings ctx;
@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
     else if (k == "--checkpoint")
       a.checkpoint = static_cast<uint32_t>(std::stoul(v));
     else if (k == "--corrupt-block")
-      a.corruptBlock = v == "on";
+      a.corruptBlock = std::stoi(v);
     else if (k == "--threads")
       a.ctx.threads = std::stoi(v);
     else if (k == "--split") {
@@ -198,6 +198,8 @@ int main(int argc, char** argv) {
       // The daemon may have gone under us: a store then fails, and says how.
       auto r = cache->store(0, prompts[0].data(), prompts[0].size());
       std::printf("store %s\n", r.ok() ? "ok" : kvtier::errorName(r.code()));
+      std::printf("stats restoreCorrupt %llu\n",
+                  static_cast<unsigned long long>(cache->stats().restoreCorrupt));
     }
     std::printf("done\n");
     return 0;
@@ -278,6 +280,15 @@ int main(int argc, char** argv) {
     std::span<const uint32_t> keyTokens(reinterpret_cast<const uint32_t*>(p.data()), p.size() - 1);
     auto hit = space.value()->lookup(keyTokens);
     if (!hit.ok()) return fail(hit.error().toString());
+    if (a.corruptBlock >= 0) {
+      // A byte in the middle of the block: a K or V row llama.cpp would compute with.
+      const auto b = static_cast<size_t>(a.corruptBlock);
+      if (b >= hit->blockCount()) return fail("no such block");
+      auto* byte = const_cast<uint8_t*>(hit->block(b).data() + hit->block(b).size() / 2);
+      *byte ^= 0x40;
+      std::printf("corrupted block %zu\n", b);
+      return 0;
+    }
     if (!hit->hasState()) return fail("no state cached");
     const kvtier::Layout& layout = cache->layout();
     const size_t chunks = hit->stateBlockCount();

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels/block_copy.h"
+#include "kernels/block_sum.h"
 
 namespace kvtier::llama {
 
@@ -243,14 +244,19 @@ StateMap::Build StateMap::buildState(std::span<uint8_t> out, uint64_t from, uint
   return b;
 }
 
-void StateMap::drainBlock(const Build& build, uint64_t first, const uint8_t* src, uint32_t slots,
-                          bool stream) const {
-  auto copy = [stream](uint8_t* dst, const uint8_t* from, size_t n) {
-    if (stream) {
-      kernels::copyBytes(dst, from, n, kernels::CopyDirection::kOutOfPool);
-    } else {
-      std::memcpy(dst, from, n);
+void StateMap::blockRuns(const Build& build, uint64_t first, uint32_t slots,
+                         std::vector<kernels::CopyRun>& runs) const {
+  runs.clear();
+  auto add = [&runs](uint64_t offset, uint64_t bytes, uint8_t* dst) {
+    // Runs that continue one another in the block and in the state are one run.
+    if (!runs.empty()) {
+      kernels::CopyRun& last = runs.back();
+      if (last.offset + last.bytes == offset && last.dst + last.bytes == dst) {
+        last.bytes += bytes;
+        return;
+      }
     }
+    runs.push_back({offset, bytes, dst});
   };
   const uint32_t bt = layout_.blockTokens;
   for (size_t s = 0; s < shape_.kv.size(); ++s) {
@@ -263,32 +269,45 @@ void StateMap::drainBlock(const Build& build, uint64_t first, const uint8_t* src
     const StateShape& sh = shape_.kv[s];
     for (uint32_t l = 0; l < sh.nLayer; ++l) {
       const uint32_t layer = layerOffset_[s] + l;
-      const uint8_t* k = src + layout_.slotOffset(layer, 0, 0);
-      const uint8_t* v = src + layout_.slotOffset(layer, 1, 0);
+      const uint64_t k = layout_.slotOffset(layer, 0, 0), v = layout_.slotOffset(layer, 1, 0);
       uint8_t* kOut = build.slots[s].k[l] + row0 * sh.kRowBytes;
-      if (slotBytes_ == sh.kRowBytes) {
-        copy(kOut, k + slot0 * sh.kRowBytes, n * sh.kRowBytes);
-      } else {
-        for (uint32_t i = 0; i < n; ++i) {
-          std::memcpy(kOut + i * sh.kRowBytes, k + (slot0 + i) * slotBytes_, sh.kRowBytes);
-        }
+      for (uint32_t i = 0; i < n; ++i) {
+        add(k + (slot0 + i) * slotBytes_, sh.kRowBytes, kOut + i * sh.kRowBytes);
       }
       if (sh.vTrans) {
+        // llama.cpp's V without flash attention: rows of one channel over the cells.
         const uint32_t el = sh.vElemBytes;
         for (uint32_t j = 0; j < sh.nEmbdV; ++j) {
-          std::memcpy(build.slots[s].v[l] + (uint64_t{j} * build.cells[s] + row0) * el,
-                      v + (uint64_t{j} * bt + slot0) * el, uint64_t{n} * el);
+          add(v + (uint64_t{j} * bt + slot0) * el, uint64_t{n} * el,
+              build.slots[s].v[l] + (uint64_t{j} * build.cells[s] + row0) * el);
         }
-      } else if (slotBytes_ == sh.vRowBytes) {
-        copy(build.slots[s].v[l] + row0 * sh.vRowBytes, v + slot0 * sh.vRowBytes, n * sh.vRowBytes);
       } else {
+        uint8_t* vOut = build.slots[s].v[l] + row0 * sh.vRowBytes;
         for (uint32_t i = 0; i < n; ++i) {
-          std::memcpy(build.slots[s].v[l] + (row0 + i) * sh.vRowBytes, v + (slot0 + i) * slotBytes_,
-                      sh.vRowBytes);
+          add(v + (slot0 + i) * slotBytes_, sh.vRowBytes, vOut + i * sh.vRowBytes);
         }
       }
     }
   }
+  // Sections follow one another in the block; sorted all the same, as a summed copy needs.
+  if (!std::is_sorted(runs.begin(), runs.end(),
+                      [](const auto& a, const auto& b) { return a.offset < b.offset; })) {
+    std::sort(runs.begin(), runs.end(),
+              [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  }
+}
+
+uint64_t StateMap::drainBlock(const Build& build, uint64_t first, const uint8_t* src,
+                              uint32_t slots, kernels::CopyMethod method, bool summed) const {
+  thread_local std::vector<kernels::CopyRun> runs;
+  blockRuns(build, first, slots, runs);
+  if (summed) return kernels::copyRunsSummed(src, layout_.chunkBytes(), runs, method);
+  for (const kernels::CopyRun& run : runs) {
+    kernels::copyWithMethod(
+        run.dst, src + run.offset, run.bytes,
+        run.bytes >= kernels::kStreamingThreshold ? method : kernels::CopyMethod::kCached);
+  }
+  return 0;
 }
 
 }  // namespace kvtier::llama

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "integrations/llama/seq_state.h"
+#include "kernels/block_sum.h"
 #include "kvtier/error.h"
 #include "kvtier/layout.h"
 
@@ -109,10 +110,14 @@ class StateMap {
   // Bytes of such a state.
   size_t stateBytesAt(uint64_t from, uint64_t end) const;
   Build buildState(std::span<uint8_t> out, uint64_t from, uint64_t end, int32_t seq) const;
-  // Copies the slots [0, slots) of a block holding positions from `first` on into the built
-  // state, for every section that holds them. `stream`: copy with the pool's outbound method.
-  void drainBlock(const Build& build, uint64_t first, const uint8_t* src, uint32_t slots,
-                  bool stream) const;
+  // The runs of a block holding positions from `first` on that its slots [0, slots) fill in the
+  // built state, for every section that holds them, ascending in the block.
+  void blockRuns(const Build& build, uint64_t first, uint32_t slots,
+                 std::vector<kernels::CopyRun>& runs) const;
+  // Copies those runs out of block bytes `src` with `method`. `summed`: returns the XXH3 of the
+  // whole block (chunkBytes), every byte read once, to check against its writer's; else 0.
+  uint64_t drainBlock(const Build& build, uint64_t first, const uint8_t* src, uint32_t slots,
+                      kernels::CopyMethod method, bool summed) const;
 
   const MemoryShape& shape() const { return shape_; }
 

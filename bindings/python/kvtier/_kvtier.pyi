@@ -206,6 +206,7 @@ class _BlockStats(TypedDict):
     used: int
     pinned: int
     cached: int
+    corrupt: int  # blocks dropped: their bytes in the pool differed from their writer's
 
 class _ByteStats(TypedDict):
     total: int
@@ -434,6 +435,7 @@ class ReadHandle(_Pybind11Object):
     def blocks(self) -> list[Block]: ...
     def copy_to(self, start: int | None = None, stop: int | None = None,
                 out: _Kv | None = None) -> _Kv: ...
+    def verify(self, index: int) -> None: ...
     @overload
     def read_state(self, out: None = None) -> npt.NDArray[np.uint8]: ...
     @overload

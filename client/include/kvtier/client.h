@@ -91,6 +91,9 @@ struct Stats {
   uint64_t blocksTotal = 0, blocksUsed = 0, blocksPinned = 0, blocksCached = 0;
   uint64_t bytesTotal = 0, bytesUsed = 0;
   uint64_t hits = 0, misses = 0, evictions = 0;
+  // Blocks a reader found differing from their writer's checksum (checked again by the daemon):
+  // out of the index, freed.
+  uint64_t blocksCorrupt = 0;
   uint64_t clients = 0, sequences = 0, readLeases = 0, writeLeases = 0;
   uint64_t bytesPut = 0, bytesGot = 0;
   uint64_t snapshots = 0, entries = 0, checkpoints = 0;
@@ -189,8 +192,21 @@ class ReadHandle {
   }
 
   // Copies positions [from, to) into `out`, packed. INVALID_ARGUMENT if the range is outside
-  // [begin(), end()) or `bytes` is not (to - from) * layout.tokenKvBytes().
+  // [begin(), end()) or `bytes` is not (to - from) * layout.tokenKvBytes(). Each block it reads
+  // from is checked against the checksum its writer took, in the same pass as the copy (a block
+  // the writer did not seal, a partial last block, has none): CHECKSUM_MISMATCH when one differs
+  // — a fault changed the bytes in the pool; use nothing of `out` — and the daemon is told
+  // (it checks the block itself, drops it from its index and counts it: Stats::blocksCorrupt),
+  // so that the next lookup misses from that block on. The message names the first bad position.
   Status copyTo(uint64_t from, uint64_t to, void* out, size_t bytes) const;
+  // For engines that read block(i) in place: checks its bytes against its writer's checksum (a
+  // read of the block), as copyTo does and with the same outcome on a mismatch. OK for a block
+  // without one.
+  Status verify(size_t i) const;
+  // Block i's checksum from its writer, 0 when it has none.
+  uint64_t sum(size_t i) const { return i < sums_.size() ? sums_[i] : 0; }
+  // The daemon is told block i's bytes differed from its checksum (copyTo and verify do it).
+  void reportCorrupt(size_t i) const;
   // Unpins the blocks; the views become invalid. Idempotent. Does not wait for the daemon: the
   // release reaches it before any later call of this client (in the default own-thread mode the
   // client's loop thread sends it right after, so other processes see the pins go shortly after).
@@ -205,8 +221,8 @@ class ReadHandle {
   std::vector<BlockRef> refs_;
   std::vector<std::span<const uint8_t>> views_;
   std::vector<std::vector<uint8_t>> inline_;
-  uint32_t stateBlocks_ = 0;         // the last refs_ and views_ are a state's chunks
-  std::vector<uint64_t> stateSums_;  // their writer's checksums
+  uint32_t stateBlocks_ = 0;    // the last refs_ and views_ are a state's chunks
+  std::vector<uint64_t> sums_;  // each block's writer's checksum (0: none)
 };
 
 // Blocks held under a write lease (put). Nothing is visible to anyone until commit(); dropping
@@ -419,6 +435,10 @@ class Space {
 
   // Inline copies of sealed blocks named by references (STALE_REFERENCE once a block is reused).
   Result<std::vector<std::vector<uint8_t>>> readRefs(std::span<const BlockRef> refs);
+  // Tells the daemon these sealed blocks' bytes differ from their writer's checksums; it checks
+  // each itself and drops those that do from its index (ReadHandle::copyTo and verify call it).
+  // Returns how many it dropped (0 also when the daemon could not be told).
+  size_t reportCorrupt(std::span<const BlockRef> refs);
 
   // --- Snapshots (docs/cache-shapes.md). Immutable, share blocks, outlive their sequence.
   // Empty when from >= length.

@@ -317,7 +317,9 @@ kvtier_code kvtier_drop_snapshot(kvtier_space* space, uint64_t snapshot_id);
 kvtier_code kvtier_read_info(kvtier_read_handle* handle, kvtier_handle_info* out);
 
 /* Copies positions [from, to) (within [begin, end) of the handle) into `out`, packed;
- * `out_bytes` must be (to - from) * token_kv_bytes. */
+ * `out_bytes` must be (to - from) * token_kv_bytes. Each block is checked against its writer's
+ * checksum as it is copied: KVTIER_CHECKSUM_MISMATCH when one changed in the pool (use nothing of
+ * `out`; see kvtier_read_verify). */
 kvtier_code kvtier_read_copy(kvtier_read_handle* handle, uint64_t from, uint64_t to, void* out,
                              size_t out_bytes);
 
@@ -326,6 +328,14 @@ kvtier_code kvtier_read_copy(kvtier_read_handle* handle, uint64_t from, uint64_t
  * client closed; *bytes is the block's size. KVTIER_NOT_SUPPORTED for a block in GPU memory. */
 kvtier_code kvtier_read_block(kvtier_read_handle* handle, uint64_t index, const void** data,
                               size_t* bytes);
+
+/* Checks block `index`'s bytes in the pool against the checksum its writer took (a read of the
+ * block), for a reader of kvtier_read_block's views: KVTIER_CHECKSUM_MISMATCH when they changed
+ * (use none of them; the daemon is told, checks the block itself and drops it, so the next lookup
+ * stops before it), KVTIER_OK when they match or the block has no checksum (a partial block),
+ * KVTIER_NOT_SUPPORTED for a block in GPU memory. kvtier_read_copy checks every block it copies
+ * the same way, in the same pass as the copy. */
+kvtier_code kvtier_read_verify(kvtier_read_handle* handle, uint64_t index);
 
 /* The state a lookup in a space with states answered (at position `end`), checked against its
  * writer's checksum as it is copied into `out` (state_bytes bytes): KVTIER_CHECKSUM_MISMATCH when
