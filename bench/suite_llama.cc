@@ -10,6 +10,8 @@
 //   llama_restore_vs_memcpy  KV bytes restored per second (PrefixCache::restore of the 4k
 //                            prefix: lookup, gather from the pool, llama_state_seq_set_data)
 //                            over memcpy of as many bytes
+//   llama_restore_vs_memcpy_no_checks  the same restores without checking the blocks against
+//                            their writer's checksums (a bench-only switch), in the same rounds
 //   llama_store_vs_memcpy    KV bytes stored per second (PrefixCache::store of that prefix as
 //                            new blocks: llama_state_seq_get_data, scatter into the pool, commit)
 //                            over memcpy of as many bytes
@@ -28,6 +30,7 @@
 #include <cstring>
 
 #include "bench/harness.h"
+#include "integrations/llama/llama_bench_hooks.h"
 #include "integrations/llama/llama_support.h"
 #include "kvtier/llama.h"
 
@@ -260,6 +263,10 @@ Status run(const Options& options) {
                                true, std::nullopt);
   RatioReport restoreMem = report("llama_restore_vs_memcpy", "PrefixCache::restore of " + prefix,
                                   "memcpy", "bytes/s", true, 0.5);
+  // llama_restore_vs_memcpy may be at most 0.05 below this (the check is fused into the copy).
+  RatioReport restoreUncheckedMem =
+      report("llama_restore_vs_memcpy_no_checks", "the same restores, no checks", "memcpy",
+             "bytes/s", true, std::nullopt);
   RatioReport storeMem = report("llama_store_vs_memcpy", "PrefixCache::store of " + prefix,
                                 "memcpy", "bytes/s", true, 0.5);
   std::vector<double> getData, setData, memcpys;
@@ -291,13 +298,24 @@ Status run(const Options& options) {
     // The restore path alone, then the store path of the same bytes as new blocks (the KV of the
     // long prefix under never-stored tokens: the same bytes, a store of new blocks every time),
     // each beside a memcpy of as many bytes; the median of kCopyRounds of each per repetition.
-    std::vector<double> restores, stores, copies, gets, sets;
+    std::vector<double> restores, uncheckedRestores, stores, copies, gets, sets;
     const llama::CacheStats before = cache.stats();
     for (int round = 0; round < kCopyRounds; ++round) {
       clear();
-      Result<llama::RestoreInfo> r = llama::RestoreInfo{};
-      restores.push_back(timed([&] { r = cache.restore(0, big.tokens.data(), big.prefix); }));
-      if (!r || r->tokens != big.prefix) return makeError(ErrorCode::kInternal, "restore missed");
+      // Checked and unchecked restores; which goes first alternates.
+      for (int k = 0; k < 2; ++k) {
+        const bool checked = (k + round) % 2 == 0;
+        clear();
+        llama::bench_hooks::setRestoreChecks(checked);
+        Result<llama::RestoreInfo> r = llama::RestoreInfo{};
+        (checked ? restores : uncheckedRestores).push_back(timed([&] {
+          r = cache.restore(0, big.tokens.data(), big.prefix);
+        }));
+        llama::bench_hooks::setRestoreChecks(true);
+        if (!r || r->tokens != big.prefix) {
+          return makeError(ErrorCode::kInternal, "restore missed");
+        }
+      }
       copies.push_back(memcpySeconds(dst, src, kvBytes));
       std::vector<llama_token> other = sup::randomTokens(model.get(), ++fresh, big.prefix);
       Result<llama::StoreInfo> s = llama::StoreInfo{};
@@ -328,6 +346,8 @@ Status run(const Options& options) {
     const double copy = medianOf(copies);
     restoreMem.kvtier.perRep.push_back(kvBytes / medianOf(restores));
     restoreMem.anchor.perRep.push_back(kvBytes / copy);
+    restoreUncheckedMem.kvtier.perRep.push_back(kvBytes / medianOf(uncheckedRestores));
+    restoreUncheckedMem.anchor.perRep.push_back(kvBytes / copy);
     storeMem.kvtier.perRep.push_back(kvBytes / medianOf(stores));
     storeMem.anchor.perRep.push_back(kvBytes / copy);
     getData.push_back(medianOf(gets));
@@ -338,7 +358,7 @@ Status run(const Options& options) {
   // thread at a time); the figures below that name it were taken before.
   const uint64_t plainKvPerToken = layout.tokenKvBytes();
   opened.value().reset();
-  std::vector<RatioReport> reports = {speed1k, speed4k, restoreMem, storeMem};
+  std::vector<RatioReport> reports = {speed1k, speed4k, restoreMem, restoreUncheckedMem, storeMem};
   std::vector<std::string> families;
   for (const FamilyRun& family : kFamilies) {
     if (gInterrupted) break;

@@ -9,4 +9,9 @@ namespace kvtier::bench_hooks {
 // put with and without checksums in one run; nothing else may call it. Default true.
 void setWriterChecksums(bool enabled);
 
+// With false, ReadHandle::copyTo copies without checking blocks against their writer's checksums
+// (as for a block that has none). For the local suite's figures of what the check costs, in the
+// same run; nothing else may call it. Default true.
+void setReaderChecks(bool enabled);
+
 }  // namespace kvtier::bench_hooks
