@@ -354,7 +354,8 @@ int run(const DaemonConfig& config) {
       why = "--huge-pages on: " + why +
             " (an operator reserves them: echo N > /proc/sys/vm/nr_hugepages)";
     }
-    logWarn("startup_failed", "reason=" + quotedField(why));
+    // Nothing of the pool is left behind: the segments made before the failure are removed.
+    logWarn("startup_failed", "reason=" + quotedField(why) + " segments=" + prefix);
     return 1;
   }
   // The pool's pages, as the ready line, stats and metrics tell them.

@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <string>
 #include <vector>
 
@@ -141,6 +143,31 @@ TEST(HugePages, OnRefusesToStartWithoutThem) {
             std::string::npos)
       << out;
   EXPECT_NE(out.find("echo N > /proc/sys/vm/nr_hugepages"), std::string::npos) << out;
+}
+
+// A pool larger than the memory the daemon can have is refused at start, with the figures, before
+// any of it is allocated (it was killed by the OOM killer while faulting the pool in, leaving its
+// segments behind).
+TEST(PoolMemory, APoolLargerThanTheMemoryThereIsIsRefusedAtStartAndLeavesNoSegment) {
+  std::ifstream meminfo("/proc/meminfo");
+  uint64_t totalKiB = 0;
+  for (std::string line; std::getline(meminfo, line);) {
+    if (line.starts_with("MemTotal:")) totalKiB = std::stoull(line.substr(9));
+  }
+  ASSERT_GT(totalKiB, 0u);
+  std::string out;
+  const int rc =
+      test::runDaemonExpectingFailure(2 * totalKiB * 1024, {"--huge-pages", "off"}, &out);
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("event=startup_failed reason=\"a host pool of "), std::string::npos) << out;
+  EXPECT_NE(out.find(" does not fit the memory this process can have (MemAvailable "),
+            std::string::npos)
+      << out;
+  const size_t at = out.find(" segments=");
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string prefix = out.substr(at + 10, out.find_first_of(" \n", at + 10) - at - 10);
+  ASSERT_FALSE(prefix.empty());
+  EXPECT_TRUE(test::shmSegments(prefix).empty());
 }
 
 // A SIGKILLed daemon on huge pages leaves nothing: its memory had no name and goes with the last

@@ -251,10 +251,11 @@ std::unique_ptr<Client> DaemonProcess::connect(bool mapPool) const {
   return std::move(client).value();
 }
 
-PeerProcess::PeerProcess(const std::vector<std::string>& args, std::string program) {
+PeerProcess::PeerProcess(const std::vector<std::string>& args, std::string program,
+                         bool withStderr) {
   std::vector<std::string> full = {program.empty() ? peerPath() : program};
   full.insert(full.end(), args.begin(), args.end());
-  pid_ = spawnPiped(full, &out_, SIGKILL);
+  pid_ = spawnPiped(full, &out_, SIGKILL, withStderr);
 }
 
 PeerProcess::~PeerProcess() {
@@ -290,8 +291,8 @@ int runPeer(const std::vector<std::string>& args, std::string* output) {
   return rc;
 }
 
-int runTool(const std::vector<std::string>& args, std::string* output) {
-  PeerProcess tool(args, KVTIER_TOOL_PATH);
+int runTool(const std::vector<std::string>& args, std::string* output, bool withStderr) {
+  PeerProcess tool(args, KVTIER_TOOL_PATH, withStderr);
   const int rc = tool.wait();
   if (output) *output = tool.output();
   return rc;

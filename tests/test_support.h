@@ -57,7 +57,9 @@ int runDaemonExpectingFailure(uint64_t hostPoolBytes, const std::vector<std::str
 // A peer process (tests/test_peer.cc) with stdout piped back to the test.
 class PeerProcess {
  public:
-  explicit PeerProcess(const std::vector<std::string>& args, std::string program = "");
+  // `withStderr`: output() has the program's standard error too.
+  explicit PeerProcess(const std::vector<std::string>& args, std::string program = "",
+                       bool withStderr = false);
   ~PeerProcess();
   // Reads stdout until a line starting with `prefix` (bounded by a deadline); returns the line.
   std::string waitForLine(const std::string& prefix);
@@ -78,7 +80,8 @@ class PeerProcess {
 // Runs a peer to completion and returns its exit code.
 int runPeer(const std::vector<std::string>& args, std::string* output = nullptr);
 // Runs the `kvtier` command-line tool to completion and returns its exit code.
-int runTool(const std::vector<std::string>& args, std::string* output = nullptr);
+int runTool(const std::vector<std::string>& args, std::string* output = nullptr,
+            bool withStderr = false);
 
 // Names of /dev/shm entries starting with `prefix`.
 std::vector<std::string> shmSegments(const std::string& prefix);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kvtier/client.h"
+#include "tools/cli_numbers.h"
 #include "tools/synthetic_kv.h"
 
 namespace kvtier {
@@ -87,13 +88,12 @@ std::unique_ptr<Worker> connectWorker(const std::string& socket, const char* rol
 bool parseSeed(const std::vector<std::string>& args, size_t index, uint64_t& seed) {
   seed = 1;
   if (args.size() <= index) return true;
-  try {
-    size_t used = 0;
-    seed = std::stoull(args[index], &used);
-    if (used == args[index].size()) return true;
-  } catch (const std::exception&) {
+  auto parsed = cli::parseCount(args[index], "SEED");
+  if (parsed) {
+    seed = *parsed;
+    return true;
   }
-  std::fprintf(stderr, "kvtier: SEED must be a number, not '%s'\n", args[index].c_str());
+  std::fprintf(stderr, "kvtier: %s\n", parsed.error().message().c_str());
   return false;
 }
 
@@ -178,13 +178,9 @@ int clusterDemoDecode(const std::string& socket, const std::vector<std::string>&
   bool ok = args.size() >= 1 && args.size() <= 2 && colon != std::string::npos && colon > 0 &&
             parseSeed(args, 1, seed);
   if (ok) {
-    try {
-      size_t used = 0;
-      id = std::stoull(args[0].substr(colon + 1), &used);
-      ok = used == args[0].size() - colon - 1;
-    } catch (const std::exception&) {
-      ok = false;
-    }
+    auto parsed = cli::parseCount(args[0].substr(colon + 1), "ID");
+    ok = parsed.ok();
+    if (ok) id = *parsed;
   }
   if (!ok) {
     std::fprintf(stderr, "usage: kvtier --socket S cluster-demo-decode NODE:ID [SEED]\n");

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kvtier/client.h"
+#include "tools/cli_numbers.h"
 #include "tools/cluster_demo.h"
 #include "tools/replay.h"
 #include "tools/synthetic_kv.h"
@@ -176,16 +177,24 @@ Result<Layout> parseLayout(const std::string& spec) {
   Layout l;
   l.modelId = f[0];
   try {
-    l.numLayers = static_cast<uint32_t>(std::stoul(f[1]));
-    l.numKvHeads = static_cast<uint32_t>(std::stoul(f[2]));
-    l.headDim = static_cast<uint32_t>(std::stoul(f[3]));
-    l.blockTokens = static_cast<uint32_t>(std::stoul(f[5]));
+    auto field = [&](size_t i, const char* what) {
+      return static_cast<uint32_t>(cli::countOrThrow(f[i], what, 0, UINT32_MAX));
+    };
+    l.numLayers = field(1, "the layout's layers");
+    l.numKvHeads = field(2, "the layout's KV heads");
+    l.headDim = field(3, "the layout's head dim");
+    l.blockTokens = field(5, "the layout's block tokens");
     if (f.size() == 9) {
-      l.rope.rotaryDims = static_cast<uint32_t>(std::stoul(f[7]));
-      l.rope.base = std::stod(f[8]);
+      l.rope.rotaryDims = field(7, "the layout's rotary dims");
+      size_t used = 0;
+      l.rope.base = std::stod(f[8], &used);
+      if (used != f[8].size() || !(l.rope.base > 0)) {
+        throw std::invalid_argument("the layout's RoPE base wants a positive number, not '" + f[8] +
+                                    "'");
+      }
     }
-  } catch (const std::exception&) {
-    return makeError(ErrorCode::kInvalidArgument, "layout '", spec, "' has a bad number");
+  } catch (const std::exception& e) {
+    return makeError(ErrorCode::kInvalidArgument, "layout '", spec, "': ", e.what());
   }
   const std::pair<const char*, DType> dtypes[] = {
       {"f16", DType::kFloat16},       {"bf16", DType::kBFloat16},     {"f32", DType::kFloat32},
@@ -239,10 +248,11 @@ std::string snapshotJson(const SnapshotInfo& s) {
 Key128 parseKey(const std::string& hex) {
   if (hex.size() != 32) throw std::invalid_argument("a key has 32 hex digits");
   Key128 key;
+  if (hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+    throw std::invalid_argument("a key has 32 hex digits, not '" + hex + "'");
+  }
   for (size_t i = 0; i < 16; ++i) {
-    size_t used = 0;
-    key.bytes[i] = static_cast<uint8_t>(std::stoul(hex.substr(2 * i, 2), &used, 16));
-    if (used != 2) throw std::invalid_argument("not hex");
+    key.bytes[i] = static_cast<uint8_t>(std::stoul(hex.substr(2 * i, 2), nullptr, 16));
   }
   return key;
 }
@@ -254,8 +264,8 @@ std::string transferJson(const BlockTransfer& t) {
 
 std::pair<std::string, uint64_t> snapshotName(const std::string& text) {
   const size_t colon = text.rfind(':');
-  if (colon == std::string::npos) return {"", std::stoull(text)};
-  return {text.substr(0, colon), std::stoull(text.substr(colon + 1))};
+  if (colon == std::string::npos) return {"", cli::countOrThrow(text, "the snapshot id")};
+  return {text.substr(0, colon), cli::countOrThrow(text.substr(colon + 1), "the snapshot id")};
 }
 
 // The sequence and snapshot commands: one call each, answered with one JSON line.
@@ -268,7 +278,10 @@ int spaceCommand(const std::string& socket, const Layout& layout,
     return 1;
   }
   Space& space = **opened;
-  auto num = [&](size_t i) { return std::stoull(a.at(i)); };
+  // Argument i as a number (a position, a length, an id).
+  auto num = [&](size_t i) {
+    return cli::countOrThrow(a.at(i), "argument " + std::to_string(i) + " of '" + a[0] + "'");
+  };
   auto report = [](const auto& result, auto&& print) {
     if (!result.ok()) {
       std::fprintf(stderr, "kvtier: %s\n", result.error().toString().c_str());
@@ -379,9 +392,8 @@ int spaceCommand(const std::string& socket, const Layout& layout,
         std::printf("{\"bytes\": %zu}\n", r->data().size());
       });
     }
-  } catch (const std::exception&) {
-    std::fprintf(stderr, "kvtier: '%s' needs numeric arguments (keys: 32 hex digits)\n%s",
-                 cmd.c_str(), kUsage);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kvtier: %s (keys: 32 hex digits)\n%s", e.what(), kUsage);
     return 2;
   }
   std::fprintf(stderr, "kvtier: bad command or arguments: %s\n%s", cmd.c_str(), kUsage);

@@ -26,6 +26,7 @@
 #include "store/block_pool.h"
 #include "store/engine.h"
 #include "store/eviction.h"
+#include "tools/cli_numbers.h"
 #include "tools/replay.h"
 #include "tools/synthetic_trace.h"
 
@@ -128,14 +129,15 @@ int run(int argc, char** argv) {
     } else if (a == "--synthetic" && more) {
       synthetic = argv[++i];
     } else if (a == "--seed" && more) {
-      seed = std::strtoull(argv[++i], nullptr, 10);
+      seed = cli::countOrThrow(argv[++i], a);
     } else if (a == "--limit" && more) {
-      limit = std::strtoull(argv[++i], nullptr, 10);
+      limit = cli::countOrThrow(argv[++i], a);
     } else if (a == "--no-opt") {
       opt = false;
     } else if (a == "--capacity" && more) {
       capacities.clear();
-      for (const std::string& c : splitList(argv[++i])) capacities.push_back(std::stoull(c));
+      for (const std::string& c : splitList(argv[++i]))
+        capacities.push_back(cli::countOrThrow(c, a, 1));
     } else if (a == "--eviction" && more) {
       kinds.clear();
       for (const std::string& name : splitList(argv[++i])) {
@@ -208,4 +210,11 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace kvtier
 
-int main(int argc, char** argv) { return kvtier::run(argc, argv); }
+int main(int argc, char** argv) {
+  try {
+    return kvtier::run(argc, argv);
+  } catch (const std::invalid_argument& e) {  // a bad number (cli::countOrThrow)
+    std::fprintf(stderr, "kvtier-policy-replay: %s\n", e.what());
+    return kvtier::usage();
+  }
+}

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/cli_numbers.h"
 #include "tools/replay.h"
 #include "tools/synthetic_trace.h"
 
@@ -189,7 +190,7 @@ int replayMain(const std::string& socket, int argc, char** argv) {
         return argv[++i];
       };
       if (a == "--capacity") {
-        options.capacityBlocks = std::stoull(value());
+        options.capacityBlocks = cli::countOrThrow(value(), a, 1);
       } else if (a == "--nodes") {
         nodes = value();
       } else if (a == "--route") {
@@ -205,7 +206,7 @@ int replayMain(const std::string& socket, int argc, char** argv) {
         options.speedup = std::stod(value());
         if (!(options.speedup > 0)) throw std::invalid_argument("--speedup must be > 0");
       } else if (a == "--limit") {
-        limit = std::stoull(value());
+        limit = cli::countOrThrow(value(), a);
       } else if (a == "--json") {
         json = value();
       } else if (a == "--plot") {
@@ -213,14 +214,14 @@ int replayMain(const std::string& socket, int argc, char** argv) {
       } else if (a == "--whole") {
         options.whole = true;
       } else if (a == "--state-blocks") {
-        options.stateBlocks = static_cast<uint32_t>(std::stoul(value()));
+        options.stateBlocks = static_cast<uint32_t>(cli::countOrThrow(value(), a, 0, UINT32_MAX));
       } else if (a == "--checkpoint-blocks") {
-        options.checkpointBlocks = static_cast<uint32_t>(std::stoul(value()));
-        if (options.checkpointBlocks == 0) throw std::invalid_argument("--checkpoint-blocks > 0");
+        options.checkpointBlocks =
+            static_cast<uint32_t>(cli::countOrThrow(value(), a, 1, UINT32_MAX));
       } else if (a == "--synthetic") {
         synthetic = value();
       } else if (a == "--seed") {
-        seed = std::stoull(value());
+        seed = cli::countOrThrow(value(), a);
       } else if (a == "--trace-out") {
         traceOut = value();
       } else if (a == "--progress") {

@@ -48,6 +48,15 @@ Result<std::unique_ptr<HostPool>> HostPool::create(const HostPoolOptions& option
                        "no pool on 2 MiB huge pages: ", pool->pagesReason_);
     }
   }
+  const uint64_t want = options.bytes / page * page;
+  const MemoryRoom room = memoryRoom(options.memory);
+  if (room.bytes != UINT64_MAX &&
+      (room.bytes < kPoolHeadroomBytes || want > room.bytes - kPoolHeadroomBytes)) {
+    return makeError(ErrorCode::kUnavailable, "a host pool of ", formatBytes(want),
+                     " does not fit the memory this process can have (", room.detail, "; ",
+                     formatBytes(kPoolHeadroomBytes),
+                     " kept beside the pool): ask for a smaller pool");
+  }
   auto made = addExtents(*pool, options, page, [&](const std::string& name, uint64_t bytes) {
     return ShmSegment::create(name, bytes, options.mode);
   });

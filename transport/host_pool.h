@@ -13,6 +13,7 @@
 
 #include "store/block_pool.h"
 #include "transport/hugetlb.h"
+#include "transport/memory_room.h"
 #include "transport/shm_segment.h"
 
 namespace kvtier {
@@ -32,6 +33,8 @@ struct HostPoolOptions {
   unsigned mode = 0600;  // of named segments
   // Where the kernel counts its 2 MiB pages (a test points this elsewhere).
   std::string hugePageCountsDir = kHugePages2MDir;
+  // Where the memory a pool on 4 KiB pages must fit is read (transport/memory_room.h).
+  MemorySources memory = {};
 };
 
 class HostPool final : public BlockMemory {
@@ -42,6 +45,8 @@ class HostPool final : public BlockMemory {
 
   // Makes the pool. UNAVAILABLE when the memory cannot be had: for kOn, also when the huge pages
   // cannot (the message says why); kAuto then falls back to 4 KiB pages (pagesReason() says why).
+  // A pool on 4 KiB pages must fit the memory the process can have with kPoolHeadroomBytes to
+  // spare (memoryRoom): else UNAVAILABLE with the figures, before any memory is taken.
   // INVALID_ARGUMENT for a pool or extent below one page.
   static Result<std::unique_ptr<HostPool>> create(const HostPoolOptions& options);
   // A pool on 4 KiB pages.

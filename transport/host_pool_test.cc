@@ -120,6 +120,81 @@ TEST(HostPool, AFourKiBPoolIsFaultedInWhenMade) {
   }
 }
 
+// A /proc/meminfo, /proc/self/cgroup and cgroup tree of a test's own.
+class FakeMemory {
+ public:
+  FakeMemory(uint64_t availableKiB, const std::string& cgroupLine) {
+    std::ofstream(dir_.file("meminfo"))
+        << "MemTotal:       99999999 kB\nMemFree:          1000 kB\n"
+        << "MemAvailable:   " << availableKiB << " kB\n";
+    std::ofstream(dir_.file("cgroup")) << "9:pids:/\n" << cgroupLine << "\n";
+    std::filesystem::create_directories(dir_.file("root/memory"));
+  }
+  // Writes `file` of cgroup directory `dir` (under the fake root).
+  void set(const std::string& dir, const std::string& file, const std::string& value) {
+    std::filesystem::create_directories(dir_.file("root") + dir);
+    std::ofstream(dir_.file("root") + dir + "/" + file) << value << "\n";
+  }
+  MemorySources sources() const {
+    return {dir_.file("meminfo"), dir_.file("cgroup"), dir_.file("root")};
+  }
+
+ private:
+  test::TempDir dir_;
+};
+
+TEST(MemoryRoom, TheSmallestOfMemAvailableAndEveryCgroupLimitAboveTheProcess) {
+  {
+    // cgroup v2: the process's group has no limit, its parent one of 3 GiB with 1 GiB used.
+    FakeMemory fake(8 * 1024 * 1024, "0::/a/b");
+    fake.set("/a/b", "memory.max", "max");
+    fake.set("/a/b", "memory.current", "12345");
+    fake.set("/a", "memory.max", std::to_string(3 * 1024 * kMiB));
+    fake.set("/a", "memory.current", std::to_string(1024 * kMiB));
+    const MemoryRoom room = memoryRoom(fake.sources());
+    EXPECT_EQ(room.bytes, 2048 * kMiB);
+    EXPECT_EQ(room.detail, "MemAvailable 8.0 GiB, cgroup /a memory.max 3.0 GiB (used 1.0 GiB)");
+  }
+  {
+    // cgroup v1, the limit "unlimited" (a page counter's maximum): MemAvailable decides.
+    FakeMemory fake(512 * 1024, "4:memory:/c");
+    fake.set("/memory/c", "memory.limit_in_bytes", "9223372036854771712");
+    fake.set("/memory/c", "memory.usage_in_bytes", "100");
+    EXPECT_EQ(memoryRoom(fake.sources()).bytes, 512 * kMiB);
+    fake.set("/memory/c", "memory.limit_in_bytes", std::to_string(256 * kMiB));
+    EXPECT_EQ(memoryRoom(fake.sources()).bytes, 256 * kMiB - 100);
+  }
+  // Nothing readable: no figure, no refusal.
+  EXPECT_EQ(memoryRoom({"/nonexistent/meminfo", "/nonexistent/cgroup", "/nonexistent"}).bytes,
+            UINT64_MAX);
+  // This machine's own figures are there and plausible.
+  const MemoryRoom here = memoryRoom();
+  EXPECT_LT(here.bytes, UINT64_MAX);
+  EXPECT_NE(here.detail.find("MemAvailable"), std::string::npos);
+}
+
+TEST(HostPool, APoolLargerThanTheMemoryThereIsIsRefusedWithTheFiguresAndLeavesNothing) {
+  // 200 MiB available: a pool of 160 MiB leaves less than the 64 MiB kept beside it.
+  FakeMemory fake(200 * 1024, "0::/");
+  const std::string prefix = testPrefix() + "toolarge-";
+  auto pool = HostPool::create(HostPoolOptions{.prefix = prefix,
+                                               .bytes = 160 * kMiB,
+                                               .extentBytes = 16 * kMiB,
+                                               .hugePages = HugePages::kAuto,
+                                               .hugePageCountsDir = FakeCounts(0).path(),
+                                               .memory = fake.sources()});
+  ASSERT_FALSE(pool.ok());
+  EXPECT_EQ(pool.code(), ErrorCode::kUnavailable);
+  EXPECT_EQ(pool.error().message(),
+            "a host pool of 160.0 MiB does not fit the memory this process can have "
+            "(MemAvailable 200.0 MiB; 64.0 MiB kept beside the pool): ask for a smaller pool");
+  EXPECT_TRUE(shmNames(prefix).empty());
+  // 128 MiB fits.
+  auto fits = HostPool::create(HostPoolOptions{
+      .prefix = prefix, .bytes = 128 * kMiB, .extentBytes = 64 * kMiB, .memory = fake.sources()});
+  ASSERT_TRUE(fits.ok()) << fits.error();
+}
+
 TEST(HostPool, AutoFallsBackToFourKiBWhenTooFewHugePagesAreFreeAndSaysWhy) {
   FakeCounts fake(3);
   auto pool = HostPool::create(HostPoolOptions{.prefix = testPrefix(),
