@@ -7,8 +7,9 @@ namespace {
 
 class ChunkedWritableFile final : public rocksdb::FSWritableFileOwnerWrapper {
  public:
-  ChunkedWritableFile(std::unique_ptr<rocksdb::FSWritableFile> file, size_t chunkBytes)
-      : FSWritableFileOwnerWrapper(std::move(file)), chunkBytes_(chunkBytes) {}
+  ChunkedWritableFile(std::unique_ptr<rocksdb::FSWritableFile> file, size_t chunkBytes,
+                      rocksdb::RateLimiter* limiter)
+      : FSWritableFileOwnerWrapper(std::move(file)), chunkBytes_(chunkBytes), limiter_(limiter) {}
 
   rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& options,
                            rocksdb::IODebugContext* dbg) override {
@@ -21,7 +22,9 @@ class ChunkedWritableFile final : public rocksdb::FSWritableFileOwnerWrapper {
   rocksdb::IOStatus Append(const rocksdb::Slice& data, const rocksdb::IOOptions& options,
                            const rocksdb::DataVerificationInfo& verification,
                            rocksdb::IODebugContext* dbg) override {
-    if (data.size() <= chunkBytes_) return target()->Append(data, options, verification, dbg);
+    if (data.size() <= chunkBytes_ && !limiter_) {
+      return target()->Append(data, options, verification, dbg);
+    }
     return Append(data, options, dbg);
   }
   rocksdb::IOStatus PositionedAppend(const rocksdb::Slice& data, uint64_t offset,
@@ -35,7 +38,7 @@ class ChunkedWritableFile final : public rocksdb::FSWritableFileOwnerWrapper {
                                      const rocksdb::IOOptions& options,
                                      const rocksdb::DataVerificationInfo& verification,
                                      rocksdb::IODebugContext* dbg) override {
-    if (data.size() <= chunkBytes_) {
+    if (data.size() <= chunkBytes_ && !limiter_) {
       return target()->PositionedAppend(data, offset, options, verification, dbg);
     }
     return PositionedAppend(data, offset, options, dbg);
@@ -47,7 +50,13 @@ class ChunkedWritableFile final : public rocksdb::FSWritableFileOwnerWrapper {
   rocksdb::IOStatus inPieces(const rocksdb::Slice& data, Write&& write) {
     size_t at = 0;
     do {
-      const size_t n = std::min(chunkBytes_, data.size() - at);
+      size_t n = std::min(chunkBytes_, data.size() - at);
+      if (limiter_) {
+        // A request may not exceed one refill's burst: the piece is cut to it.
+        n = std::min<size_t>(n, static_cast<size_t>(limiter_->GetSingleBurstBytes()));
+        limiter_->Request(static_cast<int64_t>(n), rocksdb::Env::IO_HIGH, nullptr,
+                          rocksdb::RateLimiter::OpType::kWrite);
+      }
       rocksdb::IOStatus s = write(rocksdb::Slice(data.data() + at, n), at);
       if (!s.ok()) return s;
       at += n;
@@ -56,13 +65,16 @@ class ChunkedWritableFile final : public rocksdb::FSWritableFileOwnerWrapper {
   }
 
   const size_t chunkBytes_;
+  rocksdb::RateLimiter* limiter_;  // the file system's; null: unlimited
 };
 
 }  // namespace
 
 rocksdb::IOStatus ChunkedWriteFileSystem::wrap(rocksdb::IOStatus opened,
                                                std::unique_ptr<rocksdb::FSWritableFile>* file) {
-  if (opened.ok()) *file = std::make_unique<ChunkedWritableFile>(std::move(*file), chunkBytes_);
+  if (opened.ok()) {
+    *file = std::make_unique<ChunkedWritableFile>(std::move(*file), chunkBytes_, limiter_.get());
+  }
   return opened;
 }
 

@@ -7,9 +7,14 @@
 // not switch threads inside a system call: a client's lookup that needs that core waits for the
 // whole write. In pieces, the scheduler gets its chance between two of them. The bytes, their
 // order and every error are exactly those of the file below; only the number of calls changes.
+//
+// With a rate limiter, each piece waits for its bytes first (rocksdb::RateLimiter, all writes:
+// logs, tables and blob files alike), so the cold tier takes no more of the disk's write
+// bandwidth than it was given (kvtierd --disk-write-rate).
 #pragma once
 
 #include <rocksdb/file_system.h>
+#include <rocksdb/rate_limiter.h>
 
 #include <algorithm>
 #include <memory>
@@ -25,9 +30,11 @@ class ChunkedWriteFileSystem final : public rocksdb::FileSystemWrapper {
 
   // `chunkBytes` is rounded up to a whole number of 4 KiB pages (direct I/O needs aligned pieces).
   explicit ChunkedWriteFileSystem(std::shared_ptr<rocksdb::FileSystem> base,
-                                  size_t chunkBytes = kDefaultChunkBytes)
+                                  size_t chunkBytes = kDefaultChunkBytes,
+                                  std::shared_ptr<rocksdb::RateLimiter> limiter = nullptr)
       : FileSystemWrapper(std::move(base)),
-        chunkBytes_(std::max<size_t>(kPage, (chunkBytes + kPage - 1) / kPage * kPage)) {}
+        chunkBytes_(std::max<size_t>(kPage, (chunkBytes + kPage - 1) / kPage * kPage)),
+        limiter_(std::move(limiter)) {}
   const char* Name() const override { return "ChunkedWriteFileSystem"; }
 
   rocksdb::IOStatus NewWritableFile(const std::string& name, const rocksdb::FileOptions& options,
@@ -45,6 +52,7 @@ class ChunkedWriteFileSystem final : public rocksdb::FileSystemWrapper {
   rocksdb::IOStatus wrap(rocksdb::IOStatus opened, std::unique_ptr<rocksdb::FSWritableFile>* file);
 
   const size_t chunkBytes_;
+  std::shared_ptr<rocksdb::RateLimiter> limiter_;  // null: unlimited
 };
 
 }  // namespace kvtier

@@ -2,6 +2,9 @@
 
 #include <kj/debug.h>
 
+#include <algorithm>
+#include <memory>
+
 #include "daemon/log.h"
 #include "daemon/snapshot_codec.h"
 #include "transport/cross_thread.h"
@@ -18,6 +21,12 @@ constexpr size_t kSpillBatchBlocks = 64;
 // (docs/cache-policy.md, "The cold tier's speed").
 constexpr uint64_t kSpillBatchBytes = uint64_t{4} << 20;
 constexpr size_t kMaxSpillBatchBlocks = 65536;
+// A spill batch in flight is what a stop must wait for (it cannot be cut short): on a disk whose
+// measured speed would make a batch longer than this, batches are cut to about this much writing
+// (at least one block). A default batch of large blocks (64 of 2 MiB) took 2.5 s at 50 MB/s.
+constexpr double kSpillBatchSeconds = 0.5;
+// Batches that would take less than this long at the disk's speed keep the default size.
+constexpr uint64_t kDefaultBatchMaxBytes = uint64_t{128} << 20;
 
 std::string promoteKey(SpaceId space, const Key128& key) {
   return std::to_string(space) + ":" + key.hex();
@@ -87,9 +96,19 @@ void ColdService::kick() {
 }
 
 void ColdService::kickSpill() {
-  if (spillInFlight_ || paused_) return;
-  // kSpillBatchBlocks blocks, or more while under kSpillBatchBytes (small blocks).
-  auto batch = engine_.takeSpillBatch(kMaxSpillBatchBlocks, kSpillBatchBytes, kSpillBatchBlocks);
+  if (spillInFlight_ || paused_ || closing_) return;  // closing: flushAll writes the rest
+  // kSpillBatchBlocks blocks, or more while under kSpillBatchBytes (small blocks); on a slow disk
+  // about kSpillBatchSeconds of writing.
+  double speed = spillBytesPerSecond_;
+  if (const uint64_t given = tier_->writeBytesPerSecond(); given > 0) {
+    speed = speed > 0 ? std::min(speed, static_cast<double>(given)) : static_cast<double>(given);
+  }
+  const double timeCap = speed * kSpillBatchSeconds;
+  auto batch =
+      speed > 0 && timeCap < static_cast<double>(kDefaultBatchMaxBytes)
+          ? engine_.takeSpillBatch(kMaxSpillBatchBlocks,
+                                   std::max<uint64_t>(1, static_cast<uint64_t>(timeCap)), 1)
+          : engine_.takeSpillBatch(kMaxSpillBatchBlocks, kSpillBatchBytes, kSpillBatchBlocks);
   if (batch.empty()) return;
   spillInFlight_ = true;
   std::vector<ColdRecord> records;
@@ -99,10 +118,24 @@ void ColdService::kickSpill() {
                                  item.location.bytes, item.checksum});
   }
   // The blocks stay pinned until spillFinished: the worker reads them in place.
-  auto written = attempt(
-      *writer_, [this, records = std::move(records)]() { return tier_->putBatch(records).ok(); });
-  tasks_.add(written.then(
-      [this, batch = std::move(batch)](bool ok) mutable { spillFinished(std::move(batch), ok); }));
+  auto took = std::make_shared<double>(0);
+  auto written = attempt(*writer_, [this, took, records = std::move(records)]() {
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool ok = tier_->putBatch(records).ok();
+    *took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return ok;
+  });
+  tasks_.add(written.then([this, took, batch = std::move(batch)](bool ok) mutable {
+    if (ok && *took > 0) {
+      uint64_t bytes = 0;
+      for (const SpillItem& item : batch) bytes += item.location.bytes;
+      const double measured = static_cast<double>(bytes) / *took;
+      // A moving average: one slow batch (a compaction beside it) does not halve the next.
+      spillBytesPerSecond_ =
+          spillBytesPerSecond_ > 0 ? 0.7 * spillBytesPerSecond_ + 0.3 * measured : measured;
+    }
+    spillFinished(std::move(batch), ok);
+  }));
 }
 
 void ColdService::spillFinished(std::vector<SpillItem> batch, bool ok) {
@@ -237,15 +270,32 @@ kj::Promise<void> ColdService::promoteBatch(SpaceId space, std::vector<Key128> k
   return kj::joinPromises(pending.releaseAsArray());
 }
 
-void ColdService::flushAll(kj::WaitScope& waitScope) {
+bool ColdService::flushAll(kj::WaitScope& waitScope,
+                           std::chrono::steady_clock::time_point deadline) {
+  using Clock = std::chrono::steady_clock;
   closing_ = true;  // no new snapshot write or id reservation starts
+  // The write in flight (a spill batch, a snapshot write, an id reservation) runs on a worker and
+  // cannot be cut short: it is waited for until the deadline, and abandoned past it.
   while (spillInFlight_ || snapshotWriteInFlight_ || reservingIds_) {
-    if (spillInFlight_) {
-      whenSpillSettles().wait(waitScope);
-    } else if (snapshotWriteInFlight_) {
-      waitOn(snapshotWriteWaiters_).wait(waitScope);
-    } else {
-      waitOn(idWaiters_).wait(waitScope);
+    kj::Promise<void> settled = spillInFlight_           ? whenSpillSettles()
+                                : snapshotWriteInFlight_ ? waitOn(snapshotWriteWaiters_)
+                                                         : waitOn(idWaiters_);
+    // (A year stands for no deadline: kj's timer adds the delay to its clock.)
+    const auto left = std::clamp<Clock::duration>(deadline - Clock::now(), Clock::duration::zero(),
+                                                  std::chrono::hours(24 * 365));
+    const bool inTime =
+        settled.then([] { return true; })
+            .exclusiveJoin(
+                timer_
+                    .afterDelay(std::chrono::duration_cast<std::chrono::nanoseconds>(left).count() *
+                                kj::NANOSECONDS)
+                    .then([] { return false; }))
+            .wait(waitScope);
+    if (!inTime) {
+      logWarn("cold_flush_abandoned",
+              "reason=\"a write in flight did not finish by the shutdown deadline\" unspilled=" +
+                  std::to_string(engine_.spillBacklog()));
+      return false;
     }
   }
   // From here on nothing runs the event loop: no call interleaves with the writes below.
@@ -255,30 +305,12 @@ void ColdService::flushAll(kj::WaitScope& waitScope) {
     const SpaceInfo& sp = engine_.space(space);
     return tier_->contains(ColdKey{sp.fingerprint, sp.salt, k});
   });
-  auto items = engine_.takeAllUnspilled();
-  size_t written = 0;
-  for (size_t start = 0; start < items.size(); start += kSpillBatchBlocks) {
-    const size_t end = std::min(items.size(), start + kSpillBatchBlocks);
-    std::vector<ColdRecord> records;
-    for (size_t i = start; i < end; ++i) {
-      const auto& item = items[i];
-      records.push_back(
-          ColdRecord{ColdKey{item.fingerprint, item.salt, item.key},
-                     engine_.memory().extentBase(item.location.extent) + item.location.offset,
-                     item.location.bytes, item.checksum});
-    }
-    const bool ok = tier_->putBatch(records).ok();
-    engine_.finishSpill(std::span(items).subspan(start, end - start), ok);
-    if (ok) written += end - start;
-  }
-  logInfo("cold_flush",
-          "blocks=" + std::to_string(written) + " of=" + std::to_string(items.size()));
 
-  // Every snapshot not written yet (the sealed blocks they name are on disk now), then the exact
-  // id high-water mark, so that a graceful restart skips no ids.
+  // Snapshots first: they are promised to outlive the daemon, blocks are a cache. Each write
+  // carries the records of the sealed blocks it names.
   engine_.setSnapshotIds(0, engine_.nextSnapshotId());  // no new id from here
   size_t snapshots = 0;
-  for (bool ok = true; ok;) {
+  for (bool ok = true; ok && Clock::now() < deadline;) {
     const auto writes = engine_.takeSnapshotWrites(kSpillBatchBlocks);
     if (writes.empty()) break;
     ok = snapshotPuts(writes).write(engine_.memory(), *tier_);
@@ -290,6 +322,60 @@ void ColdService::flushAll(kj::WaitScope& waitScope) {
           "snapshots=" + std::to_string(snapshots) + " rewritten=" + std::to_string(rewritten) +
               " left=" + std::to_string(engine_.snapshotWriteBacklog()) + " next_id=" +
               std::to_string(engine_.nextSnapshotId()) + " ids_stored=" + (idsStored ? "1" : "0"));
+
+  // Then the blocks, most useful first, in batches sized to the time left at the rate the disk
+  // has shown: the last batch ends about at the deadline rather than a whole batch past it.
+  const auto items = engine_.takeAllUnspilledByValue();
+  size_t at = 0, written = 0;
+  uint64_t writtenBytes = 0;
+  double bytesPerSecond = 0;  // measured; 0 until the first batch
+  while (at < items.size()) {
+    const auto now = Clock::now();
+    if (now >= deadline) break;
+    size_t end = std::min(items.size(), at + kSpillBatchBlocks);
+    if (bytesPerSecond > 0) {
+      const double fits = bytesPerSecond * std::chrono::duration<double>(deadline - now).count();
+      uint64_t bytes = 0;
+      size_t n = 0;
+      while (at + n < end && bytes + items[at + n].location.bytes <= fits) {
+        bytes += items[at + n].location.bytes;
+        ++n;
+      }
+      if (n == 0) break;  // not even one more block would make it
+      end = at + n;
+    }
+    std::vector<ColdRecord> records;
+    uint64_t bytes = 0;
+    for (size_t i = at; i < end; ++i) {
+      const auto& item = items[i];
+      records.push_back(
+          ColdRecord{ColdKey{item.fingerprint, item.salt, item.key},
+                     engine_.memory().extentBase(item.location.extent) + item.location.offset,
+                     item.location.bytes, item.checksum});
+      bytes += item.location.bytes;
+    }
+    const auto t0 = Clock::now();
+    const bool ok = tier_->putBatch(records).ok();
+    const double took = std::chrono::duration<double>(Clock::now() - t0).count();
+    engine_.finishSpill(std::span(items).subspan(at, end - at), ok);
+    if (ok) {
+      written += end - at;
+      writtenBytes += bytes;
+      bytesPerSecond = took > 0 ? static_cast<double>(bytes) / took : 0;
+    }
+    at = end;
+  }
+  // What the deadline left: still only in memory, lost with it (a cache's loss, counted here).
+  uint64_t leftBytes = 0;
+  for (size_t i = at; i < items.size(); ++i) leftBytes += items[i].location.bytes;
+  engine_.finishSpill(std::span(items).subspan(at), false);
+  (at < items.size() ? logWarn : logInfo)(
+      "cold_flush", "blocks=" + std::to_string(written) + " of=" + std::to_string(items.size()) +
+                        " bytes=" + std::to_string(writtenBytes) +
+                        " left=" + std::to_string(items.size() - at) +
+                        " left_bytes=" + std::to_string(leftBytes) +
+                        (at < items.size() ? " reason=\"shutdown deadline\"" : ""));
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------

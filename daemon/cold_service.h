@@ -20,6 +20,8 @@
 // pool memory.
 #pragma once
 
+#include <chrono>
+
 #include <kj/async.h>
 #include <kj/timer.h>
 #include <kj/vector.h>
@@ -81,9 +83,14 @@ class ColdService final : private kj::TaskSet::ErrorHandler {
   // Reads the cold blocks `keys` of `space` back into the pool; resolves when all are done
   // (a block that cannot be read, or has no room, simply stays cold: the lookup stops before it).
   kj::Promise<void> promote(SpaceId space, std::vector<Key128> keys);
-  // Writes every sealed block and snapshot not yet on disk, and the exact snapshot id high-water
-  // mark. Blocking; for shutdown (no snapshot is created afterwards).
-  void flushAll(kj::WaitScope& waitScope);
+  // Writes what is not yet on disk until `deadline`: every snapshot (with the sealed blocks it
+  // names) and the exact snapshot id high-water mark first, then sealed blocks most useful first
+  // (Engine::takeAllUnspilledByValue), in batches sized to the time left; logs what it wrote and
+  // what it left. Blocking; for shutdown (no snapshot is created afterwards). False when a write
+  // already in flight did not finish by the deadline: it still runs on its worker, so the caller
+  // must not destroy the service (or the pool it reads) but end the process.
+  bool flushAll(kj::WaitScope& waitScope, std::chrono::steady_clock::time_point deadline =
+                                              std::chrono::steady_clock::time_point::max());
 
   // Brings snapshot `id` of `space` back from disk when the engine does not hold it (after a
   // restart): its manifest and records are read on the worker into fresh pool blocks. Resolves
@@ -119,6 +126,9 @@ class ColdService final : private kj::TaskSet::ErrorHandler {
  private:
   void taskFailed(kj::Exception&& exception) override;
   void spillFinished(std::vector<SpillItem> batch, bool ok);
+  // The disk's write speed as spill batches measured it (bytes per second; 0 until one did),
+  // never above the tier's configured bandwidth.
+  double spillBytesPerSecond_ = 0;
   // Reads cold blocks back, in one job on the reader; the blocks that find no room wait for the
   // spiller (at most kMaxRoomWaits times in all) and are read in a batch of their own.
   kj::Promise<void> promoteBatch(SpaceId space, std::vector<Key128> keys, int waits);

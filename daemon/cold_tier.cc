@@ -306,8 +306,17 @@ Result<std::unique_ptr<ColdTier>> ColdTier::open(const Options& options) {
   tier->options_ = options;
   // Every file write goes down in short pieces (daemon/chunked_write_fs.h): a long write(2) would
   // hold a core that a lookup is waiting for.
+  std::shared_ptr<rocksdb::RateLimiter> limiter;
+  if (options.writeBytesPerSecond > 0) {
+    // Every write, not only flushes and compactions (RocksDB's own use of a limiter): the tier's
+    // writes are mostly flushes of spill batches, and the log of small ones.
+    limiter.reset(rocksdb::NewGenericRateLimiter(static_cast<int64_t>(options.writeBytesPerSecond),
+                                                 100 * 1000 /* refill every 100 ms */, 10,
+                                                 rocksdb::RateLimiter::Mode::kAllIo));
+  }
   tier->fileSystem_ = std::make_shared<ChunkedWriteFileSystem>(
-      options.fileSystem ? options.fileSystem : rocksdb::FileSystem::Default());
+      options.fileSystem ? options.fileSystem : rocksdb::FileSystem::Default(),
+      ChunkedWriteFileSystem::kDefaultChunkBytes, std::move(limiter));
   tier->env_ = rocksdb::NewCompositeEnv(tier->fileSystem_);
   if (auto s = tier->openDb(); !s) return s.error();
   tier->enforceCapacity();

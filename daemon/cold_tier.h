@@ -136,6 +136,8 @@ class ColdTier {
     // checkColdTables): kvtierd passes itself. Empty: $KVTIER_COLD_CHECKER, else the kvtierd of
     // this build tree.
     std::string checker{};
+    // Write bandwidth, bytes per second, of everything the tier writes (0: unlimited).
+    uint64_t writeBytesPerSecond = 0;
   };
 
   // Opens or creates the database, checks its format version, and loads the key set.
@@ -146,6 +148,9 @@ class ColdTier {
   ~ColdTier();
   ColdTier(const ColdTier&) = delete;
   ColdTier& operator=(const ColdTier&) = delete;
+
+  // The write bandwidth the tier was given (Options::writeBytesPerSecond; 0: unlimited).
+  uint64_t writeBytesPerSecond() const { return options_.writeBytesPerSecond; }
 
   // Writes the records in one batch and flushes it to disk (blocking). UNAVAILABLE on an I/O error
   // or a full disk: the batch counts as not written (the caller keeps the blocks in memory). Its

@@ -176,6 +176,26 @@ Result<DaemonConfig> parseDaemonArgs(const std::vector<std::string>& args) {
                          " wants 1 to 64 of [A-Za-z0-9._-], not '", value, "'");
       }
       (flag == "--cluster" ? config.cluster : config.nodeId) = value;
+    } else if (flag == "--shutdown-timeout-ms") {
+      char* end = nullptr;
+      const unsigned long v = std::strtoul(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || !std::isdigit(static_cast<unsigned char>(value[0])) ||
+          v < 1000 || v > 3600000) {
+        return makeError(ErrorCode::kInvalidArgument, flag, " wants 1000 to 3600000, not '", value,
+                         "'");
+      }
+      config.shutdownTimeoutMs = static_cast<uint32_t>(v);
+    } else if (flag == "--disk-write-rate") {
+      auto bytes = parseByteSize(value);
+      if (!bytes) {
+        return makeError(ErrorCode::kInvalidArgument, flag, " wants bytes per second (e.g. 200M; ",
+                         "0: unlimited): ", bytes.error().message());
+      }
+      if (*bytes != 0 && *bytes < (uint64_t{64} << 10)) {
+        return makeError(ErrorCode::kInvalidArgument, flag, " of ", *bytes,
+                         " bytes per second is below 64K");
+      }
+      config.diskWriteBytesPerSecond = *bytes;
     } else if (flag == "--peer-timeout-ms" || flag == "--pin-lease-ms" ||
                flag == "--etcd-lease-ttl") {
       char* end = nullptr;
@@ -250,6 +270,9 @@ const char* daemonUsage() {
          "  --disk-bytes N          cold tier capacity: blocks held only on disk dropped first,\n"
          "                          those that left memory first first (64G; 0: none)\n"
          "  --flush-on-exit on|off  on SIGTERM, write blocks still only in memory (on)\n"
+         "  --shutdown-timeout-ms N the longest a stop takes: snapshots, then the most useful\n"
+         "                          blocks are written until shortly before it (20000)\n"
+         "  --disk-write-rate N     the cold tier's write bandwidth per second (0: unlimited)\n"
          "  --eviction arc|lru|2q   which cached blocks go first when memory is full (arc)\n"
          "  --metrics-addr H:P      serve GET /metrics (Prometheus text) on H:P (off)\n"
          "  --gpus all|none|0,1     CUDA devices that get a GPU pool (all; needs a CUDA build)\n"

@@ -26,6 +26,13 @@ struct DaemonConfig {
   bool coldTier = true;
   uint64_t diskBytes = uint64_t{64} << 30;  // payload bytes kept on disk; 0: unbounded
   bool flushOnExit = true;  // SIGTERM/SIGINT write every sealed block still only in memory
+  // The longest a stop takes, SIGTERM to exit: the flush writes snapshots first, then blocks
+  // most useful first, until shortly before it; at it, whatever is still running is abandoned
+  // (names removed, the process ends). Fits a 30 s grace period (Kubernetes' default).
+  uint32_t shutdownTimeoutMs = 20000;
+  // The cold tier's write bandwidth, bytes per second (0: unlimited): spills and flushes leave
+  // the rest of the disk to others.
+  uint64_t diskWriteBytesPerSecond = 0;
   // Which cached block memory drops first (docs/cache-policy.md): ARC made prefix-aware, or LRU.
   EvictionKind eviction = kDefaultEviction;
   std::string metricsAddr;  // HOST:PORT for GET /metrics (Prometheus); empty: off

@@ -25,6 +25,29 @@ TEST(DaemonConfig, BusyPollingDefaultsTo50MicrosecondsAndCanBeOff) {
   }
 }
 
+TEST(DaemonConfig, AStopIsBoundedBy20SecondsAndTheDiskRateIsUnlimitedByDefault) {
+  auto c = parseDaemonArgs({});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->shutdownTimeoutMs, 20000u);
+  EXPECT_EQ(c->diskWriteBytesPerSecond, 0u);
+  auto set = parseDaemonArgs({"--shutdown-timeout-ms", "5000", "--disk-write-rate", "200M"});
+  ASSERT_TRUE(set.ok()) << set.error();
+  EXPECT_EQ(set->shutdownTimeoutMs, 5000u);
+  EXPECT_EQ(set->diskWriteBytesPerSecond, 200u << 20);
+  for (const char* bad : {"999", "-5000", "+5000", "5000ms", "", "3600001"}) {
+    auto r = parseDaemonArgs({"--shutdown-timeout-ms", bad});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message().find("--shutdown-timeout-ms wants 1000 to 3600000"),
+              std::string::npos)
+        << r.error();
+  }
+  for (const char* bad : {"-1M", "fast", "1K"}) {
+    auto r = parseDaemonArgs({"--disk-write-rate", bad});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message().find("--disk-write-rate"), std::string::npos) << r.error();
+  }
+}
+
 TEST(DaemonConfig, EvictionDefaultsToArcAndTakesLru) {
   EXPECT_EQ(parseDaemonArgs({}).value().eviction, EvictionKind::kArc);
   EXPECT_EQ(parseDaemonArgs({"--eviction", "lru"}).value().eviction, EvictionKind::kLru);

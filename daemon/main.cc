@@ -30,6 +30,7 @@
 #include "daemon/metrics.h"
 #include "daemon/scheduling.h"
 #include "daemon/server.h"
+#include "daemon/shutdown_watchdog.h"
 #include "kernels/rope.h"
 #include "store/engine.h"
 #include "transport/busy_poll.h"
@@ -358,6 +359,9 @@ int run(const DaemonConfig& config) {
     logWarn("startup_failed", "reason=" + quotedField(why) + " segments=" + prefix);
     return 1;
   }
+  // Declared here, destroyed after everything made below it (the cold tier's close included)
+  // and before the pool: the bound of a stop (made at the signal).
+  std::optional<ShutdownWatchdog> watchdog;
   // The pool's pages, as the ready line, stats and metrics tell them.
   std::string poolPages = std::string(" pool_pages=") + pageKindName((*pool)->pages());
   if ((*pool)->pages() != PageKind::kHuge2M) {
@@ -427,7 +431,8 @@ int run(const DaemonConfig& config) {
     auto tier = ColdTier::open({.path = config.dataDir + "/cold",
                                 .capacityBytes = config.diskBytes,
                                 .fileSystem = nullptr,
-                                .checker = std::filesystem::read_symlink("/proc/self/exe", error)});
+                                .checker = std::filesystem::read_symlink("/proc/self/exe", error),
+                                .writeBytesPerSecond = config.diskWriteBytesPerSecond});
     if (!tier) {
       logWarn("startup_failed", "reason=\"" + tier.error().message() + "\"");
       return 1;
@@ -518,15 +523,38 @@ int run(const DaemonConfig& config) {
   }
   auto serving = accepting.then([]() -> siginfo_t { KJ_UNREACHABLE; });
   const siginfo_t signal = stop.exclusiveJoin(kj::mv(serving)).wait(io.waitScope);
+  // The stop is bounded: the flush gets until a little before the deadline (the rest is for
+  // closing the tier and the pool), and at the deadline the watchdog ends whatever still runs.
+  const auto stopping = std::chrono::steady_clock::now();
+  const std::chrono::milliseconds timeout(config.shutdownTimeoutMs);
+  const auto deadline = stopping + timeout;
+  const auto flushDeadline =
+      deadline - std::min<std::chrono::milliseconds>(std::chrono::milliseconds(2000), timeout / 4);
+  std::vector<std::string> segmentNames;
+  for (size_t i = 0; i < (*pool)->extentCount(); ++i) {
+    if (!(*pool)->segment(static_cast<uint32_t>(i)).anonymous()) {
+      segmentNames.push_back((*pool)->segment(static_cast<uint32_t>(i)).name());
+    }
+  }
+  watchdog.emplace(deadline, socketPath, std::move(segmentNames));
   logInfo("shutdown", "signal=" + std::to_string(signal.si_signo) +
-                          " sessions=" + std::to_string(server.sessions()));
+                          " sessions=" + std::to_string(server.sessions()) +
+                          " timeout_ms=" + std::to_string(config.shutdownTimeoutMs));
   listener = nullptr;
   metricsAcceptor = nullptr;
   metricsServer = nullptr;
   metricsListener = nullptr;
   ::unlink(socketPath.c_str());
   if (cluster) cluster->leave().wait(io.waitScope);  // etcd: the others see us go now
-  if (cold && config.flushOnExit) cold->flushAll(io.waitScope);
+  if (cold && config.flushOnExit && !cold->flushAll(io.waitScope, flushDeadline)) {
+    // A write still runs on the cold tier's worker, reading the pool: nothing may be destroyed
+    // under it.
+    watchdog->endNow("a cold-tier write in flight did not finish by the shutdown deadline");
+  }
+  logInfo("shutdown_flushed",
+          "ms=" + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     std::chrono::steady_clock::now() - stopping)
+                                     .count()));
   return 0;
   // Server (connections and their leases), engine, then pool (segments removed) are destroyed here.
 }

@@ -426,6 +426,10 @@ class Engine {
   std::vector<SpillItem> takeSpillBatch(size_t max, uint64_t maxBytes = kEnd, size_t min = 1);
   // Every sealed block not yet on disk, held or not (a graceful shutdown's flush).
   std::vector<SpillItem> takeAllUnspilled();
+  // The same blocks, most useful first, for a flush that may not write them all (a bounded
+  // shutdown): blocks something holds or pins (sequences, leases) first, then cached blocks in
+  // the reverse of the eviction policy's order (the last it would evict first).
+  std::vector<SpillItem> takeAllUnspilledByValue();
   // Written blocks are marked on disk: eviction may drop them at no cost.
   void finishSpill(std::span<const SpillItem> items, bool written);
   // Blocks waiting to be spilled (a hint: may count some that no longer need it).

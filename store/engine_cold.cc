@@ -65,6 +65,33 @@ std::vector<SpillItem> Engine::takeAllUnspilled() {
   return out;
 }
 
+std::vector<SpillItem> Engine::takeAllUnspilledByValue() {
+  auto unspilled = [this](BlockId b) {
+    const BlockMeta& m = pool_[b];
+    return m.state == BlockState::kSealed && !m.entry && !m.onDisk && !m.spilling && !m.corrupt &&
+           pool_.tierOf(b) == 0;
+  };
+  std::vector<SpillItem> out;
+  for (BlockId b = 0; pool_.valid(b); ++b) {
+    const BlockMeta& m = pool_[b];
+    if (unspilled(b) && (m.refs > 0 || m.pins > 0)) out.push_back(markSpilling(b));
+  }
+  std::vector<BlockId> order;
+  for (uint32_t cls = 0; cls < pool_.classCount(); ++cls) {
+    if (pool_.classTier(cls) != 0) continue;
+    order.clear();
+    policy_->oldest(cls, policy_->size(), order);
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      if (unspilled(*it)) out.push_back(markSpilling(*it));
+    }
+  }
+  // Anything the two passes missed (a sealed block neither held nor in the order), last.
+  for (BlockId b = 0; pool_.valid(b); ++b) {
+    if (unspilled(b)) out.push_back(markSpilling(b));
+  }
+  return out;
+}
+
 void Engine::finishSpill(std::span<const SpillItem> items, bool written) {
   for (const auto& item : items) {
     BlockMeta& m = pool_[item.block];
