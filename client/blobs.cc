@@ -23,10 +23,11 @@ Key128 contentKey(const void* bytes, size_t size) {
 Status Space::writeBlob(const void* bytes, size_t size, std::unique_ptr<LeaseState> lease,
                         const BlockRef& block) {
   auto* client = client_.impl_.get();
+  const Connection& on = *lease->connection;
   return client->run([&]() -> kj::Promise<void> {
     auto cap = KJ_ASSERT_NONNULL(lease->cap).castAs<rpc::WriteLease>();
     kj::Promise<void> written = kj::READY_NOW;
-    if (const uint8_t* view = client->mapped ? client->view(block) : nullptr) {
+    if (const uint8_t* view = on.mapped ? on.view(block) : nullptr) {
       std::memcpy(const_cast<uint8_t*>(view), bytes, size);
     } else {
       auto req = cap.writeBlobRequest();
@@ -39,8 +40,10 @@ Status Space::writeBlob(const void* bytes, size_t size, std::unique_ptr<LeaseSta
 
 template <typename MakeRequest>
 Status Space::putBlob(MakeRequest&& makeRequest, const void* bytes, size_t size) {
+  if (auto s = refresh(); !s) return s;
   auto lease = std::make_unique<LeaseState>();
   lease->client = client_.impl_.get();
+  lease->connection = impl_->on().connection;
   auto block = client_.impl_->run([&] {
     return makeRequest().send().then([&lease](auto&& r) {
       lease->cap = r.getLease();
@@ -76,15 +79,18 @@ Status Space::putEntry(const Key128& key, const void* bytes, size_t size) {
 
 template <typename MakeRequest>
 Result<BlobHandle> Space::readBlob(MakeRequest&& makeRequest) {
+  if (auto s = refresh(); !s) return s.error();
   auto* client = client_.impl_.get();
+  const auto on = impl_->on();
   BlobHandle handle;
   handle.lease_ = std::make_unique<LeaseState>();
   handle.lease_->client = client;
+  handle.lease_->connection = on.connection;
   BlockRef block;
   uint64_t bytes = 0;
   auto status = client->run([&] {
     auto req = makeRequest();
-    req.setInline(!client->mapped);
+    req.setInline(!on.connection->mapped);
     return req.send().then([&](auto&& r) {
       handle.lease_->cap = r.getLease();
       block = refFrom(r.getBlock());
@@ -97,7 +103,7 @@ Result<BlobHandle> Space::readBlob(MakeRequest&& makeRequest) {
     handle.data_ = std::span<const uint8_t>(handle.inline_);
     return handle;
   }
-  const uint8_t* p = client->view(block);
+  const uint8_t* p = on.connection->view(block);
   if (!p || bytes > block.bytes) {
     return makeError(ErrorCode::kInternal, "daemon returned a blob outside the mapped pool");
   }
@@ -123,6 +129,7 @@ Result<BlobHandle> Space::getEntry(const Key128& key) {
 }
 
 Result<std::vector<uint64_t>> Space::checkpoints(std::string_view seq) {
+  if (auto s = refresh(); !s) return s.error();
   return client_.impl_->run([&] {
     auto req = impl_->space().checkpointsRequest();
     req.setSeq(WireText(seq));
@@ -151,9 +158,12 @@ Result<WriteHandle> Space::beginPutStateImpl(std::span<const uint32_t> tokens,
     return makeError(ErrorCode::kInvalidArgument, "state after ", tokens.size(), " tokens exceeds ",
                      kMaxTokensPerCall);
   }
+  if (auto s = refresh(); !s) return s.error();
   auto* client = client_.impl_.get();
+  const auto on = impl_->on();
   auto lease = std::make_unique<LeaseState>();
   lease->client = client;
+  lease->connection = on.connection;
   uint64_t position = 0;
   std::vector<BlockRef> refs;
   auto status = client->run([&] {
@@ -176,9 +186,9 @@ Result<WriteHandle> Space::beginPutStateImpl(std::span<const uint32_t> tokens,
   handle.begin_ = handle.end_ = handle.firstPosition_ = position;
   handle.stateBytes_ = uint64_t{layout_.stateChunks(partial)} * layout_.chunkBytes();
   handle.refs_ = std::move(refs);
-  if (client->mapped) {
+  if (on.connection->mapped) {
     for (const auto& ref : handle.refs_) {
-      auto v = client->grantedView(ref);
+      auto v = on.connection->grantedView(ref);
       if (!v) return v.error();
       handle.views_.push_back(*v);
     }

@@ -344,11 +344,14 @@ kvtier_code kvtier_connect(const char* socket_path, const char* client_name, uin
                            kvtier_client** out) {
   return guarded([&] {
     if (!out) return invalid("out is NULL");
-    if (flags & ~KVTIER_CONNECT_INLINE) return invalid("unknown connect flags");
+    if (flags & ~(KVTIER_CONNECT_INLINE | KVTIER_CONNECT_NO_RECONNECT)) {
+      return invalid("unknown connect flags");
+    }
     kvtier::ClientOptions options;
     if (socket_path) options.socketPath = socket_path;
     options.clientName = client_name ? client_name : "kvtier-c";
     options.mapPool = (flags & KVTIER_CONNECT_INLINE) == 0;
+    options.reconnect = (flags & KVTIER_CONNECT_NO_RECONNECT) == 0;
     // Callers may be on any thread (a Go goroutine moves between threads): the client's own loop.
     options.threading = kvtier::ClientThreading::kOwnThread;
     auto client = kvtier::Client::connect(options);

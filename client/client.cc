@@ -14,37 +14,59 @@
 
 namespace kvtier {
 
+thread_local bool Client::Impl::tInReconnect = false;
+
+kj::Promise<std::shared_ptr<Connection>> Client::Impl::dial(kj::AsyncIoContext& context) {
+  auto c = std::make_shared<Connection>();
+  return context.provider->getNetwork()
+      .parseAddress(kj::str("unix:", options.socketPath.c_str()))
+      .then([](kj::Own<kj::NetworkAddress>&& address) {
+        auto connecting = address->connect();
+        return connecting.attach(kj::mv(address));
+      })
+      .then([this, c, &context](kj::Own<kj::AsyncIoStream>&& socket) {
+        // No busy polling on an own-thread client's loop thread: the caller it wakes with each
+        // answer is placed on its core, and a polling loop thread would hold that core
+        // (measured: a one-block lookup took ~200 us instead of ~60).
+        c->stream =
+            kj::heap<BufferedIoStream>(readWatchedSocket(context.unixEventPort, kj::mv(socket)));
+        c->network = kj::heap<capnp::TwoPartyVatNetwork>(
+            *c->stream, capnp::rpc::twoparty::Side::CLIENT, clientReaderOptions());
+        c->rpcSystem = kj::heap(capnp::makeRpcClient(*c->network));
+        // The connection's end, whenever it comes, marks it lost (the client connects again).
+        Connection* raw = c.get();
+        c->watch = c->network->onDisconnect()
+                       .then([raw] { raw->lost = true; })
+                       .eagerlyEvaluate([raw](kj::Exception&&) { raw->lost = true; });
+        capnp::word scratch[4];
+        memset(scratch, 0, sizeof scratch);
+        capnp::MallocMessageBuilder message(scratch);
+        auto vatId = message.getRoot<capnp::rpc::twoparty::VatId>();
+        vatId.setSide(capnp::rpc::twoparty::Side::SERVER);
+        auto daemon = c->rpcSystem->bootstrap(vatId).castAs<rpc::Daemon>();
+        auto req = daemon.helloRequest();
+        req.setProtocolVersion(rpc::PROTOCOL_VERSION);
+        req.setClientName(WireText(options.clientName));
+        return req.send();
+      })
+      .then([this, c](capnp::Response<rpc::Daemon::HelloResults>&& resp) {
+        if (devices.empty() && devicePciBusIds.empty() && daemonVersion.empty()) {
+          daemonVersion = resp.getDaemonVersion().cStr();
+          for (int d : resp.getDevices()) devices.push_back(d);
+          for (auto pci : resp.getDevicePciBusIds()) devicePciBusIds.push_back(pci.cStr());
+        }
+        c->session = resp.getSession();
+        auto token = resp.getLaneToken();
+        c->laneToken.assign(token.begin(), token.end());
+        return c;
+      });
+}
+
 Status Client::Impl::setup(kj::AsyncIoContext& context) {
   io = &context;
-  KJ_IF_MAYBE (e, kj::runCatchingExceptions([&] {
-                 auto address = context.provider->getNetwork()
-                                    .parseAddress(kj::str("unix:", options.socketPath.c_str()))
-                                    .wait(context.waitScope);
-                 // No busy polling on an own-thread client's loop thread: the caller it wakes
-                 // with each answer is placed on its core, and a polling loop thread would hold
-                 // that core (measured: a one-block lookup took ~200 us instead of ~60).
-                 stream = kj::heap<BufferedIoStream>(readWatchedSocket(
-                     context.unixEventPort, address->connect().wait(context.waitScope)));
-                 network = kj::heap<capnp::TwoPartyVatNetwork>(
-                     *stream, capnp::rpc::twoparty::Side::CLIENT, clientReaderOptions());
-                 rpcSystem = kj::heap(capnp::makeRpcClient(*network));
-                 capnp::word scratch[4];
-                 memset(scratch, 0, sizeof scratch);
-                 capnp::MallocMessageBuilder message(scratch);
-                 auto vatId = message.getRoot<capnp::rpc::twoparty::VatId>();
-                 vatId.setSide(capnp::rpc::twoparty::Side::SERVER);
-                 auto daemon = rpcSystem->bootstrap(vatId).castAs<rpc::Daemon>();
-                 auto req = daemon.helloRequest();
-                 req.setProtocolVersion(rpc::PROTOCOL_VERSION);
-                 req.setClientName(WireText(options.clientName));
-                 auto resp = req.send().wait(context.waitScope);
-                 daemonVersion = resp.getDaemonVersion().cStr();
-                 for (int d : resp.getDevices()) devices.push_back(d);
-                 for (auto pci : resp.getDevicePciBusIds()) devicePciBusIds.push_back(pci.cStr());
-                 session = resp.getSession();
-                 auto token = resp.getLaneToken();
-                 laneToken.assign(token.begin(), token.end());
-               })) {
+  std::shared_ptr<Connection> made;
+  KJ_IF_MAYBE (e,
+               kj::runCatchingExceptions([&] { made = dial(context).wait(context.waitScope); })) {
     Error error = fromKjException(*e);
     if (error.code() == ErrorCode::kInternal || error.code() == ErrorCode::kUnavailable) {
       error = makeError(ErrorCode::kUnavailable, "cannot reach kvtierd at ", options.socketPath,
@@ -52,16 +74,64 @@ Status Client::Impl::setup(kj::AsyncIoContext& context) {
     }
     return error;
   }
+  made->epoch = 1;
+  std::lock_guard lock(connectionMutex);
+  current = std::move(made);
   return {};
 }
 
+void Client::Impl::attachLane(Connection& c) {
+  if (!options.lane || c.laneToken.empty()) return;
+  // Without a lane every call goes over Cap'n Proto, as with a daemon that offers none.
+  auto lane = ClientLane::attach(options.socketPath, c.laneToken, options.busyPoll,
+                                 std::chrono::seconds(5));
+  if (lane) c.lane = std::move(lane).value();
+}
+
+void Client::Impl::reconnectIfDue() {
+  // A caller-thread client's loop runs only in its calls: the end of the connection is seen once
+  // the loop has looked.
+  if (callerThread && std::this_thread::get_id() == callerThreadId && ownedIo) {
+    ownedIo->waitScope.poll();
+  }
+  auto c = connection();
+  if (!c || !c->lost) return;
+  {
+    std::lock_guard lock(reconnectMutex);
+    const auto now = std::chrono::steady_clock::now();
+    // Attempts are spaced by the interval whatever the rate of calls: a failed call does not
+    // move the next attempt (it did once, and a client calling without pause never came back).
+    if (reconnecting || now - lastAttempt < options.reconnectInterval) return;
+    lastAttempt = now;
+    reconnecting = true;
+  }
+  tInReconnect = true;
+  auto made = run([this] { return dial(*io); });
+  if (made) {
+    attachLane(**made);
+    (*made)->epoch = c->epoch + 1;
+    // Installed on the loop thread: the old connection is let go there (what still holds it —
+    // spaces not reopened yet, leases — keeps it until they are done).
+    (void)run([this, &made] {
+      std::shared_ptr<Connection> old;
+      {
+        std::lock_guard lock(connectionMutex);
+        old = std::exchange(current, std::move(*made));
+      }
+    });
+    ++reconnects;
+  }
+  tInReconnect = false;
+  reconnecting = false;
+}
+
 void Client::Impl::teardown() {
-  // In reverse order, on the loop's thread; leases dropped on other threads first.
+  // On the loop's thread; leases dropped on other threads first.
   dropQueued();
-  session = nullptr;
-  rpcSystem = nullptr;
-  network = nullptr;
-  stream = nullptr;
+  {
+    std::lock_guard lock(connectionMutex);
+    current = nullptr;
+  }
   io = nullptr;
 }
 
@@ -99,13 +169,26 @@ void Client::Impl::dropLater(capnp::Capability::Client&& cap) {
   ring(kj::mv(bell));
 }
 
+void Client::Impl::dropLater(std::shared_ptr<Connection>&& connection) {
+  kj::Own<kj::CrossThreadPromiseFulfiller<void>> bell;
+  {
+    std::lock_guard<std::mutex> lock(inboxMutex);
+    droppedConnections.push_back(std::move(connection));
+    bell = takeDoorbell();
+  }
+  ring(kj::mv(bell));
+}
+
 void Client::Impl::dropQueued() {
   std::vector<capnp::Capability::Client> batch;
+  std::vector<std::shared_ptr<Connection>> connections;
   {
     std::lock_guard<std::mutex> lock(inboxMutex);
     batch.swap(dropped);
+    connections.swap(droppedConnections);
   }
-  batch.clear();  // here, on the loop thread: each sends its release
+  batch.clear();        // here, on the loop thread: each sends its release
+  connections.clear();  // then the connections under them
 }
 
 void Client::Impl::callOnLoop(const std::shared_ptr<PendingCall>& call) {
@@ -150,7 +233,7 @@ kj::Promise<void> Client::Impl::serveInbox() {
     std::lock_guard<std::mutex> lock(inboxMutex);
     // Queued while no doorbell was armed (a stop too: a client destroyed right after connect()
     // asks before the loop first arms one): rung at once.
-    if (!calls.empty() || !dropped.empty() || stopRequested) {
+    if (!calls.empty() || !dropped.empty() || !droppedConnections.empty() || stopRequested) {
       paf.fulfiller->fulfill();
     } else {
       doorbell = kj::mv(paf.fulfiller);
@@ -231,21 +314,21 @@ Status Client::Impl::connect() {
   return status;
 }
 
-Status Client::Impl::mapExtents(const std::vector<HostExtent>& extents) {
+Status Client::Impl::mapExtents(Connection& c, const std::vector<HostExtent>& extents) {
   if (!options.mapPool) return {};
   // Streaming stores or memcpy into the pool, as this machine copies faster (measured once).
   kernels::chooseCopyMethodsOnce();
   // Anonymous (hugetlb) extents have no name: their descriptors come in one reply, asked for once.
   std::map<uint32_t, pool_fds::ReceivedExtent> received;
   bool asked = false;
-  const auto unmapped = [this](Error error) {
+  const auto unmapped = [&c](Error error) {
     // Another host, no permission or no memory: bytes go inline for this client.
-    mapped = false;
-    mappings.clear();
+    c.mapped = false;
+    c.mappings.clear();
     return error;
   };
   for (const auto& e : extents) {
-    if (mappings.count(e.id)) continue;
+    if (c.mappings.count(e.id)) continue;
     Result<std::unique_ptr<ShmSegment>> seg = makeError(ErrorCode::kInternal, "unreachable");
     if (e.byDescriptor) {
       if (!asked) {
@@ -272,13 +355,13 @@ Status Client::Impl::mapExtents(const std::vector<HostExtent>& extents) {
           makeError(ErrorCode::kPermissionDenied, "kvtierd offers this client no pool mapping"));
     }
     if (!seg) return unmapped(seg.error());
-    mappings.emplace(e.id, std::move(seg).value());
+    c.mappings.emplace(e.id, std::move(seg).value());
   }
-  mapped = true;
+  c.mapped = true;
   return {};
 }
 
-const uint8_t* Client::Impl::view(const BlockRef& ref) const {
+const uint8_t* Connection::view(const BlockRef& ref) const {
   auto it = mappings.find(ref.extent);
   if (it == mappings.end() || ref.offset + ref.bytes > it->second->size() ||
       ref.offset + ref.bytes < ref.offset) {
@@ -287,7 +370,7 @@ const uint8_t* Client::Impl::view(const BlockRef& ref) const {
   return it->second->data() + ref.offset;
 }
 
-Result<std::span<uint8_t>> Client::Impl::grantedView(const BlockRef& ref) const {
+Result<std::span<uint8_t>> Connection::grantedView(const BlockRef& ref) const {
   if (gpuExtents.count(ref.extent)) return std::span<uint8_t>();
   const uint8_t* p = view(ref);
   if (!p) return makeError(ErrorCode::kInternal, "daemon granted a block outside the mapped pool");
@@ -302,12 +385,8 @@ Result<std::unique_ptr<Client>> Client::connect(const ClientOptions& options) {
   // Polling longer than a scheduler slice only burns CPU; negative is off.
   impl->options.busyPoll = std::clamp(options.busyPoll, std::chrono::microseconds(0), kMaxBusyPoll);
   if (auto s = impl->connect(); !s) return s.error();
-  if (options.lane && !impl->laneToken.empty()) {
-    // Without a lane every call goes over Cap'n Proto, as with a daemon that offers none.
-    auto lane = ClientLane::attach(options.socketPath, impl->laneToken, impl->options.busyPoll,
-                                   std::chrono::seconds(5));
-    if (lane) impl->lane = std::move(lane).value();
-  }
+  // Before anyone else sees the connection (the loop thread only runs calls, none yet).
+  impl->attachLane(*impl->current);
   return std::unique_ptr<Client>(new Client(std::move(impl)));
 }
 
@@ -325,55 +404,52 @@ Client::~Client() {
 }
 
 const std::string& Client::daemonVersion() const { return impl_->daemonVersion; }
-bool Client::mapped() const { return impl_->mapped; }
-Result<std::unique_ptr<Space>> Client::open(const Layout& layout, const OpenOptions& options) {
-  if (auto s = layout.validate(); !s) return s.error();
-#ifndef KVTIER_HAVE_CUDA
-  if (options.device != -1) {
-    return makeError(ErrorCode::kNotSupported, "this kvtier client was built without CUDA");
-  }
-#endif
+bool Client::mapped() const {
+  auto c = impl_->connection();
+  return c && c->mapped;
+}
+uint64_t Client::reconnects() const { return impl_->reconnects; }
+Result<Client::Impl::OpenedSpace> Client::Impl::openSpace(const Layout& layout, int device) {
   struct GpuExtent {
     uint32_t id;
     uint64_t bytes;
     std::vector<uint8_t> handle;
   };
   struct Opened {
-    kj::Own<Space::Impl> impl;
-    uint64_t fingerprint;
-    std::vector<Impl::HostExtent> extents;
+    OpenedSpace space;
+    std::vector<HostExtent> extents;
     std::vector<GpuExtent> gpuExtents;
   };
   // The daemon numbers devices as it sees them; this process may see them under other ordinals
   // (CUDA_VISIBLE_DEVICES): name ours by PCI bus id, and map with our own ordinal.
-  int daemonDevice = options.device;
+  int daemonDevice = device;
 #ifdef KVTIER_HAVE_CUDA
-  if (options.device >= 0 && !impl_->devicePciBusIds.empty()) {
-    const std::string pci = pciBusId(options.device);
+  if (device >= 0 && !devicePciBusIds.empty()) {
+    const std::string pci = pciBusId(device);
     if (pci.empty()) {
-      return makeError(ErrorCode::kInvalidArgument, "no CUDA device ", options.device,
-                       " in this process");
+      return makeError(ErrorCode::kInvalidArgument, "no CUDA device ", device, " in this process");
     }
     daemonDevice = -2;  // a device the daemon has no pool on: it refuses the open
-    for (size_t i = 0; i < impl_->devicePciBusIds.size(); ++i) {
-      if (strcasecmp(impl_->devicePciBusIds[i].c_str(), pci.c_str()) == 0) {
-        daemonDevice = impl_->devices[i];
-      }
+    for (size_t i = 0; i < devicePciBusIds.size(); ++i) {
+      if (strcasecmp(devicePciBusIds[i].c_str(), pci.c_str()) == 0) daemonDevice = devices[i];
     }
     if (daemonDevice == -2) {
       return makeError(ErrorCode::kInvalidArgument, "kvtierd has no GPU pool on CUDA device ",
-                       options.device, " (PCI ", pci, ")");
+                       device, " (PCI ", pci, ")");
     }
   }
 #endif
-  auto opened = impl_->run([&] {
-    auto req = impl_->sessionCap().openRequest();
+  auto opened = run([&] {
+    auto c = current;
+    auto req = c->sessionCap().openRequest();
     layoutToRpc(layout, req.initLayout());
     req.setDevice(daemonDevice);
-    return req.send().then([](capnp::Response<rpc::Session::OpenResults>&& r) {
-      Opened o{kj::heap<Space::Impl>(), r.getFingerprint(), {}, {}};
-      o.impl->cap = r.getSpace();
-      o.impl->lane = r.getLane();
+    return req.send().then([c](capnp::Response<rpc::Session::OpenResults>&& r) {
+      Opened o;
+      o.space.cap = r.getSpace();
+      o.space.lane = r.getLane();
+      o.space.fingerprint = r.getFingerprint();
+      o.space.connection = c;
       for (auto e : r.getExtents()) {
         if (e.getDevice() >= 0) {
           auto h = e.getIpcHandle();
@@ -387,44 +463,63 @@ Result<std::unique_ptr<Space>> Client::open(const Layout& layout, const OpenOpti
     });
   });
   if (!opened) return opened.error();
+  Connection& c = *opened->space.connection;
   // Mapping the pool is best effort: without it, bytes travel inline.
-  (void)impl_->run([&] {
-    (void)impl_->mapExtents(opened->extents);
-    for (const auto& g : opened->gpuExtents) impl_->gpuExtents.insert(g.id);
+  (void)run([&] {
+    (void)mapExtents(c, opened->extents);
+    for (const auto& g : opened->gpuExtents) c.gpuExtents.insert(g.id);
   });
 #ifdef KVTIER_HAVE_CUDA
   for (const auto& g : opened->gpuExtents) {
-    std::lock_guard<std::mutex> lock(impl_->gpuMutex);
-    if (impl_->deviceMappings.count(g.id)) continue;
+    std::lock_guard<std::mutex> lock(gpuMutex);
+    if (c.deviceMappings.count(g.id)) continue;
     IpcHandleBytes handle{};
     Result<std::unique_ptr<DeviceMapping>> mapping =
         makeError(ErrorCode::kInternal, "GPU extent ", g.id, " came with a bad IPC handle");
     if (g.handle.size() == handle.size()) {
       std::copy(g.handle.begin(), g.handle.end(), handle.begin());
-      mapping = DeviceMapping::open(options.device, handle, g.bytes);
+      mapping = DeviceMapping::open(device, handle, g.bytes);
     }
     if (!mapping) {
       // The space capability belongs to the loop thread: drop it there.
-      (void)impl_->run([&] { opened->impl = nullptr; });
+      (void)run([&] { opened->space.cap = nullptr; });
       return mapping.error();
     }
-    impl_->deviceMappings.emplace(g.id, std::move(mapping).value());
+    c.deviceMappings.emplace(g.id, std::move(mapping).value());
   }
 #endif
+  OpenedSpace out;
+  (void)run([&] { out = std::move(opened->space); });  // capabilities move on the loop thread
+  return out;
+}
+
+Result<std::unique_ptr<Space>> Client::open(const Layout& layout, const OpenOptions& options) {
+  if (auto s = layout.validate(); !s) return s.error();
+#ifndef KVTIER_HAVE_CUDA
+  if (options.device != -1) {
+    return makeError(ErrorCode::kNotSupported, "this kvtier client was built without CUDA");
+  }
+#endif
+  auto opened = impl_->openSpace(layout, options.device);
+  if (!opened) return opened.error();
   auto spaceImpl = std::make_unique<Space::Impl>();
   (void)impl_->run([&] {
-    spaceImpl->cap = kj::mv(opened->impl->cap);
-    spaceImpl->lane = opened->impl->lane;
-    opened->impl = nullptr;
+    spaceImpl->cap = kj::mv(opened->cap);
+    spaceImpl->lane = opened->lane;
+    spaceImpl->connection = std::move(opened->connection);
   });
+  const uint64_t fingerprint = opened->fingerprint;
   return std::unique_ptr<Space>(
-      new Space(*this, std::move(spaceImpl), layout, opened->fingerprint, options.device));
+      new Space(*this, std::move(spaceImpl), layout, fingerprint, options.device));
 }
 
 const std::vector<int>& Client::devices() const { return impl_->devices; }
 
 #ifdef KVTIER_HAVE_CUDA
-Result<uint8_t*> Client::Impl::devicePointer(const BlockRef& ref) {
+Result<uint8_t*> Client::Impl::devicePointer(Connection& c, const BlockRef& ref) {
+  auto& deviceMappings = c.deviceMappings;
+  auto& mappings = c.mappings;
+  auto& hostRegistrations = c.hostRegistrations;
   if (auto it = deviceMappings.find(ref.extent); it != deviceMappings.end()) {
     if (ref.offset + ref.bytes > it->second->size() || ref.offset + ref.bytes < ref.offset) {
       return makeError(ErrorCode::kInternal, "block outside its GPU extent");

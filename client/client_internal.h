@@ -61,6 +61,53 @@ struct PendingCall {
   bool done = false;  // guarded by mutex
 };
 
+// One connection to kvtierd: the Cap'n Proto session, the fast lane and the pool as that daemon
+// offered it. A client connects again when its daemon went away and came back (a new daemon: a
+// new session, a new pool), and the connection it had lives on while anything opened on it —
+// a Space not reopened yet, a lease, views into its mapped pool — still holds it: their
+// capabilities and memory stay valid (the calls on them fail: the daemon is gone). Shared by the
+// client (the current one), its spaces and leases; destroyed on the client's loop thread.
+struct Connection {
+  uint64_t epoch = 0;  // 1 for the first connection, +1 for each reconnection
+  kj::Own<kj::AsyncIoStream> stream;
+  kj::Own<capnp::TwoPartyVatNetwork> network;
+  kj::Own<capnp::RpcSystem<capnp::rpc::twoparty::VatId>> rpcSystem;
+  kj::Maybe<rpc::Session::Client> session;
+  // The session's fast lane for lookups and puts (client/lane.h); null without one
+  // (ClientOptions::lane off, or a daemon that offered none or refused the attach).
+  std::shared_ptr<ClientLane> lane;
+  std::vector<uint8_t> laneToken;  // from hello
+  // The daemon is gone: the Cap'n Proto connection ended (watched below), or a lane call found
+  // its socket closed.
+  std::atomic<bool> lost{false};
+  kj::Promise<void> watch = nullptr;  // sets `lost` when the network disconnects
+
+  // Written during opens under the loop, read by handles: the loop serialises both.
+  std::map<uint32_t, std::unique_ptr<ShmSegment>> mappings;
+  bool mapped = false;
+  // GPU extents this connection was told of: their blocks have no host view.
+  std::set<uint32_t> gpuExtents;
+#ifdef KVTIER_HAVE_CUDA
+  // Opened once per extent (guarded by the client's gpuMutex).
+  std::map<uint32_t, std::unique_ptr<DeviceMapping>> deviceMappings;
+  std::map<uint32_t, std::unique_ptr<HostRegistration>> hostRegistrations;
+#endif
+
+  rpc::Session::Client& sessionCap() { return KJ_ASSERT_NONNULL(session); }
+  const uint8_t* view(const BlockRef& ref) const;
+  // The host view of a granted block: its bytes in the mapped pool, or an empty span for a block
+  // in GPU memory (reached with kernels). INTERNAL for a block outside every mapping.
+  Result<std::span<uint8_t>> grantedView(const BlockRef& ref) const;
+  // Capabilities first, then the connection under them.
+  ~Connection() {
+    watch = nullptr;
+    session = nullptr;
+    rpcSystem = nullptr;
+    network = nullptr;
+    stream = nullptr;
+  }
+};
+
 struct Client::Impl {
   ClientOptions options;
   std::thread thread;
@@ -80,10 +127,13 @@ struct Client::Impl {
   std::mutex inboxMutex;
   std::deque<std::shared_ptr<PendingCall>> calls;
   std::vector<capnp::Capability::Client> dropped;
+  // Connections whose last holder let go off the loop thread: destroyed there.
+  std::vector<std::shared_ptr<Connection>> droppedConnections;
   bool stopRequested = false;
   kj::Own<kj::CrossThreadPromiseFulfiller<void>> doorbell;
   // Queues `cap` for the loop thread to drop (own-thread mode; any thread).
   void dropLater(capnp::Capability::Client&& cap);
+  void dropLater(std::shared_ptr<Connection>&& connection);
   // On the loop thread: drops what callers queued.
   void dropQueued();
   // Queues `call` and waits until the loop thread has settled it (own-thread mode; any thread but
@@ -103,41 +153,46 @@ struct Client::Impl {
   // Loop-thread state (touched only inside run()).
   kj::AsyncIoContext* io = nullptr;
   kj::Own<kj::PromiseFulfiller<void>> stop;
-  kj::Own<kj::AsyncIoStream> stream;
-  kj::Own<capnp::TwoPartyVatNetwork> network;
-  kj::Own<capnp::RpcSystem<capnp::rpc::twoparty::VatId>> rpcSystem;
-  kj::Maybe<rpc::Session::Client> session;
-  // The session's fast lane for lookups and puts (client/lane.h); null without one
-  // (ClientOptions::lane off, or a daemon that offered none or refused the attach).
-  std::shared_ptr<ClientLane> lane;
-  std::vector<uint8_t> laneToken;  // from hello
-  // The lane, when this call may take it: the client maps the pool (the lane carries no bytes),
-  // and a caller-thread client is called from its own thread. Null otherwise.
-  ClientLane* laneHere() const {
-    if (!lane || !mapped) return nullptr;
+
+  // The current connection. Replaced (on the loop thread, under connectionMutex) when the client
+  // connects again; read from any thread through connection().
+  std::shared_ptr<Connection> current;
+  mutable std::mutex connectionMutex;
+  std::shared_ptr<Connection> connection() const {
+    std::lock_guard lock(connectionMutex);
+    return current;
+  }
+  // Reconnection (ClientOptions::reconnect): the last attempt, whether one is under way (one
+  // thread at a time tries; the others fail fast meanwhile), and how many succeeded.
+  std::mutex reconnectMutex;
+  std::chrono::steady_clock::time_point lastAttempt{};
+  std::atomic<bool> reconnecting{false};
+  std::atomic<uint64_t> reconnects{0};
+  // When the current connection was lost and an attempt is due, connects again (blocking, on
+  // the calling thread for its parts that block: the lane's attach; the rest on the loop).
+  // Returns at once otherwise. Any thread but the loop's.
+  void reconnectIfDue();
+
+  // The lane of `c`, when this call may take it: the client maps the pool (the lane carries no
+  // bytes), and a caller-thread client is called from its own thread. Null otherwise.
+  ClientLane* laneHere(const Connection& c) const {
+    if (!c.lane || !c.mapped) return nullptr;
     if (callerThread && std::this_thread::get_id() != callerThreadId) return nullptr;
-    return lane.get();
+    return c.lane.get();
   }
 
-  // Written once during open() under the loop, read by handles: the loop serialises both.
-  std::map<uint32_t, std::unique_ptr<ShmSegment>> mappings;
-  bool mapped = false;
-  bool mappingTried = false;
+  // From the first connection's hello (a daemon that restarts keeps its devices).
   std::string daemonVersion;
   std::vector<int> devices;  // with a GPU pool on the daemon (the daemon's ordinals)
   std::vector<std::string> devicePciBusIds;  // of those devices, in the same order
-  // GPU extents this client was told of: their blocks have no host view.
-  std::set<uint32_t> gpuExtents;
 #ifdef KVTIER_HAVE_CUDA
-  // Opened once per extent, closed with the client. Guarded by gpuMutex, like the copiers (a
-  // client may be called from several threads; kernels launch from the caller's thread).
+  // Guards the connections' GPU mappings and the copiers (a client may be called from several
+  // threads; kernels launch from the caller's thread).
   std::mutex gpuMutex;
-  std::map<uint32_t, std::unique_ptr<DeviceMapping>> deviceMappings;
-  std::map<uint32_t, std::unique_ptr<HostRegistration>> hostRegistrations;
   std::map<int, std::unique_ptr<kernels::gpu::PagedCopier>> copiers;
-  // The address a kernel on `device` uses for a block: the IPC mapping of a GPU extent, or the
-  // registered host mapping of a host extent. Requires gpuMutex.
-  Result<uint8_t*> devicePointer(const BlockRef& ref);
+  // The address a kernel on `device` uses for a block of connection `c`: the IPC mapping of a
+  // GPU extent, or the registered host mapping of a host extent. Requires gpuMutex.
+  Result<uint8_t*> devicePointer(Connection& c, const BlockRef& ref);
 #endif
 
   // Runs `f` on the loop thread and waits for its result; kj::Exceptions become kvtier Errors.
@@ -149,10 +204,12 @@ struct Client::Impl {
       return makeError(ErrorCode::kInvalidArgument,
                        "a caller-thread kvtier::Client was used from another thread");
     }
+    // A client whose daemon went away connects again first when an attempt is due.
+    if (options.reconnect && !tInReconnect) reconnectIfDue();
     // Handles dropped on other threads are released before this call (caller-thread mode).
     if (callerThread) dropQueued();
     // Releases sent over the lane are served before this call (another connection).
-    if (lane) lane->sync();
+    if (auto c = connection(); c && c->lane) c->lane->sync();
     try {
       if (callerThread) {
         using R = decltype(f());
@@ -211,13 +268,26 @@ struct Client::Impl {
       return fromKjException(e);
     }
   }
+  // Set on the thread that reconnects while it does (its own calls do not try again), and around
+  // the calls that only let go of something (a lease's release, a space's close).
+  static thread_local bool tInReconnect;
+  struct NoReconnect {
+    bool was = tInReconnect;
+    NoReconnect() { tInReconnect = true; }
+    ~NoReconnect() { tInReconnect = was; }
+  };
 
   Status connect();
-  // Connects and says hello on the current thread's event loop.
+  // A new connection: connects and says hello on the loop (`context`); the lane is attached by
+  // the caller (blocking). UNAVAILABLE when the daemon cannot be reached.
+  kj::Promise<std::shared_ptr<Connection>> dial(kj::AsyncIoContext& context);
+  // Connects on the current thread's event loop (the first connection).
   Status setup(kj::AsyncIoContext& context);
+  // Attaches the fast lane to `c` (before anyone else sees it; blocking).
+  void attachLane(Connection& c);
   void teardown();
   void loop(std::promise<Status>& ready);
-  rpc::Session::Client& sessionCap() { return KJ_ASSERT_NONNULL(session); }
+  rpc::Session::Client& sessionCap() { return current->sessionCap(); }
   // A host extent as Session.open offers it: a name to open, or a descriptor to ask for over the
   // daemon's socket (transport/pool_fds.h), or neither (not offered: bytes move inline).
   struct HostExtent {
@@ -226,20 +296,38 @@ struct Client::Impl {
     uint64_t bytes = 0;
     bool byDescriptor = false;
   };
-  // Maps the extents not mapped yet (on the loop thread: writes `mappings`). Any that cannot be
-  // mapped leaves the client unmapped (inline bytes) and says why. Blocks while it asks the
-  // daemon for descriptors (one connection, at most kPoolFdsTimeout).
-  Status mapExtents(const std::vector<HostExtent>& extents);
-  const uint8_t* view(const BlockRef& ref) const;
-  // The host view of a granted block: its bytes in the mapped pool, or an empty span for a block
-  // in GPU memory (reached with kernels). INTERNAL for a block outside every mapping.
-  Result<std::span<uint8_t>> grantedView(const BlockRef& ref) const;
+  // Maps the extents of `c` not mapped yet (on the loop thread: writes its `mappings`). Any that
+  // cannot be mapped leaves the connection unmapped (inline bytes) and says why. Blocks while it
+  // asks the daemon for descriptors (one connection, at most kPoolFdsTimeout).
+  Status mapExtents(Connection& c, const std::vector<HostExtent>& extents);
+
+  // A namespace opened on the current connection (Session.open), its extents mapped.
+  struct OpenedSpace {
+    kj::Maybe<rpc::Space::Client> cap;
+    uint32_t lane = 0;
+    uint64_t fingerprint = 0;
+    std::shared_ptr<Connection> connection;
+  };
+  Result<OpenedSpace> openSpace(const Layout& layout, int device);
 };
 
-// A namespace's capability (lives on the loop thread).
+// A namespace's capability (lives on the loop thread), on the connection it was opened on; opened
+// again on the client's new connection at its first call after a reconnection (Space::refresh).
 struct Space::Impl {
-  kj::Maybe<rpc::Space::Client> cap;
-  uint32_t lane = 0;  // the lane's number for the space; 0: none
+  kj::Maybe<rpc::Space::Client> cap;  // on the loop thread only
+  // The connection and the lane's number for the space there (0: none); read on any thread.
+  struct On {
+    std::shared_ptr<Connection> connection;
+    uint32_t lane = 0;
+  };
+  On on() const {
+    std::lock_guard lock(mu);
+    return {connection, lane};
+  }
+  mutable std::mutex mu;
+  std::shared_ptr<Connection> connection;  // guarded by mu
+  uint32_t lane = 0;                       // guarded by mu
+  std::mutex refreshMutex;                 // one reopen at a time
   rpc::Space::Client& space() { return KJ_ASSERT_NONNULL(cap); }
 };
 
@@ -267,6 +355,8 @@ struct BlockSums {
 
 struct LeaseState {
   Client::Impl* client = nullptr;
+  // The connection the lease was granted on: its capability and views belong to it.
+  std::shared_ptr<Connection> connection;
   kj::Maybe<capnp::Capability::Client> cap;
   // A lease granted over the fast lane instead: released (a read lease) or aborted (a write
   // lease) over it, unless committed.
@@ -286,14 +376,18 @@ struct LeaseState {
     // client drops it here (on another thread, which has no event loop of the client's, it is
     // queued: the client's thread drops it at its next call); an own-thread one hands it to its
     // loop thread without waiting.
+    const bool here = client->callerThread && std::this_thread::get_id() == client->callerThreadId;
     KJ_IF_MAYBE (c, cap) {
-      if (client->callerThread && std::this_thread::get_id() == client->callerThreadId) {
+      if (here) {
+        Client::Impl::NoReconnect quiet;
         (void)client->run([this] { cap = nullptr; });
       } else {
         client->dropLater(kj::mv(*c));
         cap = nullptr;
       }
     }
+    // The connection goes on the loop thread too (the last holder of an old one destroys it).
+    if (connection && !here) client->dropLater(std::move(connection));
   }
 };
 
@@ -384,7 +478,7 @@ void setSeqOptions(rpc::SeqOptions::Builder out, const Options& options) {
 }
 
 // Fills a ReadHandle's views from refs, mapped or inline.
-inline Status attachViews(Client::Impl& client, std::vector<BlockRef>& refs,
+inline Status attachViews(Connection& client, std::vector<BlockRef>& refs,
                           std::vector<std::vector<uint8_t>>& inlineData,
                           std::vector<std::span<const uint8_t>>& views) {
   if (!inlineData.empty()) {

@@ -11,9 +11,10 @@
 
 namespace kvtier {
 
-Status Space::pagedCopy(bool scatter, const std::vector<BlockRef>& refs, uint64_t firstPosition,
-                        uint64_t from, uint64_t to, const PagedKvCache& cache,
-                        std::span<const int32_t> blockTable, void* stream) {
+Status Space::pagedCopy(Connection& on, bool scatter, const std::vector<BlockRef>& refs,
+                        uint64_t firstPosition, uint64_t from, uint64_t to,
+                        const PagedKvCache& cache, std::span<const int32_t> blockTable,
+                        void* stream) {
   if (cache.keys.size() != layout_.numLayers || cache.values.size() != layout_.numLayers) {
     return invalid("paged cache has ", cache.keys.size(), " K and ", cache.values.size(),
                    " V tensors; the layout has ", layout_.numLayers, " layers");
@@ -41,12 +42,12 @@ Status Space::pagedCopy(bool scatter, const std::vector<BlockRef>& refs, uint64_
   std::vector<uint8_t*> pool;
   if (device_ < 0) {
     // A host space: the engine's tensors are in host memory, the blocks in the mapped pool.
-    if (!client->mapped) {
+    if (!on.mapped) {
       return makeError(ErrorCode::kNotSupported,
                        "paged copies need the pool mapped (this client moves bytes inline)");
     }
     for (const auto& ref : refs) {
-      auto v = client->grantedView(ref);
+      auto v = on.grantedView(ref);
       if (!v) return v.error();
       pool.push_back(v->data());
     }
@@ -65,7 +66,7 @@ Status Space::pagedCopy(bool scatter, const std::vector<BlockRef>& refs, uint64_
 #else
   std::lock_guard<std::mutex> lock(client->gpuMutex);
   for (const auto& ref : refs) {
-    auto p = client->devicePointer(ref);
+    auto p = client->devicePointer(on, ref);
     if (!p) return p.error();
     pool.push_back(*p);
   }
@@ -111,7 +112,8 @@ Status Space::scatterTo(const WriteHandle& handle, uint64_t from, uint64_t to,
   const uint32_t bt = layout_.blockTokens;
   handle.lease_->sums.forget((from - handle.firstPosition_) / bt,
                              (to - handle.firstPosition_ + bt - 1) / bt);
-  return pagedCopy(true, handle.refs_, handle.firstPosition_, from, to, cache, blockTable, stream);
+  return pagedCopy(*handle.lease_->connection, true, handle.refs_, handle.firstPosition_, from, to,
+                   cache, blockTable, stream);
 }
 
 Status Space::gatherTo(const ReadHandle& handle, uint64_t from, uint64_t to,
@@ -121,8 +123,9 @@ Status Space::gatherTo(const ReadHandle& handle, uint64_t from, uint64_t to,
   if (handle.views_.empty() && from < to) {
     return makeError(ErrorCode::kReleased, "read handle was released");
   }
-  if (auto s = pagedCopy(false, handle.refs_, handle.firstPosition_, from, to, cache, blockTable,
-                         stream);
+  if (from == to || !handle.lease_) return {};
+  if (auto s = pagedCopy(*handle.lease_->connection, false, handle.refs_, handle.firstPosition_,
+                         from, to, cache, blockTable, stream);
       !s || device_ >= 0) {
     return s;
   }

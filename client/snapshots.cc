@@ -5,6 +5,7 @@
 namespace kvtier {
 
 Result<SnapshotInfo> Space::snapshot(std::string_view seq, uint64_t from) {
+  if (auto s = refresh(); !s) return s.error();
   return client_.impl_->run([&] {
     auto req = impl_->space().snapshotRequest();
     req.setSeq(WireText(seq));
@@ -18,6 +19,7 @@ Result<SnapshotInfo> Space::snapshot(std::string_view seq, uint64_t from) {
 Status Space::restore(std::string_view seq, uint64_t snapshotId, uint64_t target,
                       const PutOptions& options, std::string_view node) {
   if (snapshotId == 0) return invalid("snapshot id 0 names no snapshot (use rewind)");
+  if (auto s = refresh(); !s) return s.error();
   return client_.impl_->run([&] {
     auto req = impl_->space().restoreRequest();
     req.setSeq(WireText(seq));
@@ -32,6 +34,7 @@ Status Space::restore(std::string_view seq, uint64_t snapshotId, uint64_t target
 Result<SnapshotInfo> Space::copySnapshot(std::string_view node, uint64_t snapshotId, bool move) {
   if (snapshotId == 0) return invalid("snapshot id 0 names no snapshot");
   if (node.empty()) return invalid("copySnapshot needs the node that holds the snapshot");
+  if (auto s = refresh(); !s) return s.error();
   return client_.impl_->run([&] {
     auto req = impl_->space().copySnapshotRequest();
     req.setNode(WireText(node));
@@ -55,6 +58,7 @@ Result<BlockTransfer> Space::copyRange(std::string_view node, std::string_view s
                                        uint64_t begin, uint64_t end, bool move) {
   if (node.empty()) return invalid("copyRange needs the node to copy to");
   if (seq.empty()) return invalid("copyRange needs a sequence");
+  if (auto s = refresh(); !s) return s.error();
   return client_.impl_->run([&] {
     auto req = impl_->space().pushBlocksRequest();
     req.setNode(WireText(node));
@@ -70,6 +74,7 @@ Result<BlockTransfer> Space::copyKeys(std::string_view node, std::span<const Key
                                       bool move) {
   if (node.empty()) return invalid("copyKeys needs the node to copy to");
   if (keys.empty()) return BlockTransfer{};
+  if (auto s = refresh(); !s) return s.error();
   return client_.impl_->run([&] {
     auto req = impl_->space().pushBlocksRequest();
     req.setNode(WireText(node));
@@ -82,6 +87,7 @@ Result<BlockTransfer> Space::copyKeys(std::string_view node, std::span<const Key
 Result<BlockTransfer> Space::copyPrompt(std::string_view node, std::span<const uint32_t> tokens,
                                         bool move) {
   if (node.empty()) return invalid("copyPrompt needs the node to copy to");
+  if (auto s = refresh(); !s) return s.error();
   return client_.impl_->run([&] {
     auto req = impl_->space().pushBlocksRequest();
     req.setNode(WireText(node));
@@ -92,6 +98,7 @@ Result<BlockTransfer> Space::copyPrompt(std::string_view node, std::span<const u
 }
 
 Status Space::rewind(std::string_view seq, uint64_t target) {
+  if (auto s = refresh(); !s) return s.error();
   return client_.impl_->run([&] {
     auto req = impl_->space().restoreRequest();
     req.setSeq(WireText(seq));
@@ -101,6 +108,7 @@ Status Space::rewind(std::string_view seq, uint64_t target) {
 }
 
 Result<SnapshotInfo> Space::mergeSnapshots(uint64_t a, uint64_t b) {
+  if (auto s = refresh(); !s) return s.error();
   return client_.impl_->run([&] {
     auto req = impl_->space().mergeSnapshotsRequest();
     req.setA(a);
@@ -112,6 +120,7 @@ Result<SnapshotInfo> Space::mergeSnapshots(uint64_t a, uint64_t b) {
 }
 
 Result<std::pair<SnapshotInfo, SnapshotInfo>> Space::splitSnapshot(uint64_t id, uint64_t at) {
+  if (auto s = refresh(); !s) return s.error();
   return client_.impl_->run([&] {
     auto req = impl_->space().splitSnapshotRequest();
     req.setSnapshot(id);
@@ -123,6 +132,7 @@ Result<std::pair<SnapshotInfo, SnapshotInfo>> Space::splitSnapshot(uint64_t id, 
 }
 
 Result<SnapshotInfo> Space::snapshotInfo(uint64_t id) {
+  if (auto s = refresh(); !s) return s.error();
   return client_.impl_->run([&] {
     auto req = impl_->space().snapshotInfoRequest();
     req.setSnapshot(id);
@@ -133,6 +143,7 @@ Result<SnapshotInfo> Space::snapshotInfo(uint64_t id) {
 }
 
 Status Space::dropSnapshot(uint64_t id) {
+  if (auto s = refresh(); !s) return s.error();
   return client_.impl_->run([&] {
     auto req = impl_->space().dropSnapshotRequest();
     req.setSnapshot(id);

@@ -17,27 +17,73 @@ Space::Space(Client& client, std::unique_ptr<Impl> impl, Layout layout, uint64_t
       device_(device) {}
 
 Space::~Space() {
-  (void)client_.impl_->run([this] { impl_->cap = nullptr; });
+  // The capability, then the connection under it, on the loop thread.
+  Client::Impl::NoReconnect quiet;
+  (void)client_.impl_->run([this] {
+    impl_->cap = nullptr;
+    std::lock_guard lock(impl_->mu);
+    impl_->connection = nullptr;
+  });
 }
+
+Status Space::refresh() {
+  Client::Impl* client = client_.impl_.get();
+  if (client->options.reconnect) client->reconnectIfDue();
+  std::lock_guard refreshing(impl_->refreshMutex);
+  const auto now = client->connection();
+  if (!now || now == impl_->on().connection) return {};
+  // The client connected again: the namespace is opened on the new daemon (a new session).
+  auto opened = client->openSpace(layout_, device_);
+  if (!opened) return opened.error();
+  if (opened->fingerprint != fingerprint_) {
+    (void)client->run([&] { opened->cap = nullptr; });
+    return makeError(ErrorCode::kProtocolMismatch, "kvtierd reopened the namespace with another ",
+                     "fingerprint (", opened->fingerprint, ", was ", fingerprint_, ")");
+  }
+  (void)client->run([&] {
+    impl_->cap = kj::mv(opened->cap);  // the old one is dropped here, on the loop thread
+    std::shared_ptr<Connection> old;
+    {
+      std::lock_guard lock(impl_->mu);
+      old = std::exchange(impl_->connection, std::move(opened->connection));
+      impl_->lane = opened->lane;
+    }
+  });
+  return {};
+}
+
+namespace {
+
+// A lane call that found the daemon gone marks its connection lost (the client reconnects).
+template <typename T>
+const Result<T>& noteLane(Connection& c, const Result<T>& r) {
+  if (!r && r.code() == ErrorCode::kUnavailable) c.lost = true;
+  return r;
+}
+
+}  // namespace
 
 Result<WriteHandle> Space::beginPut(std::string_view seq, uint64_t begin,
                                     std::span<const uint32_t> tokens, const PutOptions& options) {
   if (tokens.size() > kMaxTokensPerCall)
     return invalid("put of ", tokens.size(), " tokens exceeds ", kMaxTokensPerCall);
+  if (auto s = refresh(); !s) return s.error();
   auto* client = client_.impl_.get();
+  const auto on = impl_->on();
   auto lease = std::make_unique<LeaseState>();
   lease->client = client;
+  lease->connection = on.connection;
   struct Granted {
     uint64_t firstPosition;
     std::vector<BlockRef> refs;
   };
   std::optional<Result<Granted>> granted;
   // The fast lane takes the put of a client that maps the pool; its write lease is the lane's.
-  if (ClientLane* lane = client->laneHere(); lane && impl_->lane != 0) {
-    if (auto answer = lane->put(lanePut(impl_->lane, seq, begin, tokens, options))) {
-      if (!*answer) return answer->error();
+  if (ClientLane* lane = client->laneHere(*on.connection); lane && on.lane != 0) {
+    if (auto answer = lane->put(lanePut(on.lane, seq, begin, tokens, options))) {
+      if (!noteLane(*on.connection, *answer)) return answer->error();
       lane::PutReply& r = answer->value();
-      lease->lane = client->lane;
+      lease->lane = on.connection->lane;
       lease->laneLease = r.lease;
       lease->laneWrite = true;
       Granted g{r.firstPosition, {}};
@@ -68,9 +114,9 @@ Result<WriteHandle> Space::beginPut(std::string_view seq, uint64_t begin,
   handle.end_ = begin + tokens.size();
   handle.firstPosition_ = (*granted)->firstPosition;
   handle.refs_ = std::move((*granted)->refs);
-  if (client->mapped) {
+  if (on.connection->mapped) {
     for (const auto& ref : handle.refs_) {
-      auto v = client->grantedView(ref);  // empty for GPU memory: written by Space::putPaged
+      auto v = on.connection->grantedView(ref);  // empty for GPU memory: written by putPaged
       if (!v) return v.error();
       handle.views_.push_back(*v);
     }
@@ -94,6 +140,11 @@ Result<CommitInfo> Space::put(std::string_view seq, uint64_t begin,
 std::vector<Result<CommitInfo>> Space::putMany(std::span<const PutItem> items) {
   std::vector<Result<CommitInfo>> results;
   results.reserve(items.size());
+  if (auto s = refresh(); !s) {
+    results.assign(items.size(), s.error());
+    return results;
+  }
+  const auto on = impl_->on();
   // Items put() would refuse before asking the daemon are refused here the same way; the rest go
   // over the lane as one pipelined batch.
   std::vector<size_t> sent;
@@ -110,19 +161,19 @@ std::vector<Result<CommitInfo>> Space::putMany(std::span<const PutItem> items) {
     } else {
       results.push_back(makeError(ErrorCode::kInternal, "not put"));
       sent.push_back(i);
-      args.push_back(lanePut(impl_->lane, it.seq, it.begin, it.tokens, it.options));
+      args.push_back(lanePut(on.lane, it.seq, it.begin, it.tokens, it.options));
     }
   }
   auto* client = client_.impl_.get();
   std::optional<std::vector<Result<lane::CommitReply>>> batch;
-  if (ClientLane* lane = client->laneHere(); lane && impl_->lane != 0 && !sent.empty()) {
+  if (ClientLane* lane = client->laneHere(*on.connection); lane && on.lane != 0 && !sent.empty()) {
     std::vector<std::span<uint8_t>> views;
     BlockSums fused;
     batch = lane->putMany(
         args, [&](size_t k, const lane::PutReply& grant, std::vector<uint64_t>& sums) -> Status {
           views.clear();
           for (const auto& b : grant.blocks) {
-            auto v = client->grantedView(refFrom(b));
+            auto v = on.connection->grantedView(refFrom(b));
             if (!v) return v.error();
             views.push_back(*v);
           }
@@ -137,6 +188,9 @@ std::vector<Result<CommitInfo>> Space::putMany(std::span<const PutItem> items) {
           sums = commitSums(layout_, views, grant.firstPosition, end, fused);
           return {};
         });
+  }
+  if (batch) {
+    for (const auto& r : *batch) noteLane(*on.connection, r);
   }
   for (size_t k = 0; k < sent.size(); ++k) {
     const PutItem& it = items[sent[k]];
@@ -154,16 +208,19 @@ std::vector<Result<CommitInfo>> Space::putMany(std::span<const PutItem> items) {
 }
 
 Result<ReadHandle> Space::get(std::string_view seq, uint64_t begin, uint64_t end) {
+  if (auto s = refresh(); !s) return s.error();
   auto* client = client_.impl_.get();
+  const auto on = impl_->on();
   auto lease = std::make_unique<LeaseState>();
   lease->client = client;
+  lease->connection = on.connection;
   ReadHandle handle(this, nullptr);
   auto status = client->run([&] {
     auto req = impl_->space().getRequest();
     req.setSeq(WireText(seq));
     req.setBegin(begin);
     req.setEnd(end);
-    req.setInline(!client->mapped);
+    req.setInline(!on.connection->mapped);
     return req.send().then([&](capnp::Response<rpc::Space::GetResults>&& r) {
       lease->cap = r.getLease();
       handle.begin_ = begin;
@@ -176,12 +233,13 @@ Result<ReadHandle> Space::get(std::string_view seq, uint64_t begin, uint64_t end
   if (!status) return status.error();
   handle.lease_ = std::move(lease);
   handle.sums_.resize(handle.refs_.size(), 0);
-  if (auto s = attachViews(*client, handle.refs_, handle.inline_, handle.views_); !s)
+  if (auto s = attachViews(*on.connection, handle.refs_, handle.inline_, handle.views_); !s)
     return s.error();
   return handle;
 }
 
 size_t Space::reportCorrupt(std::span<const BlockRef> refs) {
+  if (auto s = refresh(); !s) return 0;
   auto dropped = client_.impl_->run([&] {
     auto req = impl_->space().reportCorruptRequest();
     auto out = req.initRefs(static_cast<uint32_t>(refs.size()));
@@ -202,9 +260,12 @@ Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span
   if (tokens.size() > kMaxTokensPerCall) {
     return invalid("lookup of ", tokens.size(), " tokens exceeds ", kMaxTokensPerCall);
   }
+  if (auto s = refresh(); !s) return s.error();
   auto* client = client_.impl_.get();
+  const auto on = impl_->on();
   auto lease = std::make_unique<LeaseState>();
   lease->client = client;
+  lease->connection = on.connection;
   ReadHandle handle(this, nullptr);
   const uint32_t remote =
       options.remote == RemoteMode::kLocal      ? uint32_t(rpc::RemoteMode::LOCAL_ONLY)
@@ -216,13 +277,13 @@ Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span
   handle.firstPosition_ = 0;
   // The fast lane takes a plain lookup of a client that maps the pool.
   bool answered = false;
-  ClientLane* lane = client->laneHere();
+  ClientLane* lane = client->laneHere(*on.connection);
   // (A namespace with states: its answers carry the state's chunks, which the lane's do not.)
-  if (lane && impl_->lane != 0 && options.bindSeq.empty() && !layout_.hasState()) {
-    if (auto answer = lane->lookup(impl_->lane, remote, tokens, keys)) {
-      if (!*answer) return answer->error();
+  if (lane && on.lane != 0 && options.bindSeq.empty() && !layout_.hasState()) {
+    if (auto answer = lane->lookup(on.lane, remote, tokens, keys)) {
+      if (!noteLane(*on.connection, *answer)) return answer->error();
       lane::LookupReply& r = answer->value();
-      lease->lane = client->lane;
+      lease->lane = on.connection->lane;
       lease->laneLease = r.lease;
       handle.end_ = r.matchedTokens;
       handle.refs_.reserve(r.blocks.size());
@@ -238,7 +299,7 @@ Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span
       setKeys(req.initKeys(keys.size()), keys);
       req.setBindSeq(options.bindSeq);
       setSeqOptions(req.initOptions(), options);
-      req.setInline(!client->mapped);
+      req.setInline(!on.connection->mapped);
       req.setRemote(static_cast<rpc::RemoteMode>(remote));
       return req.send().then([&](capnp::Response<rpc::Space::LookupResults>&& r) {
         lease->cap = r.getLease();
@@ -269,7 +330,7 @@ Result<ReadHandle> Space::lookupImpl(std::span<const uint32_t> tokens, std::span
   }
   // One checksum per block (a daemon that sent none, or fewer: none is checked).
   handle.sums_.resize(handle.refs_.size(), 0);
-  if (auto s = attachViews(*client, handle.refs_, handle.inline_, handle.views_); !s)
+  if (auto s = attachViews(*on.connection, handle.refs_, handle.inline_, handle.views_); !s)
     return s.error();
   return handle;
 }
@@ -283,6 +344,7 @@ Result<ReadHandle> Space::lookupKeys(std::span<const Key128> keys, const LookupO
 }
 
 Status Space::copyPrefix(std::string_view src, std::string_view dst, uint64_t len, bool detached) {
+  if (auto s = refresh(); !s) return s.error();
   return client_.impl_->run([&] {
     auto req = impl_->space().copyPrefixRequest();
     req.setSrc(WireText(src));
@@ -294,6 +356,7 @@ Status Space::copyPrefix(std::string_view src, std::string_view dst, uint64_t le
 }
 
 Status Space::remove(std::string_view seq, uint64_t begin, uint64_t end) {
+  if (auto s = refresh(); !s) return s.error();
   return client_.impl_->run([&] {
     auto req = impl_->space().removeRequest();
     req.setSeq(WireText(seq));
@@ -304,6 +367,7 @@ Status Space::remove(std::string_view seq, uint64_t begin, uint64_t end) {
 }
 
 Status Space::truncate(std::string_view seq, uint64_t len) {
+  if (auto s = refresh(); !s) return s.error();
   return client_.impl_->run([&] {
     auto req = impl_->space().truncateRequest();
     req.setSeq(WireText(seq));
@@ -313,6 +377,7 @@ Status Space::truncate(std::string_view seq, uint64_t len) {
 }
 
 Result<bool> Space::canResume(std::string_view seq, uint64_t pos) {
+  if (auto s = refresh(); !s) return s.error();
   return client_.impl_->run([&] {
     auto req = impl_->space().canResumeRequest();
     req.setSeq(WireText(seq));
@@ -323,6 +388,7 @@ Result<bool> Space::canResume(std::string_view seq, uint64_t pos) {
 }
 
 Result<std::optional<uint64_t>> Space::length(std::string_view seq) {
+  if (auto s = refresh(); !s) return s.error();
   return client_.impl_->run([&] {
     auto req = impl_->space().lengthRequest();
     req.setSeq(WireText(seq));
@@ -333,6 +399,7 @@ Result<std::optional<uint64_t>> Space::length(std::string_view seq) {
 }
 
 Result<std::vector<std::vector<uint8_t>>> Space::readRefs(std::span<const BlockRef> refs) {
+  if (auto s = refresh(); !s) return s.error();
   return client_.impl_->run([&] {
     auto req = impl_->space().readRequest();
     auto out = req.initRefs(refs.size());

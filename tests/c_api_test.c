@@ -398,6 +398,12 @@ static int test_bad_input(void) {
   CHECK_CODE(kvtier_connect(socket_path(), NULL, 0, NULL), KVTIER_INVALID_ARGUMENT);
   CHECK_CODE(kvtier_connect(socket_path(), NULL, 0x80, &no_client), KVTIER_INVALID_ARGUMENT);
   CHECK(no_client == (kvtier_client*)&marker);
+  /* Both flags are known (a client that does not reconnect is an ordinary one until its daemon
+   * goes away). */
+  CHECK_OK(kvtier_connect(socket_path(), NULL, KVTIER_CONNECT_INLINE | KVTIER_CONNECT_NO_RECONNECT,
+                          &no_client));
+  kvtier_client_destroy(no_client);
+  no_client = (kvtier_client*)&marker;
 
   if (connect_and_open("c-api/bad-input", 0, &client, &space)) return 1;
   fill_tokens(tokens, n, 5);

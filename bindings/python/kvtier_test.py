@@ -6,6 +6,7 @@ import gc
 import itertools
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import tempfile
@@ -1588,3 +1589,33 @@ def test_a_block_whose_pool_bytes_changed_is_refused_and_dropped(
     with space.lookup(tokens) as shorter:
         assert shorter.matched_tokens == 16
         np.testing.assert_array_equal(shorter.copy_to(), kv[:, :, :16])
+
+
+@pytest.mark.parametrize("lane", [True, False])
+def test_a_client_calling_without_pause_reconnects_within_a_second_of_the_daemons_return(
+    daemon: Daemon, layout: kvtier.Layout, lane: bool
+) -> None:
+    with kvtier.Client(daemon.socket, client_name="pytest", lane=lane) as c:
+        space = c.open(layout)
+        tokens = prompt(32)
+        kv = packed(layout, 32, seed=41)
+        space.put("a", 0, tokens, kv)
+        # The daemon crashes; a new one takes its socket a moment later. Meanwhile the loop never
+        # pauses: every call fails fast, and none pushes the next attempt away.
+        daemon.restart(signal.SIGKILL)
+        back = time.monotonic()
+        calls = 0
+        while True:
+            calls += 1
+            try:
+                with space.lookup(tokens) as hit:
+                    matched = hit.matched_tokens
+                break
+            except kvtier.Unavailable:
+                assert time.monotonic() - back < 10, f"no reconnection in 10 s of {calls} calls"
+        assert time.monotonic() - back < 1.0, f"{calls} calls"
+        assert c.reconnects == 1
+        assert matched == 0  # a new daemon: its pool is new
+        space.put("a", 0, tokens, kv)
+        with space.lookup(tokens) as hit:
+            np.testing.assert_array_equal(hit.copy_to(), kv)

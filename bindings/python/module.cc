@@ -217,12 +217,19 @@ which changes whenever the block is reused. Space.read_refs reads it back while 
 A connection to a kvtierd daemon over its Unix socket.
 
 Client(socket_path='kvtier-data/kvtierd.sock', *, client_name='kvtier-python', map_pool=True,
-       lane=True)
+       lane=True, reconnect=True)
 
 Connecting maps nothing yet; open() maps the daemon's shared pool, and blocks are then read and
 written in place (map_pool=False: bytes travel inline in the RPC messages instead). lane: lookups
 and puts over the session's fast lane (one small message each way; False: every call over Cap'n
 Proto). Raises kvtier.Unavailable when no daemon answers.
+
+When the daemon goes away, calls raise kvtier.Unavailable; once a daemon answers on the socket
+again the client connects to it by itself (reconnect=True; attempts at most every 250 ms however
+often calls come): spaces opened before are opened again on it at their next call (its pool is
+new: what the old daemon cached is a miss), handles from before raise kvtier.Unavailable, and
+reconnects counts the times. reconnect=False: every call after the loss raises; make a new
+Client.
 
 A context manager: leaving the `with` block closes the client. close() ends every handle (read
 leases released, unfinished writes aborted) and space of the client; afterwards every call
@@ -231,16 +238,18 @@ it waits for the daemon. A Client cannot be used in a child process after fork()
 (kvtier.UsedAfterFork): connect a new one there.
 )doc")
       .def(py::init([](const std::string& socketPath, const std::string& clientName, bool mapPool,
-                       bool lane) {
+                       bool lane, bool reconnect) {
              ClientOptions options;
              options.socketPath = socketPath;
              options.clientName = clientName;
              options.mapPool = mapPool;
              options.lane = lane;
+             options.reconnect = reconnect;
              return ClientState::connect(options);
            }),
            "socket_path"_a = "kvtier-data/kvtierd.sock", py::kw_only(),
-           "client_name"_a = "kvtier-python", "map_pool"_a = true, "lane"_a = true)
+           "client_name"_a = "kvtier-python", "map_pool"_a = true, "lane"_a = true,
+           "reconnect"_a = true)
       .def("open", &openSpace, "layout"_a, py::kw_only(), "device"_a = py::none(), R"doc(
 Opens (or joins) the namespace of `layout` on the daemon and returns its Space. device: a CUDA
 device (one of Client.devices) to open it on that GPU's pool, None for the host pool.
@@ -279,6 +288,10 @@ live member.
       .def_property_readonly(
           "mapped", [](ClientState& c) { return c.call([&] { return c.client().mapped(); }); },
           "True when bytes move through the mapped shared pool, False when inline.")
+      .def_property_readonly(
+          "reconnects",
+          [](ClientState& c) { return c.call([&] { return c.client().reconnects(); }); },
+          "Times the client connected again after its daemon went away.")
       .def_property_readonly(
           "daemon_version",
           [](ClientState& c) {

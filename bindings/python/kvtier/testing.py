@@ -135,6 +135,20 @@ class Daemon:
 
     def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
         """Stops the daemon (if running) and removes everything it left. Idempotent."""
+        self._end(sig)
+        if self.data_dir is not None:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def restart(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Ends the daemon with `sig` (a crash by default), removes the shared memory it left, and
+        starts a new one on the same data directory and socket: a restart as its clients see it."""
+        self._end(sig)
+        self.exit_status = None
+        self._process = None
+        self._reader = None
+        self._start()
+
+    def _end(self, sig: signal.Signals) -> None:
         if self._process is not None and self.exit_status is None:
             if self._process.poll() is None:
                 self._process.send_signal(sig)
@@ -154,5 +168,3 @@ class Daemon:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
-        if self.data_dir is not None:
-            shutil.rmtree(self.data_dir, ignore_errors=True)

@@ -72,6 +72,15 @@ struct ClientOptions {
   // mode (transport/lane_codec.h). Off: every call goes over Cap'n Proto. Calls the lane cannot
   // take (binding a sequence, inline bytes, another thread's lookup under way) always do.
   bool lane = true;
+  // When the daemon went away (calls fail UNAVAILABLE), the client connects again by itself once
+  // it is back: a call made when an attempt is due tries first (at most one attempt per
+  // `reconnectInterval`, however often calls come: a client calling without pause is connected
+  // again within that interval of the daemon's return). The new daemon is a new session: spaces
+  // opened before are opened again on it at their next call, sequences the old session owned are
+  // gone with it, and handles from before fail (UNAVAILABLE; their views stay readable until
+  // released). Off: every call after the loss fails UNAVAILABLE; connect a new Client.
+  bool reconnect = true;
+  std::chrono::milliseconds reconnectInterval{250};
 };
 
 struct BlockRef {
@@ -145,6 +154,7 @@ struct CommitInfo {
 
 class Client;
 class Space;
+struct Connection;  // the SDK's own (client/client_internal.h)
 struct LeaseState;
 
 // Blocks held under a read lease (get or lookup). The views stay valid, and the blocks pinned,
@@ -518,13 +528,16 @@ class Space {
                    const BlockRef& block);
   Space(Client& client, std::unique_ptr<Impl> impl, Layout layout, uint64_t fingerprint,
         int device);
-  Status pagedCopy(bool scatter, const std::vector<BlockRef>& refs, uint64_t firstPosition,
-                   uint64_t from, uint64_t to, const PagedKvCache& cache,
+  Status pagedCopy(Connection& on, bool scatter, const std::vector<BlockRef>& refs,
+                   uint64_t firstPosition, uint64_t from, uint64_t to, const PagedKvCache& cache,
                    std::span<const int32_t> blockTable, void* stream);
   Result<ReadHandle> lookupImpl(std::span<const uint32_t> tokens, std::span<const Key128> keys,
                                 const LookupOptions& options);
   Result<WriteHandle> beginPutStateImpl(std::span<const uint32_t> tokens,
                                         std::span<const Key128> keys);
+  // Before each call: when the client connected again since the space was opened (its daemon
+  // went away and came back), opens it again on the new connection.
+  Status refresh();
   Client& client_;
   std::unique_ptr<Impl> impl_;
   Layout layout_;
@@ -557,6 +570,8 @@ class Client {
   const std::string& daemonVersion() const;
   // True when bytes move through the mapped pool, false when they travel inline.
   bool mapped() const;
+  // Times this client connected again after its daemon went away (ClientOptions::reconnect).
+  uint64_t reconnects() const;
 
   struct Impl;  // opaque: the event-loop thread and the daemon connection
 

@@ -104,6 +104,11 @@ typedef enum kvtier_rope_style {
 
 /* kvtier_connect flags. */
 #define KVTIER_CONNECT_INLINE 1u /* bytes travel in the RPC messages instead of shared memory */
+/* Without it, a client whose daemon went away connects again by itself once one answers on the
+ * socket (at most one attempt per 250 ms, however often calls come; spaces open again on the new
+ * daemon at their next call, handles from before fail KVTIER_UNAVAILABLE). With it, every call
+ * after the loss fails KVTIER_UNAVAILABLE. */
+#define KVTIER_CONNECT_NO_RECONNECT 2u
 
 /* kvtier_put_options.flags, kvtier_lookup_options.flags and kvtier_copy_prefix's flags. */
 #define KVTIER_DETACHED 1u /* the sequence outlives this client's session */
