@@ -573,6 +573,7 @@ Result<Stats> Client::stats() {
           out.coldBytes = s.getColdBytes();
           out.coldDiskBytes = s.getColdDiskBytes();
           out.corruptDropped = s.getCorruptDropped();
+          out.coldQuarantined = s.getColdQuarantined();
           out.spillErrors = s.getSpillErrors();
           out.evictedUnspilled = s.getEvictedUnspilled();
           out.coldEvicted = s.getColdEvicted();
@@ -662,9 +663,10 @@ std::string Stats::toJson() const {
     << ", \"checkpoints\": " << checkpoints << ", \"cold\": {\"spilled\": " << spilled
     << ", \"promoted\": " << promoted << ", \"records\": " << coldRecords
     << ", \"bytes\": " << coldBytes << ", \"disk_bytes\": " << coldDiskBytes
-    << ", \"corrupt_dropped\": " << corruptDropped << ", \"spill_errors\": " << spillErrors
-    << ", \"evicted_unspilled\": " << evictedUnspilled << ", \"capacity_evicted\": " << coldEvicted
-    << ", \"snapshots\": " << coldSnapshots << ", \"snapshots_dropped\": " << coldSnapshotsDropped
+    << ", \"corrupt_dropped\": " << corruptDropped << ", \"quarantined\": " << coldQuarantined
+    << ", \"spill_errors\": " << spillErrors << ", \"evicted_unspilled\": " << evictedUnspilled
+    << ", \"capacity_evicted\": " << coldEvicted << ", \"snapshots\": " << coldSnapshots
+    << ", \"snapshots_dropped\": " << coldSnapshotsDropped
     << "}, \"gpu\": {\"blocks_total\": " << gpuBlocksTotal << ", \"blocks_used\": " << gpuBlocksUsed
     << ", \"demoted\": " << gpuDemoted << ", \"promoted\": " << gpuPromoted
     << "}, \"cluster\": {\"members\": " << clusterMembers

@@ -112,11 +112,15 @@ struct ColdStats {
   // Snapshots dropped because their manifest, or a record they need, failed its checks or was
   // gone (a capacity eviction): they are never half-restored.
   uint64_t snapshotsDropped = 0;
+  // Damaged tiers moved aside (to <path>.damaged, at open or after RocksDB met damage while
+  // running) and replaced by an empty one.
+  uint64_t quarantined = 0;
 };
 
-// `kvtierd --check-cold-tier DIR`: opens the tier at DIR read-only and reads every live table back
-// against its checksums, writing "table PATH" to `out` before each and "bad REASON" on the first
-// failure. Returns the exit status (0: every table is whole). Run in a process of its own, started
+// `kvtierd --check-cold-tier DIR`: opens the tier at DIR read-only, writes "node ID" and
+// "snapshot_ids LIMIT" (read with checksums, when it can), and reads every live table back against
+// its checksums, writing "table PATH" to `out` before each and "bad REASON" on the first failure.
+// Returns the exit status (0: every table is whole). Run in a process of its own, started
 // fresh (ColdTier::verifyTables): over a damaged block RocksDB may abort() the process.
 int checkColdTables(const std::string& path, int out);
 
@@ -216,9 +220,18 @@ class ColdTier {
  private:
   ColdTier() = default;
   // Requires dbMu_ held exclusively (or no other user yet). `reopening`: after a failed write.
+  // At start, a tier found damaged (by verifyTables, or by RocksDB's open) is moved aside.
   Status openDb(bool reopening = false);
-  // Before a write: reopens the database if a write failed before. Requires dbMu_ exclusively.
+  // openDb's RocksDB part: CHECKSUM_MISMATCH when RocksDB finds the tier damaged.
+  Status openDbFiles(bool reopening);
+  // Renames the tier to <path>.damaged (an earlier one removed), logs and counts it; the next
+  // open creates a fresh tier with the inherited node id and snapshot id limit.
+  Status moveAside(const std::string& reason);
+  // Before a write: reopens the database if a write failed before, moving it aside first if the
+  // failure was damage. Requires dbMu_ exclusively.
   Status reopenForWriteLocked();
+  // After a failed write (or flush, or compaction, whose error RocksDB returns to later writes).
+  void noteWriteError(const rocksdb::Status& s);
   // Reads and checks `key`'s record; hands its payload to `consume` while the read is pinned.
   // `consume` gets the verified payload and its checksum.
   using Consume = std::function<Status(std::string_view payload, uint64_t checksum)>;
@@ -273,6 +286,15 @@ class ColdTier {
   rocksdb::ColumnFamilyHandle* meta_ = nullptr;
   rocksdb::ColumnFamilyHandle* default_ = nullptr;
   std::string nodeId_;
+  // What a damaged tier had, for the fresh one that replaces it (moveAside): its node id and its
+  // snapshot id limit (0: unknown), read by the check at open or kept from this run.
+  std::string inheritedNodeId_;
+  uint64_t inheritedSnapshotIds_ = 0;
+  uint64_t storedSnapshotIds_ = 0;  // the last limit storeSnapshotIdLimit wrote
+  // Set by a write, flush or compaction that found the tier damaged (noteWriteError): the next
+  // reopen moves it aside. damageSeen_ (under mu_) is what RocksDB said.
+  std::atomic<bool> damaged_ = false;
+  std::string damageSeen_;
 
   mutable std::mutex mu_;
   // Keys of records held only here, in the order their blocks left memory (or, after a restart,

@@ -6,6 +6,7 @@
 #include <rocksdb/file_system.h>
 #include <rocksdb/table_properties.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 
 namespace kvtier {
@@ -572,48 +574,152 @@ TEST(ColdTier, BytesFlippedInTheFilesAreMissesNeverWrongBytes) {
   EXPECT_GT(refused, 0u);
 }
 
-// A bit flipped in a live table file's blocks fails the open with a typed error, found before
-// RocksDB opens the tier for good (over a damaged block Debian's RocksDB, built with its
-// assertions, can abort instead of failing); the undamaged tier opens and serves every record.
-TEST(ColdTier, ADamagedTableFailsTheOpenWithATypedError) {
+void flipByte(const std::filesystem::path& file, uint64_t at) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  char byte = 0;
+  f.seekg(static_cast<std::streamoff>(at));
+  f.read(&byte, 1);
+  byte = static_cast<char>(byte ^ 0x10);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(&byte, 1);
+}
+
+std::vector<std::filesystem::path> filesEndingWith(const std::string& dir, const std::string& end) {
+  std::vector<std::filesystem::path> out;
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    if (f.path().string().ends_with(end)) out.push_back(f.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A bit flipped in a live table file's blocks, in the tier's manifest or in its CURRENT file is
+// found before RocksDB opens the tier for good (over a damaged block Debian's RocksDB, built
+// with its assertions, can abort instead of failing): the tier is moved aside to <path>.damaged
+// and a fresh one opens in its place, empty, counted, under the same node id and above every
+// snapshot id handed out before. The undamaged tier opens and serves every record.
+TEST(ColdTier, ADamagedTierIsMovedAsideAndAFreshOneOpensUnderTheSameNodeId) {
   TempDir dir;
+  std::string nodeId;
+  std::set<std::string> metadataTables;  // the node id and snapshot id limit are there
   {
     auto tier = ColdTier::open({.path = dir.path()}).value();
     for (uint8_t n = 0; n < 8; ++n) ASSERT_TRUE(put(*tier, n, 16384).ok());         // blob files
     for (uint8_t n = 100; n < 108; ++n) ASSERT_TRUE(put(*tier, n, 1000 + n).ok());  // in tables
+    ASSERT_TRUE(tier->storeSnapshotIdLimit(5000).ok());
+    nodeId = tier->nodeId();
   }
-  std::vector<std::filesystem::path> tables;
-  for (const auto& f : std::filesystem::directory_iterator(dir.path())) {
-    if (f.path().extension() == ".sst") tables.push_back(f.path());
-  }
-  ASSERT_FALSE(tables.empty());
-  for (size_t t = 0; t < tables.size(); ++t) {
-    const auto size = std::filesystem::file_size(tables[t]);
-    // A byte in the first half (data blocks) and one among the last blocks (index, properties).
-    for (const uint64_t at : {size / 3, size - 100}) {
-      const std::string copy = dir.path() + "-" + std::to_string(t) + "-" + std::to_string(at);
-      std::filesystem::copy(dir.path(), copy);
-      const auto damaged = std::filesystem::path(copy) / tables[t].filename();
-      {
-        std::fstream f(damaged, std::ios::in | std::ios::out | std::ios::binary);
-        char byte = 0;
-        f.seekg(static_cast<std::streamoff>(at));
-        f.read(&byte, 1);
-        byte = static_cast<char>(byte ^ 0x10);
-        f.seekp(static_cast<std::streamoff>(at));
-        f.write(&byte, 1);
+  {
+    RawDb raw(dir.path());
+    std::vector<rocksdb::LiveFileMetaData> files;
+    raw.db().GetLiveFilesMetaData(&files);
+    for (const auto& f : files) {
+      if (f.column_family_name != "blocks") {
+        metadataTables.insert(std::filesystem::path(f.name).filename().string());
       }
-      auto tier = ColdTier::open({.path = copy});
-      ASSERT_FALSE(tier.ok()) << damaged << " at " << at;
-      EXPECT_EQ(tier.code(), ErrorCode::kChecksumMismatch);
-      EXPECT_NE(tier.error().message().find("is damaged"), std::string::npos)
-          << tier.error().message();
-      std::filesystem::remove_all(copy);
     }
   }
+  struct Damage {
+    std::filesystem::path file;
+    uint64_t at;
+  };
+  std::vector<Damage> damages;
+  for (const auto& table : filesEndingWith(dir.path(), ".sst")) {
+    const auto size = std::filesystem::file_size(table);
+    // A byte in the first half (data blocks) and one among the last blocks (index, properties).
+    damages.push_back({table.filename(), size / 3});
+    damages.push_back({table.filename(), size - 100});
+  }
+  ASSERT_GE(damages.size(), 2u);
+  const auto manifests = filesEndingWith(dir.path(), "");  // MANIFEST-NNNNNN
+  for (const auto& f : manifests) {
+    if (f.filename().string().starts_with("MANIFEST-")) damages.push_back({f.filename(), 40});
+  }
+  damages.push_back({"CURRENT", 3});
+  for (size_t d = 0; d < damages.size(); ++d) {
+    const std::string copy = dir.path() + "-" + std::to_string(d);
+    std::filesystem::copy(dir.path(), copy);
+    flipByte(std::filesystem::path(copy) / damages[d].file, damages[d].at);
+    const std::string what = damages[d].file.string() + " at " + std::to_string(damages[d].at);
+    auto tier = ColdTier::open({.path = copy});
+    ASSERT_TRUE(tier.ok()) << what << ": " << tier.error().message();
+    const ColdStats stats = (*tier)->stats();
+    EXPECT_EQ(stats.quarantined, 1u) << what;
+    EXPECT_EQ(stats.records, 0u) << what;
+    EXPECT_TRUE(std::filesystem::exists(copy + ".damaged")) << what;
+    EXPECT_EQ((*tier)->get(keyOf(1)).code(), ErrorCode::kNotFound) << what;
+    if (damages[d].file.extension() == ".sst" && !metadataTables.count(damages[d].file)) {
+      EXPECT_EQ((*tier)->nodeId(), nodeId) << what;  // read from the undamaged metadata
+    }
+    EXPECT_GE((*tier)->snapshotIdFloor(), 5000u) << what << ": no snapshot id handed out again";
+    ASSERT_TRUE(put(**tier, 9).ok()) << what;
+    EXPECT_EQ((*tier)->get(keyOf(9)).value(), payload(9)) << what;
+    tier->reset();
+    // The fresh tier opens as it is the next time: nothing moved aside again.
+    auto again = ColdTier::open({.path = copy}).value();
+    EXPECT_EQ(again->stats().quarantined, 0u) << what;
+    EXPECT_EQ(again->get(keyOf(9)).value(), payload(9)) << what;
+    again.reset();
+    std::filesystem::remove_all(copy);
+    std::filesystem::remove_all(copy + ".damaged");
+  }
   auto tier = ColdTier::open({.path = dir.path()}).value();
+  EXPECT_EQ(tier->stats().quarantined, 0u);
   for (uint8_t n = 0; n < 8; ++n) EXPECT_EQ(tier->get(keyOf(n)).value(), payload(n, 16384));
   for (uint8_t n = 100; n < 108; ++n) EXPECT_EQ(tier->get(keyOf(n)).value(), payload(n, 1000 + n));
+}
+
+// A table damaged on disk while the tier is open: reads through it are typed errors (a miss),
+// never an abort; the compaction that meets it fails, RocksDB refuses writes after that, and the
+// next write moves the tier aside and goes on in a fresh one, under the same node id.
+TEST(ColdTier, ATableDamagedWhileOpenIsAMissAndTheTierMovesAsideAtTheNextWrite) {
+  TempDir dir;
+  auto tier = ColdTier::open({.path = dir.path()}).value();
+  const std::string nodeId = tier->nodeId();
+  // Small records, each batch flushed into a table of its own by a large one beside it.
+  for (uint8_t n = 0; n < 6; ++n) {
+    const auto small = payload(100 + n, 1000);
+    const auto large = payload(n, 16384);
+    const ColdRecord records[] = {{keyOf(100 + n), small.data(), 1000},
+                                  {keyOf(n), large.data(), 16384}};
+    ASSERT_TRUE(tier->putBatch(records).ok());
+  }
+  ASSERT_TRUE(tier->storeSnapshotIdLimit(7000).ok());
+  const auto tables = filesEndingWith(dir.path(), ".sst");
+  ASSERT_GE(tables.size(), 2u);
+  for (const auto& table : tables) {
+    // Bytes all over the data blocks (the index, filter and properties near the end are held in
+    // memory since the open).
+    for (uint64_t at = 0; at < std::filesystem::file_size(table) / 2; at += 64) flipByte(table, at);
+  }
+  uint64_t served = 0, missed = 0;
+  for (uint8_t n = 100; n < 106; ++n) {
+    auto got = tier->get(keyOf(n));
+    if (got.ok()) {
+      EXPECT_EQ(*got, payload(n, 1000));  // from a block RocksDB had cached
+      ++served;
+    } else {
+      EXPECT_TRUE(got.code() == ErrorCode::kChecksumMismatch || got.code() == ErrorCode::kNotFound)
+          << got.error().message();
+      ++missed;
+    }
+  }
+  EXPECT_GT(missed, 0u);
+  rocksdb::CompactRangeOptions all;
+  const rocksdb::Status compacted =
+      tier->rawDb()->CompactRange(all, tier->blocksFamily(), nullptr, nullptr);
+  EXPECT_TRUE(compacted.IsCorruption()) << compacted.ToString();
+  // Writes go on: the first may fail with RocksDB's error, the next opens a fresh tier.
+  Status written = put(*tier, 50);
+  if (!written) written = put(*tier, 50);
+  ASSERT_TRUE(written.ok()) << written.error().message();
+  EXPECT_EQ(tier->stats().quarantined, 1u);
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + ".damaged"));
+  EXPECT_EQ(tier->nodeId(), nodeId);
+  EXPECT_GE(tier->snapshotIdFloor(), 7000u);
+  EXPECT_EQ(tier->get(keyOf(50)).value(), payload(50));
+  EXPECT_EQ(tier->get(keyOf(1)).code(), ErrorCode::kNotFound);
+  EXPECT_EQ(tier->stats().records, 1u);
 }
 
 TEST(ColdTier, RecordStoredUnderAnotherKeyOrTruncatedIsRefused) {

@@ -896,6 +896,7 @@ class SessionImpl final : public rpc::Session::Server {
       out.setColdBytes(c.tier.bytes);
       out.setColdDiskBytes(c.tier.diskBytes);
       out.setCorruptDropped(c.tier.corruptDropped);
+      out.setColdQuarantined(c.tier.quarantined);
       out.setSpillErrors(c.spillErrors);
       out.setColdEvicted(c.tier.capacityEvicted);
       out.setColdSnapshots(c.tier.snapshots);
@@ -1265,6 +1266,8 @@ std::string Server::metricsText() {
           c.tier.diskBytes);
     counter("kvtier_cold_corrupt_dropped_total", "Records that failed their checks.",
             c.tier.corruptDropped);
+    counter("kvtier_cold_quarantined_total",
+            "Damaged cold tiers moved aside and replaced by an empty one.", c.tier.quarantined);
     counter("kvtier_cold_spill_errors_total", "Spill batches that failed.", c.spillErrors);
     counter("kvtier_cold_capacity_evicted_total", "Records dropped for the disk bound.",
             c.tier.capacityEvicted);

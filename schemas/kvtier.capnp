@@ -207,6 +207,7 @@ struct Stats {
   directoryKeys @63 :UInt64;        # distinct keys this node is the first directory home of
   blocksCorrupt @64 :UInt64;        # blocks in memory a reader found differing from their writer's
                                     # checksum (checked again here): out of the index, freed
+  coldQuarantined @65 :UInt64;      # damaged cold tiers moved aside (kvtierd went on with an empty one)
 }
 
 interface Daemon {

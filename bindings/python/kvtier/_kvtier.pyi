@@ -225,6 +225,7 @@ class _ColdStats(TypedDict):
     bytes: int
     disk_bytes: int
     corrupt_dropped: int
+    quarantined: int
     spill_errors: int
     evicted_unspilled: int
     capacity_evicted: int

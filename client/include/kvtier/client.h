@@ -108,6 +108,7 @@ struct Stats {
   uint64_t snapshots = 0, entries = 0, checkpoints = 0;
   // Cold tier (RocksDB).
   uint64_t spilled = 0, promoted = 0, coldRecords = 0, coldBytes = 0, corruptDropped = 0;
+  uint64_t coldQuarantined = 0;  // damaged cold tiers moved aside, replaced by an empty one
   uint64_t spillErrors = 0, evictedUnspilled = 0, coldEvicted = 0;
   // The cold tier's table and blob files on disk: coldBytes (what --disk-bytes bounds) plus
   // records dropped but not yet compacted away, obsolete files not yet deleted, and snapshots'
