@@ -435,8 +435,11 @@ Status ColdTier::openDbFiles(bool reopening) {
       {"meta", rocksdb::ColumnFamilyOptions()}};
   std::vector<rocksdb::ColumnFamilyHandle*> handles;
   rocksdb::DB* db = nullptr;
+  const bool existed = std::filesystem::exists(options_.path + "/CURRENT");
   rocksdb::Status s = rocksdb::DB::Open(dbOptions, options_.path, families, &handles, &db);
-  if (s.IsCorruption()) {
+  // A file the tier's own records name and that is not there (a CURRENT file naming a manifest
+  // that does not exist) is damage too.
+  if (s.IsCorruption() || (existed && s.IsPathNotFound())) {
     return makeError(ErrorCode::kChecksumMismatch, "cold tier at ", options_.path, " is damaged (",
                      s.ToString(), ")");
   }

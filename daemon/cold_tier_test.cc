@@ -635,7 +635,8 @@ TEST(ColdTier, ADamagedTierIsMovedAsideAndAFreshOneOpensUnderTheSameNodeId) {
   for (const auto& f : manifests) {
     if (f.filename().string().starts_with("MANIFEST-")) damages.push_back({f.filename(), 40});
   }
-  damages.push_back({"CURRENT", 3});
+  damages.push_back({"CURRENT", 3});   // "MA^IFEST-...": not a manifest's name
+  damages.push_back({"CURRENT", 13});  // another manifest's number: a file that is not there
   for (size_t d = 0; d < damages.size(); ++d) {
     const std::string copy = dir.path() + "-" + std::to_string(d);
     std::filesystem::copy(dir.path(), copy);
