@@ -63,6 +63,11 @@ class Server final : private kj::TaskSet::ErrorHandler {
   kj::Promise<void> acceptLoop(kj::ConnectionReceiver& listener, kj::UnixEventPort& port,
                                kj::Timer& timer);
 
+  // Serves one client connection, as acceptLoop serves each it accepts: a socket connected some
+  // other way, e.g. one end of a socket pair (the in-process fuzz harness). The peer's
+  // credentials are read from the socket.
+  void serve(kj::Own<kj::AsyncIoStream> stream) { accept(kj::mv(stream)); }
+
   // Who is admitted and who maps the pools (daemon/access.h). Default: the daemon's effective uid
   // and gid.
   void setAccess(const AccessPolicy& policy) { access_ = policy; }

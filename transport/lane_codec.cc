@@ -123,10 +123,10 @@ Result<Result<T>> decodeAnswer(std::span<const uint8_t> body, Parse parse) {
   uint32_t code = 0, n = 0;
   if (!r.get(code) || !r.get(n)) return malformed("short reply");
   if (code != 0) {
+    // The count is checked before anything is allocated for it: it is the sender's number.
+    if (n > 4096 || r.left() != n) return malformed("error reply");
     std::string message(n, '\0');
-    if (n > 4096 || r.left() != n || !r.getBytes(message.data(), n)) {
-      return malformed("error reply");
-    }
+    if (!r.getBytes(message.data(), n)) return malformed("error reply");
     if (code > static_cast<uint32_t>(ErrorCode::kReleased)) code = uint32_t(ErrorCode::kInternal);
     return Result<T>(Error(static_cast<ErrorCode>(code), std::move(message)));
   }

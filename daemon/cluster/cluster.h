@@ -78,6 +78,9 @@ class ClusterService final : public RemoteTier {
   // Listens, registers the host pool with UCX, and starts membership (links or etcd). Errors:
   // INVALID_ARGUMENT (a bad address or token), UNAVAILABLE (cannot listen, UCX unusable).
   Status start();
+  // Serves one peer connection (behind the gate, as the listener serves each it accepts): a
+  // socket connected some other way, e.g. one end of a socket pair (the in-process fuzz harness).
+  void servePeer(kj::Own<kj::AsyncIoStream> stream);
   // The address peers dial (the advertised host with the bound port); after start().
   const std::string& address() const;
   const std::string& nodeId() const override;

@@ -475,6 +475,7 @@ class ClusterService::Impl final : public IndexObserver, private kj::TaskSet::Er
 
   // Serving.
   kj::Promise<void> acceptLoop();
+  void servePeer(kj::Own<kj::AsyncIoStream> stream);
   // A peer connection as the daemon reads it: watched for reading only (transport/socket_stream.h:
   // neither end is woken each time the other reads), buffered, Nagle off.
   kj::Own<kj::AsyncIoStream> peerStream(kj::Own<kj::AsyncIoStream> stream) {

@@ -407,37 +407,46 @@ class ClusterService::Impl::PeerGateImpl final : public peer::PeerGate::Server {
 kj::Promise<void> ClusterService::Impl::acceptLoop() {
   // A failed accept (out of descriptors) is logged and tried again after a pause: it never ends
   // the loop.
-  return kj::evalNow([this] { return listener_->accept(); }).then(
-      [this](kj::Own<kj::AsyncIoStream> stream) {
-        if (connections_ >= kMaxPeerConnections) {
-          logWarn("peer_refused", "reason=too_many_connections");
-          return acceptLoop();
-        }
-        auto conn = kj::heap<Connection>(*this, peerStream(kj::mv(stream)));
-        auto paf = kj::newPromiseAndFulfiller<void>();
-        conn->drop = kj::mv(paf.fulfiller);
-        conn->rpc = capnp::makeRpcServer(conn->network, kj::heap<PeerGateImpl>(*this, *conn));
-        Connection& c = *conn;
-        // Unauthenticated connections are dropped after the peer timeout.
-        auto unauthenticated =
-            timer_.afterDelay(options_.peerTimeout).then([&c]() -> kj::Promise<void> {
-              if (c.authenticated) return kj::NEVER_DONE;
-              logWarn("peer_refused", "reason=no_authentication");
-              return kj::READY_NOW;
-            });
-        // A dropped connection ends on a later turn, after the call that dropped it has returned.
-        auto dropped = paf.promise.then([] { return kj::evalLater([] {}); });
-        tasks_.add(c.network.onDisconnect()
-                       .exclusiveJoin(kj::mv(dropped))
-                       .exclusiveJoin(kj::mv(unauthenticated))
-                       .attach(kj::mv(conn)));
-        return acceptLoop();
-      },
-      [this](kj::Exception&& e) {
-        logWarn("accept_failed", "listener=peer reason=\"" +
-                                     std::string(e.getDescription().cStr()).substr(0, 200) + "\"");
-        return timer_.afterDelay(250 * kj::MILLISECONDS).then([this] { return acceptLoop(); });
-      });
+  return kj::evalNow([this] { return listener_->accept(); })
+      .then(
+          [this](kj::Own<kj::AsyncIoStream> stream) {
+            servePeer(kj::mv(stream));
+            return acceptLoop();
+          },
+          [this](kj::Exception&& e) {
+            logWarn("accept_failed", "listener=peer reason=\"" +
+                                         std::string(e.getDescription().cStr()).substr(0, 200) +
+                                         "\"");
+            return timer_.afterDelay(250 * kj::MILLISECONDS).then([this] { return acceptLoop(); });
+          });
+}
+
+void ClusterService::Impl::servePeer(kj::Own<kj::AsyncIoStream> stream) {
+  if (connections_ >= kMaxPeerConnections) {
+    logWarn("peer_refused", "reason=too_many_connections");
+    return;
+  }
+  auto conn = kj::heap<Connection>(*this, peerStream(kj::mv(stream)));
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  conn->drop = kj::mv(paf.fulfiller);
+  conn->rpc = capnp::makeRpcServer(conn->network, kj::heap<PeerGateImpl>(*this, *conn));
+  Connection& c = *conn;
+  // Unauthenticated connections are dropped after the peer timeout.
+  auto unauthenticated = timer_.afterDelay(options_.peerTimeout).then([&c]() -> kj::Promise<void> {
+    if (c.authenticated) return kj::NEVER_DONE;
+    logWarn("peer_refused", "reason=no_authentication");
+    return kj::READY_NOW;
+  });
+  // A dropped connection ends on a later turn, after the call that dropped it has returned.
+  auto dropped = paf.promise.then([] { return kj::evalLater([] {}); });
+  tasks_.add(c.network.onDisconnect()
+                 .exclusiveJoin(kj::mv(dropped))
+                 .exclusiveJoin(kj::mv(unauthenticated))
+                 .attach(kj::mv(conn)));
+}
+
+void ClusterService::servePeer(kj::Own<kj::AsyncIoStream> stream) {
+  impl_->servePeer(kj::mv(stream));
 }
 
 }  // namespace kvtier

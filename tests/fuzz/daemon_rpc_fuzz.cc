@@ -1,5 +1,6 @@
-// Fuzz harness: client -> daemon protocol (schemas/kvtier.capnp), delivered to kvtierd's RPC
-// server running in this process over a real Unix socket (so SO_PEERCRED admits us).
+// Fuzz harness: client -> daemon protocol (schemas/kvtier.capnp), delivered in process to
+// kvtierd's RPC server over one end of a socket pair (the server reads the peer's credentials
+// from it as from an accepted connection; nothing is listened on or connected to).
 //
 // Input: its first byte picks the mode.
 // - even: a conversation of calls (tests/fuzz/rpc_calls.h) on Daemon, Session, Space, WriteLease
@@ -8,10 +9,12 @@
 //   connection is closed: what a broken or hostile client can send;
 // - 0xF0 and above (before the two above): a session's fast lane (transport/lane_codec.h). The
 //   harness says hello, opens the test layout, commits a 40-token sequence (tokens as the seeds'
-//   fillTokens(1)), attaches the session's lane and writes the rest of the input to it as it is,
-//   then closes the lane and the session.
-// Each input gets a fresh engine and server over one host pool. After the client is gone the
-// daemon must hold no lease, pin or write block for it: a leak aborts (a finding).
+//   fillTokens(1)), attaches the session's lane (a second socket pair) and writes the rest of
+//   the input to it as it is, then closes the lane and the session.
+// One engine and server over one host pool serve every input, as a daemon serves its clients one
+// after another (a fresh one every 256 inputs, and for each lane input). After each client is
+// gone the daemon must hold no session, lease, pin or write block for it: a leak aborts (a
+// finding).
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -47,7 +50,7 @@ constexpr uint64_t kPoolBytes = uint64_t{8} << 20;
 constexpr size_t kMaxRawBytes = size_t{1} << 20;
 
 struct Harness {
-  Harness() : io(kj::setupAsyncIo()), dir("daemon-rpc") {
+  Harness() : io(kj::setupAsyncIo()) {
     segmentPrefix = "kvtier-fuzz-" + std::to_string(::getpid()) + "-";
     auto created = HostPool::create(segmentPrefix, kPoolBytes, kPoolBytes);
     if (!created) {
@@ -57,23 +60,40 @@ struct Harness {
     pool = std::move(created).value();
     // One extent, "<prefix>0": unlinked at exit (the pool itself is never destroyed).
     removeAtExit("/dev/shm/" + segmentPrefix + "0");
-    socketPath = dir.path() + "/kvtierd.sock";
-    auto address = io.provider->getNetwork()
-                       .parseAddress(kj::str("unix:", socketPath.c_str()))
-                       .wait(io.waitScope);
-    listener = address->listen();
-    connectAddress = io.provider->getNetwork()
-                         .parseAddress(kj::str("unix:", socketPath.c_str()))
-                         .wait(io.waitScope);
+    reset();
+  }
+
+  // A fresh engine and server over the pool. Inputs may leave what outlives a session (detached
+  // sequences, snapshots) until the pool has nothing left to evict: every kInputsPerEngine
+  // inputs the daemon starts over, as after a restart.
+  void reset() {
+    server.reset();
+    engine.reset();
+    blocks = std::make_unique<BlockPool>(pool->extents());
+    engine =
+        std::make_unique<Engine>(*blocks, *pool, makeEvictionPolicy(kDefaultEviction), &rotator);
+    server = std::make_unique<Server>(*engine, *pool);
+    inputs = 0;
+    startOver = false;
+  }
+  static constexpr uint64_t kInputsPerEngine = 256;
+  uint64_t inputs = 0;
+  bool startOver = false;  // set by an input that found the pool with nothing left to evict
+
+  // A client's connection: one end of a fresh socket pair, the other served by the server.
+  kj::Own<kj::AsyncIoStream> connect() {
+    auto pipe = io.provider->newTwoWayPipe();
+    server->serve(kj::mv(pipe.ends[1]));
+    return kj::mv(pipe.ends[0]);
   }
 
   kj::AsyncIoContext io;
-  ScratchDir dir;
-  std::string segmentPrefix, socketPath;
+  std::string segmentPrefix;
   std::unique_ptr<HostPool> pool;
-  kj::Own<kj::ConnectionReceiver> listener;
-  kj::Own<kj::NetworkAddress> connectAddress;
+  std::unique_ptr<BlockPool> blocks;
   kernels::CpuKeyRotator rotator;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<Server> server;
 };
 
 Harness& harness() {
@@ -87,7 +107,9 @@ std::vector<Interface> interfaces() {
 }
 
 // Runs the loop until the engine holds nothing for the gone client; aborts after 10 s.
-void expectReleased(Harness& h, Server& server, Engine& engine) {
+void expectReleased(Harness& h) {
+  Server& server = *h.server;
+  Engine& engine = *h.engine;
   for (int i = 0; i < 10000; ++i) {
     const EngineStats s = engine.stats();
     if (server.sessions() == 0 && s.readLeases == 0 && s.writeLeases == 0 && s.blocksPinned == 0)
@@ -167,9 +189,16 @@ void playLane(Harness& h, kj::AsyncIoStream& stream, const uint8_t* data, size_t
   put.setSeq("s");
   auto tokens = put.initTokens(40);
   for (uint32_t i = 0; i < tokens.size(); ++i) tokens.set(i, 7919 + i);
-  put.send().wait(ws).getLease().commitRequest().send().wait(ws);
+  KJ_IF_MAYBE (e, kj::runCatchingExceptions(
+                      [&] { put.send().wait(ws).getLease().commitRequest().send().wait(ws); })) {
+    // FULL: what earlier inputs left has nothing left to evict (detached sequences, snapshots).
+    // The daemon's answer, not a finding: this input is done, and the engine starts over after.
+    (void)e;
+    h.startOver = true;
+    return;
+  }
 
-  auto lane = h.connectAddress->connect().wait(ws);
+  auto lane = h.connect();
   lane::Attach attach;
   if (token.size() != sizeof attach.token) std::abort();
   std::memcpy(attach.token, token.begin(), sizeof attach.token);
@@ -198,23 +227,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kvtier::fuzz;
   if (size == 0) return 0;
   Harness& h = harness();
-  BlockPool blocks(h.pool->extents());
-  Engine engine(blocks, *h.pool, makeEvictionPolicy(kDefaultEviction), &h.rotator);
+  // A lane input starts from a fresh engine: its frames name leases by number, and the seeds'
+  // numbers are those of a fresh engine (make_seeds.cc).
+  if (++h.inputs > Harness::kInputsPerEngine || h.startOver || data[0] >= 0xF0) h.reset();
   {
-    Server server(engine, *h.pool);
-    kj::Promise<void> accepting =
-        server.acceptLoop(*h.listener, h.io.unixEventPort, h.io.provider->getTimer()).eagerlyEvaluate(nullptr);
-    {
-      auto stream = h.connectAddress->connect().wait(h.io.waitScope);
-      if (data[0] >= 0xF0) {
-        playLane(h, *stream, data + 1, size - 1);
-      } else if (data[0] % 2 == 0) {
-        playCalls(h, *stream, data + 1, size - 1);
-      } else {
-        playRaw(h, *stream, data + 1, size - 1);
-      }
+    auto stream = h.connect();
+    if (data[0] >= 0xF0) {
+      playLane(h, *stream, data + 1, size - 1);
+    } else if (data[0] % 2 == 0) {
+      playCalls(h, *stream, data + 1, size - 1);
+    } else {
+      playRaw(h, *stream, data + 1, size - 1);
     }
-    expectReleased(h, server, engine);
   }
+  expectReleased(h);
   return 0;
 }

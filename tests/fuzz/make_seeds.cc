@@ -10,6 +10,7 @@
 #include <capnp/serialize.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -17,6 +18,7 @@
 
 #include "daemon/cold_tier.h"
 #include "daemon/snapshot_codec.h"
+#include "integrations/llama/seq_state.h"
 #include "schemas/kvtier.capnp.h"
 #include "schemas/peer.capnp.h"
 #include "tests/fuzz/cold_fuzz_keys.h"
@@ -593,6 +595,116 @@ void laneSeeds() {
   }
 }
 
+// --- the fast lane's codec alone (lane_codec_fuzz.cc): byte 0 picks the decoder.
+std::string bodyOf(const std::vector<uint8_t>& frame) {
+  return std::string(frame.begin() + sizeof(lane::Header), frame.end());
+}
+
+void laneCodecSeeds() {
+  const std::string harness = "lane_codec";
+  std::vector<uint32_t> tokens(40);
+  for (uint32_t i = 0; i < tokens.size(); ++i) tokens[i] = 7919 + i;
+  Key128 k;
+  for (size_t i = 0; i < k.bytes.size(); ++i) k.bytes[i] = static_cast<uint8_t>(i);
+  std::vector<uint8_t> f;
+  lane::appendLookup(f, 1, 1, 1, tokens, std::vector<Key128>{k});
+  write(harness, "lookup", std::string(1, '\0') + bodyOf(f));
+  f.clear();
+  lane::appendPut(f, 1, {1, "seq", 16, tokens, std::vector<Key128>{k, k}, true, 64, 32});
+  write(harness, "put", std::string(1, '\1') + bodyOf(f));
+  f.clear();
+  lane::appendCommit(f, 1, {5, 40, {1, 2}});
+  write(harness, "commit", std::string(1, '\2') + bodyOf(f));
+  f.clear();
+  lane::appendRelease(f, std::vector<uint64_t>{1, 2, 3});
+  write(harness, "release", std::string(1, '\3') + bodyOf(f));
+  const BlockLocation block{0, 16384, 16384, 3};
+  f.clear();
+  lane::appendLookupReply(f, 1, {32, 9, {block, block}, {11, 12}});
+  write(harness, "lookup_reply", std::string(1, '\4') + bodyOf(f));
+  f.clear();
+  lane::appendPutReply(f, 1, {0, 4, {block}});
+  write(harness, "put_reply", std::string(1, '\5') + bodyOf(f));
+  f.clear();
+  lane::appendCommitReply(f, 1, {40, 2});
+  write(harness, "commit_reply", std::string(1, '\6') + bodyOf(f));
+  f.clear();
+  lane::appendErrorReply(f, lane::kLookup, 1, Error(ErrorCode::kNotFound, "no such space"));
+  write(harness, "error_reply", std::string(1, '\4') + bodyOf(f));
+  f.clear();
+  lane::appendPut(f, 2, {1, "s", 0, tokens, {}});
+  write(harness, "framed_put", std::string(1, '\7') + std::string(f.begin(), f.end()));
+}
+
+// --- a layout as a client sends it (layout_fuzz.cc): a flat Cap'n Proto message.
+void layoutSeeds() {
+  const std::string harness = "layout";
+  const auto flat = [](const Layout& layout) {
+    capnp::MallocMessageBuilder message;
+    layoutToRpc(layout, message.initRoot<rpc::Layout>());
+    const auto words = capnp::messageToFlatArray(message);
+    const auto bytes = words.asBytes();
+    return std::string(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
+  };
+  write(harness, "tiny", flat(tinyLayout()));
+  Layout llama{"llama.cpp/llama/f16-f16/0123456789abcdef0123456789abcdef01234567",
+               16,
+               8,
+               64,
+               DType::kFloat16,
+               64,
+               {}};
+  write(harness, "llama", flat(llama));
+  Layout hybrid = llama;
+  hybrid.modelId = "llama.cpp/lfm2/f16-f16/0123456789abcdef0123456789abcdef01234567";
+  hybrid.dtype = DType::kInt8;
+  hybrid.stateBytes = 70 << 10;
+  write(harness, "hybrid", flat(hybrid));
+}
+
+// --- llama.cpp sequence states (llama_state_fuzz.cc): kind, streams - 1, window, then the state.
+void llamaStateSeeds() {
+  using namespace kvtier::llama;
+  const std::string harness = "llama_state";
+  const StateShape full{2, 1, 1, 64, 64, false, 0, 0};
+  const StateShape transposed{2, 1, 1, 64, 64, true, 2, 32};
+  const auto prefix = [](uint8_t kind, uint8_t nSwa) {
+    return std::string{static_cast<char>(kind), '\0', static_cast<char>(nSwa)};
+  };
+  const auto kvState = [](const StateShape& shape, uint32_t cells) {
+    std::vector<uint8_t> state(seqStateBytes(shape, cells, 1));
+    buildSeqState(state, shape, cells, 1, 0, 0);
+    return std::string(state.begin(), state.end());
+  };
+  // One recurrent cell (llama-memory-recurrent.cpp state_write): cell count 1, its position, no
+  // sequence, then the conv and SSM rows (opaque here).
+  const auto recurrent = [](int32_t pos) {
+    std::string out(12 + 256, '\0');
+    const uint32_t one = 1;
+    std::memcpy(out.data(), &one, 4);
+    std::memcpy(out.data() + 4, &pos, 4);
+    return out;
+  };
+  write(harness, "kv", prefix(0, 0) + kvState(full, 4));
+  write(harness, "kv_transposed", prefix(0, 0) + kvState(transposed, 4));
+  {
+    // iSWA: header, the base section (every cell), the SWA section (the window's cells).
+    std::vector<uint8_t> state(kSeqHeaderBytes + kvSectionBytes(full, 6, 1) +
+                               kvSectionBytes(full, 2, 1));
+    writeSeqHeader(state, 0);
+    writeKvSection(state, kSeqHeaderBytes, full, 6, 1, 0, 0);
+    writeKvSection(state, kSeqHeaderBytes + kvSectionBytes(full, 6, 1), full, 2, 1, 0, 4);
+    write(harness, "iswa", prefix(1, 2) + std::string(state.begin(), state.end()));
+  }
+  {
+    std::vector<uint8_t> header(kSeqHeaderBytes);
+    writeSeqHeader(header, 0);
+    write(harness, "recurrent",
+          prefix(2, 0) + std::string(header.begin(), header.end()) + recurrent(5));
+  }
+  write(harness, "hybrid", prefix(3, 0) + kvState(full, 6) + recurrent(5));
+}
+
 }  // namespace
 }  // namespace kvtier::fuzz
 
@@ -614,6 +726,9 @@ int main(int argc, char** argv) {
     coldSeeds(scratch);
     configSeeds();
     traceSeeds();
+    laneCodecSeeds();
+    layoutSeeds();
+    llamaStateSeeds();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     rc = 1;

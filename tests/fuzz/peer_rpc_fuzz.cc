@@ -1,5 +1,6 @@
-// Fuzz harness: daemon <-> daemon protocol (schemas/peer.capnp), delivered over TCP to the peer
-// listener of a ClusterService running in this process (a one-member static cluster).
+// Fuzz harness: daemon <-> daemon protocol (schemas/peer.capnp), delivered in process to the peer
+// service of a ClusterService (a one-member static cluster) over one end of a socket pair, which
+// it serves as it serves each connection its listener accepts.
 //
 // Input: a conversation of calls (tests/fuzz/rpc_calls.h) on PeerGate, Peer and PinLease. The
 // bootstrap capability is the PeerGate, so calls before a successful authenticate meet the gate
@@ -57,7 +58,6 @@ struct Harness {
       std::fprintf(stderr, "cluster: %s\n", s.error().message().c_str());
       std::abort();
     }
-    address = io.provider->getNetwork().parseAddress(cluster->address().c_str()).wait(io.waitScope);
   }
 
   // The namespace of peer_fuzz_world.h with its blocks committed (a detached sequence), so that
@@ -81,7 +81,6 @@ struct Harness {
   kernels::CpuKeyRotator rotator;
   std::unique_ptr<Engine> engine;
   std::unique_ptr<ClusterService> cluster;
-  kj::Own<kj::NetworkAddress> address;
 };
 
 Harness& harness() {
@@ -113,7 +112,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kvtier::fuzz;
   Harness& h = harness();
   {
-    auto stream = h.address->connect().wait(h.io.waitScope);
+    auto pipe = h.io.provider->newTwoWayPipe();
+    h.cluster->servePeer(kj::mv(pipe.ends[1]));
+    auto stream = kj::mv(pipe.ends[0]);
     capnp::TwoPartyClient client(*stream);
     CallDriver driver(h.io.waitScope, h.io.provider->getTimer(), client.bootstrap(),
                       {Interface::of<rpc::peer::PeerGate>(), Interface::of<rpc::peer::Peer>(),

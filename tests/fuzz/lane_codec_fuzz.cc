@@ -1,0 +1,211 @@
+// Fuzz harness: the fast lane's codec (transport/lane_codec.h), in process: the bodies a daemon
+// decodes from its clients (lookup, put, commit, release/abort) and the replies a client decodes
+// from its daemon, and the frame header both sides check.
+//
+// Input: its first byte picks the decoder, the rest is the body (or a 16-byte header, then a
+// body). A body that decodes must encode back (append*) to one that decodes to the same values:
+// what the decoders accept is what the encoders write. A difference aborts (a finding).
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "transport/lane_codec.h"
+
+namespace kvtier::lane {
+namespace {
+
+[[noreturn]] void differs(const char* what) {
+  std::fprintf(stderr, "kvtier fuzz: a decoded %s does not round-trip\n", what);
+  std::abort();
+}
+
+// The body of the one frame append* wrote into `frame`.
+std::span<const uint8_t> bodyOf(const std::vector<uint8_t>& frame) {
+  Header h;
+  if (frame.size() < sizeof h) differs("frame (too short)");
+  std::memcpy(&h, frame.data(), sizeof h);
+  if (frame.size() != sizeof h + h.bodyBytes || !checkHeader(h)) differs("frame (bad header)");
+  return std::span(frame).subspan(sizeof h);
+}
+
+bool same(const LookupReply& a, const LookupReply& b) {
+  return a.matchedTokens == b.matchedTokens && a.lease == b.lease && a.blocks == b.blocks &&
+         a.sums == b.sums;
+}
+
+bool same(const PutReply& a, const PutReply& b) {
+  return a.firstPosition == b.firstPosition && a.lease == b.lease && a.blocks == b.blocks;
+}
+
+void lookupRequest(std::span<const uint8_t> body) {
+  auto r = decodeLookup(body);
+  if (!r) return;
+  std::vector<uint8_t> frame;
+  appendLookup(frame, 1, r->space, r->remote, r->tokens, r->keys);
+  auto again = decodeLookup(bodyOf(frame));
+  if (!again || again->space != r->space || again->remote != r->remote ||
+      again->tokens != r->tokens || again->keys != r->keys) {
+    differs("lookup");
+  }
+}
+
+void putRequest(std::span<const uint8_t> body) {
+  auto r = decodePut(body);
+  if (!r) return;
+  std::vector<uint8_t> frame;
+  const PutArgs args{r->space, r->seq,      r->begin,  r->tokens,
+                     r->keys,  r->detached, r->window, r->chunk};
+  appendPut(frame, 1, args);
+  auto again = decodePut(bodyOf(frame));
+  if (!again || again->space != r->space || again->seq != r->seq || again->begin != r->begin ||
+      again->tokens != r->tokens || again->keys != r->keys || again->detached != r->detached ||
+      again->window != r->window || again->chunk != r->chunk) {
+    differs("put");
+  }
+}
+
+void commitRequest(std::span<const uint8_t> body) {
+  auto r = decodeCommit(body);
+  if (!r) return;
+  std::vector<uint8_t> frame;
+  appendCommit(frame, 1, *r);
+  auto again = decodeCommit(bodyOf(frame));
+  if (!again || again->lease != r->lease || again->upTo != r->upTo || again->sums != r->sums) {
+    differs("commit");
+  }
+}
+
+void leases(std::span<const uint8_t> body) {
+  auto r = decodeLeases(body);
+  if (!r) return;
+  std::vector<uint8_t> frame;
+  appendRelease(frame, *r);
+  auto again = decodeLeases(bodyOf(frame));
+  if (!again || *again != *r) differs("release");
+}
+
+void lookupReply(std::span<const uint8_t> body) {
+  auto r = decodeLookupReply(body);
+  if (!r) return;
+  std::vector<uint8_t> frame;
+  if (r->ok()) {
+    appendLookupReply(frame, 1, r->value());
+  } else {
+    appendErrorReply(frame, kLookup | kReply, 1, r->error());
+  }
+  auto again = decodeLookupReply(bodyOf(frame));
+  if (!again || again->ok() != r->ok()) differs("lookup reply");
+  if (r->ok() ? !same(again->value(), r->value())
+              : again->error().code() != r->error().code() ||
+                    again->error().message() != r->error().message()) {
+    differs("lookup reply");
+  }
+}
+
+void putReply(std::span<const uint8_t> body) {
+  auto r = decodePutReply(body);
+  if (!r) return;
+  std::vector<uint8_t> frame;
+  if (r->ok()) {
+    appendPutReply(frame, 1, r->value());
+  } else {
+    appendErrorReply(frame, kPut | kReply, 1, r->error());
+  }
+  auto again = decodePutReply(bodyOf(frame));
+  if (!again || again->ok() != r->ok()) differs("put reply");
+  if (r->ok() ? !same(again->value(), r->value())
+              : again->error().code() != r->error().code() ||
+                    again->error().message() != r->error().message()) {
+    differs("put reply");
+  }
+}
+
+void commitReply(std::span<const uint8_t> body) {
+  auto r = decodeCommitReply(body);
+  if (!r) return;
+  std::vector<uint8_t> frame;
+  if (r->ok()) {
+    appendCommitReply(frame, 1, r->value());
+  } else {
+    appendErrorReply(frame, kCommit | kReply, 1, r->error());
+  }
+  auto again = decodeCommitReply(bodyOf(frame));
+  if (!again || again->ok() != r->ok()) differs("commit reply");
+  if (r->ok() ? again->value().length != r->value().length ||
+                    again->value().sealedBlocks != r->value().sealedBlocks
+              : again->error().code() != r->error().code() ||
+                    again->error().message() != r->error().message()) {
+    differs("commit reply");
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::lane
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace kvtier::lane;
+  if (size == 0) return 0;
+  const std::span<const uint8_t> rest(data + 1, size - 1);
+  switch (data[0] % 8) {
+    case 0:
+      lookupRequest(rest);
+      break;
+    case 1:
+      putRequest(rest);
+      break;
+    case 2:
+      commitRequest(rest);
+      break;
+    case 3:
+      leases(rest);
+      break;
+    case 4:
+      lookupReply(rest);
+      break;
+    case 5:
+      putReply(rest);
+      break;
+    case 6:
+      commitReply(rest);
+      break;
+    default: {
+      // A header as read off the socket, then what follows it as that op's body.
+      Header h;
+      if (rest.size() < sizeof h) return 0;
+      std::memcpy(&h, rest.data(), sizeof h);
+      if (!checkHeader(h)) return 0;
+      if (h.bodyBytes > kMaxBodyBytes) std::abort();  // checkHeader lets no larger body through
+      const auto body = rest.subspan(sizeof h);
+      switch (h.op) {
+        case kLookup:
+          lookupRequest(body);
+          break;
+        case kPut:
+          putRequest(body);
+          break;
+        case kCommit:
+          commitRequest(body);
+          break;
+        case kRelease:
+        case kAbort:
+          leases(body);
+          break;
+        case kLookup | kReply:
+          lookupReply(body);
+          break;
+        case kPut | kReply:
+          putReply(body);
+          break;
+        case kCommit | kReply:
+          commitReply(body);
+          break;
+        default:
+          break;
+      }
+    }
+  }
+  return 0;
+}
