@@ -63,6 +63,16 @@ struct Totals {
 class DamageRun {
  public:
   explicit DamageRun(uint64_t seed) : random_(seed) {}
+  // A daemon killed last (or that ended by itself) leaves its pool's segments for the next start
+  // to remove: with no next start, they go here, also when the test fails.
+  ~DamageRun() {
+    daemon_.reset();
+    if (leftPrefix_.empty()) return;
+    std::error_code ec;
+    for (const auto& f : std::filesystem::directory_iterator("/dev/shm", ec)) {
+      if (f.path().filename().string().starts_with(leftPrefix_)) std::filesystem::remove(f, ec);
+    }
+  }
 
   void start() {
     daemon_.reset();
@@ -74,6 +84,7 @@ class DamageRun {
       ADD_FAILURE() << "kvtierd did not start on a damaged tier: " << e.what();
       return;
     }
+    leftPrefix_.clear();  // the new daemon removed what the one before left
     client_ = daemon_->connect();
     space_ = client_->open(testLayout()).value();
   }
@@ -93,6 +104,7 @@ class DamageRun {
     space_.reset();
     client_.reset();
     if (daemon_ && alive()) {
+      if (signal == SIGKILL) leftPrefix_ = daemon_->segmentPrefix();
       const int status = daemon_->stop(signal);
       if (signal == SIGTERM && !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
         ++totals.aborts;
@@ -110,6 +122,7 @@ class DamageRun {
     if (::waitpid(daemon_->pid(), &status, WNOHANG) != daemon_->pid()) return true;
     ++totals.aborts;
     ADD_FAILURE() << "kvtierd ended by itself, status " << status;
+    leftPrefix_ = daemon_->segmentPrefix();
     // Nothing left to signal: DaemonProcess must not wait for it again.
     daemon_.release();  // NOLINT(bugprone-unused-return-value): the process is reaped
     space_.reset();
@@ -202,6 +215,7 @@ class DamageRun {
   std::unique_ptr<Client> client_;
   std::unique_ptr<Space> space_;
   Stats last_;
+  std::string leftPrefix_;  // the segments of a daemon killed last, for the next start to remove
 };
 
 TEST(ColdDamage, BytesFlippedInTheTiersFilesWhileItServesAreAMissNeverAnAbortOrAWrongByte) {
