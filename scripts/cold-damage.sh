@@ -33,6 +33,7 @@ while [ $# -gt 0 ]; do
 done
 [[ $trials =~ ^[0-9]+$ && $trials -gt 0 ]] || { echo "--trials must be a positive number" >&2; exit 2; }
 [[ -z $seed || $seed =~ ^[0-9]+$ ]] || { echo "--seed must be a number" >&2; exit 2; }
+[ -n "$seed" ] || seed=$(( (RANDOM << 15 | RANDOM) ))  # a new run each time (ctest's is fixed)
 test_binary=$build/tests/kvtier_integration_test
 [ -x "$test_binary" ] || { echo "no $test_binary: build first (scripts/build.sh)" >&2; exit 2; }
 log=$(mktemp "${KVTIER_TEST_TMPDIR:-/tmp}/kvtier-cold-damage-XXXXXX.log")
