@@ -21,6 +21,7 @@
 #include "daemon/lane.h"
 #include "daemon/remote_tier.h"
 #include "daemon/tier_service.h"
+#include "schemas/kvtier.capnp.h"
 #include "store/engine.h"
 #include "transport/busy_poll.h"
 #include "transport/host_pool.h"
@@ -67,6 +68,10 @@ class Server final : private kj::TaskSet::ErrorHandler {
   // other way, e.g. one end of a socket pair (the in-process fuzz harness). The peer's
   // credentials are read from the socket.
   void serve(kj::Own<kj::AsyncIoStream> stream) { accept(kj::mv(stream)); }
+  // The daemon's bootstrap capability for a client in this process, called without a connection
+  // (Cap'n Proto's local calls: no message is encoded or read back): what the in-process fuzz
+  // harness drives the RPC objects through. Admitted as this process's own user.
+  rpc::Daemon::Client localClient();
 
   // Who is admitted and who maps the pools (daemon/access.h). Default: the daemon's effective uid
   // and gid.

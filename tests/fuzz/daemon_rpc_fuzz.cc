@@ -1,10 +1,12 @@
 // Fuzz harness: client -> daemon protocol (schemas/kvtier.capnp), delivered in process to
-// kvtierd's RPC server over one end of a socket pair (the server reads the peer's credentials
-// from it as from an accepted connection; nothing is listened on or connected to).
+// kvtierd's RPC server: calls through its local client, bytes over one end of a socket pair (the
+// server reads the peer's credentials from it as from an accepted connection; nothing is
+// listened on or connected to).
 //
 // Input: its first byte picks the mode.
 // - even: a conversation of calls (tests/fuzz/rpc_calls.h) on Daemon, Session, Space, WriteLease
-//   and ReadLease, with the capabilities the answers hand out;
+//   and ReadLease, with the capabilities the answers hand out, made on the server's objects
+//   without a connection (Server::localClient);
 // - odd: raw bytes written to the socket as they are (Cap'n Proto RPC framing included), then the
 //   connection is closed: what a broken or hostile client can send;
 // - 0xF0 and above (before the two above): a session's fast lane (transport/lane_codec.h). The
@@ -132,9 +134,12 @@ void expectReleased(Harness& h) {
   std::abort();
 }
 
-void playCalls(Harness& h, kj::AsyncIoStream& stream, const uint8_t* data, size_t size) {
-  capnp::TwoPartyClient client(stream);
-  CallDriver driver(h.io.waitScope, h.io.provider->getTimer(), client.bootstrap(), interfaces());
+// Calls on the daemon's objects without a connection (Server::localClient): the parameters are
+// still the fuzzer's bytes read as a message and copied into each request; only the encoding on
+// the wire is left out, which the raw mode covers.
+void playCalls(Harness& h, const uint8_t* data, size_t size) {
+  CallDriver driver(h.io.waitScope, h.io.provider->getTimer(), h.server->localClient(),
+                    interfaces());
   driver.play(data, size);
 }
 
@@ -230,12 +235,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // A lane input starts from a fresh engine: its frames name leases by number, and the seeds'
   // numbers are those of a fresh engine (make_seeds.cc).
   if (++h.inputs > Harness::kInputsPerEngine || h.startOver || data[0] >= 0xF0) h.reset();
-  {
+  if (data[0] < 0xF0 && data[0] % 2 == 0) {
+    playCalls(h, data + 1, size - 1);
+  } else {
     auto stream = h.connect();
     if (data[0] >= 0xF0) {
       playLane(h, *stream, data + 1, size - 1);
-    } else if (data[0] % 2 == 0) {
-      playCalls(h, *stream, data + 1, size - 1);
     } else {
       playRaw(h, *stream, data + 1, size - 1);
     }
