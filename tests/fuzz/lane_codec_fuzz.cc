@@ -87,59 +87,48 @@ void leases(std::span<const uint8_t> body) {
   if (!again || *again != *r) differs("release");
 }
 
-void lookupReply(std::span<const uint8_t> body) {
-  auto r = decodeLookupReply(body);
+// A reply decodes, encodes back (the answer, or the daemon's error) and decodes to the same.
+template <typename T, typename Decode, typename Append, typename Same>
+void replyRoundTrip(std::span<const uint8_t> body, uint16_t op, const char* what, Decode decode,
+                    Append append, Same same) {
+  auto r = decode(body);
   if (!r) return;
   std::vector<uint8_t> frame;
   if (r->ok()) {
-    appendLookupReply(frame, 1, r->value());
+    append(frame, r->value());
   } else {
-    appendErrorReply(frame, kLookup | kReply, 1, r->error());
+    appendErrorReply(frame, op, 1, r->error());
   }
-  auto again = decodeLookupReply(bodyOf(frame));
-  if (!again || again->ok() != r->ok()) differs("lookup reply");
+  auto again = decode(bodyOf(frame));
+  if (!again || again->ok() != r->ok()) differs(what);
   if (r->ok() ? !same(again->value(), r->value())
               : again->error().code() != r->error().code() ||
                     again->error().message() != r->error().message()) {
-    differs("lookup reply");
+    differs(what);
   }
+}
+
+void lookupReply(std::span<const uint8_t> body) {
+  replyRoundTrip<LookupReply>(
+      body, kLookup | kReply, "lookup reply", decodeLookupReply,
+      [](std::vector<uint8_t>& f, const LookupReply& v) { appendLookupReply(f, 1, v); },
+      [](const LookupReply& a, const LookupReply& b) { return same(a, b); });
 }
 
 void putReply(std::span<const uint8_t> body) {
-  auto r = decodePutReply(body);
-  if (!r) return;
-  std::vector<uint8_t> frame;
-  if (r->ok()) {
-    appendPutReply(frame, 1, r->value());
-  } else {
-    appendErrorReply(frame, kPut | kReply, 1, r->error());
-  }
-  auto again = decodePutReply(bodyOf(frame));
-  if (!again || again->ok() != r->ok()) differs("put reply");
-  if (r->ok() ? !same(again->value(), r->value())
-              : again->error().code() != r->error().code() ||
-                    again->error().message() != r->error().message()) {
-    differs("put reply");
-  }
+  replyRoundTrip<PutReply>(
+      body, kPut | kReply, "put reply", decodePutReply,
+      [](std::vector<uint8_t>& f, const PutReply& v) { appendPutReply(f, 1, v); },
+      [](const PutReply& a, const PutReply& b) { return same(a, b); });
 }
 
 void commitReply(std::span<const uint8_t> body) {
-  auto r = decodeCommitReply(body);
-  if (!r) return;
-  std::vector<uint8_t> frame;
-  if (r->ok()) {
-    appendCommitReply(frame, 1, r->value());
-  } else {
-    appendErrorReply(frame, kCommit | kReply, 1, r->error());
-  }
-  auto again = decodeCommitReply(bodyOf(frame));
-  if (!again || again->ok() != r->ok()) differs("commit reply");
-  if (r->ok() ? again->value().length != r->value().length ||
-                    again->value().sealedBlocks != r->value().sealedBlocks
-              : again->error().code() != r->error().code() ||
-                    again->error().message() != r->error().message()) {
-    differs("commit reply");
-  }
+  replyRoundTrip<CommitReply>(
+      body, kCommit | kReply, "commit reply", decodeCommitReply,
+      [](std::vector<uint8_t>& f, const CommitReply& v) { appendCommitReply(f, 1, v); },
+      [](const CommitReply& a, const CommitReply& b) {
+        return a.length == b.length && a.sealedBlocks == b.sealedBlocks;
+      });
 }
 
 }  // namespace
