@@ -2,10 +2,11 @@
 # The main job, from a fresh Debian 12 machine: install dependencies, build, start kvtierd on its
 # embedded defaults (no flags: ./kvtier-data, a 1 GiB shared-memory pool), and run the two-process
 # demo against it. The daemon is stopped at the end unless KEEP_RUNNING=1.
+# Only the daemon and the CLI are built (scripts/test.sh builds everything else).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "${SKIP_DEPS:-0}" = 1 ] || bash scripts/install-deps.sh
-bash scripts/build.sh
+bash scripts/build.sh --target kvtierd kvtier
 
 log=$(mktemp)
 build/daemon/kvtierd >"$log" 2>&1 &

@@ -27,6 +27,7 @@
 #include "store/block_pool.h"
 #include "store/cold_directory.h"
 #include "store/eviction.h"
+#include "store/key_memo.h"
 #include "store/key_rotator.h"
 #include "store/limits.h"
 #include "store/prefix_index.h"
@@ -806,6 +807,9 @@ class Engine {
   BlockLists tenantLinks_;
   uint64_t tenantQuota_ = 0;
   PrefixIndex index_;
+  // Keys hashed before, for the chains of later lookups and puts (mutable: the const calls that
+  // hash a chain remember what they hashed).
+  mutable KeyMemo keyMemo_;
   struct Entry {
     BlockId block;
     uint64_t bytes;

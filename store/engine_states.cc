@@ -53,7 +53,7 @@ Result<PutGrant> Engine::putState(SpaceId space, std::span<const uint32_t> token
     hasher.begin(keys.back());
     if (observer_) lease.keys.assign(keys.begin(), keys.end());
   } else {
-    ChainKeys chain(info, tokens.first(whole * bt), {}, {});
+    ChainKeys chain(info, space, &keyMemo_, tokens.first(whole * bt), {}, {});
     Key128 anchor;
     for (size_t i = 0; i < whole; ++i) {
       anchor = chain.next();
@@ -176,7 +176,7 @@ Engine::StateFind Engine::findState(SpaceId space, std::span<const uint32_t> tok
     if (!keys.empty()) {
       chain = keys.first(top);
     } else {
-      ChainKeys walk(info, tokens.first(top * bt), {}, {});
+      ChainKeys walk(info, space, &keyMemo_, tokens.first(top * bt), {}, {});
       hashed.reserve(top);
       for (size_t i = 0; i < top; ++i) hashed.push_back(walk.next());
       chain = hashed;
@@ -290,7 +290,7 @@ std::vector<Key128> Engine::stateChunkKeys(SpaceId space, std::span<const uint32
   } else if (!keys.empty()) {
     hasher.begin(keys[whole - 1]);
   } else {
-    ChainKeys chain(info, tokens.first(whole * bt), {}, {});
+    ChainKeys chain(info, space, &keyMemo_, tokens.first(whole * bt), {}, {});
     Key128 anchor;
     for (size_t i = 0; i < whole; ++i) anchor = chain.next();
     hasher.begin(anchor);

@@ -9,6 +9,7 @@
 #include "kvtier/error.h"
 #include "store/block_pool.h"
 #include "store/engine.h"
+#include "store/key_memo.h"
 #include "store/limits.h"
 
 namespace kvtier::engine_util {
@@ -49,14 +50,19 @@ inline uint32_t blobClassBytes(uint64_t bytes) {
 // tokens, the first `known.size()` taken from `known` (keys the SDK hashed already).
 class ChainKeys {
  public:
-  ChainKeys(const SpaceInfo& info, std::span<const uint32_t> tokens, std::span<const Key128> keys,
-            std::span<const Key128> known)
+  // `memo`: the engine's remembered keys (null: every key hashed).
+  ChainKeys(const SpaceInfo& info, uint32_t space, KeyMemo* memo, std::span<const uint32_t> tokens,
+            std::span<const Key128> keys, std::span<const Key128> known)
       : tokens_(tokens),
         keys_(keys),
         known_(known),
         bt_(info.layout.blockTokens),
         size_(keys.empty() ? std::min(tokens.size() / bt_, kMaxBlocksPerLease) : keys.size()),
-        hasher_(info.fingerprint, info.salt) {}
+        hasher_(info.fingerprint, info.salt, space, memo) {
+    for (size_t i = known_.size(); keys_.empty() && i < std::min(size_, kAhead); ++i) {
+      hasher_.prefetch(i, blockTokens(i));
+    }
+  }
 
   size_t size() const { return size_; }
   size_t taken() const { return next_; }
@@ -68,17 +74,22 @@ class ChainKeys {
     } else if (i < known_.size()) {
       last_ = known_[i];
     } else {
-      last_ = hasher_.next(i == 0 ? nullptr : &last_, tokens_.subspan(i * bt_, bt_));
+      // The memo's slots of the blocks a few ahead are fetched meanwhile.
+      if (i + kAhead < size_) hasher_.prefetch(i + kAhead, blockTokens(i + kAhead));
+      last_ = hasher_.next(i, i == 0 ? nullptr : &last_, blockTokens(i));
     }
     return last_;
   }
 
  private:
+  static constexpr size_t kAhead = 4;
+  std::span<const uint32_t> blockTokens(size_t i) const { return tokens_.subspan(i * bt_, bt_); }
+
   std::span<const uint32_t> tokens_;
   std::span<const Key128> keys_, known_;
   uint32_t bt_;
   size_t size_;
-  BlockKeyHasher hasher_;
+  MemoHasher hasher_;
   size_t next_ = 0;
   Key128 last_;
 };
