@@ -57,6 +57,7 @@ constexpr uint64_t kPoolHugePages = 128;  // kPoolBytes in 2 MiB pages
 constexpr int kRounds = 8;
 constexpr int kBandwidthIterationsPerRound = 4;
 constexpr int kRttIterationsPerRound = 250;
+constexpr int kPerBlockIterationsPerRound = 50;  // of each kind (samplePerBlock)
 
 // The suite's data: the prompt, its packed KV (also the memcpy source) and the reader's buffer
 // (also the memcpy destination).
@@ -318,6 +319,59 @@ Status sampleLookups(Space& space, const Workload& w, int iterations, std::vecto
   return {};
 }
 
+// The daemon's cost per block, against the same call for one block (lookup_64_vs_1,
+// store_calls_64_vs_1): seconds of each kind, interleaved call by call so that the machine's
+// state hits both alike. A lookup of the 64-block prefix with its read lease, its handle then
+// released, against the same for the prefix's first block; and a store's calls without its bytes
+// (the grant of fresh blocks and the commit that seals and indexes them, no write and no writer
+// checksums: what a store asks of kvtierd) for 64 blocks against 1.
+struct PerBlockSamples {
+  std::vector<double> lookup64, lookup1, store64, store1;
+};
+
+Status samplePerBlock(Space& space, Workload& w, int iterations, PerBlockSamples& out) {
+  const auto lookupOf = [&](std::span<const uint32_t> tokens) -> Result<double> {
+    const auto t0 = Clock::now();
+    auto hit = space.lookup(tokens);
+    if (!hit) return hit.error();
+    if (auto s = expectMatched(*hit, tokens.size()); !s) return s.error();
+    hit->release();
+    return secondsSince(t0);
+  };
+  const auto storeOf = [&](size_t tokens) -> Result<double> {
+    auto prompt = w.nextPutTokens().first(tokens);
+    bench_hooks::setWriterChecksums(false);
+    const auto t0 = Clock::now();
+    auto lease = space.beginPut("bench-calls", 0, prompt);
+    auto committed = lease ? lease->commit() : Result<CommitInfo>(lease.error());
+    const double took = secondsSince(t0);
+    bench_hooks::setWriterChecksums(true);
+    if (!committed) return committed.error();
+    if (committed->sealedBlocks != tokens / w.layout.blockTokens) {
+      return makeError(ErrorCode::kInternal, "a store of ", tokens, " tokens sealed ",
+                       committed->sealedBlocks, " blocks");
+    }
+    return took;
+  };
+  const auto keep = [](Result<double> took, std::vector<double>& samples) -> Status {
+    if (!took) return took.error();
+    samples.push_back(*took);
+    return {};
+  };
+  // The lookups, then the stores: a store of 64 fresh blocks leaves the caches colder for the call
+  // after it (measured: a 64-block lookup right after one took ~1.4x as long), so each kind of
+  // call is timed beside its one-block twin under the same conditions.
+  for (int i = 0; i < iterations; ++i) {
+    if (auto s = keep(lookupOf(w.tokens), out.lookup64); !s) return s;
+    if (auto s = keep(lookupOf(w.firstBlock), out.lookup1); !s) return s;
+  }
+  for (int i = 0; i < iterations; ++i) {
+    if (auto s = keep(storeOf(kPrefixTokens), out.store64); !s) return s;
+    if (auto s = keep(storeOf(w.layout.blockTokens), out.store1); !s) return s;
+  }
+  return {};
+}
+
 std::string redisKey(uint32_t i) { return "kvtier-bench:" + std::to_string(i); }
 
 // The same 64 chunks of 256 KiB as SETs, pipelined: 64 commands appended, then 64 replies read.
@@ -443,6 +497,8 @@ struct HugePagePool {
 struct RepFigures {
   double memcpy = 0, get = 0, getUnchecked = 0, put = 0, putUnsummed = 0, putMany = 0,
          lookupRtt = 0, echoRtt = 0, pollingEchoRtt = 0;
+  // Median seconds of samplePerBlock's calls.
+  double lookup64 = 0, lookup1 = 0, store64 = 0, store1 = 0;
   // The SDK's copies and a raw copy on the same pool blocks (timePoolCopies), bytes/s.
   double poolWrite = 0, poolWriteUnsummed = 0, rawInto = 0, copyOut = 0, copyOutUnchecked = 0,
          rawOut = 0;
@@ -461,6 +517,7 @@ Result<RepFigures> measureRepetition(Space& space, HugePagePool* huge, Workload&
   enum PutKind { kSummed, kUnsummed, kHugePages, kPutKinds };
   double putSeconds[kPutKinds] = {};
   std::vector<double> lookups, pings, pollingPings;
+  PerBlockSamples perBlock;
   for (int round = 0; round < kRounds; ++round) {
     if (gInterrupted) return unavailable("interrupted");
     memcpySeconds += timeMemcpy(w, kBandwidthIterationsPerRound);
@@ -513,6 +570,8 @@ Result<RepFigures> measureRepetition(Space& space, HugePagePool* huge, Workload&
       redisGetSeconds += *got;
     }
     if (auto s = sampleLookups(space, w, kRttIterationsPerRound, lookups); !s) return s.error();
+    if (auto s = samplePerBlock(space, w, kPerBlockIterationsPerRound, perBlock); !s)
+      return s.error();
     if (auto s = samplePings(echo, kRttIterationsPerRound, pings); !s) return s.error();
     if (auto s = samplePings(pollingEcho, kRttIterationsPerRound, pollingPings); !s) {
       return s.error();
@@ -540,6 +599,10 @@ Result<RepFigures> measureRepetition(Space& space, HugePagePool* huge, Workload&
   f.lookupRtt = medianOf(std::move(lookups));
   f.echoRtt = medianOf(std::move(pings));
   f.pollingEchoRtt = medianOf(std::move(pollingPings));
+  f.lookup64 = medianOf(std::move(perBlock.lookup64));
+  f.lookup1 = medianOf(std::move(perBlock.lookup1));
+  f.store64 = medianOf(std::move(perBlock.store64));
+  f.store1 = medianOf(std::move(perBlock.store1));
   if (redis) {
     f.redisSet = redisBytes / setSeconds;
     f.redisGet = redisBytes / redisGetSeconds;
@@ -832,6 +895,13 @@ Status run(const Options& options) {
   // The lookup polls as the SDK and the daemon do by default; so does this anchor's both ends.
   RatioReport pollingRtt = report("rpc_vs_polling_rtt", "lookup 1 block",
                                   "uds ping-pong 64 B, both ends polling", "s", false, 3.0);
+  // The daemon's cost per block: a call for a 64-block prefix against the same call for one.
+  RatioReport lookupPerBlock =
+      report("lookup_64_vs_1", "lookup of 64 blocks with its lease and release",
+             "the same for 1 block", "s", false, 3.0);
+  RatioReport storePerBlock =
+      report("store_calls_64_vs_1", "a store's grant and commit of 64 blocks, no bytes",
+             "the same for 1 block", "s", false, 3.0);
   const auto openssl = findOnPath("openssl");
   if (!openssl) sha.skipped = "openssl is not on PATH";
   RatioReport getRedis =
@@ -850,7 +920,8 @@ Status run(const Options& options) {
     std::fprintf(
         stderr,
         "%s %d: memcpy %s, get %s, put %s (no checksums %s, huge pages %s), putMany %s, redis "
-        "GET %s SET %s, lookup rtt %s, uds rtt %s (%.1f s)\n",
+        "GET %s SET %s, lookup rtt %s, uds rtt %s, lookup 64/1 %.2f, store calls 64/1 %.2f (%.1f "
+        "s)\n",
         warmup ? "warm-up" : "rep", rep, human(f->memcpy, "bytes/s").c_str(),
         human(f->get, "bytes/s").c_str(), human(f->put, "bytes/s").c_str(),
         human(f->putUnsummed, "bytes/s").c_str(),
@@ -858,7 +929,8 @@ Status run(const Options& options) {
         human(f->putMany, "bytes/s").c_str(),
         human(f->redisGet.value_or(std::nan("")), "bytes/s").c_str(),
         human(f->redisSet.value_or(std::nan("")), "bytes/s").c_str(),
-        human(f->lookupRtt, "s").c_str(), human(f->echoRtt, "s").c_str(), secondsSince(t0));
+        human(f->lookupRtt, "s").c_str(), human(f->echoRtt, "s").c_str(), f->lookup64 / f->lookup1,
+        f->store64 / f->store1, secondsSince(t0));
     double keys = std::nan(""), opensslKeys = std::nan("");
     if (openssl) {
       keys = chainedSha256TokensPerSecond(w.layout);
@@ -900,6 +972,10 @@ Status run(const Options& options) {
     rtt.anchor.perRep.push_back(f->echoRtt);
     pollingRtt.kvtier.perRep.push_back(f->lookupRtt);
     pollingRtt.anchor.perRep.push_back(f->pollingEchoRtt);
+    lookupPerBlock.kvtier.perRep.push_back(f->lookup64);
+    lookupPerBlock.anchor.perRep.push_back(f->lookup1);
+    storePerBlock.kvtier.perRep.push_back(f->store64);
+    storePerBlock.anchor.perRep.push_back(f->store1);
     if (redis) {
       getRedis.kvtier.perRep.push_back(f->get);
       getRedis.anchor.perRep.push_back(*f->redisGet);
@@ -910,14 +986,12 @@ Status run(const Options& options) {
   auto breakdown = measureBreakdown(**space, w, *pollingEcho);
   if (!breakdown) return breakdown.error();
 
-  const std::vector<RatioReport> reports = {getMem,      getUncheckedMem,
-                                            putMem,      putUnsummedMem,
-                                            putHugeMem,  putManyMem,
-                                            putWriteRaw, putWriteUnsummedRaw,
-                                            getCopyRaw,  getCopyUncheckedRaw,
-                                            rtt,         pollingRtt,
-                                            sha,         getRedis,
-                                            putRedis};
+  const std::vector<RatioReport> reports = {
+      getMem,         getUncheckedMem,     putMem,      putUnsummedMem,
+      putHugeMem,     putManyMem,          putWriteRaw, putWriteUnsummedRaw,
+      getCopyRaw,     getCopyUncheckedRaw, rtt,         pollingRtt,
+      lookupPerBlock, storePerBlock,       sha,         getRedis,
+      putRedis};
   printTable("local", reports, options.reps);
   printBreakdown(*breakdown);
   return writeReport(options, reports, *breakdown,
