@@ -1,7 +1,9 @@
 # `cmake --install BUILD --prefix P`: the daemon and the tool, the SDK's public headers and its
-# libraries (client/CMakeLists.txt: libkvtier.a, libkvtier.so), a CMake package
-# (find_package(kvtier) gives kvtier::client) and a pkg-config file (kvtier.pc). The prefix is
-# relocatable: nothing installed names the prefix it was configured with. docs/sdk.md shows the use.
+# libraries (client/CMakeLists.txt: libkvtier.a, libkvtier.so), with llama.cpp the integration's
+# header and library (kvtier/llama.h, libkvtier-llama.a), a CMake package (find_package(kvtier)
+# gives kvtier::client; COMPONENTS llama, kvtier::llama) and a pkg-config file (kvtier.pc). The
+# prefix is relocatable: nothing installed names the prefix it was configured with, or the build
+# and source trees. docs/sdk.md and docs/llama.md show the use.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
@@ -21,6 +23,17 @@ install(TARGETS kvtier_sdk_static EXPORT kvtierStaticTargets
 set(KVTIER_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/kvtier)
 install(EXPORT kvtierSharedTargets NAMESPACE kvtier:: DESTINATION ${KVTIER_CMAKE_DIR})
 install(EXPORT kvtierStaticTargets NAMESPACE kvtier:: DESTINATION ${KVTIER_CMAKE_DIR})
+# The llama.cpp integration: its header, its library, a third export set, and the module that
+# finds llama.cpp (kvtierConfig.cmake loads them for COMPONENTS llama, given the llama.cpp kvtier
+# was built against: KVTIER_LLAMA_CPP_DIR).
+if(KVTIER_HAVE_LLAMA)
+  install(FILES ${PROJECT_SOURCE_DIR}/integrations/llama/include/kvtier/llama.h
+          DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvtier)
+  install(TARGETS kvtier_llama_installed EXPORT kvtierLlamaTargets
+          ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  install(EXPORT kvtierLlamaTargets NAMESPACE kvtier:: DESTINATION ${KVTIER_CMAKE_DIR})
+  install(FILES ${PROJECT_SOURCE_DIR}/cmake/FindLlamaCpp.cmake DESTINATION ${KVTIER_CMAKE_DIR})
+endif()
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/kvtierConfig.cmake.in
                               ${PROJECT_BINARY_DIR}/kvtierConfig.cmake
                               INSTALL_DESTINATION ${KVTIER_CMAKE_DIR})

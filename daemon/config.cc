@@ -8,6 +8,11 @@
 #include "transport/busy_poll.h"
 #include "transport/pool_fds.h"
 
+// The project's version, from the top CMakeLists.txt (daemon/CMakeLists.txt passes it).
+#ifndef KVTIER_VERSION
+#error "KVTIER_VERSION is not defined"
+#endif
+
 namespace kvtier {
 namespace {
 constexpr unsigned long kMaxBusyPollMicros = kMaxBusyPoll.count();
@@ -58,6 +63,10 @@ Result<DaemonConfig> parseDaemonArgs(const std::vector<std::string>& args) {
     }
     if (flag == "-h" || flag == "--help") {
       config.showHelp = true;
+      continue;
+    }
+    if (flag == "--version" && !hasInline) {
+      config.showVersion = true;
       continue;
     }
     if (!hasInline) {
@@ -257,8 +266,10 @@ Result<DaemonConfig> parseDaemonArgs(const std::vector<std::string>& args) {
   return config;
 }
 
+const char* daemonVersion() { return "kvtierd " KVTIER_VERSION; }
+
 const char* daemonUsage() {
-  return "usage: kvtierd [flags]\n"
+  return "usage: kvtierd [flags]     (kvtierd --version: its version; --help: this)\n"
          "  --socket PATH           Unix socket to serve (default: <data-dir>/kvtierd.sock)\n"
          "  --data-dir DIR          lock file and socket live here (default: ./kvtier-data)\n"
          "  --host-pool-bytes N     host shared-memory pool size, K/M/G suffixes (default: 1G)\n"

@@ -63,6 +63,7 @@ struct DaemonConfig {
   uint64_t tenantQuotaBytes = 0;
   uint32_t tenantQuotaPercent = 0;
   bool showHelp = false;
+  bool showVersion = false;  // --version
 
   // The tenant quota in bytes for this pool size (0: none).
   uint64_t effectiveTenantQuota() const {
@@ -83,5 +84,9 @@ Result<uint64_t> parseByteSize(std::string_view text);
 Result<DaemonConfig> parseDaemonArgs(const std::vector<std::string>& args);
 
 const char* daemonUsage();
+
+// "kvtierd 0.1.0": the project's version (the top CMakeLists.txt's project(VERSION)), as
+// `kvtierd --version` prints it and every client's hello is answered with it.
+const char* daemonVersion();
 
 }  // namespace kvtier

@@ -580,5 +580,9 @@ int main(int argc, char** argv) {
     std::fputs(kvtier::daemonUsage(), stdout);
     return 0;
   }
+  if (config->showVersion) {
+    std::printf("%s\n", kvtier::daemonVersion());
+    return 0;
+  }
   return kvtier::run(*config);
 }

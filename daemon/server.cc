@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "daemon/config.h"
 #include "daemon/lane.h"
 #include "daemon/log.h"
 #include "daemon/lookup.h"
@@ -264,7 +265,7 @@ class DaemonImpl final : public rpc::Daemon::Server {
                                   " client=" + logQuoted(text(p.getClientName())));
     auto out = context.getResults();
     out.setProtocolVersion(rpc::PROTOCOL_VERSION);
-    out.setDaemonVersion(kDaemonVersion);
+    out.setDaemonVersion(daemonVersion());
     auto session =
         kj::heap<SessionImpl>(server_, owner, salt, peerMapsPool(peer_, server_.access()), peer_);
     const Lane::Token& token = session->laneToken();

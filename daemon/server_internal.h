@@ -23,8 +23,6 @@
 
 namespace kvtier::server_internal {
 
-inline constexpr const char* kDaemonVersion = "kvtierd 0.1.0";
-
 // A client's name is a label for logs (hello), not a payload.
 inline constexpr size_t kMaxClientNameBytes = 256;
 

@@ -21,29 +21,37 @@ uint32_t dtypeBytes(DType dtype) {
   return 0;
 }
 
-Status Layout::validate() const {
+Status Layout::validate(FieldNames names) const {
+  const bool snake = names == FieldNames::kSnakeCase;
+  const char* const modelIdName = snake ? "model_id" : "model id";
+  const char* const numLayersName = snake ? "num_layers" : "numLayers";
+  const char* const numKvHeadsName = snake ? "num_kv_heads" : "numKvHeads";
+  const char* const headDimName = snake ? "head_dim" : "headDim";
+  const char* const blockTokensName = snake ? "block_tokens" : "blockTokens";
+  const char* const stateBytesName = snake ? "state_bytes" : "stateBytes";
+  const char* const rotaryDimsName = snake ? "rotary_dims" : "rotaryDims";
   if (modelId.size() > kMaxModelIdBytes) {
-    return makeError(ErrorCode::kInvalidArgument, "model id of ", modelId.size(), " bytes exceeds ",
-                     kMaxModelIdBytes);
+    return makeError(ErrorCode::kInvalidArgument, modelIdName, " of ", modelId.size(),
+                     " bytes exceeds ", kMaxModelIdBytes);
   }
   if (stateBytes > kMaxStateBytes) {
-    return makeError(ErrorCode::kInvalidArgument, "stateBytes ", stateBytes, " exceeds ",
+    return makeError(ErrorCode::kInvalidArgument, stateBytesName, " ", stateBytes, " exceeds ",
                      kMaxStateBytes);
   }
   // A layout of recurrent layers only: no KV, a state.
   const bool noKv = numLayers == 0 && numKvHeads == 0 && headDim == 0 && stateBytes > 0;
   if (!noKv) {
     if (numLayers == 0 || numLayers > kMaxLayers) {
-      return makeError(ErrorCode::kInvalidArgument, "numLayers ", numLayers, " is outside 1..",
-                       kMaxLayers,
-                       " (0 with numKvHeads and headDim 0 only for a layout with a state)");
+      return makeError(ErrorCode::kInvalidArgument, numLayersName, " ", numLayers,
+                       " is outside 1..", kMaxLayers, " (0 with ", numKvHeadsName, " and ",
+                       headDimName, " 0 only for a layout with a state)");
     }
     if (numKvHeads == 0 || numKvHeads > kMaxKvHeads) {
-      return makeError(ErrorCode::kInvalidArgument, "numKvHeads ", numKvHeads, " is outside 1..",
-                       kMaxKvHeads);
+      return makeError(ErrorCode::kInvalidArgument, numKvHeadsName, " ", numKvHeads,
+                       " is outside 1..", kMaxKvHeads);
     }
     if (headDim == 0 || headDim > kMaxHeadDim) {
-      return makeError(ErrorCode::kInvalidArgument, "headDim ", headDim, " is outside 1..",
+      return makeError(ErrorCode::kInvalidArgument, headDimName, " ", headDim, " is outside 1..",
                        kMaxHeadDim);
     }
   }
@@ -51,7 +59,7 @@ Status Layout::validate() const {
     return makeError(ErrorCode::kInvalidArgument, "unknown dtype ", static_cast<int>(dtype));
   }
   if (blockTokens < kMinBlockTokens || blockTokens > kMaxBlockTokens) {
-    return makeError(ErrorCode::kInvalidArgument, "blockTokens ", blockTokens, " is outside ",
+    return makeError(ErrorCode::kInvalidArgument, blockTokensName, " ", blockTokens, " is outside ",
                      kMinBlockTokens, "..", kMaxBlockTokens);
   }
   if (rope.style != RopeStyle::kNone) {
@@ -63,8 +71,8 @@ Status Layout::validate() const {
       return makeError(ErrorCode::kInvalidArgument, "a layout without KV has no rope scheme");
     }
     if (rope.rotaryDims == 0 || rope.rotaryDims % 2 != 0 || rope.rotaryDims > headDim) {
-      return makeError(ErrorCode::kInvalidArgument, "rope rotaryDims ", rope.rotaryDims,
-                       " must be even and in 2..headDim (", headDim, ")");
+      return makeError(ErrorCode::kInvalidArgument, "rope ", rotaryDimsName, " ", rope.rotaryDims,
+                       " must be even and in 2..", headDimName, " (", headDim, ")");
     }
     if (!(rope.base > 1.0) || rope.base > 1e12) {
       return makeError(ErrorCode::kInvalidArgument, "rope base must be in (1, 1e12]");

@@ -2,29 +2,39 @@
 # The installable package, end to end (tests/CMakeLists.txt registers it as
 # SdkPackage.InstallAndConsume):
 #
-#   sdk_package_test.sh BUILD_DIR
+#   sdk_package_test.sh BUILD_DIR           the SDK (SdkPackage.InstallAndConsume)
+#   sdk_package_test.sh --llama BUILD_DIR   the llama.cpp integration (SdkPackage.LlamaConsumer):
+#                                           steps 1, 2, 3 and 5 for kvtier/llama.h and
+#                                           kvtier::llama; exit 77 when kvtier was built without
+#                                           llama.cpp
 #
 # 1. `cmake --install BUILD_DIR --prefix P` into a temporary P, which must hold the binaries, the
 #    headers, libkvtier.a and libkvtier.so, the CMake package and kvtier.pc, none of them naming
 #    the build or source tree.
 # 2. Every installed header compiles on its own (kvtier.h also as strict C99).
-# 3. tests/consumer/, a separate project, is configured with find_package(kvtier) and built: C++
-#    against kvtier::client (libkvtier.so) and kvtier::client_static (libkvtier.a), C against
-#    kvtier::client.
+# 3. tests/consumer/, a separate project of C++ alone, is configured with find_package(kvtier) and
+#    built against kvtier::client (libkvtier.so) and kvtier::client_static (libkvtier.a);
+#    tests/consumer_c/, a project of C alone, against kvtier::client. With --llama: tests/consumer
+#    with find_package(kvtier COMPONENTS llama) builds consumer_llama against kvtier::llama.
 # 4. The same sources are built with a bare compiler and pkg-config (kvtier.pc), shared and
 #    static (pkg-config --static).
 # 5. Every consumer runs against P's own kvtierd (tests/with_daemon.sh), and P's kvtier tool reads
-#    the daemon's counters.
+#    the daemon's counters. With --llama: consumer_llama, on a model integrations/llama/make_gguf.py
+#    generates, stores a prompt's KV and restores it into an empty sequence.
 # Everything is made under one temporary directory, removed on any exit; with_daemon.sh cleans up
 # the daemon, its socket and its segments.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 
 # Step 5, run by with_daemon.sh: consume DIR (the temporary directory of the steps before).
+if [ "${1:-}" = consume-llama ]; then
+  "$2"/consumer/consumer_llama "$2"/model.gguf || { echo "FAILED: consumer_llama" >&2; exit 1; }
+  exit 0
+fi
 if [ "${1:-}" = consume ]; then
   tmp=$2
   for exe in "$tmp"/consumer/consumer_shared "$tmp"/consumer/consumer_static \
-    "$tmp"/consumer/consumer_c "$tmp"/pc/consumer "$tmp"/pc/consumer_static "$tmp"/pc/consumer_c; do
+    "$tmp"/consumer_c/consumer_c "$tmp"/pc/consumer "$tmp"/pc/consumer_static "$tmp"/pc/consumer_c; do
     name="$(basename "$(dirname "$exe")")-$(basename "$exe")"
     "$exe" "$name" || { echo "FAILED: $exe" >&2; exit 1; }
   done
@@ -34,7 +44,12 @@ if [ "${1:-}" = consume ]; then
   exit 0
 fi
 
-[ $# -eq 1 ] || { echo "usage: $0 BUILD_DIR" >&2; exit 2; }
+llama=0
+if [ "${1:-}" = --llama ]; then
+  llama=1
+  shift
+fi
+[ $# -eq 1 ] || { echo "usage: $0 [--llama] BUILD_DIR" >&2; exit 2; }
 build=$(cd "$1" && pwd)
 src=$(cd "$here/.." && pwd)
 cache_value() { sed -n "s/^$1:[A-Z]*=//p" "$build/CMakeCache.txt"; }
@@ -70,8 +85,37 @@ if grep -rl -e "$build" -e "$src" "$libdir/cmake" "$libdir/pkgconfig"; then
 fi
 echo "installed into $prefix: $(cd "$prefix" && find . -type f -o -type l | sort | tr '\n' ' ')"
 
-# 2. Each header on its own.
+# The llama.cpp integration: its own header, library and package files, and a consumer.
+if [ $llama = 1 ]; then
+  if [ ! -e "$prefix/include/kvtier/llama.h" ]; then
+    echo "SKIPPED: this kvtier was built without llama.cpp (scripts/install-llama-cpp.sh), so" \
+      "it installs no kvtier/llama.h"
+    exit 77
+  fi
+  for f in libkvtier-llama.a cmake/kvtier/kvtierLlamaTargets.cmake cmake/kvtier/FindLlamaCpp.cmake; do
+    [ -e "$libdir/$f" ] || fail "${libdir#"$prefix"/}/$f is not installed"
+  done
+  llama_dir=$(cache_value KVTIER_LLAMA_CPP_DIR)
+  echo "#include <kvtier/llama.h>" |
+    "$cxx" -std=c++20 -fsyntax-only -Wall -Wextra -Werror -I"$prefix/include" \
+      -I"$llama_dir/include" -x c++ - || fail "llama.h does not compile on its own"
+  # A project of C++ alone, the llama component required.
+  cmake -S "$here/consumer" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
+    -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release -DWITH_LLAMA=ON \
+    -DKVTIER_LLAMA_CPP_DIR="$llama_dir" >"$tmp/consumer.log" 2>&1 ||
+    { cat "$tmp/consumer.log" >&2; fail "configuring tests/consumer with the llama component"; }
+  cmake --build "$tmp/consumer" -j 1 --target consumer_llama >>"$tmp/consumer.log" 2>&1 ||
+    { cat "$tmp/consumer.log" >&2; fail "building consumer_llama"; }
+  /usr/bin/python3 "$src/integrations/llama/make_gguf.py" --out "$tmp/model.gguf" >/dev/null ||
+    fail "make_gguf.py"
+  bash "$here/with_daemon.sh" "$prefix/bin/kvtierd" bash "$0" consume-llama "$tmp"
+  echo "the installed package builds a llama.cpp program on kvtier/llama.h (kvtier::llama) that works"
+  exit 0
+fi
+
+# 2. Each header on its own (kvtier/llama.h, which needs llama.cpp's headers, with --llama).
 for h in "$prefix"/include/kvtier/*.h; do
+  [ "$(basename "$h")" = llama.h ] && continue
   echo "#include <kvtier/$(basename "$h")>" |
     "$cxx" -std=c++20 -fsyntax-only -Wall -Wextra -Werror -I"$prefix/include" -x c++ - ||
     fail "$(basename "$h") does not compile on its own"
@@ -86,11 +130,17 @@ extra=${KVTIER_CONSUMER_FLAGS:-}
 
 # 3. find_package(kvtier).
 cmake -S "$here/consumer" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
-  -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_C_FLAGS="$extra" -DCMAKE_CXX_FLAGS="$extra" -DCMAKE_EXE_LINKER_FLAGS="$extra" \
+  -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CXX_FLAGS="$extra" -DCMAKE_EXE_LINKER_FLAGS="$extra" \
   >"$tmp/consumer.log" 2>&1 || { cat "$tmp/consumer.log" >&2; fail "configuring tests/consumer"; }
 cmake --build "$tmp/consumer" -j 1 >>"$tmp/consumer.log" 2>&1 ||
   { cat "$tmp/consumer.log" >&2; fail "building tests/consumer"; }
+cmake -S "$here/consumer_c" -B "$tmp/consumer_c" -DCMAKE_PREFIX_PATH="$prefix" \
+  -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_C_FLAGS="$extra" -DCMAKE_EXE_LINKER_FLAGS="$extra" \
+  >"$tmp/consumer_c.log" 2>&1 || { cat "$tmp/consumer_c.log" >&2; fail "configuring tests/consumer_c"; }
+cmake --build "$tmp/consumer_c" -j 1 >>"$tmp/consumer_c.log" 2>&1 ||
+  { cat "$tmp/consumer_c.log" >&2; fail "building tests/consumer_c"; }
 readelf -d "$tmp/consumer/consumer_shared" | grep -q 'NEEDED.*libkvtier\.so' ||
   fail "consumer_shared does not link libkvtier.so"
 if readelf -d "$tmp/consumer/consumer_static" | grep -q 'NEEDED.*libkvtier'; then
@@ -106,7 +156,7 @@ mkdir "$tmp/pc"
 {
   "$cxx" -std=c++20 $extra "$here/consumer/consumer.cc" -o "$tmp/pc/consumer" \
     $(pkg-config --cflags --libs kvtier) -Wl,-rpath,"$libdir" &&
-    "$cc" -std=c99 $extra "$here/consumer/consumer_c.c" -o "$tmp/pc/consumer_c" \
+    "$cc" -std=c99 $extra "$here/consumer_c/consumer_c.c" -o "$tmp/pc/consumer_c" \
       $(pkg-config --cflags --libs kvtier) -Wl,-rpath,"$libdir" &&
     "$cxx" -std=c++20 $extra "$here/consumer/consumer.cc" -o "$tmp/pc/consumer_static" \
       $(pkg-config --cflags --static --libs kvtier | sed 's/-lkvtier\b/-l:libkvtier.a/') \

@@ -1,5 +1,6 @@
 // kvtier: the command-line tool. `kvtier stats` prints the daemon's counters as JSON;
-// `kvtier demo` runs the two-process prefix-sharing demo against a running daemon.
+// `kvtier demo` runs the two-process prefix-sharing demo against a running daemon; the sequence,
+// snapshot, entry and checkpoint commands make one SDK call each (kUsage lists them).
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include "kvtier/client.h"
 #include "tools/cli_numbers.h"
 #include "tools/cluster_demo.h"
+#include "tools/json_string.h"
 #include "tools/replay.h"
 #include "tools/synthetic_kv.h"
 
@@ -23,7 +25,8 @@ namespace kvtier {
 namespace {
 
 const char* kUsage =
-    "usage: kvtier [--socket PATH] [--layout SPEC] COMMAND [ARGS]\n"
+    "usage: kvtier [--socket PATH] [--layout SPEC] COMMAND [ARGS]   (kvtier --version: its "
+    "version)\n"
     "  stats                         the daemon's counters as JSON\n"
     "  cluster                       the cluster members the daemon sees, and their state\n"
     "  drain                         move this node's snapshots and blocks to the other members\n"
@@ -34,11 +37,20 @@ const char* kUsage =
     "  cluster-demo-decode NODE:ID [SEED]   restore that snapshot from NODE, check it, decode\n"
     "  cluster-demo-lookup [SEED]           a prompt sharing the prefix: a remote hit\n"
     "Sequences and snapshots of a namespace (SPEC names the layout, default the demo's):\n"
+    "  put SEQ BEGIN TOKENS KV [--window W] [--chunk C]\n"
+    "                                store KV for TOKENS at BEGIN of SEQ; a put at 0 creates SEQ,\n"
+    "                                keeping the last W tokens (sliding window) or the current\n"
+    "                                chunk of C (chunked attention); default: every token\n"
+    "  lookup TOKENS [--bind SEQ [--window W] [--chunk C]]\n"
+    "                                the longest cached prefix of TOKENS; --bind makes it SEQ\n"
+    "      TOKENS: a file of token ids (decimal, separated by spaces, commas or new lines);\n"
+    "      KV: a file of their packed KV, [layer][K|V][token][kv_head][head_dim] in SPEC's dtype\n"
     "  length SEQ                    truncate SEQ N           remove SEQ BEGIN [END]\n"
     "  copy-prefix SRC DST LEN       can-resume SEQ POS       checkpoints SEQ\n"
     "  snapshot SEQ [FROM]           snapshot-info ID         drop-snapshot ID\n"
     "  restore SEQ [NODE:]ID TARGET  rewind SEQ TARGET   (NODE: a snapshot another node holds)\n"
-    "  copy-snapshot NODE:ID         move-snapshot NODE:ID   (to this node; a move drops the source)\n"
+    "  copy-snapshot NODE:ID         move-snapshot NODE:ID   (to this node; a move drops the "
+    "source)\n"
     "  copy-range NODE SEQ [BEGIN [END]]   move-range ...   (SEQ's blocks to NODE's cache)\n"
     "  copy-keys NODE KEY_HEX...           move-keys ...    (blocks by key to NODE's cache)\n"
     "  merge ID_A ID_B               split ID AT\n"
@@ -225,6 +237,27 @@ Result<std::vector<uint8_t>> readFile(const std::string& path) {
   return out;
 }
 
+// A file of token ids: decimal numbers separated by white space or commas (what a tokenizer's
+// ids printed as a list give). INVALID_ARGUMENT naming the first thing that is not a token id.
+Result<std::vector<uint32_t>> readTokens(const std::string& path) {
+  auto bytes = readFile(path);
+  if (!bytes) return bytes.error();
+  std::vector<uint32_t> tokens;
+  const std::string text(bytes->begin(), bytes->end());
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = text.find_first_of(" \t\r\n,", at);
+    const std::string word = text.substr(at, end - at);
+    at = end == std::string::npos ? text.size() : end + 1;
+    if (word.empty()) continue;
+    auto id = cli::parseCount(word, "token " + std::to_string(tokens.size()) + " of " + path, 0,
+                              UINT32_MAX);
+    if (!id) return id.error();
+    tokens.push_back(static_cast<uint32_t>(*id));
+  }
+  if (tokens.empty()) return makeError(ErrorCode::kInvalidArgument, path, " holds no token id");
+  return tokens;
+}
+
 void writeFile(const std::string& path, std::span<const uint8_t> bytes) {
   if (std::FILE* f = std::fopen(path.c_str(), "wb")) {
     std::fwrite(bytes.data(), 1, bytes.size(), f);
@@ -268,9 +301,38 @@ std::pair<std::string, uint64_t> snapshotName(const std::string& text) {
   return {text.substr(0, colon), cli::countOrThrow(text.substr(colon + 1), "the snapshot id")};
 }
 
+// The options of put and lookup (--window W, --chunk C, --bind SEQ), taken out of `a`; throws
+// std::invalid_argument for another option or one without its value.
+struct SequenceFlags {
+  uint64_t window = 0, chunk = 0;
+  std::string bind;
+};
+SequenceFlags takeSequenceFlags(std::vector<std::string>& a) {
+  SequenceFlags flags;
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].rfind("--", 0) != 0) {
+      rest.push_back(a[i]);
+      continue;
+    }
+    if (i + 1 >= a.size()) throw std::invalid_argument(a[i] + " needs a value");
+    const std::string& value = a[++i];
+    if (a[i - 1] == "--window") {
+      flags.window = cli::countOrThrow(value, "--window");
+    } else if (a[i - 1] == "--chunk") {
+      flags.chunk = cli::countOrThrow(value, "--chunk");
+    } else if (a[i - 1] == "--bind" && a[0] == "lookup") {
+      flags.bind = value;
+    } else {
+      throw std::invalid_argument("'" + a[0] + "' takes no " + a[i - 1]);
+    }
+  }
+  a = std::move(rest);
+  return flags;
+}
+
 // The sequence and snapshot commands: one call each, answered with one JSON line.
-int spaceCommand(const std::string& socket, const Layout& layout,
-                 const std::vector<std::string>& a) {
+int spaceCommand(const std::string& socket, const Layout& layout, std::vector<std::string> a) {
   auto client = connectOrDie(socket, "kvtier-cli");
   auto opened = client->open(layout);
   if (!opened) {
@@ -291,8 +353,45 @@ int spaceCommand(const std::string& socket, const Layout& layout,
     return 0;
   };
   auto done = [] { std::printf("{\"ok\": true}\n"); };
-  const std::string& cmd = a[0];
+  const std::string cmd = a[0];
   try {
+    if (cmd == "put" || cmd == "lookup") {
+      const SequenceFlags flags = takeSequenceFlags(a);
+      if (cmd == "put" && a.size() == 5) {
+        const uint64_t begin = num(2);
+        auto tokens = readTokens(a[3]);
+        if (!tokens) return report(tokens, [] {});
+        const auto kv = readFile(a[4]);
+        if (!kv) return report(kv, [] {});
+        const PutOptions options{
+            .detached = true, .window = flags.window, .chunk = flags.chunk, .keys = {}};
+        auto r = space.put(a[1], begin, *tokens, kv->data(), kv->size(), options);
+        return report(r, [&] {
+          std::printf("{\"length\": %lu, \"sealed_blocks\": %u}\n",
+                      static_cast<unsigned long>(r->length), r->sealedBlocks);
+        });
+      }
+      if (cmd == "lookup" && a.size() == 2) {
+        if (flags.bind.empty() && (flags.window || flags.chunk)) {
+          throw std::invalid_argument("--window and --chunk apply to the sequence --bind makes");
+        }
+        auto tokens = readTokens(a[1]);
+        if (!tokens) return report(tokens, [] {});
+        LookupOptions options;
+        options.bindSeq = flags.bind;
+        options.detached = true;
+        options.window = flags.window;
+        options.chunk = flags.chunk;
+        auto r = space.lookup(*tokens, options);
+        return report(r, [&] {
+          const std::string bound =
+              flags.bind.empty() ? "" : ", \"bound\": " + jsonString(flags.bind);
+          std::printf("{\"matched_tokens\": %lu, \"blocks\": %zu%s}\n",
+                      static_cast<unsigned long>(r->matchedTokens()), r->blockCount(),
+                      bound.c_str());
+        });
+      }
+    }
     if (cmd == "length" && a.size() == 2) {
       auto r = space.length(a[1]);
       return report(r, [&] {
@@ -486,6 +585,9 @@ int main(int argc, char** argv) {
     } else if (a == "-h" || a == "--help") {
       std::fputs(kvtier::kUsage, stdout);
       return 0;
+    } else if (a == "--version") {
+      std::printf("kvtier %s\n", KVTIER_VERSION);
+      return 0;
     } else {
       break;
     }
@@ -519,11 +621,11 @@ int main(int argc, char** argv) {
     layout = *parsed;
   }
   static const char* kSpaceCommands[] = {
-      "length",         "truncate",      "remove",        "copy-prefix",   "can-resume",
-      "checkpoints",    "snapshot",      "snapshot-info", "drop-snapshot", "restore",
-      "rewind",         "merge",         "split",         "get-entry",     "put-entry",
-      "put-checkpoint", "get-checkpoint", "copy-snapshot", "move-snapshot", "copy-range",
-      "move-range",     "copy-keys",     "move-keys"};
+      "put",           "lookup",     "length",         "truncate",       "remove",
+      "copy-prefix",   "can-resume", "checkpoints",    "snapshot",       "snapshot-info",
+      "drop-snapshot", "restore",    "rewind",         "merge",          "split",
+      "get-entry",     "put-entry",  "put-checkpoint", "get-checkpoint", "copy-snapshot",
+      "move-snapshot", "copy-range", "move-range",     "copy-keys",      "move-keys"};
   for (const char* c : kSpaceCommands) {
     if (command == c) {
       return kvtier::spaceCommand(socket, layout, std::vector<std::string>(argv + i, argv + argc));

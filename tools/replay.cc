@@ -389,11 +389,13 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
   run.nodes = n;
   run.requestsPerNode.assign(n, 0);
   for (Node& node : nodes) {
-    uint64_t total = 0;
+    uint64_t total = 0, used = 0;
     for (const auto& s : node.before.spaces) {
-      if (s.fingerprint == node.space->fingerprint()) total = s.blocksTotal;
+      if (s.fingerprint == node.space->fingerprint()) total = s.blocksTotal, used = s.blocksUsed;
     }
     run.daemonCapacityBlocks.push_back(total);
+    run.warmBlocksPerNode.push_back(used);
+    run.coldRecordsBefore += node.before.coldRecords;
   }
   run.capacityBlocks =
       options.capacityBlocks ? options.capacityBlocks : run.daemonCapacityBlocks[0];
@@ -581,11 +583,41 @@ Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayO
     run.remoteHitBlocks += a.remoteHitBlocks - b.remoteHitBlocks;
     run.remoteLookups += a.remoteLookups - b.remoteLookups;
     run.fetchErrors += fetchErrorsOf(a) - fetchErrorsOf(b);
+    run.promotedBlocks += a.promoted - b.promoted;
     run.heldKeys += a.heldKeys;
     run.distinctKeys += a.directoryKeys;
     run.blocksUsedPerNode.push_back(a.blocksUsed);
   }
+  run.notComparable = whyNotComparable(run);
   return run;
+}
+
+std::vector<std::string> whyNotComparable(const ReplayRun& run) {
+  std::vector<std::string> why;
+  const std::string cap = std::to_string(run.capacityBlocks);
+  for (size_t i = 0; i < run.daemonCapacityBlocks.size(); ++i) {
+    if (run.daemonCapacityBlocks[i] == run.capacityBlocks) continue;
+    why.push_back("node " + std::to_string(i) + "'s pool holds " +
+                  std::to_string(run.daemonCapacityBlocks[i]) +
+                  " blocks of the replay's layout, the anchors " + cap +
+                  " (start the daemons with --host-pool-bytes $((" + cap +
+                  " * 1024)), or pass --capacity " + std::to_string(run.daemonCapacityBlocks[i]) +
+                  ")");
+  }
+  uint64_t warm = 0;
+  for (uint64_t w : run.warmBlocksPerNode) warm += w;
+  if (warm > 0 || run.coldRecordsBefore > 0) {
+    why.push_back("the daemons held " + std::to_string(warm) + " blocks in memory and " +
+                  std::to_string(run.coldRecordsBefore) +
+                  " on disk before the run (a replay ran on them before?), while the anchors "
+                  "start empty: replay on fresh daemons");
+  }
+  if (run.promotedBlocks > 0) {
+    why.push_back(std::to_string(run.promotedBlocks) +
+                  " blocks came back from the daemons' cold tiers, a capacity beyond their pools "
+                  "(start them with --cold-tier off)");
+  }
+  return why;
 }
 
 std::string runJson(const ReplayRun& run) {
@@ -615,6 +647,15 @@ std::string runJson(const ReplayRun& run) {
   field("capacity_blocks", std::to_string(run.capacityBlocks));
   field("total_capacity_blocks", std::to_string(total));
   field("daemon_capacity_blocks", list(run.daemonCapacityBlocks));
+  field("warm_blocks_per_node", list(run.warmBlocksPerNode));
+  field("cold_records_before", std::to_string(run.coldRecordsBefore));
+  field("promoted_blocks", std::to_string(run.promotedBlocks));
+  field("comparable", run.comparable() ? "true" : "false");
+  std::string why = "[";
+  for (size_t i = 0; i < run.notComparable.size(); ++i) {
+    why += (i ? ", " : "") + jsonString(run.notComparable[i]);
+  }
+  field("not_comparable_because", why + "]");
   field("hit_blocks", std::to_string(run.hitBlocks));
   field("hit_rate", fixed(run.hitRate()));
   field("ideal_lru_capacity_blocks", std::to_string(total));

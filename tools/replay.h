@@ -209,6 +209,16 @@ struct ReplayRun {
   uint32_t stateBlocks = 0, checkpointBlocks = 0;
   uint64_t statesPut = 0;
   uint64_t modelStatesHitBlocks = 0, modelEveryBlockHitBlocks = 0;
+  // What the daemons held before the run: blocks of the replay's block size in each node's pool,
+  // and records in their cold tiers; and the blocks their cold tiers gave back during it.
+  std::vector<uint64_t> warmBlocksPerNode;
+  uint64_t coldRecordsBefore = 0, promotedBlocks = 0;
+  // Why the daemons' hit rate cannot be set against the anchors, which simulate `nodes` empty
+  // caches of capacityBlocks each and nothing else (pools of another size, a warm daemon, a cold
+  // tier serving hits); empty when it can. The report then leaves its comparisons (pp, ratios,
+  // gap closed) out; the JSON keeps them, beside "comparable": false and these reasons.
+  std::vector<std::string> notComparable;
+  bool comparable() const { return notComparable.empty(); }
   uint64_t verifiedBlocks = 0, wrongBlocks = 0;  // hit blocks (and states) whose bytes were checked
   uint64_t errors = 0;
   std::string firstError;
@@ -220,7 +230,8 @@ struct ReplayRun {
   double hitRate() const { return rate(hitBlocks); }
   double idealHitRate() const { return rate(idealHitBlocks); }
   // The share of the distance from the ideal LRU to the optimum that the daemons covered
-  // (negative below the LRU; NaN when the optimum is the LRU).
+  // (negative below the LRU; NaN when the optimum is the LRU: at this capacity there is no gap,
+  // e.g. every distinct block fits).
   double gapClosed() const {
     return optHitBlocks == idealHitBlocks ? std::nan("")
                                           : (double(hitBlocks) - double(idealHitBlocks)) /
@@ -240,6 +251,9 @@ using ProgressFn = std::function<void(size_t done, size_t total, const ReplayRun
 // reached (then or midway); other failed calls are counted in the run.
 Result<ReplayRun> replayTrace(std::span<const TraceRequest> trace, const ReplayOptions& options,
                               const ProgressFn& progress = {});
+
+// ReplayRun::notComparable of a run: one sentence per reason, saying what to change.
+std::vector<std::string> whyNotComparable(const ReplayRun& run);
 
 // The run as one JSON object, and a document holding a list of runs.
 std::string runJson(const ReplayRun& run);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -44,23 +45,25 @@ const char* kReplayUsage =
     "  --seed N                 the synthetic workload's seed (default 1)\n"
     "  --trace-out FILE         keep the synthetic trace (Mooncake JSON lines) in FILE\n"
     "  --json FILE              write the run as JSON ({\"runs\": [...]})\n"
-    "  --plot FILE.png          plot it (scripts/plot-replay.py, matplotlib)\n"
+    "  --plot FILE.png          plot it (scripts/plot-replay.py, matplotlib; from --json's\n"
+    "                           file, or from a temporary one, removed after)\n"
     "  --progress               a progress bar even when stderr is not a terminal\n";
 
-// A fresh directory under $TMPDIR (or /tmp) for a generated trace, removed with what it holds.
-struct TempTraceDir {
+// A fresh directory under $TMPDIR (or /tmp) for a generated trace or the plot's input, removed
+// with what it holds.
+struct TempDir {
   std::string path;
-  TempTraceDir() {
+  TempDir() {
     const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/kvtier-trace-XXXXXX";
+    std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/kvtier-replay-XXXXXX";
     if (::mkdtemp(pattern.data())) path = pattern;
   }
-  ~TempTraceDir() {
+  ~TempDir() {
     std::error_code ignored;
     if (!path.empty()) std::filesystem::remove_all(path, ignored);
   }
-  TempTraceDir(const TempTraceDir&) = delete;
-  TempTraceDir& operator=(const TempTraceDir&) = delete;
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
 };
 
 std::vector<std::string> splitList(const std::string& s) {
@@ -83,20 +86,42 @@ void printTable(const ReplayRun& r) {
               (unsigned long)r.capacityBlocks);
   if (r.nodes > 1) std::printf(", route %s", routeName(r.route));
   if (r.speedup > 0) std::printf(", speedup %.1fx (max lag %.1f ms)", r.speedup, r.maxLagMs);
-  std::printf(", %s", r.whole ? "whole puts" : "puts of the missed blocks");
-  std::printf("\n\n  %-38s %9s %12s\n", "", "hit rate", "hit blocks");
+  std::printf(", %s\n", r.whole ? "whole puts" : "puts of the missed blocks");
+  // Said before the table: the anchors simulate empty caches of the capacity, nothing else.
+  const bool comparable = r.comparable();
+  if (!comparable) {
+    std::printf(
+        "\n  NOT COMPARABLE: the anchors below simulate %zu empty cache%s of %lu blocks, "
+        "but\n",
+        r.nodes, r.nodes > 1 ? "s" : "", (unsigned long)r.capacityBlocks);
+    for (const std::string& why : r.notComparable) std::printf("  - %s\n", why.c_str());
+    std::printf(
+        "  kvtier's hit rate is what the daemons hit; its comparisons with the anchors are "
+        "left out.\n");
+  }
+  std::printf("\n  %-38s %9s %12s\n", "", "hit rate", "hit blocks");
+  // A comparison column, or nothing when the run is not comparable.
+  char compared[96];
+  auto compare = [&](const char* format, double value) -> const char* {
+    if (!comparable) return "";
+    std::snprintf(compared, sizeof compared, format, value);
+    return compared;
+  };
   char label[96];
   std::snprintf(label, sizeof label, "kvtier (%zu node%s)", r.nodes, r.nodes > 1 ? "s" : "");
   std::printf("  %-38s %8.2f%% %12lu\n", label, 100 * r.hitRate(), (unsigned long)r.hitBlocks);
   std::snprintf(label, sizeof label, "ideal LRU of %lu blocks", (unsigned long)total);
-  std::printf("  %-38s %8.2f%% %12lu   kvtier %+.2f pp\n", label, 100 * r.idealHitRate(),
-              (unsigned long)r.idealHitBlocks, 100 * (r.hitRate() - r.idealHitRate()));
+  std::printf("  %-38s %8.2f%% %12lu%s\n", label, 100 * r.idealHitRate(),
+              (unsigned long)r.idealHitBlocks,
+              compare("   kvtier %+.2f pp", 100 * (r.hitRate() - r.idealHitRate())));
   if (r.nodes > 1) {
     std::snprintf(label, sizeof label, "%zu isolated LRUs of %lu (%s)", r.nodes,
                   (unsigned long)r.capacityBlocks, routeName(r.route));
-    std::printf("  %-38s %8.2f%% %12lu   kvtier x%.3f\n", label, 100 * r.rate(r.isolatedHitBlocks),
+    std::printf("  %-38s %8.2f%% %12lu%s\n", label, 100 * r.rate(r.isolatedHitBlocks),
                 (unsigned long)r.isolatedHitBlocks,
-                r.isolatedHitBlocks ? double(r.hitBlocks) / double(r.isolatedHitBlocks) : 0.0);
+                r.isolatedHitBlocks
+                    ? compare("   kvtier x%.3f", double(r.hitBlocks) / double(r.isolatedHitBlocks))
+                    : "");
   }
   if (r.nodes > 1) {
     std::printf("  %-38s %8.2f%% %12lu\n", "model: remote hits copied (as kvtier)",
@@ -105,18 +130,23 @@ void printTable(const ReplayRun& r) {
                 100 * r.rate(r.modelFetchedLastHitBlocks),
                 (unsigned long)r.modelFetchedLastHitBlocks);
   }
-  std::printf("  %-38s %8.2f%% %12lu   kvtier closed %.1f%% of the LRU-to-optimum gap\n",
-              "Belady's optimum (offline)", 100 * r.rate(r.optHitBlocks),
-              (unsigned long)r.optHitBlocks, 100 * r.gapClosed());
+  // No gap (the LRU hits what the optimum hits, e.g. every distinct block fits): nothing to close.
+  const char* gap =
+      std::isnan(r.gapClosed())
+          ? (comparable ? "   no gap: the LRU is optimal at this capacity" : "")
+          : compare("   kvtier closed %.1f%% of the LRU-to-optimum gap", 100 * r.gapClosed());
+  std::printf("  %-38s %8.2f%% %12lu%s\n", "Belady's optimum (offline)",
+              100 * r.rate(r.optHitBlocks), (unsigned long)r.optHitBlocks, gap);
   std::printf("  %-38s %8.2f%% %12lu\n", "infinite cache", 100 * r.rate(r.infiniteHitBlocks),
               (unsigned long)r.infiniteHitBlocks);
   if (r.stateBlocks > 0) {
     std::printf("\n  a hybrid model's cache: states of %u blocks, %lu put\n", r.stateBlocks,
                 (unsigned long)r.statesPut);
     std::snprintf(label, sizeof label, "model: LRU, a state every %u blocks", r.checkpointBlocks);
-    std::printf("  %-38s %8.2f%% %12lu   kvtier %+.2f pp\n", label,
-                100 * r.rate(r.modelStatesHitBlocks), (unsigned long)r.modelStatesHitBlocks,
-                100 * (r.hitRate() - r.rate(r.modelStatesHitBlocks)));
+    std::printf(
+        "  %-38s %8.2f%% %12lu%s\n", label, 100 * r.rate(r.modelStatesHitBlocks),
+        (unsigned long)r.modelStatesHitBlocks,
+        compare("   kvtier %+.2f pp", 100 * (r.hitRate() - r.rate(r.modelStatesHitBlocks))));
     std::printf("  %-38s %8.2f%% %12lu   the spacing %+.2f pp\n",
                 "model: LRU, a state at every block", 100 * r.rate(r.modelEveryBlockHitBlocks),
                 (unsigned long)r.modelEveryBlockHitBlocks,
@@ -140,12 +170,6 @@ void printTable(const ReplayRun& r) {
       r.wallSeconds, r.wallSeconds > 0 ? r.requests / r.wallSeconds : 0.0, r.lookupMs.p50,
       r.lookupMs.p99, r.lookupMs.max, (unsigned long)r.slowLookups, r.requestMs.p50,
       r.requestMs.p99);
-  for (size_t i = 0; i < r.daemonCapacityBlocks.size(); ++i) {
-    if (r.daemonCapacityBlocks[i] != r.capacityBlocks) {
-      std::printf("  note: node %zu's pool holds %lu blocks of this layout, not %lu\n", i,
-                  (unsigned long)r.daemonCapacityBlocks[i], (unsigned long)r.capacityBlocks);
-    }
-  }
 }
 
 // Runs scripts/plot-replay.py on a JSON file; the exit status of the script (127: not started).
@@ -247,7 +271,7 @@ int replayMain(const std::string& socket, int argc, char** argv) {
   }
   // A synthetic workload is written as a trace file and replayed from it, so that what was
   // replayed can be kept and replayed again (--trace-out) or by other tools.
-  std::optional<TempTraceDir> tempDir;
+  std::optional<TempDir> tempDir;
   if (!synthetic.empty()) {
     auto kind = parseSyntheticKind(synthetic);
     if (!kind) {
@@ -301,19 +325,35 @@ int replayMain(const std::string& socket, int argc, char** argv) {
   printTable(*run);
   std::fflush(stdout);
 
+  // The plot is drawn from the JSON: --json's file, or without it a temporary one that goes
+  // with the plot's temporary directory (nothing is written that was not asked for).
   const std::string doc = runsJson(std::span<const ReplayRun>(&*run, 1));
+  std::optional<TempDir> plotDir;
   std::string jsonPath = json;
-  if (jsonPath.empty() && !png.empty()) jsonPath = png + ".json";
+  if (jsonPath.empty() && !png.empty()) {
+    plotDir.emplace();
+    if (plotDir->path.empty()) {
+      std::fprintf(stderr, "kvtier replay: cannot make a temporary directory\n");
+      return 1;
+    }
+    jsonPath = plotDir->path + "/replay.json";
+  }
   if (!jsonPath.empty()) {
     std::FILE* f = std::fopen(jsonPath.c_str(), "w");
-    if (!f || std::fwrite(doc.data(), 1, doc.size(), f) != doc.size() || std::fclose(f) != 0) {
+    bool written = f && std::fwrite(doc.data(), 1, doc.size(), f) == doc.size();
+    if (f && std::fclose(f) != 0) written = false;
+    if (!written) {
       std::fprintf(stderr, "kvtier replay: cannot write %s\n", jsonPath.c_str());
       return 1;
     }
+    if (!json.empty()) std::printf("  wrote %s\n", json.c_str());
   }
-  if (!png.empty() && plot(jsonPath, png) != 0) {
-    std::fprintf(stderr, "kvtier replay: the plot failed (python3-matplotlib installed?)\n");
-    return 1;
+  if (!png.empty()) {
+    if (plot(jsonPath, png) != 0) {
+      std::fprintf(stderr, "kvtier replay: the plot failed (python3-matplotlib installed?)\n");
+      return 1;
+    }
+    std::printf("  wrote %s\n", png.c_str());
   }
   return run->errors == 0 && run->wrongBlocks == 0 ? 0 : 1;
 }

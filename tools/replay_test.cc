@@ -399,6 +399,122 @@ TEST_F(ReplayTest, TheDefaultPolicyBeatsTheLruAnchorByAPointInBothPutModes) {
   }
 }
 
+// The report sets the daemons' hit rate against the anchors only when they simulate what the
+// daemons are: a fresh daemon whose pool is the capacity. A pool of another size, or a daemon that
+// held blocks before the run, is said before the table, with what to change, and the comparisons
+// are left out; an optimum equal to the LRU is said in words. Nothing reads "nan".
+TEST_F(ReplayTest, TheReportComparesOnlyWhatTheAnchorsSimulate) {
+  auto replay = [&](const test::DaemonProcess& daemon, size_t limit, std::string* out) {
+    const std::string json = daemon.dataDir() + "/replay.json";
+    EXPECT_EQ(
+        test::runTool({"--socket", daemon.socket(), "replay", kTrace, "--capacity",
+                       std::to_string(kCapacity), "--limit", std::to_string(limit), "--json", json},
+                      out),
+        0)
+        << *out;
+    EXPECT_EQ(out->find("nan"), std::string::npos) << *out;
+    return readAll(json);
+  };
+  // Where the warning stands: before the table (whose header names the hit rate).
+  auto warnedUpFront = [](const std::string& out) {
+    const size_t warning = out.find("NOT COMPARABLE");
+    return warning != std::string::npos && warning < out.find("hit rate");
+  };
+  auto compares = [](const std::string& out) {
+    return out.find(" pp") != std::string::npos || out.find("closed") != std::string::npos;
+  };
+
+  test::DaemonProcess daemon(kCapacity * kBlockBytes, "", kLru);
+  std::string out;
+  std::string doc = replay(daemon, kRequests, &out);
+  EXPECT_FALSE(warnedUpFront(out)) << out;
+  EXPECT_TRUE(compares(out)) << out;
+  EXPECT_NE(doc.find("\"comparable\": true"), std::string::npos);
+  EXPECT_NE(doc.find("\"not_comparable_because\": []"), std::string::npos);
+
+  // The same daemon again: it holds the first run's blocks, the anchors start empty.
+  doc = replay(daemon, kRequests, &out);
+  EXPECT_TRUE(warnedUpFront(out)) << out;
+  EXPECT_NE(out.find("blocks in memory and 0 on disk before the run"), std::string::npos) << out;
+  EXPECT_NE(out.find("replay on fresh daemons"), std::string::npos) << out;
+  EXPECT_FALSE(compares(out)) << out;
+  EXPECT_NE(doc.find("\"comparable\": false"), std::string::npos);
+  EXPECT_GT(jsonNumber(doc, "warm_blocks_per_node"), 0);
+  EXPECT_GT(jsonNumber(doc, "hit_blocks"), jsonNumber(doc, "ideal_lru_hit_blocks"));
+
+  // A pool twice the capacity the anchors assume.
+  test::DaemonProcess bigger(2 * kCapacity * kBlockBytes, "", kLru);
+  doc = replay(bigger, kRequests, &out);
+  EXPECT_TRUE(warnedUpFront(out)) << out;
+  EXPECT_NE(out.find("node 0's pool holds 8192 blocks of the replay's layout, the anchors 4096 "
+                     "(start the daemons with --host-pool-bytes $((4096 * 1024)), or pass "
+                     "--capacity 8192)"),
+            std::string::npos)
+      << out;
+  EXPECT_FALSE(compares(out)) << out;
+  EXPECT_NE(doc.find("\"comparable\": false"), std::string::npos);
+
+  // So few requests that every distinct block fits: the optimum is the LRU, no gap to close.
+  test::DaemonProcess fresh(kCapacity * kBlockBytes, "", kLru);
+  doc = replay(fresh, 50, &out);
+  EXPECT_FALSE(warnedUpFront(out)) << out;
+  EXPECT_NE(out.find("no gap: the LRU is optimal at this capacity"), std::string::npos) << out;
+  EXPECT_EQ(jsonNumber(doc, "opt_hit_blocks"), jsonNumber(doc, "ideal_lru_hit_blocks"));
+  EXPECT_NE(doc.find("\"gap_closed\": null"), std::string::npos);
+}
+
+// --plot draws from the run's JSON: --json's file when given, else a temporary one that is gone
+// afterwards; the tool says where it wrote what it wrote, and writes nothing else. (The plot
+// script is replaced by one that copies its input to the PNG's path: the seam the tool has for it.)
+TEST(ReplayPlot, WritesWhatItAnnouncesAndNothingElse) {
+  test::DaemonProcess daemon(1000 * kBlockBytes);
+  const std::string dir = daemon.dataDir() + "/plot";
+  const std::string tmp = daemon.dataDir() + "/tmp";
+  std::filesystem::create_directories(dir);
+  std::filesystem::create_directories(tmp);
+  const std::string script = dir + "/copy.py";
+  std::ofstream(script) << "import shutil, sys\nshutil.copy(sys.argv[-1], sys.argv[2])\n";
+  struct Env {
+    std::string name, saved;
+    bool had;
+    Env(const char* n, const std::string& value) : name(n) {
+      const char* old = std::getenv(n);
+      had = old != nullptr;
+      saved = old ? old : "";
+      ::setenv(n, value.c_str(), 1);
+    }
+    ~Env() {
+      had ? (void)::setenv(name.c_str(), saved.c_str(), 1) : (void)::unsetenv(name.c_str());
+    }
+  } plotScript("KVTIER_PLOT_SCRIPT", script), tmpDir("TMPDIR", tmp);
+
+  std::string out;
+  const std::string png = dir + "/replay.png";
+  ASSERT_EQ(test::runTool({"--socket", daemon.socket(), "replay", "--synthetic", "scan", "--limit",
+                           "50", "--plot", png},
+                          &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("wrote " + png), std::string::npos) << out;
+  EXPECT_NE(readAll(png).find("\"runs\""), std::string::npos) << "the plot got the run's JSON";
+  EXPECT_FALSE(std::filesystem::exists(png + ".json")) << "an unannounced file";
+  EXPECT_TRUE(std::filesystem::is_empty(tmp)) << "the temporary JSON was left behind";
+  std::vector<std::string> files;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files.push_back(e.path());
+  EXPECT_EQ(files.size(), 2u) << "the script and the plot, nothing else";
+
+  // With --json, the plot is drawn from that file, and both are announced.
+  const std::string json = dir + "/run.json";
+  ASSERT_EQ(test::runTool({"--socket", daemon.socket(), "replay", "--synthetic", "scan", "--limit",
+                           "50", "--plot", png, "--json", json},
+                          &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("wrote " + json), std::string::npos) << out;
+  EXPECT_NE(out.find("wrote " + png), std::string::npos) << out;
+  EXPECT_EQ(readAll(png), readAll(json));
+}
+
 // A synthetic workload is written as a Mooncake-format trace (kept with --trace-out), read back
 // as such and replayed; the same seed gives the same workload.
 TEST(ReplaySynthetic, WorkloadsAreTracesThatReplay) {

@@ -240,7 +240,8 @@ Layout makeLayout(std::string modelId, uint32_t numLayers, uint32_t numKvHeads, 
       std::move(modelId),         numLayers, numKvHeads, headDim, dtypeFrom(dtype), blockTokens,
       rope.value_or(RopeScheme{})};
   layout.stateBytes = stateBytes;
-  unwrap(layout.validate());
+  // The messages name the fields as the keywords above do (num_kv_heads, not numKvHeads).
+  unwrap(layout.validate(Layout::FieldNames::kSnakeCase));
   return layout;
 }
 

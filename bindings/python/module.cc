@@ -85,7 +85,8 @@ Layout(model_id, num_layers, num_kv_heads, head_dim, dtype='float16', block_toke
        *, state_bytes=0)
 
 dtype: 'float16', 'bfloat16', 'float32', 'float8_e4m3', 'float8_e5m2', 'int8', or the NumPy or
-torch dtype. Raises kvtier.InvalidArgument when a field is out of bounds (block_tokens 16..512).
+torch dtype. A field out of bounds raises kvtier.InvalidArgument naming it by its keyword
+(num_kv_heads, block_tokens 16..512, rope rotary_dims).
 Blocks are shared only between clients that open the same layout.
 
 KV travels "packed": an array of shape packed_shape(n) = (layers, 2, n, kv_heads, head_dim) for n

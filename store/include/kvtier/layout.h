@@ -104,8 +104,12 @@ struct Layout {
     return chunk == 0 ? 0 : static_cast<uint32_t>((statePayloadBytes(partial) + chunk - 1) / chunk);
   }
 
+  // How validate()'s messages name the fields: as these members are named (numKvHeads, ...), or
+  // in snake_case (num_kv_heads, ...) as the C ABI's kvtier_layout and the Python binding's
+  // keywords name them, so that a caller reads the name it wrote.
+  enum class FieldNames : uint8_t { kCpp, kSnakeCase };
   // INVALID_ARGUMENT naming the first bound a field breaks.
-  Status validate() const;
+  Status validate(FieldNames names = FieldNames::kCpp) const;
   // 64-bit fingerprint of every field and of the byte arrangement; part of every block key.
   uint64_t fingerprint() const;
 
