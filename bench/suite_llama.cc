@@ -15,6 +15,11 @@
 //   llama_store_vs_memcpy    KV bytes stored per second (PrefixCache::store of that prefix as
 //                            new blocks: llama_state_seq_get_data, scatter into the pool, commit)
 //                            over memcpy of as many bytes
+//   llama_restore_vs_state_set_1k / _4k   restores of the 1k / 4k prefix per second against
+//                            llama_state_seq_set_data of the same prefix from a host buffer (an
+//                            in-process cache such as llama-server's --cache-ram)
+//   llama_store_vs_state_get_1k / _4k     stores of it as new blocks against
+//                            llama_state_seq_get_data into a host buffer
 // The breakdown times llama.cpp's state calls alone, the copies kvtier cannot avoid.
 //
 // Then the other memories llama.cpp keeps, each a generated medium model of its family
@@ -28,6 +33,7 @@
 // with, per family, the bytes of one state (state_bytes_per_checkpoint) and the pool bytes the
 // prefill kept per token of the prompt (cached_bytes_per_token: blocks and states, whole blocks).
 #include <cstring>
+#include <tuple>
 
 #include "bench/harness.h"
 #include "integrations/llama/llama_bench_hooks.h"
@@ -61,6 +67,84 @@ double timed(F&& f) {
 
 double memcpySeconds(HostBuffer& dst, const HostBuffer& src, size_t bytes) {
   return timed([&] { std::memcpy(dst.data(), src.data(), bytes); });
+}
+
+// A prompt of the first part: its prefix (all but its last block) is what kvtier holds.
+struct Prompt {
+  size_t length;
+  std::vector<llama_token> tokens;
+  size_t prefix;
+};
+
+// The restore and store paths of a prompt's prefix, each the median of kCopyRounds: kvtier's
+// restore (checked, and without the checks), its store of the same KV as new blocks (under
+// never-stored tokens), a memcpy of as many bytes, and llama.cpp's own state calls for the prefix
+// from and into a host buffer (what an in-process cache costs); and where a restore and a store
+// spent their time (CacheStats), per call.
+struct PathFigures {
+  double restore = 0, uncheckedRestore = 0, store = 0, copy = 0, get = 0, set = 0;
+  double restoreDaemon = 0, restoreCopy = 0, restoreLlama = 0;
+  double storeDaemon = 0, storeCopy = 0, storeLlama = 0;
+};
+
+Result<PathFigures> measurePaths(llama_context* ctx, llama::PrefixCache& cache,
+                                 const llama_model* model, const Prompt& p, uint64_t& fresh,
+                                 HostBuffer& src, HostBuffer& dst, std::vector<uint8_t>& state) {
+  llama_memory_t mem = llama_get_memory(ctx);
+  const size_t kvBytes = p.prefix * cache.layout().tokenKvBytes();
+  std::vector<double> restores, uncheckedRestores, stores, copies, gets, sets;
+  const llama::CacheStats before = cache.stats();
+  for (int round = 0; round < kCopyRounds; ++round) {
+    // Checked and unchecked restores; which goes first alternates.
+    for (int k = 0; k < 2; ++k) {
+      const bool checked = (k + round) % 2 == 0;
+      llama_memory_seq_rm(mem, 0, -1, -1);
+      llama::bench_hooks::setRestoreChecks(checked);
+      Result<llama::RestoreInfo> r = llama::RestoreInfo{};
+      (checked ? restores : uncheckedRestores).push_back(timed([&] {
+        r = cache.restore(0, p.tokens.data(), p.prefix);
+      }));
+      llama::bench_hooks::setRestoreChecks(true);
+      if (!r) return r.error();
+      if (r->tokens != p.prefix) {
+        const llama::CacheStats& st = cache.stats();
+        return makeError(ErrorCode::kInternal, "restored ", r->tokens, " of ", p.prefix,
+                         " tokens (misses ", st.restoreMisses, ", corrupt ", st.restoreCorrupt,
+                         ", failures ", st.restoreFailures, ")");
+      }
+    }
+    copies.push_back(memcpySeconds(dst, src, kvBytes));
+    std::vector<llama_token> other = sup::randomTokens(model, ++fresh, p.prefix);
+    Result<llama::StoreInfo> s = llama::StoreInfo{};
+    stores.push_back(timed([&] { s = cache.store(0, other.data(), other.size()); }));
+    if (!s) return s.error();
+    if (s->storedTokens != p.prefix) return makeError(ErrorCode::kInternal, "store not new");
+    copies.push_back(memcpySeconds(dst, src, kvBytes));
+    // llama.cpp's own state calls for the whole prefix: the copies the state API makes.
+    state.resize(llama_state_seq_get_size(ctx, 0));
+    gets.push_back(timed([&] { llama_state_seq_get_data(ctx, state.data(), state.size(), 0); }));
+    llama_memory_seq_rm(mem, 0, -1, -1);
+    sets.push_back(timed([&] { llama_state_seq_set_data(ctx, state.data(), state.size(), 0); }));
+  }
+  const llama::CacheStats& after = cache.stats();
+  // Two restores and one store a round.
+  const auto perCall = [&](uint64_t llama::CacheStats::*field, int calls) {
+    return static_cast<double>(after.*field - before.*field) / calls * 1e-9;
+  };
+  PathFigures f;
+  f.restore = medianOf(restores);
+  f.uncheckedRestore = medianOf(uncheckedRestores);
+  f.store = medianOf(stores);
+  f.copy = medianOf(copies);
+  f.get = medianOf(gets);
+  f.set = medianOf(sets);
+  f.restoreDaemon = perCall(&llama::CacheStats::restoreDaemonNs, 2 * kCopyRounds);
+  f.restoreCopy = perCall(&llama::CacheStats::restoreCopyNs, 2 * kCopyRounds);
+  f.restoreLlama = perCall(&llama::CacheStats::restoreLlamaNs, 2 * kCopyRounds);
+  f.storeDaemon = perCall(&llama::CacheStats::storeDaemonNs, kCopyRounds);
+  f.storeCopy = perCall(&llama::CacheStats::storeCopyNs, kCopyRounds);
+  f.storeLlama = perCall(&llama::CacheStats::storeLlamaNs, kCopyRounds);
+  return f;
 }
 
 // A family of the second part: its generated model and the ratio it reports.
@@ -166,12 +250,30 @@ Status runFamily(const Options& options, const FamilyRun& family, RatioReport& r
   return {};
 }
 
-Status run(const Options& options) {
+// A plain llama model of the first part: the medium model every ratio names, and one with
+// Llama-3.2-1B's shapes whose ratios carry `suffix` (its prefills take minutes on this machine's
+// two cores: fewer repetitions, both threads).
+struct PlainModel {
+  const char* preset;  // make_gguf.py's
+  const char* suffix;
+  int threads;
+  const char* poolBytes;
+  size_t warmStores;  // x the long prompt's prefix: the pool written through once
+  int maxReps;
+};
+constexpr PlainModel kPlainModels[] = {{"medium", "", 1, kPoolBytes, kPoolWarmStores, 1000},
+                                       {"llama-1b", "_1b", 2, "2G", 16, 3}};
+
+// The first part for one model: its ratios appended to `reports`, its breakdown to `steps` and
+// its description to `extra` (JSON members).
+Status runPlain(const Options& options, const PlainModel& pm, std::vector<RatioReport>& reports,
+                std::vector<std::pair<std::string, double>>& steps,
+                std::vector<std::string>& extra) {
   auto dir = TempDir::create();
   if (!dir) return dir.error();
-  const std::string modelPath = dir->file("medium.gguf");
+  const std::string modelPath = dir->file(std::string(pm.preset) + ".gguf");
   try {
-    sup::makeModel(modelPath, "medium", 1);
+    sup::makeModel(modelPath, pm.preset, 1);
   } catch (const std::exception& e) {
     return unavailable(e.what());
   }
@@ -179,7 +281,7 @@ Status run(const Options& options) {
   BenchDaemon daemon;
   if (auto s = daemon.start(
           options.daemon, *dir, socket,
-          options.daemonFlags({"--host-pool-bytes", kPoolBytes, "--cold-tier", "off"}));
+          options.daemonFlags({"--host-pool-bytes", pm.poolBytes, "--cold-tier", "off"}));
       !s)
     return s;
 
@@ -187,7 +289,7 @@ Status run(const Options& options) {
   if (!model) return unavailable("llama.cpp cannot load ", modelPath);
   sup::ContextSettings settings;
   settings.nCtx = kLong + 256;
-  settings.threads = 1;
+  settings.threads = pm.threads;
   // Sequence 1 is the cache's scratch sequence in a unified KV cache (CacheOptions::scratchSeq):
   // the configuration the integration recommends, whose KV crosses memory once per store or
   // restore.
@@ -209,22 +311,18 @@ Status run(const Options& options) {
   char desc[128];
   llama_model_desc(model.get(), desc, sizeof(desc));
   std::printf(
-      "model: %s, %d layers, %d wide, %d heads, %d KV heads, %.1f M parameters, "
-      "1 thread, flash attention on, unified KV with a scratch sequence; %llu KV bytes per "
+      "model: %s (%s), %d layers, %d wide, %d heads, %d KV heads, %.1f M parameters, "
+      "%d thread(s), flash attention on, unified KV with a scratch sequence; %llu KV bytes per "
       "token, blocks of %u tokens\n",
-      desc, llama_model_n_layer(model.get()), llama_model_n_embd(model.get()),
+      desc, pm.preset, llama_model_n_layer(model.get()), llama_model_n_embd(model.get()),
       llama_model_n_head(model.get()), llama_model_n_head_kv(model.get()),
-      llama_model_n_params(model.get()) / 1e6,
+      llama_model_n_params(model.get()) / 1e6, pm.threads,
       static_cast<unsigned long long>(layout.tokenKvBytes()), kBlockTokens);
+  std::fflush(stdout);
 
   llama_memory_t mem = llama_get_memory(ctx.get());
   auto clear = [&] { llama_memory_seq_rm(mem, 0, -1, -1); };
   // Each prompt's prefix (all but its last block) evaluated once and stored.
-  struct Prompt {
-    size_t length;
-    std::vector<llama_token> tokens;
-    size_t prefix;
-  };
   std::vector<Prompt> prompts;
   uint64_t fresh = 1u << 20;  // seeds of never-stored token lists
   for (size_t n : {kLong, kShort}) {
@@ -236,7 +334,7 @@ Status run(const Options& options) {
     if (n == kLong) {
       // The pool written through once: the long prefix's KV stored under never-stored tokens,
       // the same bytes as new blocks, until the pool has reused its blocks.
-      for (size_t i = 0; i < kPoolWarmStores; ++i) {
+      for (size_t i = 0; i < pm.warmStores; ++i) {
         std::vector<llama_token> other = sup::randomTokens(model.get(), ++fresh, p.prefix);
         if (auto s = cache.store(0, other.data(), other.size()); !s) return s.error();
       }
@@ -250,7 +348,9 @@ Status run(const Options& options) {
   HostBuffer src(kvBytes), dst(kvBytes);
   std::vector<uint8_t> state;
 
-  const auto report = newReport;
+  const auto report = [&](const std::string& name, auto&&... rest) {
+    return newReport(name + pm.suffix, rest...);
+  };
   // Time to first token as its inverse, so that the ratio is the speedup (shown as the time).
   const auto restoreOf = [](size_t n) {
     return "restore " + std::to_string(n - kBlockTokens) + " + evaluate " +
@@ -269,10 +369,25 @@ Status run(const Options& options) {
              "bytes/s", true, std::nullopt);
   RatioReport storeMem = report("llama_store_vs_memcpy", "PrefixCache::store of " + prefix,
                                 "memcpy", "bytes/s", true, 0.5);
+  // Against an in-process cache: llama.cpp's own state call for the same prefix, from or into a
+  // host buffer.
+  const std::string shortPrefix = std::to_string(prompts.back().prefix) + " tokens";
+  RatioReport restoreSet1k =
+      report("llama_restore_vs_state_set_1k", "PrefixCache::restore of " + shortPrefix,
+             "llama_state_seq_set_data of " + shortPrefix, "1/s", true, 0.8);
+  RatioReport restoreSet4k =
+      report("llama_restore_vs_state_set_4k", "PrefixCache::restore of " + prefix,
+             "llama_state_seq_set_data of " + prefix, "1/s", true, 0.8);
+  RatioReport storeGet1k =
+      report("llama_store_vs_state_get_1k", "PrefixCache::store of " + shortPrefix,
+             "llama_state_seq_get_data of " + shortPrefix, "1/s", true, 0.8);
+  RatioReport storeGet4k = report("llama_store_vs_state_get_4k", "PrefixCache::store of " + prefix,
+                                  "llama_state_seq_get_data of " + prefix, "1/s", true, 0.8);
   std::vector<double> getData, setData, memcpys;
   std::vector<double> phases[6];  // CacheStats' time split per restore and per store
 
-  for (int rep = 0; rep <= options.reps && !gInterrupted; ++rep) {
+  const int reps = std::min(options.reps, pm.maxReps);
+  for (int rep = 0; rep <= reps && !gInterrupted; ++rep) {
     const bool warm = rep == 0;
     for (size_t i = 0; i < prompts.size(); ++i) {
       const Prompt& p = prompts[i];
@@ -286,108 +401,99 @@ Status run(const Options& options) {
       });
       if (restored != p.prefix)
         return makeError(ErrorCode::kInternal, "restored ", restored, " of ", p.prefix, " tokens");
+      if (warm) continue;  // (the recompute, minutes for the large model, is the same each time)
       clear();
       const double recompute =
           timed([&] { sup::decode(ctx.get(), 0, p.tokens, 0, p.length, split); });
-      if (warm) continue;
       RatioReport& r = p.length == kShort ? speed1k : speed4k;
       r.kvtier.perRep.push_back(1 / withKvtier);
       r.anchor.perRep.push_back(1 / recompute);
     }
 
-    // The restore path alone, then the store path of the same bytes as new blocks (the KV of the
-    // long prefix under never-stored tokens: the same bytes, a store of new blocks every time),
-    // each beside a memcpy of as many bytes; the median of kCopyRounds of each per repetition.
-    std::vector<double> restores, uncheckedRestores, stores, copies, gets, sets;
-    const llama::CacheStats before = cache.stats();
-    for (int round = 0; round < kCopyRounds; ++round) {
-      clear();
-      // Checked and unchecked restores; which goes first alternates.
-      for (int k = 0; k < 2; ++k) {
-        const bool checked = (k + round) % 2 == 0;
-        clear();
-        llama::bench_hooks::setRestoreChecks(checked);
-        Result<llama::RestoreInfo> r = llama::RestoreInfo{};
-        (checked ? restores : uncheckedRestores).push_back(timed([&] {
-          r = cache.restore(0, big.tokens.data(), big.prefix);
-        }));
-        llama::bench_hooks::setRestoreChecks(true);
-        if (!r || r->tokens != big.prefix) {
-          return makeError(ErrorCode::kInternal, "restore missed");
-        }
-      }
-      copies.push_back(memcpySeconds(dst, src, kvBytes));
-      std::vector<llama_token> other = sup::randomTokens(model.get(), ++fresh, big.prefix);
-      Result<llama::StoreInfo> s = llama::StoreInfo{};
-      stores.push_back(timed([&] { s = cache.store(0, other.data(), other.size()); }));
-      if (!s) return s.error();
-      if (s->storedTokens != big.prefix) return makeError(ErrorCode::kInternal, "store not new");
-      copies.push_back(memcpySeconds(dst, src, kvBytes));
-      // llama.cpp's own state calls for the whole prefix: the copies the state API makes.
-      state.resize(llama_state_seq_get_size(ctx.get(), 0));
-      gets.push_back(
-          timed([&] { llama_state_seq_get_data(ctx.get(), state.data(), state.size(), 0); }));
-      clear();
-      sets.push_back(
-          timed([&] { llama_state_seq_set_data(ctx.get(), state.data(), state.size(), 0); }));
-    }
+    // The restore path alone, then the store path of the same bytes as new blocks, for the long
+    // prefix and the short one, each beside its anchors; the medians of kCopyRounds per repetition.
+    auto paths = measurePaths(ctx.get(), cache, model.get(), big, fresh, src, dst, state);
+    if (!paths) return paths.error();
+    auto shortPaths =
+        measurePaths(ctx.get(), cache, model.get(), prompts.back(), fresh, src, dst, state);
+    if (!shortPaths) return shortPaths.error();
     if (warm) continue;
-    const llama::CacheStats& after = cache.stats();
-    auto perCall = [&](uint64_t llama::CacheStats::*field) {
-      return static_cast<double>(after.*field - before.*field) / kCopyRounds * 1e-9;
-    };
-    phases[0].push_back(perCall(&llama::CacheStats::restoreDaemonNs));
-    phases[1].push_back(perCall(&llama::CacheStats::restoreCopyNs));
-    phases[2].push_back(perCall(&llama::CacheStats::restoreLlamaNs));
-    phases[3].push_back(perCall(&llama::CacheStats::storeDaemonNs));
-    phases[4].push_back(perCall(&llama::CacheStats::storeCopyNs));
-    phases[5].push_back(perCall(&llama::CacheStats::storeLlamaNs));
-    memcpys.push_back(medianOf(copies));
-    const double copy = medianOf(copies);
-    restoreMem.kvtier.perRep.push_back(kvBytes / medianOf(restores));
-    restoreMem.anchor.perRep.push_back(kvBytes / copy);
-    restoreUncheckedMem.kvtier.perRep.push_back(kvBytes / medianOf(uncheckedRestores));
-    restoreUncheckedMem.anchor.perRep.push_back(kvBytes / copy);
-    storeMem.kvtier.perRep.push_back(kvBytes / medianOf(stores));
-    storeMem.anchor.perRep.push_back(kvBytes / copy);
-    getData.push_back(medianOf(gets));
-    setData.push_back(medianOf(sets));
+    phases[0].push_back(paths->restoreDaemon);
+    phases[1].push_back(paths->restoreCopy);
+    phases[2].push_back(paths->restoreLlama);
+    phases[3].push_back(paths->storeDaemon);
+    phases[4].push_back(paths->storeCopy);
+    phases[5].push_back(paths->storeLlama);
+    memcpys.push_back(paths->copy);
+    restoreMem.kvtier.perRep.push_back(kvBytes / paths->restore);
+    restoreMem.anchor.perRep.push_back(kvBytes / paths->copy);
+    restoreUncheckedMem.kvtier.perRep.push_back(kvBytes / paths->uncheckedRestore);
+    restoreUncheckedMem.anchor.perRep.push_back(kvBytes / paths->copy);
+    storeMem.kvtier.perRep.push_back(kvBytes / paths->store);
+    storeMem.anchor.perRep.push_back(kvBytes / paths->copy);
+    getData.push_back(paths->get);
+    setData.push_back(paths->set);
+    // Against llama.cpp's own state calls for the same prefix (an in-process cache's cost):
+    // calls per second.
+    for (auto [figures, restoreR, storeR] :
+         {std::tuple{&*paths, &restoreSet4k, &storeGet4k},
+          std::tuple{&*shortPaths, &restoreSet1k, &storeGet1k}}) {
+      restoreR->kvtier.perRep.push_back(1 / figures->restore);
+      restoreR->anchor.perRep.push_back(1 / figures->set);
+      storeR->kvtier.perRep.push_back(1 / figures->store);
+      storeR->anchor.perRep.push_back(1 / figures->get);
+    }
   }
+  for (RatioReport* r : {&speed1k, &speed4k, &restoreMem, &restoreUncheckedMem, &storeMem,
+                         &restoreSet1k, &restoreSet4k, &storeGet1k, &storeGet4k}) {
+    reports.push_back(std::move(*r));
+  }
+  const std::string of = std::string(" (") + pm.preset + ")";
+  for (auto [name, values] : std::initializer_list<std::pair<const char*, std::vector<double>*>>{
+           {"memcpy of the long prefix's KV", &memcpys},
+           {"restore: kvtierd (lookup, release)", &phases[0]},
+           {"restore: kvtier's copies, pool -> state", &phases[1]},
+           {"restore: llama.cpp (set_data, seq_cp, seq_rm)", &phases[2]},
+           {"store: kvtierd (bind, grant, commit, unbind)", &phases[3]},
+           {"store: kvtier's copies, state -> pool", &phases[4]},
+           {"store: llama.cpp (seq_cp, get_data, seq_rm)", &phases[5]},
+           {"llama_state_seq_get_data alone, the whole prefix", &getData},
+           {"llama_state_seq_set_data alone, the whole prefix", &setData}}) {
+    steps.emplace_back(name + of, medianOf(*values));
+  }
+  extra.push_back("\"model" + std::string(pm.suffix) + "\": {\"preset\": \"" + pm.preset +
+                  "\", \"layers\": " + std::to_string(llama_model_n_layer(model.get())) +
+                  ", \"embd\": " + std::to_string(llama_model_n_embd(model.get())) +
+                  ", \"heads\": " + std::to_string(llama_model_n_head(model.get())) +
+                  ", \"kv_heads\": " + std::to_string(llama_model_n_head_kv(model.get())) +
+                  ", \"params\": " + std::to_string(llama_model_n_params(model.get())) +
+                  ", \"threads\": " + std::to_string(pm.threads) +
+                  ", \"reps\": " + std::to_string(reps) +
+                  ", \"kv_bytes_per_token\": " + std::to_string(layout.tokenKvBytes()) +
+                  ", \"block_tokens\": " + std::to_string(kBlockTokens) + "}");
+  return {};
+}
 
-  // The other memories. The plain model's cache is closed first (a caller-thread client per
-  // thread at a time); the figures below that name it were taken before.
-  const uint64_t plainKvPerToken = layout.tokenKvBytes();
-  opened.value().reset();
-  std::vector<RatioReport> reports = {speed1k, speed4k, restoreMem, restoreUncheckedMem, storeMem};
+Status run(const Options& options) {
+  std::vector<RatioReport> reports;
+  Breakdown breakdown;
+  RunInfo info = runInfoOf("llama", options, {{"llama.cpp", "\"node-llama-cpp 3.22.1\""}});
+  for (const PlainModel& pm : kPlainModels) {
+    if (gInterrupted) break;
+    if (auto s = runPlain(options, pm, reports, breakdown.steps, info.extra); !s) return s;
+  }
+  // The other memories, each a medium model of its family.
   std::vector<std::string> families;
+  const std::string restore4k = "restore " + std::to_string(kLong - kBlockTokens) + " + evaluate " +
+                                std::to_string(kBlockTokens) + " tokens";
   for (const FamilyRun& family : kFamilies) {
     if (gInterrupted) break;
-    RatioReport r =
-        report(family.ratio, restoreOf(kLong), "evaluate 4096 tokens", "1/s", true, 5.0);
+    RatioReport r = newReport(family.ratio, restore4k, "evaluate 4096 tokens", "1/s", true, 5.0);
     if (auto s = runFamily(options, family, r, families); !s) return s;
     reports.push_back(std::move(r));
   }
   printTable("llama", reports, options.reps);
-  Breakdown breakdown;
-  breakdown.steps = {{"memcpy of the long prefix's KV", medianOf(memcpys)},
-                     {"restore: kvtierd (lookup, release)", medianOf(phases[0])},
-                     {"restore: kvtier's copies, pool -> state", medianOf(phases[1])},
-                     {"restore: llama.cpp (set_data, seq_cp, seq_rm)", medianOf(phases[2])},
-                     {"store: kvtierd (bind, grant, commit, unbind)", medianOf(phases[3])},
-                     {"store: kvtier's copies, state -> pool", medianOf(phases[4])},
-                     {"store: llama.cpp (seq_cp, get_data, seq_rm)", medianOf(phases[5])},
-                     {"llama_state_seq_get_data alone, the whole prefix", medianOf(getData)},
-                     {"llama_state_seq_set_data alone, the whole prefix", medianOf(setData)}};
   printBreakdown(breakdown);
-  RunInfo info = runInfoOf("llama", options, {{"llama.cpp", "\"node-llama-cpp 3.22.1\""}});
-  info.extra.push_back(
-      "\"model\": {\"layers\": " + std::to_string(llama_model_n_layer(model.get())) +
-      ", \"embd\": " + std::to_string(llama_model_n_embd(model.get())) +
-      ", \"heads\": " + std::to_string(llama_model_n_head(model.get())) +
-      ", \"kv_heads\": " + std::to_string(llama_model_n_head_kv(model.get())) +
-      ", \"params\": " + std::to_string(llama_model_n_params(model.get())) +
-      ", \"kv_bytes_per_token\": " + std::to_string(plainKvPerToken) +
-      ", \"block_tokens\": " + std::to_string(kBlockTokens) + "}");
   std::string familyJson = "\"families\": {";
   for (size_t i = 0; i < families.size(); ++i) familyJson += (i ? ", " : "") + families[i];
   info.extra.push_back(familyJson + "}");

@@ -219,6 +219,20 @@ std::span<uint8_t> WriteHandle::block(size_t i) const {
   return views_[i];
 }
 
+Status WriteHandle::blockWritten(size_t i, uint64_t checksum) {
+  if (!lease_) return makeError(ErrorCode::kReleased, "write handle was committed or aborted");
+  if (i >= views_.size()) return invalid("block ", i, " is past the ", views_.size(), " granted");
+  BlockSums& sums = lease_->sums;
+  if (sums.sum.size() <= i) {
+    sums.sum.resize(i + 1, 0);
+    sums.fused.resize(i + 1, 0);
+  }
+  sums.sum[i] = checksum;
+  sums.fused[i] = 1;
+  if (i < sums.handedOut.size()) sums.handedOut[i] = 0;
+  return {};
+}
+
 Status WriteHandle::write(uint64_t from, uint64_t to, const void* kv, size_t bytes) {
   if (!lease_) return makeError(ErrorCode::kReleased, "write handle was committed or aborted");
   const Layout& layout = space_->layout();

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/block_sum.h"
 #include "tests/test_support.h"
 #include "tools/synthetic_kv.h"
 
@@ -118,6 +119,54 @@ TEST_P(VerifiedReads, AReportOfIntactBytesDropsNothing) {
   hit.release();
   EXPECT_EQ(corrupt(), 0u);
   EXPECT_EQ(space_->lookup(t).value().matchedTokens(), 32u);
+}
+
+// A writer that fills its blocks through their views may give each block's checksum, taken in its
+// own copy (WriteHandle::blockWritten), instead of having the commit read the block back. The
+// checksum is what readers check the bytes against: the right one serves them; a wrong one gets
+// the block refused and dropped at its first read, never served.
+TEST_P(VerifiedReads, AChecksumGivenForABlockWrittenThroughItsViewIsTheOneReadersCheck) {
+  const Layout& l = space_->layout();
+  const uint32_t bt = l.blockTokens;
+  auto putThroughViews = [&](const std::vector<uint32_t>& t, bool wrongSecond) {
+    auto h = space_->beginPut("v", 0, t);
+    ASSERT_TRUE(h.ok()) << h.error();
+    for (size_t b = 0; b < h->blockCount(); ++b) {
+      const std::span<uint8_t> view = h->block(b);
+      ASSERT_EQ(view.size(), l.blockBytes());
+      // A block's bytes: layer by layer, K then V, slot by slot (Layout::slotOffset).
+      const auto packed = synthetic::packedKv(l, t, b * bt, (b + 1) * bt);
+      for (uint32_t lkv = 0; lkv < 2 * l.numLayers; ++lkv) {
+        for (uint32_t slot = 0; slot < bt; ++slot) {
+          std::memcpy(view.data() + l.slotOffset(lkv / 2, lkv % 2, slot),
+                      packed.data() + (uint64_t{lkv} * bt + slot) * l.tokenBytes(), l.tokenBytes());
+        }
+      }
+      uint64_t sum = kernels::blockChecksum(view.data(), view.size());
+      if (wrongSecond && b == 1) sum ^= 1;
+      ASSERT_TRUE(h->blockWritten(b, sum).ok());
+    }
+    EXPECT_EQ(h->blockWritten(h->blockCount(), 1).code(), ErrorCode::kInvalidArgument);
+    ASSERT_TRUE(h->commit().ok());
+  };
+  const auto good = tokens(64, 20000), bad = tokens(64, 30000);
+  putThroughViews(good, false);
+  putThroughViews(bad, true);
+  const auto kv = synthetic::packedKv(l, good, 0, 64);
+  std::vector<uint8_t> out(kv.size());
+  {
+    auto hit = space_->lookup(good).value();
+    EXPECT_EQ(hit.sum(2), kernels::blockChecksum(hit.block(2).data(), hit.block(2).size()));
+    ASSERT_TRUE(hit.copyTo(0, 64, out.data(), out.size()).ok());
+    EXPECT_EQ(out, kv);
+  }
+  {
+    auto hit = space_->lookup(bad).value();
+    ASSERT_EQ(hit.matchedTokens(), 64u);
+    EXPECT_EQ(hit.copyTo(0, 64, out.data(), out.size()).code(), ErrorCode::kChecksumMismatch);
+  }
+  EXPECT_EQ(corrupt(), 1u);
+  EXPECT_EQ(space_->lookup(bad).value().matchedTokens(), uint64_t{bt});
 }
 
 INSTANTIATE_TEST_SUITE_P(Lanes, VerifiedReads, ::testing::Bool(),

@@ -463,14 +463,20 @@ std::atomic<bool> gRestoreChecks{true};  // bench_hooks::setRestoreChecks
 
 void bench_hooks::setRestoreChecks(bool enabled) { gRestoreChecks = enabled; }
 
-bool PrefixCache::Impl::drainChecked(const StateMap::Build& build, const ReadHandle& hit, size_t b,
-                                     uint64_t first, uint32_t slots, kernels::CopyMethod method) {
+bool PrefixCache::Impl::drainVerified(const StateMap::Build& build, const ReadHandle& hit, size_t b,
+                                      uint64_t first, uint32_t slots,
+                                      kernels::CopyMethod method) const {
   // Checked against its writer's checksum as it is copied, every byte read once: a byte that
   // changed in the pool never reaches llama.cpp, which would compute on without a word. A block
   // without a checksum (0) is copied as it is.
   const uint64_t want = gRestoreChecks.load(std::memory_order_relaxed) ? hit.sum(b) : 0;
   const uint64_t got = map->drainBlock(build, first, hit.block(b).data(), slots, method, want != 0);
-  if (got == want) return true;
+  return got == want;
+}
+
+bool PrefixCache::Impl::drainChecked(const StateMap::Build& build, const ReadHandle& hit, size_t b,
+                                     uint64_t first, uint32_t slots, kernels::CopyMethod method) {
+  if (drainVerified(build, hit, b, first, slots, method)) return true;
   hit.reportCorrupt(b);  // the daemon drops it: the next lookup stops before it
   return false;
 }
@@ -518,53 +524,121 @@ PrefixCache::Impl::Restored PrefixCache::Impl::restoreWhole(llama_seq_id seq, co
   return {.cells = end};
 }
 
-PrefixCache::Impl::Restored PrefixCache::Impl::restoreStaged(llama_seq_id seq,
-                                                             const ReadHandle& hit) {
+size_t PrefixCache::Impl::buildStep(const ReadHandle& hit, size_t b0, size_t n, uint8_t* buffer,
+                                    bool& shapeOk) const {
+  const uint32_t bt = layout.blockTokens;
+  const uint64_t first = b0 * bt, end = first + n * bt;
+  std::span<uint8_t> state(buffer, map->stateBytesAt(first, end));
+  const StateMap::Build build = map->buildState(state, first, end, scratchSeq);
+  shapeOk = true;
+  for (size_t b = 0; b < n; ++b) {
+    if (hit.block(b0 + b).size() != layout.blockBytes()) {
+      shapeOk = false;
+      return b;
+    }
+    // Read back at once by llama.cpp: a cached copy.
+    if (!drainVerified(build, hit, b0 + b, first + b * bt, bt, kernels::CopyMethod::kCached)) {
+      return b;
+    }
+  }
+  return n;
+}
+
+bool PrefixCache::Impl::loadStep(llama_seq_id seq, const uint8_t* buffer, uint64_t first,
+                                 uint64_t end) {
   llama_memory_t mem = llama_get_memory(ctx);
+  const size_t bytes = map->stateBytesAt(first, end);
+  Timed t(stats.restoreLlamaNs);
+  const bool loaded = llama_state_seq_set_data(ctx, buffer, bytes, scratchSeq) == bytes;
+  // In a unified KV cache a copy between sequences shares the cells: no bytes move.
+  if (loaded) {
+    llama_memory_seq_cp(mem, scratchSeq, seq, static_cast<llama_pos>(first),
+                        static_cast<llama_pos>(end));
+  }
+  llama_memory_seq_rm(mem, scratchSeq, -1, -1);
+  return loaded;
+}
+
+PrefixCache::Impl::Restored PrefixCache::Impl::restoreSteps(llama_seq_id seq, const ReadHandle& hit,
+                                                            size_t from) {
   const uint32_t bt = layout.blockTokens;
   const size_t per = stageBlocks();
   Restored done;
-  for (size_t b0 = 0; b0 < hit.blockCount(); b0 += per) {
+  done.cells = from * bt;
+  for (size_t b0 = from; b0 < hit.blockCount(); b0 += per) {
     size_t n = std::min(per, hit.blockCount() - b0);
-    const uint64_t first = b0 * bt;
-    // A step whose block b0 + bad fails its check is built again without it and what follows.
-    for (;;) {
-      const uint64_t end = first + n * bt;
-      const size_t bytes = map->stateBytesAt(first, end);
-      std::span<uint8_t> state(scratchOf(bytes), bytes);
-      size_t bad = n;
+    bool shapeOk = true;
+    size_t good;
+    {
+      Timed t(stats.restoreCopyNs);
+      good = buildStep(hit, b0, n, scratchOf(map->stateBytesAt(b0 * bt, (b0 + n) * bt)), shapeOk);
+    }
+    if (!shapeOk) return {done.cells, done.corrupt, true};
+    if (good < n) {
+      // The step is built again without the block that failed its check and what follows.
+      hit.reportCorrupt(b0 + good);  // the daemon drops it: the next lookup stops before it
+      done.corrupt = true;
+      if (good == 0) return done;
+      n = good;
       {
         Timed t(stats.restoreCopyNs);
-        const StateMap::Build build = map->buildState(state, first, end, scratchSeq);
-        for (size_t b = 0; b < n && bad == n; ++b) {
-          if (hit.block(b0 + b).size() != layout.blockBytes())
-            return {done.cells, done.corrupt, true};
-          // Read back at once by llama.cpp: a cached copy.
-          if (!drainChecked(build, hit, b0 + b, first + b * bt, bt, kernels::CopyMethod::kCached)) {
-            bad = b;
-          }
-        }
+        good = buildStep(hit, b0, n, scratchOf(map->stateBytesAt(b0 * bt, (b0 + n) * bt)), shapeOk);
       }
-      if (bad < n) {
-        done.corrupt = true;
-        if (bad == 0) return done;
-        n = bad;
-        continue;
-      }
-      Timed t(stats.restoreLlamaNs);
-      const bool loaded =
-          llama_state_seq_set_data(ctx, state.data(), state.size(), scratchSeq) == bytes;
-      // In a unified KV cache a copy between sequences shares the cells: no bytes move.
-      if (loaded) {
-        llama_memory_seq_cp(mem, scratchSeq, seq, static_cast<llama_pos>(first),
-                            static_cast<llama_pos>(end));
-      }
-      llama_memory_seq_rm(mem, scratchSeq, -1, -1);
-      if (!loaded) return {done.cells, done.corrupt, true};
-      done.cells = end;
-      break;
+      if (!shapeOk || good < n) return {done.cells, done.corrupt, true};
     }
+    const uint64_t first = b0 * bt, end = first + n * bt;
+    if (!loadStep(seq, scratch.get(), first, end)) return {done.cells, done.corrupt, true};
+    done.cells = end;
     if (done.corrupt) return done;
+  }
+  return done;
+}
+
+PrefixCache::Impl::Restored PrefixCache::Impl::restoreStaged(llama_seq_id seq,
+                                                             const ReadHandle& hit) {
+  const uint32_t bt = layout.blockTokens;
+  const size_t per = stageBlocks();
+  const size_t steps = (hit.blockCount() + per - 1) / per;
+  if (steps < 2 || !options.pipelineRestores) return restoreSteps(seq, hit, 0);
+  // Pipelined: the worker builds step i + 1 (copy out of the pool, checked) while llama.cpp loads
+  // step i. A step whose build failed (a block that fails its check, or a hit of another shape)
+  // ends the pipeline; the steps after the last one loaded go the sequential way, which reports
+  // the damaged block and loads what comes before it.
+  const size_t stepBytes = map->stateBytesAt(0, per * uint64_t{bt});
+  uint8_t* buffers[2] = {scratchOf(2 * stepBytes), nullptr};
+  buffers[1] = buffers[0] + stepBytes;
+  struct Built {
+    size_t good = 0;
+    bool shapeOk = true;
+  };
+  std::vector<Built> built(steps);
+  if (!worker) worker = std::make_unique<StageWorker>();
+  worker->start(steps, [&](size_t i) {
+    const size_t b0 = i * per, n = std::min(per, hit.blockCount() - b0);
+    built[i].good = buildStep(hit, b0, n, buffers[i % 2], built[i].shapeOk);
+  });
+  struct Finish {
+    StageWorker& w;
+    ~Finish() { w.finish(); }
+  } finish{*worker};
+  Restored done;
+  for (size_t i = 0; i < steps; ++i) {
+    {
+      Timed t(stats.restoreCopyNs);  // the time the restore waits for the copies
+      worker->await(i);
+    }
+    const size_t b0 = i * per, n = std::min(per, hit.blockCount() - b0);
+    if (!built[i].shapeOk || built[i].good < n) {
+      worker->finish();
+      Restored rest = restoreSteps(seq, hit, b0);
+      rest.corrupt = rest.corrupt || done.corrupt;
+      return rest;
+    }
+    const uint64_t first = b0 * bt, end = first + n * bt;
+    const bool loaded = loadStep(seq, buffers[i % 2], first, end);
+    worker->release(i);
+    if (!loaded) return {done.cells, done.corrupt, true};
+    done.cells = end;
   }
   return done;
 }

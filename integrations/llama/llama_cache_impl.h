@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "integrations/llama/stage_worker.h"
 #include "integrations/llama/state_map.h"
 #include "kvtier/llama.h"
 
@@ -59,6 +60,8 @@ struct PrefixCache::Impl {
   std::unique_ptr<uint8_t[]> scratch;
   size_t scratchBytes = 0;
   std::vector<uint32_t> rowScratch;
+  // The second thread of pipelined restores (CacheOptions::pipelineRestores), made at the first.
+  std::unique_ptr<StageWorker> worker;
 
   uint8_t* scratchOf(size_t bytes) {
     if (bytes > scratchBytes) {
@@ -87,10 +90,23 @@ struct PrefixCache::Impl {
   };
   // Restores [0, end) of the hit in one state (a KV cache: the blocks before a damaged one).
   Restored restoreWhole(llama_seq_id seq, const ReadHandle& hit, uint64_t end);
-  // Restores the hit in steps through the scratch sequence, up to a damaged block.
+  // Restores the hit in steps through the scratch sequence, up to a damaged block: pipelined
+  // (CacheOptions::pipelineRestores) or one step after the other.
   Restored restoreStaged(llama_seq_id seq, const ReadHandle& hit);
+  // The steps from block `from` on, one after the other (blocks before `from` are loaded).
+  Restored restoreSteps(llama_seq_id seq, const ReadHandle& hit, size_t from);
+  // Builds the state of blocks [b0, b0 + n) of the hit in `buffer`, each checked: returns how many
+  // blocks from b0 passed (n: all); shapeOk false when a block has another size. Reports nothing
+  // and calls neither llama.cpp nor the daemon (the worker runs it).
+  size_t buildStep(const ReadHandle& hit, size_t b0, size_t n, uint8_t* buffer,
+                   bool& shapeOk) const;
+  // Loads a built step of positions [first, end) into `seq` through the scratch sequence.
+  bool loadStep(llama_seq_id seq, const uint8_t* buffer, uint64_t first, uint64_t end);
   // Copies block b of the hit (positions from `first`, slots [0, slots)) into the built state,
-  // checked against its writer's checksum; false (and reported) when it fails the check.
+  // checked against its writer's checksum; false when it fails the check (drainChecked: and
+  // reported to the daemon).
+  bool drainVerified(const StateMap::Build& build, const ReadHandle& hit, size_t b, uint64_t first,
+                     uint32_t slots, kernels::CopyMethod method) const;
   bool drainChecked(const StateMap::Build& build, const ReadHandle& hit, size_t b, uint64_t first,
                     uint32_t slots, kernels::CopyMethod method);
   // Writes blocks [firstBlock, firstBlock + nBlocks) of `w`, positions from firstPos on, from a

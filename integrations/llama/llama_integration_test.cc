@@ -182,7 +182,8 @@ TEST_F(LlamaIntegration, ADamagedBlockNeverReachesTheEngineThePrefixBeforeItIsRe
   // blocks before the damaged one, the engine computes the rest, and its logits are a
   // recompute's. The daemon is told and drops the block; the restoring process stores its prompt
   // whole again, so a third process restores it all. In one step (flash attention on and off)
-  // and in steps through a scratch sequence, the damaged block in the second step.
+  // and in steps through a scratch sequence (pipelined, and on one thread), the damaged block in
+  // the second step or the first.
   struct Case {
     const char* name;
     std::vector<std::string> settings;
@@ -199,6 +200,22 @@ TEST_F(LlamaIntegration, ADamagedBlockNeverReachesTheEngineThePrefixBeforeItIsRe
        "4:5000+2:20",
        300,
        4800,
+       5008},
+      // The same on one thread, and damaged in the first step (the second step already built
+      // by the pipeline's worker when the first fails: nothing of it is loaded).
+      {"staged, one thread",
+       {"--scratch", "on", "--block", "16", "--ctx", "6144", "--pipeline", "off"},
+       "5:5000",
+       "5:5000+2:20",
+       300,
+       4800,
+       5008},
+      {"staged, damaged in the first step",
+       {"--scratch", "on", "--block", "16", "--ctx", "6144"},
+       "6:5000",
+       "6:5000+2:20",
+       100,
+       1600,
        5008},
   };
   for (const Case& k : cases) {

@@ -67,7 +67,11 @@ Status PrefixCache::Impl::fillFromState(WriteHandle& w, size_t firstBlock, size_
     for (size_t s = 0; s < rows.size(); ++s) blockRows[s] = rows[s] + b * bt;
     std::span<uint8_t> dst = w.block(firstBlock + b);
     if (!dst.empty()) {
-      map->fillBlock(dst.data(), state, blockRows, bt);
+      // The block's checksum taken in the copy: the commit need not read the block back.
+      const uint64_t sum = map->fillBlockSummed(dst.data(), state, blockRows);
+      if (sum != 0) {
+        if (auto s = w.blockWritten(firstBlock + b, sum); !s.ok()) return s;
+      }
       continue;
     }
     // A client that cannot map the pool sends the block's bytes inline.

@@ -21,6 +21,7 @@
 //   --split P[,P...]  batch boundaries (positions) of every evaluation
 //   --fa on|off, --type-k/--type-v f16|f32|q8_0, --block N, --ctx N, --logits PATH
 //   --scratch on  a unified KV cache whose last sequence is the cache's (CacheOptions::scratchSeq)
+//   --pipeline off  restores in steps on one thread (CacheOptions::pipelineRestores)
 //   --adapters S  CacheOptions::adapters (the adapters the context is said to apply)
 //   --wait-fifo PATH  after opening the cache, wait for one byte on this FIFO
 //   --checkpoint N  CacheOptions::checkpointTokens;  --answer SPEC  the chat mode's answer
@@ -51,6 +52,7 @@ struct Args {
   sup::ContextSettings ctx;
   uint32_t block = 32;
   bool scratch = false;  // a unified KV cache with one more sequence, the cache's scratch
+  bool pipeline = true;  // CacheOptions::pipelineRestores
 };
 
 ggml_type typeOf(const std::string& s) {
@@ -109,6 +111,8 @@ int main(int argc, char** argv) {
       a.ctx.nCtx = static_cast<uint32_t>(std::stoul(v));
     else if (k == "--scratch")
       a.scratch = v == "on";
+    else if (k == "--pipeline")
+      a.pipeline = v == "on";
     else if (k == "--adapters")
       a.adapters = v;
     else if (k == "--answer")
@@ -143,6 +147,7 @@ int main(int argc, char** argv) {
     opts.contextParams = cp;
     opts.blockTokens = a.block;
     if (a.scratch) opts.scratchSeq = static_cast<llama_seq_id>(a.ctx.nSeq - 1);
+    opts.pipelineRestores = a.pipeline;
     opts.adapters = a.adapters;
     opts.checkpointTokens = a.checkpoint;
     auto c = kvtier::llama::PrefixCache::open(ctx.get(), opts);

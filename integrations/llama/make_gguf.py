@@ -83,6 +83,11 @@ PRESETS = {
     # ~24M parameters, 4:1 GQA: big enough for KV-cache traffic to matter
     "medium": dict(_BASE, layers=8, embd=512, heads=8, kv_heads=2, ff=1536, ctx=8192,
                    wtype="f16"),
+    # Llama-3.2-1B's shapes (16 layers, 2048 wide, 32 heads, 8 KV heads of 64, feed-forward 8192;
+    # ~1B parameters, 32 KiB of f16 KV per token) with random weights and this file's small vocab:
+    # what a model people run costs per token, for the llama bench
+    "llama-1b": dict(_BASE, layers=16, embd=2048, heads=32, kv_heads=8, ff=8192, ctx=8192,
+                     wtype="f16"),
     # sliding-window attention on every other layer (window 128), full attention between
     "gemma2-tiny": dict(_BASE, arch="gemma2", layers=4, embd=64, heads=2, kv_heads=1, ff=128,
                         ctx=8192, swa=128, wtype="f32"),

@@ -197,6 +197,35 @@ void StateMap::fillBlock(uint8_t* dst, const ParsedState& state,
   }
 }
 
+uint64_t StateMap::fillBlockSummed(uint8_t* dst, const ParsedState& state,
+                                   const std::vector<const uint32_t*>& rows) const {
+  const uint32_t bt = layout_.blockTokens;
+  bool runs = true;  // every layer's K and V one run of whole slots, the runs filling the block
+  for (size_t s = 0; s < shape_.kv.size() && runs; ++s) {
+    const StateShape& sh = shape_.kv[s];
+    runs = !sh.vTrans && sh.kRowBytes == slotBytes_ && sh.vRowBytes == slotBytes_;
+    for (uint32_t i = 1; i < bt && runs; ++i) runs = rows[s][i] == rows[s][0] + i;
+  }
+  if (!runs || layout_.tokenBytes() != slotBytes_ || layout_.numLayers != shape_.kvLayers()) {
+    fillBlock(dst, state, rows, bt);
+    return 0;
+  }
+  // The runs in the block's order (layer by layer, K then V; the sections' layers in turn).
+  kernels::FusedXxh3 sum(layout_.blockBytes(),
+                         kernels::copyMethod(kernels::CopyDirection::kIntoPool));
+  const uint64_t run = uint64_t{bt} * slotBytes_;
+  for (size_t s = 0; s < shape_.kv.size(); ++s) {
+    const SeqStateView& view = state.kv[s];
+    const uint64_t first = uint64_t{rows[s][0]} * slotBytes_;
+    for (uint32_t l = 0; l < shape_.kv[s].nLayer; ++l) {
+      const uint32_t layer = layerOffset_[s] + l;
+      sum.feed(dst + layout_.slotOffset(layer, 0, 0), view.k[l] + first, run);
+      sum.feed(dst + layout_.slotOffset(layer, 1, 0), view.v[l] + first, run);
+    }
+  }
+  return sum.digest();
+}
+
 std::pair<uint64_t, uint32_t> StateMap::sectionCells(size_t s, uint64_t from, uint64_t end) const {
   uint64_t first = std::max(from, shape_.sectionFirst(s, end));
   if (first > from) first -= first % MemoryShape::kCellTile;  // a window: placeholders first

@@ -95,6 +95,12 @@ class StateMap {
   // (a partial block) are left as they are.
   void fillBlock(uint8_t* dst, const ParsedState& state, const std::vector<const uint32_t*>& rows,
                  uint32_t slots) const;
+  // fillBlock of a whole block (blockTokens slots) that also returns the block's checksum
+  // (kernels::blockChecksum of the bytes it now holds), folded in from the source as it is copied
+  // (the block is not read back); 0 when the block is not one run per layer, K and V, of
+  // consecutive rows that fill it (transposed V, padded slots): then only filled.
+  uint64_t fillBlockSummed(uint8_t* dst, const ParsedState& state,
+                           const std::vector<const uint32_t*>& rows) const;
 
   // A state being built for a restore at `end`: its header, every KV section's cells (the
   // positions each section holds at `end`, from `from` on: a restore in steps builds states of

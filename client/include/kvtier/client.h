@@ -254,6 +254,12 @@ class WriteHandle {
   // through the view after a write() included (write() fuses the checksum of blocks never handed
   // out into its copy).
   std::span<uint8_t> block(size_t i) const;
+  // Block i was written whole through block(i), and `checksum` is kernels::blockChecksum of the
+  // bytes it now holds, taken in the copy that wrote them (kernels::FusedXxh3): the commit carries
+  // it instead of reading the block back. Write the block no more before the commit; a checksum
+  // that is not the bytes' gets the block dropped as damaged where it is next checked, never
+  // served. INVALID_ARGUMENT past the grant.
+  Status blockWritten(size_t i, uint64_t checksum);
 
   // Writes positions [from, to) ⊆ [begin(), end()) from a packed buffer (into the mapped blocks,
   // or inline). INVALID_ARGUMENT on a bad range or size.

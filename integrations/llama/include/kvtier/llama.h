@@ -97,6 +97,11 @@ struct CacheOptions {
   // state buffer stays in the CPU's cache and the KV crosses memory once. The engine must never
   // use this sequence (calls fail with INVALID_ARGUMENT while it holds tokens).
   llama_seq_id scratchSeq = -1;
+  // With a scratch sequence: a restore of more than one step copies (and checks) the next step
+  // out of the pool on a second thread of the cache's while llama.cpp loads this one, so that the
+  // restore costs about llama.cpp's own load rather than the load plus kvtier's copy. The thread
+  // runs only during restores (llama.cpp's own threads are idle then); false: one thread.
+  bool pipelineRestores = true;
   // Recurrent and hybrid models: prefill() stores a state every this many tokens (a multiple of
   // blockTokens; 0: the default, 4 sqrt(S) blocks for a state of S blocks in the pool, within
   // [blockTokens, 2048] — measured the best trade of bytes against recomputed tokens on the shared

@@ -1,0 +1,89 @@
+#include "integrations/llama/stage_worker.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace kvtier::llama {
+
+namespace {
+
+// Waits until done() holds: spinning first, then yielding the core.
+template <typename Done>
+void waitFor(Done done) {
+  for (unsigned n = 0; !done(); ++n) {
+    if (n < (1u << 14)) {
+#if defined(__x86_64__)
+      _mm_pause();
+#endif
+    } else {
+      std::this_thread::yield();
+    }
+  }
+}
+
+}  // namespace
+
+StageWorker::StageWorker() : thread_([this] { serve(); }) {}
+
+StageWorker::~StageWorker() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void StageWorker::start(size_t steps, std::function<void(size_t)> fill) {
+  {
+    std::lock_guard lock(mutex_);
+    fill_ = std::move(fill);
+    steps_ = steps;
+    filled_.store(0, std::memory_order_relaxed);
+    released_.store(0, std::memory_order_relaxed);
+    cancel_.store(false, std::memory_order_relaxed);
+    idle_ = false;
+  }
+  wake_.notify_all();
+}
+
+void StageWorker::await(size_t i) {
+  waitFor([&] { return filled_.load(std::memory_order_acquire) > i; });
+}
+
+void StageWorker::release(size_t i) { released_.store(i + 1, std::memory_order_release); }
+
+void StageWorker::finish() {
+  cancel_.store(true, std::memory_order_release);
+  std::unique_lock lock(mutex_);
+  wake_.wait(lock, [&] { return idle_; });
+  fill_ = nullptr;
+}
+
+void StageWorker::serve() {
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return stop_ || !idle_; });
+      if (stop_) return;
+    }
+    for (size_t i = 0; i < steps_; ++i) {
+      // Buffer i % 2 is free once the caller has let go of step i - 2.
+      waitFor([&] {
+        return cancel_.load(std::memory_order_acquire) ||
+               released_.load(std::memory_order_acquire) + 2 > i;
+      });
+      if (cancel_.load(std::memory_order_acquire)) break;
+      fill_(i);
+      filled_.store(i + 1, std::memory_order_release);
+    }
+    {
+      std::lock_guard lock(mutex_);
+      idle_ = true;
+    }
+    wake_.notify_all();
+  }
+}
+
+}  // namespace kvtier::llama

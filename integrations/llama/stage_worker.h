@@ -1,0 +1,58 @@
+// StageWorker: a second thread for a restore in steps, so that kvtier's copy of step i+1 out of
+// the pool (and its check against the writer's checksums) runs while llama.cpp loads step i.
+//
+// A restore is synchronous (the engine waits for it before it evaluates anything), so its
+// llama.cpp threads are idle meanwhile; the worker takes a second core for the restore's length
+// only. Two buffers take turns: the worker fills step i into buffer i % 2 once the caller has let
+// go of step i - 2 (release), the caller loads step i once it is filled (await). Both sides spin
+// briefly before they yield: a step takes from tens of microseconds to a few milliseconds, and a
+// wake-up from sleep costs tens on the machines measured. Between restores the worker sleeps.
+//
+// The worker never calls llama.cpp or the daemon: what it finds (a block that fails its check)
+// it records for the caller, which reports it.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+namespace kvtier::llama {
+
+class StageWorker {
+ public:
+  StageWorker();
+  ~StageWorker();
+  StageWorker(const StageWorker&) = delete;
+  StageWorker& operator=(const StageWorker&) = delete;
+
+  // Starts fill(0), fill(1), ..., fill(steps - 1) on the worker, in order; fill(i) starts once
+  // release(i - 2) was called. Only while no other run is under way.
+  void start(size_t steps, std::function<void(size_t)> fill);
+  // Returns once fill(i) has returned (its writes visible to the caller).
+  void await(size_t i);
+  // The caller is done with step i's buffer.
+  void release(size_t i);
+  // Ends the run: the worker stops before the next step it has not begun and this returns once it
+  // is idle. Every run ends with finish(), also after its last step.
+  void finish();
+
+ private:
+  void serve();
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  // The run (guarded by mutex_ while idle_; the worker's own while it runs).
+  std::function<void(size_t)> fill_;
+  size_t steps_ = 0;
+  bool idle_ = true;                 // guarded by mutex_
+  bool stop_ = false;                // guarded by mutex_: the worker exits
+  std::atomic<size_t> filled_{0};    // steps filled
+  std::atomic<size_t> released_{0};  // steps the caller let go of
+  std::atomic<bool> cancel_{false};
+  std::thread thread_;  // last: starts once the rest exists
+};
+
+}  // namespace kvtier::llama
