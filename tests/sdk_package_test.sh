@@ -85,6 +85,10 @@ if grep -rl -e "$build" -e "$src" "$libdir/cmake" "$libdir/pkgconfig"; then
 fi
 echo "installed into $prefix: $(cd "$prefix" && find . -type f -o -type l | sort | tr '\n' ' ')"
 
+# A sanitizer build's library needs the sanitizer's runtime in every program that links it:
+# scripts/sanitize.sh passes its flags in KVTIER_CONSUMER_FLAGS (empty otherwise).
+extra=${KVTIER_CONSUMER_FLAGS:-}
+
 # The llama.cpp integration: its own header, library and package files, and a consumer.
 if [ $llama = 1 ]; then
   if [ ! -e "$prefix/include/kvtier/llama.h" ]; then
@@ -102,6 +106,7 @@ if [ $llama = 1 ]; then
   # A project of C++ alone, the llama component required.
   cmake -S "$here/consumer" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
     -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release -DWITH_LLAMA=ON \
+    -DCMAKE_CXX_FLAGS="$extra" -DCMAKE_EXE_LINKER_FLAGS="$extra" \
     -DKVTIER_LLAMA_CPP_DIR="$llama_dir" >"$tmp/consumer.log" 2>&1 ||
     { cat "$tmp/consumer.log" >&2; fail "configuring tests/consumer with the llama component"; }
   cmake --build "$tmp/consumer" -j 1 --target consumer_llama >>"$tmp/consumer.log" 2>&1 ||
@@ -123,10 +128,6 @@ done
 echo "#include <kvtier/kvtier.h>" |
   "$cc" -std=c99 -pedantic-errors -fsyntax-only -Wall -Wextra -Werror -I"$prefix/include" -x c - ||
   fail "kvtier.h is not strict C99"
-
-# A sanitizer build's library needs the sanitizer's runtime in every program that links it:
-# scripts/sanitize.sh passes its flags in KVTIER_CONSUMER_FLAGS (empty otherwise).
-extra=${KVTIER_CONSUMER_FLAGS:-}
 
 # 3. find_package(kvtier).
 cmake -S "$here/consumer" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
