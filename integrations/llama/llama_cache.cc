@@ -613,14 +613,14 @@ PrefixCache::Impl::Restored PrefixCache::Impl::restoreStaged(llama_seq_id seq,
   };
   std::vector<Built> built(steps);
   if (!worker) worker = std::make_unique<StageWorker>();
-  worker->start(steps, [&](size_t i) {
-    const size_t b0 = i * per, n = std::min(per, hit.blockCount() - b0);
-    built[i].good = buildStep(hit, b0, n, buffers[i % 2], built[i].shapeOk);
-  });
-  struct Finish {
-    StageWorker& w;
-    ~Finish() { w.finish(); }
-  } finish{*worker};
+  worker->start(
+      steps,
+      [&](size_t i) {
+        const size_t b0 = i * per, n = std::min(per, hit.blockCount() - b0);
+        built[i].good = buildStep(hit, b0, n, buffers[i % 2], built[i].shapeOk);
+      },
+      /*lead=*/2);
+  StageRun run(*worker);
   Restored done;
   for (size_t i = 0; i < steps; ++i) {
     {

@@ -60,7 +60,8 @@ struct PrefixCache::Impl {
   std::unique_ptr<uint8_t[]> scratch;
   size_t scratchBytes = 0;
   std::vector<uint32_t> rowScratch;
-  // The second thread of pipelined restores (CacheOptions::pipelineRestores), made at the first.
+  // The second thread of pipelined restores and stores (CacheOptions::pipelineRestores), made at
+  // the first.
   std::unique_ptr<StageWorker> worker;
 
   uint8_t* scratchOf(size_t bytes) {
@@ -121,6 +122,9 @@ struct PrefixCache::Impl {
   // windowed model's blocks that left the window are left out instead of failing.
   Result<StoreInfo> storeImpl(llama_seq_id seq, const llama_token* tokens, size_t nTokens,
                               bool withState);
+  // Writes `blocks` blocks of `w` from positions `cached` on of `seq`, in steps through the
+  // scratch sequence.
+  Status storeSteps(WriteHandle& w, llama_seq_id seq, uint64_t cached, size_t blocks);
   Result<uint32_t> storeBlocks(const llama_token* tokens, uint64_t whole, const ParsedState* parsed,
                                llama_seq_id seq, StoreInfo& info);
   Status storeState(const llama_token* tokens, size_t nTokens, const ParsedState& parsed);

@@ -1,6 +1,7 @@
 // kvtier::llama::PrefixCache: store and prefill (llama_cache.cc has open and restore).
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "integrations/llama/llama_cache_impl.h"
@@ -185,33 +186,8 @@ Result<uint32_t> PrefixCache::Impl::storeBlocks(const llama_token* tokens, uint6
   if (parsed != nullptr) {
     Timed t(stats.storeCopyNs);
     if (auto s = fillFromState(w, 0, blocks, *parsed, cached); !s.ok()) return s.error();
-  } else {
-    // A few blocks at a time through the scratch sequence, whose state stays in the cache.
-    llama_memory_t mem = llama_get_memory(ctx);
-    const size_t per = stageBlocks();
-    for (size_t b0 = 0; b0 < blocks; b0 += per) {
-      const size_t n = std::min(per, blocks - b0);
-      const auto first = static_cast<llama_pos>(cached + b0 * bt);
-      const auto cells = static_cast<uint32_t>(n * bt);
-      const size_t size = seqStateBytes(memory.kv.front(), cells, streams);
-      size_t got = 0;
-      {
-        Timed t(stats.storeLlamaNs);
-        llama_memory_seq_cp(mem, seq, scratchSeq, first, first + static_cast<llama_pos>(cells));
-        got = llama_state_seq_get_data(ctx, scratchOf(size), size, scratchSeq);
-        llama_memory_seq_rm(mem, scratchSeq, -1, -1);
-      }
-      if (got != size) {
-        return makeError(ErrorCode::kInvalidArgument, "sequence ", seq, " holds positions [", first,
-                         ", ", first + static_cast<llama_pos>(cells), ") more than once");
-      }
-      Timed t(stats.storeCopyNs);
-      auto staged = parseState({scratch.get(), got}, memory.kind, streams);
-      if (!staged) return staged.error();
-      if (auto s = fillFromState(w, b0, n, *staged, static_cast<uint64_t>(first)); !s.ok()) {
-        return s.error();
-      }
-    }
+  } else if (auto s = storeSteps(w, seq, cached, blocks); !s.ok()) {
+    return s.error();
   }
   kernels::copyFence();  // the streaming stores into the pool land before the commit
   Timed t(stats.storeDaemonNs);
@@ -220,6 +196,78 @@ Result<uint32_t> PrefixCache::Impl::storeBlocks(const llama_token* tokens, uint6
   info.storedTokens = static_cast<uint32_t>(whole - cached);
   info.bytes = uint64_t{info.storedTokens} * layout.tokenKvBytes();
   return info.storedTokens;
+}
+
+Status PrefixCache::Impl::storeSteps(WriteHandle& w, llama_seq_id seq, uint64_t cached,
+                                     size_t blocks) {
+  // A few blocks at a time through the scratch sequence: llama.cpp writes step i's state into a
+  // buffer, kvtier scatters it into the pool. Pipelined (CacheOptions::pipelineRestores) when the
+  // blocks are mapped: the cache's second thread scatters step i while llama.cpp writes step i + 1
+  // into the other buffer.
+  llama_memory_t mem = llama_get_memory(ctx);
+  const uint32_t bt = layout.blockTokens;
+  const size_t per = stageBlocks();
+  const size_t steps = (blocks + per - 1) / per;
+  const size_t stepBytes =
+      seqStateBytes(memory.kv.front(), static_cast<uint32_t>(per * bt), streams);
+  const bool pipelined = steps > 1 && options.pipelineRestores && !w.block(0).empty();
+  uint8_t* buffers[2] = {scratchOf((pipelined ? 2 : 1) * stepBytes), nullptr};
+  buffers[1] = pipelined ? buffers[0] + stepBytes : buffers[0];
+  std::vector<size_t> sizes(steps, 0);
+  std::vector<Status> filled(steps);
+  // Step i's scatter into the pool (on the worker when pipelined).
+  auto scatter = [&](size_t i) {
+    const size_t b0 = i * per, n = std::min(per, blocks - b0);
+    auto staged = parseState({buffers[i % 2], sizes[i]}, memory.kind, streams);
+    filled[i] =
+        staged ? fillFromState(w, b0, n, *staged, cached + b0 * bt) : Status(staged.error());
+    // The pool's streaming stores land before the step is handed back (a fence orders only its
+    // own thread's stores: the commit's, on the caller's thread, would not order the worker's).
+    kernels::copyFence();
+  };
+  std::optional<StageRun> run;
+  if (pipelined) {
+    if (!worker) worker = std::make_unique<StageWorker>();
+    // The worker trails: step i is scattered once llama.cpp has written it (release(i)).
+    worker->start(steps, scatter, /*lead=*/0);
+    run.emplace(*worker);
+  }
+  for (size_t i = 0; i < steps; ++i) {
+    const size_t b0 = i * per, n = std::min(per, blocks - b0);
+    if (pipelined && i >= 2) {
+      Timed t(stats.storeCopyNs);  // the time the store waits for the scatter
+      worker->await(i - 2);        // step i - 2's buffer is free again
+      if (!filled[i - 2].ok()) return filled[i - 2];
+    }
+    const auto first = static_cast<llama_pos>(cached + b0 * bt);
+    const auto cells = static_cast<uint32_t>(n * bt);
+    const size_t size = seqStateBytes(memory.kv.front(), cells, streams);
+    {
+      Timed t(stats.storeLlamaNs);
+      llama_memory_seq_cp(mem, seq, scratchSeq, first, first + static_cast<llama_pos>(cells));
+      sizes[i] = llama_state_seq_get_data(ctx, buffers[i % 2], size, scratchSeq);
+      llama_memory_seq_rm(mem, scratchSeq, -1, -1);
+    }
+    if (sizes[i] != size) {
+      return makeError(ErrorCode::kInvalidArgument, "sequence ", seq, " holds positions [", first,
+                       ", ", first + static_cast<llama_pos>(cells), ") more than once");
+    }
+    if (pipelined) {
+      worker->release(i);
+    } else {
+      Timed t(stats.storeCopyNs);
+      scatter(i);
+      if (!filled[i].ok()) return filled[i];
+    }
+  }
+  if (pipelined) {
+    Timed t(stats.storeCopyNs);
+    worker->await(steps - 1);
+    for (const Status& f : filled) {
+      if (!f.ok()) return f;
+    }
+  }
+  return {};
 }
 
 Status PrefixCache::Impl::storeState(const llama_token* tokens, size_t nTokens,

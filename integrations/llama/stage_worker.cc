@@ -35,11 +35,12 @@ StageWorker::~StageWorker() {
   thread_.join();
 }
 
-void StageWorker::start(size_t steps, std::function<void(size_t)> fill) {
+void StageWorker::start(size_t steps, std::function<void(size_t)> fill, size_t lead) {
   {
     std::lock_guard lock(mutex_);
     fill_ = std::move(fill);
     steps_ = steps;
+    lead_ = lead;
     filled_.store(0, std::memory_order_relaxed);
     released_.store(0, std::memory_order_relaxed);
     cancel_.store(false, std::memory_order_relaxed);
@@ -69,10 +70,10 @@ void StageWorker::serve() {
       if (stop_) return;
     }
     for (size_t i = 0; i < steps_; ++i) {
-      // Buffer i % 2 is free once the caller has let go of step i - 2.
+      // Step i may start once the caller has let go of step i - lead.
       waitFor([&] {
         return cancel_.load(std::memory_order_acquire) ||
-               released_.load(std::memory_order_acquire) + 2 > i;
+               released_.load(std::memory_order_acquire) + lead_ > i;
       });
       if (cancel_.load(std::memory_order_acquire)) break;
       fill_(i);

@@ -7,6 +7,8 @@
 // go of step i - 2 (release), the caller loads step i once it is filled (await). Both sides spin
 // briefly before they yield: a step takes from tens of microseconds to a few milliseconds, and a
 // wake-up from sleep costs tens on the machines measured. Between restores the worker sleeps.
+// A store in steps runs the other way round: llama.cpp writes step i + 1's state while the worker
+// scatters step i into the pool.
 //
 // The worker never calls llama.cpp or the daemon: what it finds (a block that fails its check)
 // it records for the caller, which reports it.
@@ -29,8 +31,10 @@ class StageWorker {
   StageWorker& operator=(const StageWorker&) = delete;
 
   // Starts fill(0), fill(1), ..., fill(steps - 1) on the worker, in order; fill(i) starts once
-  // release(i - 2) was called. Only while no other run is under way.
-  void start(size_t steps, std::function<void(size_t)> fill);
+  // release(i - lead) was called (lead 2: the worker fills buffers the caller then reads, a
+  // restore; lead 0: the worker reads what the caller wrote, a store). Only while no other run is
+  // under way.
+  void start(size_t steps, std::function<void(size_t)> fill, size_t lead);
   // Returns once fill(i) has returned (its writes visible to the caller).
   void await(size_t i);
   // The caller is done with step i's buffer.
@@ -47,12 +51,25 @@ class StageWorker {
   // The run (guarded by mutex_ while idle_; the worker's own while it runs).
   std::function<void(size_t)> fill_;
   size_t steps_ = 0;
+  size_t lead_ = 0;
   bool idle_ = true;                 // guarded by mutex_
   bool stop_ = false;                // guarded by mutex_: the worker exits
   std::atomic<size_t> filled_{0};    // steps filled
   std::atomic<size_t> released_{0};  // steps the caller let go of
   std::atomic<bool> cancel_{false};
   std::thread thread_;  // last: starts once the rest exists
+};
+
+// Ends a worker's run when it goes out of scope (StageWorker::finish), on every path.
+class StageRun {
+ public:
+  explicit StageRun(StageWorker& worker) : worker_(worker) {}
+  ~StageRun() { worker_.finish(); }
+  StageRun(const StageRun&) = delete;
+  StageRun& operator=(const StageRun&) = delete;
+
+ private:
+  StageWorker& worker_;
 };
 
 }  // namespace kvtier::llama

@@ -99,8 +99,9 @@ struct CacheOptions {
   llama_seq_id scratchSeq = -1;
   // With a scratch sequence: a restore of more than one step copies (and checks) the next step
   // out of the pool on a second thread of the cache's while llama.cpp loads this one, so that the
-  // restore costs about llama.cpp's own load rather than the load plus kvtier's copy. The thread
-  // runs only during restores (llama.cpp's own threads are idle then); false: one thread.
+  // restore costs about llama.cpp's own load rather than the load plus kvtier's copy; a store
+  // scatters a step into the pool there while llama.cpp writes the next one. The thread runs only
+  // during restores and stores (the engine waits for them); false: one thread.
   bool pipelineRestores = true;
   // Recurrent and hybrid models: prefill() stores a state every this many tokens (a multiple of
   // blockTokens; 0: the default, 4 sqrt(S) blocks for a state of S blocks in the pool, within
