@@ -441,6 +441,10 @@ kvtier_code kvtier_open(kvtier_client* client, const kvtier_layout* layout, int3
     if (!out) return invalid("out is NULL");
     auto l = toLayout(layout);
     if (!l) return fail(l.error());
+    // Refused with the names the caller wrote (kvtier_layout's fields), before open() would refuse
+    // it with the C++ ones.
+    if (auto valid = l->validate(kvtier::Layout::FieldNames::kSnakeCase); !valid)
+      return fail(valid.error());
     return withClient(*client->core, [&](kvtier::Client& c) {
       auto space = c.open(*l, {.device = device});
       if (!space) return fail(space.error());

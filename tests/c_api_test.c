@@ -451,6 +451,9 @@ static int test_bad_input(void) {
   l = layout_for("c-api/bad-input");
   l.block_tokens = 7;
   CHECK_CODE(kvtier_open(client, &l, -1, &no_space), KVTIER_INVALID_ARGUMENT);
+  /* The error names the field as kvtier_layout does. */
+  CHECK(strstr(kvtier_last_error(), "block_tokens") != NULL);
+  CHECK(strstr(kvtier_last_error(), "blockTokens") == NULL);
   l = layout_for(NULL);
   CHECK_CODE(kvtier_open(client, &l, -1, &no_space), KVTIER_INVALID_ARGUMENT);
   CHECK(no_space == (kvtier_space*)&marker);
