@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "bench/harness.h"
+#include "bench/local_anchors.h"
 #include "client/bench_hooks.h"
 #include "tests/huge_page_reservation.h"
 #include "tools/json_string.h"
@@ -372,56 +373,6 @@ Status samplePerBlock(Space& space, Workload& w, int iterations, PerBlockSamples
   return {};
 }
 
-std::string redisKey(uint32_t i) { return "kvtier-bench:" + std::to_string(i); }
-
-// The same 64 chunks of 256 KiB as SETs, pipelined: 64 commands appended, then 64 replies read.
-Result<double> timeRedisSet(redisContext* c, const Workload& w) {
-  const size_t chunk = w.bytes() / kPrefixBlocks;
-  const auto t0 = Clock::now();
-  for (uint32_t i = 0; i < kPrefixBlocks; ++i) {
-    const std::string key = redisKey(i);
-    if (redisAppendCommand(c, "SET %b %b", key.data(), key.size(), w.kv.data() + i * chunk,
-                           chunk) != REDIS_OK) {
-      return unavailable("redis: ", c->errstr);
-    }
-  }
-  for (uint32_t i = 0; i < kPrefixBlocks; ++i) {
-    void* raw = nullptr;
-    if (redisGetReply(c, &raw) != REDIS_OK) return unavailable("redis: ", c->errstr);
-    RedisReplyPtr reply(static_cast<redisReply*>(raw));
-    if (reply->type != REDIS_REPLY_STATUS) {
-      return unavailable("redis SET answered type ", reply->type);
-    }
-  }
-  return secondsSince(t0);
-}
-
-// GET of the same 64 chunks, pipelined. The bytes end in hiredis' reply buffers and are not copied
-// further, which favours redis: kvtier's figure includes the copy into the reader's own buffer.
-Result<double> timeRedisGet(redisContext* c, const Workload& w, bool verify) {
-  const size_t chunk = w.bytes() / kPrefixBlocks;
-  const auto t0 = Clock::now();
-  for (uint32_t i = 0; i < kPrefixBlocks; ++i) {
-    const std::string key = redisKey(i);
-    if (redisAppendCommand(c, "GET %b", key.data(), key.size()) != REDIS_OK) {
-      return unavailable("redis: ", c->errstr);
-    }
-  }
-  for (uint32_t i = 0; i < kPrefixBlocks; ++i) {
-    void* raw = nullptr;
-    if (redisGetReply(c, &raw) != REDIS_OK) return unavailable("redis: ", c->errstr);
-    RedisReplyPtr reply(static_cast<redisReply*>(raw));
-    if (reply->type != REDIS_REPLY_STRING || static_cast<size_t>(reply->len) != chunk) {
-      return unavailable("redis GET ", redisKey(i), " answered type ", reply->type, " of ",
-                         reply->len, " bytes");
-    }
-    if (verify && std::memcmp(reply->str, w.kv.data() + i * chunk, chunk) != 0) {
-      return unavailable("redis GET ", redisKey(i), " returned different bytes");
-    }
-  }
-  return secondsSince(t0);
-}
-
 // A thread that runs what it is handed, one thing at a time, until destroyed. The huge-page pool's
 // client lives there: a client in the suite's default mode (ClientThreading::kCallerThread) runs
 // its event loop on the thread that made it, and this one has the suite's client already.
@@ -562,10 +513,10 @@ Result<RepFigures> measureRepetition(Space& space, HugePagePool* huge, Workload&
       pool.rawOut[m] += copies->rawOut[m];
     }
     if (redis) {
-      auto set = timeRedisSet(redis, w);
+      auto set = timeRedisSet(redis, {w.kv.data(), w.bytes()}, kPrefixBlocks);
       if (!set) return set.error();
       setSeconds += *set;
-      auto got = timeRedisGet(redis, w, verify && round == 0);
+      auto got = timeRedisGet(redis, {w.kv.data(), w.bytes()}, kPrefixBlocks, verify && round == 0);
       if (!got) return got.error();
       redisGetSeconds += *got;
     }
@@ -608,50 +559,6 @@ Result<RepFigures> measureRepetition(Space& space, HugePagePool* huge, Workload&
     f.redisGet = redisBytes / redisGetSeconds;
   }
   return f;
-}
-
-// The key chain of a 128k-token prompt: 8,192 blocks of 16 tokens, each key SHA-256 of the
-// previous key and the block's tokens (BlockKeyHasher, as lookup and put compute them).
-constexpr size_t kHashPromptTokens = 128 * 1024;
-constexpr int kHashRounds = 16;
-
-// Tokens per second of the chained keys: the median of kHashRounds rounds over the prompt.
-double chainedSha256TokensPerSecond(const Layout& layout) {
-  static const std::vector<uint32_t> tokens = synthetic::tokens(4242, kHashPromptTokens);
-  const size_t bt = layout.blockTokens;
-  std::vector<double> rounds;
-  Key128 last;
-  for (int r = 0; r < kHashRounds; ++r) {
-    BlockKeyHasher hasher(layout.fingerprint(), saltFor("bench"));
-    const auto t0 = Clock::now();
-    Key128 key = hasher.next(nullptr, std::span(tokens).subspan(0, bt));
-    for (size_t b = 1; b < tokens.size() / bt; ++b) {
-      key = hasher.next(&key, std::span(tokens).subspan(b * bt, bt));
-    }
-    rounds.push_back(tokens.size() / secondsSince(t0));
-    last = key;
-  }
-  asm volatile("" : : "r"(last.bytes.data()) : "memory");
-  return medianOf(rounds);
-}
-
-// The anchor for key hashing: `openssl speed -evp sha256 -bytes 64 -seconds 1`, in tokens per
-// second (a 64-byte message is 16 tokens of 4 bytes). NaN when openssl cannot be run.
-Result<double> opensslSha256TokensPerSecond(const std::string& openssl, const TempDir& dir) {
-  auto child =
-      ChildProcess::spawn({openssl, "speed", "-evp", "sha256", "-bytes", "64", "-seconds", "1"},
-                          dir.file("openssl-speed.log"), true);
-  if (!child) return child.error();
-  auto line = child->waitForLine("sha256", std::chrono::seconds(30));
-  if (!line) return line.error();
-  // "sha256          346322.80k": thousands of bytes per second.
-  const char* digits = line->c_str() + 6;
-  char* end = nullptr;
-  const double kbytes = std::strtod(digits, &end);
-  if (end == digits || *end != 'k' || kbytes <= 0) {
-    return unavailable("cannot read openssl speed's line '", *line, "'");
-  }
-  return kbytes * 1000 / 4;
 }
 
 // Where one get, one put and one small call spend their time: medians over kBreakdownIterations
