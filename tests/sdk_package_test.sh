@@ -89,6 +89,18 @@ echo "installed into $prefix: $(cd "$prefix" && find . -type f -o -type l | sort
 # scripts/sanitize.sh passes its flags in KVTIER_CONSUMER_FLAGS (empty otherwise).
 extra=${KVTIER_CONSUMER_FLAGS:-}
 
+# Configures the consumer project tests/NAME against the installed package into $tmp/NAME (with
+# the cmake arguments after TARGET: the compiler and its flags) and builds TARGET there.
+build_consumer() {
+  local name=$1 target=$2
+  shift 2
+  cmake -S "$here/$name" -B "$tmp/$name" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_EXE_LINKER_FLAGS="$extra" "$@" >"$tmp/$name.log" 2>&1 ||
+    { cat "$tmp/$name.log" >&2; fail "configuring tests/$name"; }
+  cmake --build "$tmp/$name" -j 1 --target "$target" >>"$tmp/$name.log" 2>&1 ||
+    { cat "$tmp/$name.log" >&2; fail "building $target of tests/$name"; }
+}
+
 # The llama.cpp integration: its own header, library and package files, and a consumer.
 if [ $llama = 1 ]; then
   if [ ! -e "$prefix/include/kvtier/llama.h" ]; then
@@ -104,13 +116,8 @@ if [ $llama = 1 ]; then
     "$cxx" -std=c++20 -fsyntax-only -Wall -Wextra -Werror -I"$prefix/include" \
       -I"$llama_dir/include" -x c++ - || fail "llama.h does not compile on its own"
   # A project of C++ alone, the llama component required.
-  cmake -S "$here/consumer" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
-    -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release -DWITH_LLAMA=ON \
-    -DCMAKE_CXX_FLAGS="$extra" -DCMAKE_EXE_LINKER_FLAGS="$extra" \
-    -DKVTIER_LLAMA_CPP_DIR="$llama_dir" >"$tmp/consumer.log" 2>&1 ||
-    { cat "$tmp/consumer.log" >&2; fail "configuring tests/consumer with the llama component"; }
-  cmake --build "$tmp/consumer" -j 1 --target consumer_llama >>"$tmp/consumer.log" 2>&1 ||
-    { cat "$tmp/consumer.log" >&2; fail "building consumer_llama"; }
+  build_consumer consumer consumer_llama -DCMAKE_CXX_COMPILER="$cxx" \
+    -DCMAKE_CXX_FLAGS="$extra" -DWITH_LLAMA=ON -DKVTIER_LLAMA_CPP_DIR="$llama_dir"
   /usr/bin/python3 "$src/integrations/llama/make_gguf.py" --out "$tmp/model.gguf" >/dev/null ||
     fail "make_gguf.py"
   bash "$here/with_daemon.sh" "$prefix/bin/kvtierd" bash "$0" consume-llama "$tmp"
@@ -130,18 +137,8 @@ echo "#include <kvtier/kvtier.h>" |
   fail "kvtier.h is not strict C99"
 
 # 3. find_package(kvtier).
-cmake -S "$here/consumer" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
-  -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CXX_FLAGS="$extra" -DCMAKE_EXE_LINKER_FLAGS="$extra" \
-  >"$tmp/consumer.log" 2>&1 || { cat "$tmp/consumer.log" >&2; fail "configuring tests/consumer"; }
-cmake --build "$tmp/consumer" -j 1 >>"$tmp/consumer.log" 2>&1 ||
-  { cat "$tmp/consumer.log" >&2; fail "building tests/consumer"; }
-cmake -S "$here/consumer_c" -B "$tmp/consumer_c" -DCMAKE_PREFIX_PATH="$prefix" \
-  -DCMAKE_C_COMPILER="$cc" -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_C_FLAGS="$extra" -DCMAKE_EXE_LINKER_FLAGS="$extra" \
-  >"$tmp/consumer_c.log" 2>&1 || { cat "$tmp/consumer_c.log" >&2; fail "configuring tests/consumer_c"; }
-cmake --build "$tmp/consumer_c" -j 1 >>"$tmp/consumer_c.log" 2>&1 ||
-  { cat "$tmp/consumer_c.log" >&2; fail "building tests/consumer_c"; }
+build_consumer consumer all -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_CXX_FLAGS="$extra"
+build_consumer consumer_c all -DCMAKE_C_COMPILER="$cc" -DCMAKE_C_FLAGS="$extra"
 readelf -d "$tmp/consumer/consumer_shared" | grep -q 'NEEDED.*libkvtier\.so' ||
   fail "consumer_shared does not link libkvtier.so"
 if readelf -d "$tmp/consumer/consumer_static" | grep -q 'NEEDED.*libkvtier'; then
