@@ -59,8 +59,9 @@ class ChainKeys {
         bt_(info.layout.blockTokens),
         size_(keys.empty() ? std::min(tokens.size() / bt_, kMaxBlocksPerLease) : keys.size()),
         hasher_(info.fingerprint, info.salt, space, memo) {
-    for (size_t i = known_.size(); keys_.empty() && i < std::min(size_, kAhead); ++i) {
-      hasher_.prefetch(i, blockTokens(i));
+    for (size_t i = known_.size(); keys_.empty() && i < std::min(size_, known_.size() + kAhead);
+         ++i) {
+      prefetch(i);
     }
   }
 
@@ -74,9 +75,12 @@ class ChainKeys {
     } else if (i < known_.size()) {
       last_ = known_[i];
     } else {
-      // The memo's slots of the blocks a few ahead are fetched meanwhile.
-      if (i + kAhead < size_) hasher_.prefetch(i + kAhead, blockTokens(i + kAhead));
-      last_ = hasher_.next(i, i == 0 ? nullptr : &last_, blockTokens(i));
+      // This block's slot was fetched a few blocks ago; the slot of the block as far ahead is
+      // fetched now, meanwhile.
+      const Ahead& mine = ahead_[i % kAhead];
+      const uint64_t slot = mine.index == i ? mine.slot : MemoHasher::kNoSlot;
+      if (i + kAhead < size_) prefetch(i + kAhead);
+      last_ = hasher_.next(i, i == 0 ? nullptr : &last_, blockTokens(i), slot);
     }
     return last_;
   }
@@ -84,6 +88,13 @@ class ChainKeys {
  private:
   static constexpr size_t kAhead = 4;
   std::span<const uint32_t> blockTokens(size_t i) const { return tokens_.subspan(i * bt_, bt_); }
+  void prefetch(size_t i) { ahead_[i % kAhead] = {i, hasher_.prefetch(i, blockTokens(i))}; }
+
+  // The memo slot fetched for block `index`, kept for its next().
+  struct Ahead {
+    size_t index = SIZE_MAX;
+    uint64_t slot = MemoHasher::kNoSlot;
+  };
 
   std::span<const uint32_t> tokens_;
   std::span<const Key128> keys_, known_;
@@ -92,6 +103,7 @@ class ChainKeys {
   MemoHasher hasher_;
   size_t next_ = 0;
   Key128 last_;
+  Ahead ahead_[kAhead];
 };
 
 }  // namespace kvtier::engine_util

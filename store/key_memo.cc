@@ -58,20 +58,23 @@ void KeyMemo::remember(uint64_t slot, uint32_t space, const Key128* previous,
   std::memcpy(s.tokens, tokens.data(), tokens.size_bytes());
 }
 
-Key128 MemoHasher::next(size_t index, const Key128* previous, std::span<const uint32_t> tokens) {
+Key128 MemoHasher::next(size_t index, const Key128* previous, std::span<const uint32_t> tokens,
+                        uint64_t slot) {
   if (memo_ == nullptr || tokens.size() > KeyMemo::kMaxTokens) {
     return hasher_.next(previous, tokens);
   }
-  const uint64_t slot = memo_->slotOf(space_, index, tokens);
+  if (slot == kNoSlot) slot = memo_->slotOf(space_, index, tokens);
   if (const Key128* known = memo_->find(slot, space_, previous, tokens)) return *known;
   const Key128 key = hasher_.next(previous, tokens);
   memo_->remember(slot, space_, previous, tokens, key);
   return key;
 }
 
-void MemoHasher::prefetch(size_t index, std::span<const uint32_t> tokens) const {
-  if (memo_ == nullptr || tokens.size() > KeyMemo::kMaxTokens) return;
-  memo_->prefetch(memo_->slotOf(space_, index, tokens));
+uint64_t MemoHasher::prefetch(size_t index, std::span<const uint32_t> tokens) const {
+  if (memo_ == nullptr || tokens.size() > KeyMemo::kMaxTokens) return kNoSlot;
+  const uint64_t slot = memo_->slotOf(space_, index, tokens);
+  memo_->prefetch(slot);
+  return slot;
 }
 
 }  // namespace kvtier

@@ -72,11 +72,14 @@ class MemoHasher {
   MemoHasher(uint64_t fingerprint, const Salt& salt, uint32_t space, KeyMemo* memo)
       : hasher_(fingerprint, salt), space_(space), memo_(memo) {}
 
+  static constexpr uint64_t kNoSlot = UINT64_MAX;
   // The key of block `index` holding `tokens`, chained after `previous` (null for block 0).
-  Key128 next(size_t index, const Key128* previous, std::span<const uint32_t> tokens);
-  // Fetches the memo's slot for block `index` ahead of next() (a no-op without a memo or for
-  // blocks too long to remember).
-  void prefetch(size_t index, std::span<const uint32_t> tokens) const;
+  // `slot`: what prefetch() returned for the block, so that it is not computed again.
+  Key128 next(size_t index, const Key128* previous, std::span<const uint32_t> tokens,
+              uint64_t slot = kNoSlot);
+  // Fetches the memo's slot for block `index` ahead of next() and returns it (kNoSlot without a
+  // memo or for blocks too long to remember).
+  uint64_t prefetch(size_t index, std::span<const uint32_t> tokens) const;
 
  private:
   BlockKeyHasher hasher_;
