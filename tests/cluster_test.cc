@@ -1004,6 +1004,7 @@ TEST(ClusterScale, TenDaemonsAnswerALookupWithOneDirectoryQueryAndAtMostTwoPins)
   }
   const auto queriesAfter = directoryQueries();
   uint64_t lookups = 0, messages = 0, queries = 0, busiest = 0;
+  std::string perNode;  // the second round's queries each node answered, for a failure's message
   for (size_t i = 0; i < kNodes; ++i) {
     const Stats s = clients[i]->stats().value();
     lookups += s.remoteLookups;
@@ -1011,6 +1012,7 @@ TEST(ClusterScale, TenDaemonsAnswerALookupWithOneDirectoryQueryAndAtMostTwoPins)
     const uint64_t answered = queriesAfter[i] - queriesBefore[i];
     queries += answered;
     busiest = std::max(busiest, answered);
+    perNode += " n" + std::to_string(i) + "=" + std::to_string(answered);
     EXPECT_LE(s.lookupPeerMessagesMax, 3u) << "node " << i << ": a query and two pins at most";
   }
   ASSERT_EQ(lookups, 5 * kPrompts);
@@ -1023,8 +1025,10 @@ TEST(ClusterScale, TenDaemonsAnswerALookupWithOneDirectoryQueryAndAtMostTwoPins)
       static_cast<unsigned long>(lookups), perLookup, static_cast<unsigned long>(queries), spread);
   EXPECT_LE(perLookup, 3.0);
   // The hot anchor's home is no longer asked for it: the load is the 30 prompts' own anchors on
-  // 10 homes.
-  EXPECT_LE(spread, 2.0);
+  // 10 homes (busiest/mean 1.4-1.8 here; which of an anchor's three homes a lookup asks follows
+  // the load the heartbeats report, so it moves a little with timing). Were the system prompt's
+  // homes still asked, they would answer most queries: 3.0 or more.
+  EXPECT_LE(spread, 2.5) << "queries answered in the second round:" << perNode;
   // A prompt nobody holds past the system prompt: one message (the home says nobody) at most.
   for (size_t i = 0; i < kNodes; ++i) {
     const uint64_t before = clients[i]->stats().value().lookupPeerMessages;

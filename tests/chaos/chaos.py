@@ -765,10 +765,14 @@ def writer_main(socket, wid, nwriters, seed, log_path, epoch):
     """Puts prompts wid, wid + nwriters, ... for ever, through daemon deaths: a lost daemon is
     kvtier.Unavailable (or another typed error), and the writer reconnects.
 
-    epoch[0]: which data directory the daemon runs on now (the parent sets it before it starts
-    one). Snapshot ids are a data directory's own, so each snapshot is logged with the epoch read
-    after connecting: a connection made before the parent switched directories is to a daemon
-    the parent killed first, and no snapshot call on it succeeds."""
+    epoch[0]: which data directory the daemon runs on now (the parent kills the daemon before it
+    sets it, then starts one on the new directory). Snapshot ids are a data directory's own, so
+    each snapshot is logged with the epoch of the daemon that took it. The client reconnects by
+    itself when its daemon goes away, so the epoch is read just before each snapshot call, with
+    the client's reconnection count: when the call made no new connection, the daemon that
+    answered is the one the connection was made to, alive until the answer, so no switch came
+    between the connection and that read. A snapshot taken across a reconnection is logged
+    without an epoch (no check restores it): it may be a daemon's from either directory."""
     rng = random.Random(f"writer/{seed}/{wid}")
     rec = Recorder(log_path)
     client = space = None
@@ -779,7 +783,6 @@ def writer_main(socket, wid, nwriters, seed, log_path, epoch):
             if client is None:
                 client = kvtier.Client(socket, client_name=f"chaos-writer-{wid}")
                 space = client.open(layout())
-                on = epoch[0]
             i = wid + nwriters * k
             tokens = prompt_tokens(seed, i)
             rec(ev="i", i=i)
@@ -793,7 +796,11 @@ def writer_main(socket, wid, nwriters, seed, log_path, epoch):
             k += 1
             time.sleep(rng.random() * 0.04)  # ~50 puts/s a writer: the cold tier stays < 1 GiB
             if rng.random() < 0.1:
+                connections = client.reconnects
+                on = epoch[0]
                 snap = space.snapshot(seq, 0)
+                if client.reconnects != connections:
+                    on = None
                 rec(ev="sd", id=snap.id, i=i, end=snap.end, epoch=on)
             kept.append(seq)
             while len(kept) > 4:
