@@ -4,6 +4,8 @@
 #include <cassert>
 #include <cstring>
 
+#include "store/eviction_fifo.h"
+
 namespace kvtier {
 namespace {
 
@@ -21,6 +23,10 @@ const char* evictionName(EvictionKind kind) {
       return "arc";
     case EvictionKind::kTwoQ:
       return "2q";
+    case EvictionKind::kS3Fifo:
+      return "s3fifo";
+    case EvictionKind::kSieve:
+      return "sieve";
   }
   return "?";
 }
@@ -29,13 +35,17 @@ Result<EvictionKind> parseEvictionKind(std::string_view name) {
   if (name == "lru") return EvictionKind::kLru;
   if (name == "arc") return EvictionKind::kArc;
   if (name == "2q") return EvictionKind::kTwoQ;
-  return makeError(ErrorCode::kInvalidArgument, "eviction policy is lru, arc or 2q, not '", name,
-                   "'");
+  if (name == "s3fifo") return EvictionKind::kS3Fifo;
+  if (name == "sieve") return EvictionKind::kSieve;
+  return makeError(ErrorCode::kInvalidArgument,
+                   "eviction policy is lru, arc, 2q, s3fifo or sieve, not '", name, "'");
 }
 
 std::unique_ptr<EvictionPolicy> makeEvictionPolicy(EvictionKind kind) {
   if (kind == EvictionKind::kLru) return std::make_unique<LruEvictionPolicy>();
   if (kind == EvictionKind::kTwoQ) return std::make_unique<TwoQEvictionPolicy>();
+  if (kind == EvictionKind::kS3Fifo) return std::make_unique<S3FifoEvictionPolicy>();
+  if (kind == EvictionKind::kSieve) return std::make_unique<SieveEvictionPolicy>();
   return std::make_unique<ArcEvictionPolicy>();
 }
 

@@ -3,7 +3,8 @@
 // A block is evictable when it is sealed and in the prefix index, no sequence holds it and no
 // lease pins it. The engine tells the policy when a block becomes evictable (insert), when it
 // stops being so (erase), and when it leaves memory (evicted, moved); the policy only orders them.
-// Pluggable: `kvtierd --eviction lru|arc|2q`; ARC is the default (docs/cache-policy.md).
+// Pluggable: `kvtierd --eviction lru|arc|2q|s3fifo|sieve`; ARC is the default
+// (docs/cache-policy.md). SIEVE and S3-FIFO: store/eviction_fifo.h.
 //
 // Not thread-safe: the engine's owner (the daemon's event loop) calls it. Every call is O(1)
 // (oldest: O(max)); nothing allocates per call once the block ids have been seen.
@@ -68,11 +69,13 @@ class EvictionPolicy {
 enum class EvictionKind : uint8_t {
   kLru,   // least recently used first
   kArc,   // adaptive replacement (recency and frequency), the default
-  kTwoQ,  // new content on probation, first to go; content seen reused protected (2Q)
+  kTwoQ,    // new content on probation, first to go; content seen reused protected (2Q)
+  kS3Fifo,  // a small FIFO for new content, a main one for content used again, ghosts (S3-FIFO)
+  kSieve,   // one FIFO, a hand that spares blocks used since it last passed (SIEVE)
 };
 inline constexpr EvictionKind kDefaultEviction = EvictionKind::kArc;
 const char* evictionName(EvictionKind kind);
-// "lru", "arc" or "2q"; INVALID_ARGUMENT otherwise.
+// "lru", "arc", "2q", "s3fifo" or "sieve"; INVALID_ARGUMENT otherwise.
 Result<EvictionKind> parseEvictionKind(std::string_view name);
 std::unique_ptr<EvictionPolicy> makeEvictionPolicy(EvictionKind kind);
 
