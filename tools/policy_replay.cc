@@ -13,7 +13,6 @@
 // the share of the LRU->optimum gap closed, evictions, and the engine's time per lookup and per
 // request (the policy's share of the control path: lookups pin and unpin, puts evict and insert).
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -22,11 +21,9 @@
 #include <string_view>
 #include <vector>
 
-#include "kvtier/block_key.h"
-#include "store/block_pool.h"
-#include "store/engine.h"
 #include "store/eviction.h"
 #include "tools/cli_numbers.h"
+#include "tools/policy_sim.h"
 #include "tools/replay.h"
 #include "tools/synthetic_trace.h"
 
@@ -34,67 +31,6 @@ namespace kvtier {
 namespace {
 
 using replay::TraceRequest;
-using Clock = std::chrono::steady_clock;
-
-struct Outcome {
-  uint64_t blocks = 0, hits = 0, evictions = 0, errors = 0;
-  double lookupNs = 0, requestNs = 0;  // means
-};
-
-double nsSince(Clock::time_point t0) {
-  return std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
-}
-
-Outcome replayInProcess(std::span<const TraceRequest> trace, uint64_t capacity, EvictionKind kind) {
-  const Layout layout = replay::replayLayout();
-  BlockPool pool({{0, capacity * layout.blockBytes()}});
-  HeapBlockMemory memory(pool.extents());
-  Engine engine(pool, memory, makeEvictionPolicy(kind));
-  Outcome out;
-  auto space = engine.openSpace(layout, saltFor("policy-replay"));
-  if (!space.ok()) {
-    std::fprintf(stderr, "openSpace: %s\n", space.error().toString().c_str());
-    std::exit(1);
-  }
-  const uint32_t bt = layout.blockTokens;
-  std::vector<Key128> keys;
-  std::vector<uint32_t> tokens;
-  double lookupNs = 0, requestNs = 0;
-  for (const TraceRequest& req : trace) {
-    const size_t blocks = req.hashIds.size();
-    keys.resize(blocks);
-    for (size_t b = 0; b < blocks; ++b) keys[b] = replay::blockKey(req.hashIds[b]);
-    const Clock::time_point t0 = Clock::now();
-    size_t hit = 0;
-    auto found = engine.lookup(1, *space, {}, keys, "req", {});
-    lookupNs += nsSince(t0);
-    if (!found.ok()) {
-      ++out.errors;
-    } else {
-      hit = found->blocks.size();
-      if (found->lease != 0 && !engine.releaseRead(found->lease).ok()) ++out.errors;
-    }
-    if (hit < blocks) {
-      tokens.assign((blocks - hit) * bt, 0);
-      for (size_t b = hit; b < blocks; ++b) {
-        std::fill_n(tokens.begin() + static_cast<std::ptrdiff_t>((b - hit) * bt), bt,
-                    static_cast<uint32_t>(req.hashIds[b]));
-      }
-      auto g = engine.put(1, *space, "req", hit * bt, tokens,
-                          std::span<const Key128>(keys).subspan(hit), {});
-      if (!g.ok() || !engine.commit(g->lease, kEnd).ok()) ++out.errors;
-    }
-    if (!engine.remove(*space, "req", 0, kEnd).ok()) ++out.errors;
-    requestNs += nsSince(t0);
-    out.blocks += blocks;
-    out.hits += hit;
-  }
-  out.evictions = engine.stats().evictions;
-  out.lookupNs = trace.empty() ? 0 : lookupNs / double(trace.size());
-  out.requestNs = trace.empty() ? 0 : requestNs / double(trace.size());
-  return out;
-}
-
 std::vector<std::string> splitList(std::string_view s) {
   std::vector<std::string> out;
   while (!s.empty()) {
@@ -120,7 +56,8 @@ int run(int argc, char** argv) {
   size_t limit = 0;
   bool opt = true;
   std::vector<uint64_t> capacities{1000, 6000, 20000};
-  std::vector<EvictionKind> kinds{EvictionKind::kLru, EvictionKind::kArc, EvictionKind::kTwoQ};
+  std::vector<EvictionKind> kinds{EvictionKind::kLru, EvictionKind::kArc, EvictionKind::kTwoQ,
+                                  EvictionKind::kS3Fifo, EvictionKind::kSieve};
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     const bool more = i + 1 < argc;
@@ -184,7 +121,7 @@ int run(int argc, char** argv) {
     }
     const uint64_t optHits = optimum ? optimum->hitBlocks(capacity) : 0;
     for (EvictionKind kind : kinds) {
-      const Outcome o = replayInProcess(trace, capacity, kind);
+      const replay::PolicyOutcome o = replay::replayThroughEngine(trace, capacity, kind);
       const double rate = double(o.hits) / double(std::max<uint64_t>(1, o.blocks));
       const double lruRate = double(lruHits) / double(std::max<uint64_t>(1, blocks));
       const double optRate = double(optHits) / double(std::max<uint64_t>(1, blocks));

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tools/cli_numbers.h"
+#include "tools/policy_sim.h"
 #include "tools/replay.h"
 #include "tools/synthetic_trace.h"
 
@@ -40,14 +41,18 @@ const char* kReplayUsage =
     "                           adds an LRU model with states every C blocks and every block\n"
     "  --checkpoint-blocks C    the states' spacing in blocks (default 8 with --state-blocks)\n"
     "  --synthetic KIND         replay a generated workload instead of TRACE: shared-prompts,\n"
-    "                           scan or agents (tools/synthetic_trace.h), written as a trace\n"
-    "                           into a temporary directory (removed after) or --trace-out FILE\n"
+    "                           scan, agents, hot-prompts, documents or mixed, written as a\n"
+    "                           trace into a temporary directory (removed after) or --trace-out\n"
+    "                           FILE\n"
     "  --seed N                 the synthetic workload's seed (default 1)\n"
     "  --trace-out FILE         keep the synthetic trace (Mooncake JSON lines) in FILE\n"
     "  --json FILE              write the run as JSON ({\"runs\": [...]})\n"
     "  --plot FILE.png          plot it (scripts/plot-replay.py, matplotlib; from --json's\n"
     "                           file, or from a temporary one, removed after)\n"
-    "  --progress               a progress bar even when stderr is not a terminal\n";
+    "  --progress               a progress bar even when stderr is not a terminal\n"
+    "  --policies [P1,P2,...]   no daemon: every eviction policy (or those named) through the\n"
+    "                           engine in process at each --capacity C1,C2,... (default\n"
+    "                           1000,6000,20000), a table of hit rates beside the ideal LRU\n";
 
 // A fresh directory under $TMPDIR (or /tmp) for a generated trace or the plot's input, removed
 // with what it holds.
@@ -65,6 +70,13 @@ struct TempDir {
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
 };
+
+// Every policy kvtierd offers, by name.
+std::vector<std::string> allPolicyNames() { return {"lru", "arc", "2q", "s3fifo", "sieve"}; }
+// Whether `arg` (the word after --policies) names policies rather than the TRACE.
+bool policyNames(const std::string& arg) {
+  return parseEvictionKind(arg.substr(0, arg.find(','))).ok();
+}
 
 std::vector<std::string> splitList(const std::string& s) {
   std::vector<std::string> out;
@@ -201,9 +213,11 @@ namespace kvtier {
 
 int replayMain(const std::string& socket, int argc, char** argv) {
   using namespace replay;
-  std::string tracePath, json, png, nodes, synthetic, traceOut;
+  std::string tracePath, json, png, nodes, synthetic, traceOut, capacities;
+  std::optional<std::vector<EvictionKind>> policies;
   uint64_t seed = 1;
   ReplayOptions options;
+  std::vector<uint64_t> capacityList;
   size_t limit = 0;
   bool progress = isatty(STDERR_FILENO) != 0;
   try {
@@ -214,7 +228,15 @@ int replayMain(const std::string& socket, int argc, char** argv) {
         return argv[++i];
       };
       if (a == "--capacity") {
-        options.capacityBlocks = cli::countOrThrow(value(), a, 1);
+        capacities = value();
+      } else if (a == "--policies") {
+        policies.emplace();
+        const bool named = i + 1 < argc && argv[i + 1][0] != '-' && policyNames(argv[i + 1]);
+        for (const std::string& name : named ? splitList(argv[++i]) : allPolicyNames()) {
+          auto kind = parseEvictionKind(name);
+          if (!kind) throw std::invalid_argument(kind.error().message());
+          policies->push_back(*kind);
+        }
       } else if (a == "--nodes") {
         nodes = value();
       } else if (a == "--route") {
@@ -259,6 +281,14 @@ int replayMain(const std::string& socket, int argc, char** argv) {
         throw std::invalid_argument("unknown argument " + a);
       }
     }
+    // One capacity for the daemons' anchors; a list with --policies.
+    for (const std::string& c : splitList(capacities)) {
+      capacityList.push_back(cli::countOrThrow(c, "--capacity", 1));
+    }
+    if (capacityList.size() > 1 && !policies) {
+      throw std::invalid_argument("--capacity takes one number (a list with --policies)");
+    }
+    if (!capacityList.empty()) options.capacityBlocks = capacityList.front();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvtier replay: %s\n%s", e.what(), kReplayUsage);
     return 2;
@@ -299,6 +329,14 @@ int replayMain(const std::string& socket, int argc, char** argv) {
   if (!trace) {
     std::fprintf(stderr, "kvtier replay: %s\n", trace.error().toString().c_str());
     return 2;
+  }
+  if (policies) {
+    if (capacityList.empty()) capacityList = {1000, 6000, 20000};
+    uint64_t errors = 0;
+    const std::string workload = synthetic.empty() ? tracePath : "synthetic " + synthetic;
+    std::fputs(policyTable(workload, *trace, capacityList, *policies, errors).c_str(), stdout);
+    if (errors) std::printf("  %llu engine errors\n", static_cast<unsigned long long>(errors));
+    return errors == 0 ? 0 : 1;
   }
 
   ProgressFn bar;

@@ -162,6 +162,97 @@ std::vector<TraceRequest> agents(Random& r) {
   return std::move(b.out);
 }
 
+std::vector<TraceRequest> hotPrompts(Random& r) {
+  constexpr size_t kPrompts = 24, kRequests = 8000;
+  Builder b(r);
+  std::vector<std::vector<uint64_t>> prompts(kPrompts);
+  for (auto& p : prompts) {
+    p.resize(r.between(32, 128));
+    for (auto& id : p) id = b.newId();
+  }
+  const Zipf popularity(kPrompts, 1.0);
+  while (b.out.size() < kRequests) {
+    std::vector<uint64_t> ids = prompts[popularity.draw(r)];
+    const bool document = r.uniform() < 0.2;
+    for (uint64_t n = document ? r.between(20, 200) : r.between(1, 4); n > 0; --n) {
+      ids.push_back(b.newId());
+    }
+    b.add(std::move(ids), r.between(32, 256));
+  }
+  return std::move(b.out);
+}
+
+std::vector<TraceRequest> documents(Random& r) {
+  constexpr size_t kPrompts = 8, kRequests = 6000;
+  Builder b(r);
+  std::vector<std::vector<uint64_t>> prompts(kPrompts);
+  for (auto& p : prompts) {
+    p.resize(r.between(2, 8));
+    for (auto& id : p) id = b.newId();
+  }
+  // Questions waiting for their turn: (request index, the document's blocks).
+  std::vector<std::pair<size_t, std::vector<uint64_t>>> pending;
+  while (b.out.size() < kRequests) {
+    const size_t now = b.out.size();
+    auto due = std::find_if(pending.begin(), pending.end(),
+                            [now](const auto& p) { return p.first <= now; });
+    std::vector<uint64_t> ids;
+    if (due != pending.end()) {
+      ids = std::move(due->second);
+      pending.erase(due);
+    } else {
+      ids = prompts[r.next() % kPrompts];
+      for (uint64_t n = r.between(40, 300); n > 0; --n) ids.push_back(b.newId());
+      for (uint64_t q = r.between(1, 4) - 1; q > 0 && r.uniform() < 0.6; --q) {
+        pending.emplace_back(now + 1 + static_cast<size_t>(r.exponential(200)), ids);
+      }
+    }
+    ids.push_back(b.newId());  // the question
+    b.add(std::move(ids), r.between(32, 512));
+  }
+  return std::move(b.out);
+}
+
+std::vector<TraceRequest> mixed(Random& r) {
+  // Each part generated on its own generator, then interleaved by drawing which part's next
+  // request comes (in proportion to what each has left); hash ids kept apart by an offset.
+  std::vector<std::vector<TraceRequest>> parts;
+  Random chat(r.next()), agent(r.next()), doc(r.next());
+  parts.push_back(sharedPrompts(chat));
+  parts.push_back(agents(agent));
+  parts.push_back(documents(doc));
+  parts[0].resize(parts[0].size() / 2);
+  parts[1].resize(parts[1].size() / 3);
+  parts[2].resize(parts[2].size() / 2);
+  uint64_t offset = 0;
+  for (auto& part : parts) {
+    uint64_t top = 0;
+    for (auto& q : part) {
+      for (auto& id : q.hashIds) {
+        top = std::max(top, id);
+        id += offset;
+      }
+    }
+    offset += top + 1;
+  }
+  Builder b(r);
+  std::vector<size_t> next(parts.size(), 0);
+  for (;;) {
+    size_t left = 0;
+    for (size_t i = 0; i < parts.size(); ++i) left += parts[i].size() - next[i];
+    if (left == 0) break;
+    uint64_t pick = r.next() % left;
+    size_t i = 0;
+    while (pick >= parts[i].size() - next[i]) {
+      pick -= parts[i].size() - next[i];
+      ++i;
+    }
+    TraceRequest& q = parts[i][next[i]++];
+    b.add(std::move(q.hashIds), q.outputLength);
+  }
+  return std::move(b.out);
+}
+
 }  // namespace
 
 const char* syntheticName(SyntheticKind kind) {
@@ -172,17 +263,24 @@ const char* syntheticName(SyntheticKind kind) {
       return "scan";
     case SyntheticKind::kAgents:
       return "agents";
+    case SyntheticKind::kHotPrompts:
+      return "hot-prompts";
+    case SyntheticKind::kDocuments:
+      return "documents";
+    case SyntheticKind::kMixed:
+      return "mixed";
   }
   return "?";
 }
 
 Result<SyntheticKind> parseSyntheticKind(std::string_view name) {
-  for (SyntheticKind k : {SyntheticKind::kSharedPrompts, SyntheticKind::kScan,
-                          SyntheticKind::kAgents}) {
+  for (SyntheticKind k : kSyntheticKinds) {
     if (name == syntheticName(k)) return k;
   }
   return makeError(ErrorCode::kInvalidArgument,
-                   "a synthetic workload is shared-prompts, scan or agents, not '", name, "'");
+                   "a synthetic workload is shared-prompts, scan, agents, hot-prompts, documents "
+                   "or mixed, not '",
+                   name, "'");
 }
 
 std::vector<TraceRequest> syntheticTrace(SyntheticKind kind, uint64_t seed) {
@@ -194,6 +292,12 @@ std::vector<TraceRequest> syntheticTrace(SyntheticKind kind, uint64_t seed) {
       return scan(r);
     case SyntheticKind::kAgents:
       return agents(r);
+    case SyntheticKind::kHotPrompts:
+      return hotPrompts(r);
+    case SyntheticKind::kDocuments:
+      return documents(r);
+    case SyntheticKind::kMixed:
+      return mixed(r);
   }
   return {};
 }

@@ -28,10 +28,24 @@ enum class SyntheticKind : uint8_t {
   // Agents: each task a chain of many short steps over one growing context, a few tasks at
   // once; every block is reused at short distance, what LRU is best at.
   kAgents,
+  // A few hot system prompts (4, of 32 to 128 blocks, Zipf popularity) and short one-off
+  // questions after them (1 to 4 blocks); now and then a one-off document (20 to 100 blocks)
+  // after a prompt: what a cache must keep is a handful of prefixes reused by everyone.
+  kHotPrompts,
+  // Long documents (40 to 300 blocks after one of 8 short prompts), each asked 1 to 4 questions
+  // at a random later time (a geometric gap, a mean of 200 requests), most of them once: long
+  // reuse distances, a stream that would flush a recency order.
+  kDocuments,
+  // A service's mix, interleaved: chat sessions over shared system prompts, agent tasks, and
+  // documents read once or twice.
+  kMixed,
 };
 
-// "shared-prompts", "scan", "agents".
+// "shared-prompts", "scan", "agents", "hot-prompts", "documents", "mixed".
 const char* syntheticName(SyntheticKind kind);
+inline constexpr SyntheticKind kSyntheticKinds[] = {
+    SyntheticKind::kSharedPrompts, SyntheticKind::kScan,      SyntheticKind::kAgents,
+    SyntheticKind::kHotPrompts,    SyntheticKind::kDocuments, SyntheticKind::kMixed};
 Result<SyntheticKind> parseSyntheticKind(std::string_view name);
 
 // The workload's requests, timestamps included (Poisson arrivals, 250 ms apart on average).
