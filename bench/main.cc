@@ -7,6 +7,7 @@
 //   kvtier-bench --suite cluster --json bench/results/cluster.json [--reps N] [--daemon PATH]
 //   kvtier-bench --suite scale --json bench/results/scale.json [--reps N] [--daemon PATH]
 //   kvtier-bench --suite scale-cluster --json bench/results/scale-cluster.json
+//   kvtier-bench --suite policy --json bench/results/policy.json [--reps N]
 //
 // This file parses the arguments and runs the suite asked for. Each suite is a bench/suite_NAME.cc
 // (what it starts, measures and reports is described there) over the shared harness
@@ -30,9 +31,9 @@ namespace kvtier::bench {
 // The suites, in the order --help lists them. A new suite: its bench/suite_NAME.cc, and its name
 // in these two lines and in bench/CMakeLists.txt.
 extern const Suite kLocalSuite, kColdSuite, kGpuSuite, kClusterSuite, kScaleSuite,
-    kScaleClusterSuite, kLlamaSuite;
-const Suite* const kSuites[] = {&kLocalSuite, &kColdSuite,  &kGpuSuite, &kClusterSuite,
-                                &kScaleSuite, &kScaleClusterSuite,
+    kScaleClusterSuite, kPolicySuite, kLlamaSuite;
+const Suite* const kSuites[] = {&kLocalSuite, &kColdSuite,         &kGpuSuite,    &kClusterSuite,
+                                &kScaleSuite, &kScaleClusterSuite, &kPolicySuite,
 #ifdef KVTIER_BENCH_LLAMA  // built with llama.cpp (integrations/llama/)
                                 &kLlamaSuite
 #endif

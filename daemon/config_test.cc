@@ -48,11 +48,15 @@ TEST(DaemonConfig, AStopIsBoundedBy20SecondsAndTheDiskRateIsUnlimitedByDefault) 
   }
 }
 
-TEST(DaemonConfig, EvictionDefaultsToArcAndTakesLru) {
+TEST(DaemonConfig, EvictionDefaultsToArcAndTakesEveryPolicy) {
   EXPECT_EQ(parseDaemonArgs({}).value().eviction, EvictionKind::kArc);
   EXPECT_EQ(parseDaemonArgs({"--eviction", "lru"}).value().eviction, EvictionKind::kLru);
   EXPECT_EQ(parseDaemonArgs({"--eviction=arc"}).value().eviction, EvictionKind::kArc);
-  for (const char* bad : {"", "LRU", "fifo", "arc2"}) {
+  EXPECT_EQ(parseDaemonArgs({"--eviction", "2q"}).value().eviction, EvictionKind::kTwoQ);
+  EXPECT_EQ(parseDaemonArgs({"--eviction", "s3fifo"}).value().eviction, EvictionKind::kS3Fifo);
+  EXPECT_EQ(parseDaemonArgs({"--eviction", "sieve"}).value().eviction, EvictionKind::kSieve);
+  EXPECT_EQ(parseDaemonArgs({"--eviction", "adaptive"}).value().eviction, EvictionKind::kAdaptive);
+  for (const char* bad : {"", "LRU", "fifo", "arc2", "S3-FIFO"}) {
     auto c = parseDaemonArgs({"--eviction", bad});
     ASSERT_FALSE(c.ok()) << bad;
     EXPECT_EQ(c.error().code(), ErrorCode::kInvalidArgument);

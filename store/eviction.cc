@@ -4,6 +4,7 @@
 #include <cassert>
 #include <cstring>
 
+#include "store/eviction_adaptive.h"
 #include "store/eviction_fifo.h"
 
 namespace kvtier {
@@ -27,6 +28,8 @@ const char* evictionName(EvictionKind kind) {
       return "s3fifo";
     case EvictionKind::kSieve:
       return "sieve";
+    case EvictionKind::kAdaptive:
+      return "adaptive";
   }
   return "?";
 }
@@ -37,8 +40,9 @@ Result<EvictionKind> parseEvictionKind(std::string_view name) {
   if (name == "2q") return EvictionKind::kTwoQ;
   if (name == "s3fifo") return EvictionKind::kS3Fifo;
   if (name == "sieve") return EvictionKind::kSieve;
+  if (name == "adaptive") return EvictionKind::kAdaptive;
   return makeError(ErrorCode::kInvalidArgument,
-                   "eviction policy is lru, arc, 2q, s3fifo or sieve, not '", name, "'");
+                   "eviction policy is lru, arc, 2q, s3fifo, sieve or adaptive, not '", name, "'");
 }
 
 std::unique_ptr<EvictionPolicy> makeEvictionPolicy(EvictionKind kind) {
@@ -46,6 +50,7 @@ std::unique_ptr<EvictionPolicy> makeEvictionPolicy(EvictionKind kind) {
   if (kind == EvictionKind::kTwoQ) return std::make_unique<TwoQEvictionPolicy>();
   if (kind == EvictionKind::kS3Fifo) return std::make_unique<S3FifoEvictionPolicy>();
   if (kind == EvictionKind::kSieve) return std::make_unique<SieveEvictionPolicy>();
+  if (kind == EvictionKind::kAdaptive) return std::make_unique<AdaptiveEvictionPolicy>();
   return std::make_unique<ArcEvictionPolicy>();
 }
 

@@ -67,15 +67,16 @@ class EvictionPolicy {
 
 // The policies `kvtierd --eviction` offers.
 enum class EvictionKind : uint8_t {
-  kLru,   // least recently used first
-  kArc,   // adaptive replacement (recency and frequency), the default
-  kTwoQ,    // new content on probation, first to go; content seen reused protected (2Q)
-  kS3Fifo,  // a small FIFO for new content, a main one for content used again, ghosts (S3-FIFO)
-  kSieve,   // one FIFO, a hand that spares blocks used since it last passed (SIEVE)
+  kLru,       // least recently used first
+  kArc,       // adaptive replacement (recency and frequency), the default
+  kTwoQ,      // new content on probation, first to go; content seen reused protected (2Q)
+  kS3Fifo,    // a small FIFO for new content, a main one for content used again, ghosts (S3-FIFO)
+  kSieve,     // one FIFO, a hand that spares blocks used since it last passed (SIEVE)
+  kAdaptive,  // follows whichever of the five would hit most, measured as it runs
 };
 inline constexpr EvictionKind kDefaultEviction = EvictionKind::kArc;
 const char* evictionName(EvictionKind kind);
-// "lru", "arc", "2q", "s3fifo" or "sieve"; INVALID_ARGUMENT otherwise.
+// "lru", "arc", "2q", "s3fifo", "sieve" or "adaptive"; INVALID_ARGUMENT otherwise.
 Result<EvictionKind> parseEvictionKind(std::string_view name);
 std::unique_ptr<EvictionPolicy> makeEvictionPolicy(EvictionKind kind);
 

@@ -56,8 +56,9 @@ int run(int argc, char** argv) {
   size_t limit = 0;
   bool opt = true;
   std::vector<uint64_t> capacities{1000, 6000, 20000};
-  std::vector<EvictionKind> kinds{EvictionKind::kLru, EvictionKind::kArc, EvictionKind::kTwoQ,
-                                  EvictionKind::kS3Fifo, EvictionKind::kSieve};
+  std::vector<EvictionKind> kinds{EvictionKind::kLru,   EvictionKind::kArc,
+                                  EvictionKind::kTwoQ,  EvictionKind::kS3Fifo,
+                                  EvictionKind::kSieve, EvictionKind::kAdaptive};
   for (int i = 1; i < argc; ++i) {
     const std::string_view a = argv[i];
     const bool more = i + 1 < argc;

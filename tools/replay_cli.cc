@@ -72,10 +72,13 @@ struct TempDir {
 };
 
 // Every policy kvtierd offers, by name.
-std::vector<std::string> allPolicyNames() { return {"lru", "arc", "2q", "s3fifo", "sieve"}; }
-// Whether `arg` (the word after --policies) names policies rather than the TRACE.
+std::vector<std::string> allPolicyNames() {
+  return {"lru", "arc", "2q", "s3fifo", "sieve", "adaptive"};
+}
+// Whether `arg` (the word after --policies) names policies rather than the TRACE: a list, or
+// one policy's name.
 bool policyNames(const std::string& arg) {
-  return parseEvictionKind(arg.substr(0, arg.find(','))).ok();
+  return arg.find(',') != std::string::npos || parseEvictionKind(arg).ok();
 }
 
 std::vector<std::string> splitList(const std::string& s) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tests/test_support.h"
+#include "tools/policy_sim.h"
 #include "tools/replay.h"
 #include "tools/synthetic_trace.h"
 
@@ -399,6 +400,34 @@ TEST_F(ReplayTest, TheDefaultPolicyBeatsTheLruAnchorByAPointInBothPutModes) {
   }
 }
 
+// Every policy, run by a daemon, hits exactly what the same policy hits through the engine in
+// process (what `kvtier replay --policies` and the policy figures rest on), and every hit block's
+// bytes are the ones put.
+TEST_F(ReplayTest, EveryPolicyOnADaemonHitsWhatTheEngineInProcessHits) {
+  const auto requests = asRequests(trace_);
+  for (const char* name : {"s3fifo", "sieve", "adaptive", "2q"}) {
+    SCOPED_TRACE(name);
+    auto kind = parseEvictionKind(name);
+    ASSERT_TRUE(kind.ok());
+    const replay::PolicyOutcome inProcess = replay::replayThroughEngine(requests, kCapacity, *kind);
+    ASSERT_EQ(inProcess.errors, 0u);
+    test::DaemonProcess daemon(kCapacity * kBlockBytes, "", {"--eviction", name});
+    const std::string json = daemon.dataDir() + "/replay.json";
+    std::string output;
+    ASSERT_EQ(test::runTool(
+                  {"--socket", daemon.socket(), "replay", kTrace, "--capacity",
+                   std::to_string(kCapacity), "--limit", std::to_string(kRequests), "--json", json},
+                  &output),
+              0)
+        << output;
+    const std::string doc = readAll(json);
+    EXPECT_EQ(jsonNumber(doc, "hit_blocks"), double(inProcess.hits));
+    EXPECT_EQ(jsonNumber(doc, "verified_blocks"), double(inProcess.hits));
+    EXPECT_EQ(jsonNumber(doc, "wrong_blocks"), 0);
+    EXPECT_EQ(jsonNumber(doc, "errors"), 0);
+  }
+}
+
 // The report sets the daemons' hit rate against the anchors only when they simulate what the
 // daemons are: a fresh daemon whose pool is the capacity. A pool of another size, or a daemon that
 // held blocks before the run, is said before the table, with what to change, and the comparisons
@@ -518,7 +547,8 @@ TEST(ReplayPlot, WritesWhatItAnnouncesAndNothingElse) {
 // A synthetic workload is written as a Mooncake-format trace (kept with --trace-out), read back
 // as such and replayed; the same seed gives the same workload.
 TEST(ReplaySynthetic, WorkloadsAreTracesThatReplay) {
-  for (const char* name : {"shared-prompts", "scan", "agents"}) {
+  for (const char* name :
+       {"shared-prompts", "scan", "agents", "hot-prompts", "documents", "mixed"}) {
     auto kind = replay::parseSyntheticKind(name);
     ASSERT_TRUE(kind.ok()) << name;
     const auto a = replay::syntheticTrace(*kind, 7), b = replay::syntheticTrace(*kind, 7);
@@ -582,6 +612,60 @@ TEST(ReplaySynthetic, WorkloadsAreTracesThatReplay) {
   EXPECT_EQ(test::runTool({"--socket", daemon.socket(), "replay", kTrace, "--synthetic", "scan"},
                           &output),
             2);
+}
+
+// `kvtier replay --policies`: no daemon, a table of every policy named at each capacity, the best
+// and the default's distance to it; a policy it does not know is a usage error.
+TEST(ReplayPolicies, ATableOfEveryPolicyAtEachCapacity) {
+  std::string output;
+  ASSERT_EQ(test::runTool({"replay", "--synthetic", "hot-prompts", "--limit", "1500", "--policies",
+                           "lru,arc,sieve", "--capacity", "500,2000"},
+                          &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("| capacity | ideal LRU | lru | arc (default) | sieve | best | "),
+            std::string::npos)
+      << output;
+  EXPECT_NE(output.find("\n| 500 | "), std::string::npos) << output;
+  EXPECT_NE(output.find("\n| 2,000 | "), std::string::npos) << output;
+  EXPECT_EQ(output.find("nan"), std::string::npos) << output;
+  // Every policy by default.
+  ASSERT_EQ(test::runTool({"replay", "--synthetic", "agents", "--limit", "300", "--policies",
+                           "--capacity", "200"},
+                          &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("| lru | arc (default) | 2q | s3fifo | sieve | adaptive |"),
+            std::string::npos)
+      << output;
+  EXPECT_EQ(
+      test::runTool({"replay", "--synthetic", "agents", "--policies", "fifo,lru"}, &output, true),
+      2);
+  EXPECT_NE(output.find("s3fifo"), std::string::npos) << output;
+  // One capacity only without --policies (a daemon replay has one anchor).
+  EXPECT_EQ(
+      test::runTool({"replay", "--synthetic", "agents", "--capacity", "100,200"}, &output, true),
+      2);
+  EXPECT_NE(output.find("--capacity takes one number"), std::string::npos) << output;
+}
+
+// The adaptive policy follows the expert its shadows measure best: on a workload of a few hot
+// system prompts in a small cache, where the FIFO family hits far more than ARC (docs/
+// cache-policy.md), it leaves ARC and gains most of the difference; where ARC and LRU are best
+// (agents) it loses nothing that counts.
+TEST(ReplayPolicies, TheAdaptivePolicyFollowsTheBetterExpert) {
+  const auto hot = replay::syntheticTrace(replay::SyntheticKind::kHotPrompts);
+  const double arc = replay::replayThroughEngine(hot, 1000, EvictionKind::kArc).hitRate();
+  const double sieve = replay::replayThroughEngine(hot, 1000, EvictionKind::kSieve).hitRate();
+  const auto adaptive = replay::replayThroughEngine(hot, 1000, EvictionKind::kAdaptive);
+  EXPECT_EQ(adaptive.errors, 0u);
+  ASSERT_GT(sieve, arc + 0.05) << "the workload no longer separates the experts";
+  EXPECT_GT(adaptive.hitRate(), arc + 0.6 * (sieve - arc))
+      << "arc " << arc << ", sieve " << sieve << ", adaptive " << adaptive.hitRate();
+  const auto agents = replay::syntheticTrace(replay::SyntheticKind::kAgents);
+  const double arcAgents = replay::replayThroughEngine(agents, 6000, EvictionKind::kArc).hitRate();
+  EXPECT_GE(replay::replayThroughEngine(agents, 6000, EvictionKind::kAdaptive).hitRate(),
+            arcAgents - 0.002);
 }
 
 TEST(ReplayTrace, ParsesALineAndRefusesBadOnes) {

@@ -1,0 +1,188 @@
+#include "store/eviction_adaptive.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace kvtier {
+namespace {
+
+// Tags may be small numbers (tests) or slices of a key: mixed before sampling.
+uint64_t mixTag(uint64_t tag) {
+  uint64_t x = tag ^ 0x5bd1e9955bd1e995ULL;
+  x = (x ^ (x >> 33)) * 0xff51afd7ed558ccdULL;
+  x = (x ^ (x >> 33)) * 0xc4ceb9fe1a85ec53ULL;
+  return x ^ (x >> 33);
+}
+
+}  // namespace
+
+AdaptiveEvictionPolicy::AdaptiveEvictionPolicy(Options options)
+    : options_(options), leader_(makeEvictionPolicy(EvictionKind::kArc)) {}
+
+AdaptiveEvictionPolicy::Class& AdaptiveEvictionPolicy::cls(uint32_t c) {
+  if (c >= classes_.size()) classes_.resize(size_t{c} + 1);
+  return classes_[c];
+}
+
+AdaptiveEvictionPolicy::Block& AdaptiveEvictionPolicy::block(BlockId id) {
+  if (id >= blocks_.size()) blocks_.resize(size_t{id} + 1);
+  return blocks_[id];
+}
+
+std::array<double, AdaptiveEvictionPolicy::kExperts.size()> AdaptiveEvictionPolicy::scores() const {
+  std::array<double, kExperts.size()> sum{};
+  for (const Class& k : classes_) {
+    for (size_t e = 0; e < kExperts.size(); ++e) sum[e] += k.score[e];
+  }
+  return sum;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The leader's calls, with the blocks in memory kept track of
+
+void AdaptiveEvictionPolicy::insert(BlockId id, uint32_t sizeClass, bool first, uint64_t tag) {
+  Block& b = block(id);
+  Class& k = cls(sizeClass);
+  if (!b.known) {
+    ++k.resident;
+    k.capacity = std::max(k.capacity, k.resident);
+  } else if (b.sizeClass != sizeClass) {
+    --classes_[b.sizeClass].resident;
+    ++k.resident;
+    k.capacity = std::max(k.capacity, k.resident);
+  }
+  b.known = true;
+  b.held = false;
+  b.replica = first;
+  b.sizeClass = sizeClass;
+  if (tag != 0) b.tag = tag;
+  leader_->insert(id, sizeClass, first, tag);
+  // Every insert is a use of the block's content (new or reused): an access for the shadows.
+  if (!first && b.tag != 0 && k.rateShift != 0) sample(k, b.tag);
+}
+
+void AdaptiveEvictionPolicy::erase(BlockId id) {
+  if (id < blocks_.size() && blocks_[id].known) blocks_[id].held = true;
+  leader_->erase(id);
+}
+
+void AdaptiveEvictionPolicy::evicted(BlockId id, uint64_t tag) {
+  leader_->evicted(id, tag);
+  if (id >= blocks_.size() || !blocks_[id].known) return;
+  Class& k = classes_[blocks_[id].sizeClass];
+  --k.resident;
+  blocks_[id] = Block{};
+  // The class is full (it evicts): the shadows start, sized for its capacity.
+  if (k.rateShift == 0) startShadows(k);
+}
+
+void AdaptiveEvictionPolicy::moved(BlockId from, BlockId to) {
+  leader_->moved(from, to);
+  if (from >= blocks_.size() || !blocks_[from].known) return;
+  const Block b = blocks_[from];
+  --classes_[b.sizeClass].resident;
+  blocks_[from] = Block{};
+  // `to`'s insert counts it where it lands; its content's tag comes along.
+  Block& t = block(to);
+  t = Block{};
+  t.tag = b.tag;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shadows
+
+bool AdaptiveEvictionPolicy::Shadow::access(uint64_t tag, uint64_t capacity) {
+  if (auto it = ids_.find(tag); it != ids_.end()) {
+    policy_->erase(it->second);
+    policy_->insert(it->second, 0, false, tag);
+    return true;
+  }
+  while (ids_.size() >= capacity) {
+    const BlockId v = policy_->victim(0);
+    if (v == kNoBlock) break;
+    policy_->evicted(v, tags_[v]);
+    ids_.erase(tags_[v]);
+    free_.push_back(v);
+  }
+  BlockId id;
+  if (!free_.empty()) {
+    id = free_.back();
+    free_.pop_back();
+  } else {
+    id = static_cast<BlockId>(tags_.size());
+    tags_.push_back(0);
+  }
+  tags_[id] = tag;
+  ids_.emplace(tag, id);
+  policy_->insert(id, 0, false, tag);
+  return false;
+}
+
+void AdaptiveEvictionPolicy::startShadows(Class& k) {
+  // The rate: the lowest of 1/2^minRateShift .. 1/2^maxRateShift that leaves a shadow at least
+  // shadowBlocks blocks.
+  uint32_t shift = options_.minRateShift;
+  while (shift < options_.maxRateShift && (k.capacity >> (shift + 1)) >= options_.shadowBlocks) {
+    ++shift;
+  }
+  k.rateShift = shift + 1;  // stored + 1: 0 means no shadows yet
+  k.shadowCapacity = std::max<uint64_t>(1, k.capacity >> shift);
+  k.shadows.clear();
+  for (EvictionKind e : kExperts) k.shadows.emplace_back(e);
+  switchAfter_ = std::max(switchAfter_, k.shadowCapacity);
+}
+
+void AdaptiveEvictionPolicy::sample(Class& k, uint64_t tag) {
+  const uint64_t h = mixTag(tag);
+  if ((h & ((uint64_t{1} << (k.rateShift - 1)) - 1)) != 0) return;
+  // The class grew since (a pool extended): the shadows follow.
+  k.shadowCapacity = std::max(k.shadowCapacity, k.capacity >> (k.rateShift - 1));
+  for (size_t e = 0; e < kExperts.size(); ++e) {
+    if (k.shadows[e].access(tag, k.shadowCapacity)) k.score[e] += 1;
+  }
+  // Halve the scores every halfLife shadow capacities of accesses, a step at a time.
+  const double steps = options_.halfLife * double(k.shadowCapacity);
+  const double decay = std::exp2(-1.0 / steps);
+  for (double& s : k.score) s *= decay;
+  ++sinceSwitch_;
+  maybeSwitch();
+}
+
+void AdaptiveEvictionPolicy::maybeSwitch() {
+  if (sinceSwitch_ < switchAfter_) return;
+  const auto s = scores();
+  size_t leader = 0, best = 0;
+  for (size_t e = 0; e < kExperts.size(); ++e) {
+    if (kExperts[e] == leaderKind_) leader = e;
+    if (s[e] > s[best]) best = e;
+  }
+  if (best == leader || s[best] <= s[leader] * (1 + options_.switchMargin)) return;
+  rebuild(kExperts[best]);
+}
+
+void AdaptiveEvictionPolicy::rebuild(EvictionKind kind) {
+  auto next = makeEvictionPolicy(kind);
+  // The evictable blocks in the old leader's order, first to go first (each class), then the
+  // held ones, known to the new leader and held again.
+  std::vector<BlockId> order;
+  for (uint32_t c = 0; c < classes_.size(); ++c) {
+    order.clear();
+    leader_->oldest(c, leader_->size(), order);
+    for (BlockId id : order) {
+      const Block& b = blocks_[id];
+      next->insert(id, c, b.replica, b.tag);
+    }
+  }
+  for (BlockId id = 0; id < blocks_.size(); ++id) {
+    const Block& b = blocks_[id];
+    if (!b.known || !b.held) continue;
+    next->insert(id, b.sizeClass, b.replica, b.tag);
+    next->erase(id);
+  }
+  leader_ = std::move(next);
+  leaderKind_ = kind;
+  ++switches_;
+  sinceSwitch_ = 0;
+}
+
+}  // namespace kvtier

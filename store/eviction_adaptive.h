@@ -1,0 +1,130 @@
+// An eviction policy that follows whichever of the others would hit most on the workload it sees.
+//
+// No single policy wins everywhere (docs/cache-policy.md §9: on one workload SIEVE hits 11 pp
+// more than ARC at a small cache, on another LRU 10 pp more than 2Q at a large one), and an
+// operator cannot know in advance which workload they have. So the engine's blocks are ordered
+// by one expert at a time — LRU, ARC, 2Q, S3-FIFO or SIEVE, the leader — while miniature copies
+// of all five (shadow caches) replay a sample of the same accesses and count their hits:
+//
+// - Sampling (SHARDS, Waldspurger et al., FAST'15): a block's content is in the sample when a
+//   hash of its tag falls under the rate R (1/8 to 1/64, so that a shadow holds at least
+//   Options::shadowBlocks); a shadow holds R times the class's capacity. Each insert of a sampled
+//   tag is an access of every shadow: a hit when the shadow still holds it, else the shadow evicts
+//   by its policy and takes it. A shadow's hits estimate its policy's on the whole cache.
+// - Scores: the shadows' hits, decayed by half every Options::halfLife shadow capacities of
+//   accesses, so that the leader follows a workload that changes.
+// - Switching: a shadow whose score beats the leader's by Options::switchMargin, after at least a
+//   shadow capacity of accesses since the last switch, becomes the leader. The new leader is
+//   built from the blocks in memory: the evictable ones inserted in the old leader's eviction
+//   order (first to go first), the held ones after them, held again. Their histories (uses,
+//   ghosts) start afresh; the set of blocks does not change.
+//
+// The engine sees one policy: every call goes to the leader, which alone holds the order; the
+// shadows only see tags. Cost: the leader's, plus 5 shadow accesses per sampled insert (an
+// insert in R), plus a rebuild (O(blocks in memory)) per switch.
+//
+// Not thread-safe (the engine's owner calls it), as every policy.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "store/eviction.h"
+
+namespace kvtier {
+
+class AdaptiveEvictionPolicy final : public EvictionPolicy {
+ public:
+  struct Options {
+    // The fewest blocks a shadow holds: the rate is lowered from 1/2^minRateShift toward
+    // 1/2^maxRateShift while a shadow keeps at least this many.
+    uint64_t shadowBlocks = 256;
+    uint32_t minRateShift = 3;  // 1/8: the shadows cost a fraction of an insert
+    uint32_t maxRateShift = 6;  // 1/64
+    // Scores halve every `halfLife` shadow capacities of sampled accesses.
+    double halfLife = 32;
+    // A shadow leads when its score beats the leader's by this share, and at least a shadow
+    // capacity of sampled accesses came since the last switch.
+    double switchMargin = 0.05;
+  };
+  AdaptiveEvictionPolicy() : AdaptiveEvictionPolicy(Options{}) {}
+  explicit AdaptiveEvictionPolicy(Options options);
+
+  void insert(BlockId id, uint32_t sizeClass, bool first = false, uint64_t tag = 0) override;
+  void erase(BlockId id) override;
+  void evicted(BlockId id, uint64_t tag) override;
+  void moved(BlockId from, BlockId to) override;
+  void sealed(std::span<const BlockId> fresh, BlockId parent, uint64_t position) override {
+    leader_->sealed(fresh, parent, position);
+  }
+  BlockId victim(uint32_t sizeClass) const override { return leader_->victim(sizeClass); }
+  void oldest(uint32_t sizeClass, size_t max, std::vector<BlockId>& out,
+              std::span<const BlockId> skip = {}) const override {
+    leader_->oldest(sizeClass, max, out, skip);
+  }
+  size_t size() const override { return leader_->size(); }
+  void prefetch(BlockId id) const override { leader_->prefetch(id); }
+
+  // The experts, in the order the shadows keep them.
+  static constexpr std::array<EvictionKind, 5> kExperts = {
+      EvictionKind::kLru, EvictionKind::kArc, EvictionKind::kTwoQ, EvictionKind::kS3Fifo,
+      EvictionKind::kSieve};
+  // For tests and stats: the policy that orders the blocks now, how many times it changed, and
+  // the shadows' decayed hits (kExperts' order) summed over the classes.
+  EvictionKind leader() const { return leaderKind_; }
+  uint64_t switches() const { return switches_; }
+  std::array<double, kExperts.size()> scores() const;
+
+ private:
+  // A cache of tags of a fixed capacity ordered by one expert policy (shadow block ids).
+  class Shadow {
+   public:
+    explicit Shadow(EvictionKind kind) : policy_(makeEvictionPolicy(kind)) {}
+    // An access of `tag`: true when the shadow held it.
+    bool access(uint64_t tag, uint64_t capacity);
+
+   private:
+    std::unique_ptr<EvictionPolicy> policy_;
+    std::unordered_map<uint64_t, BlockId> ids_;  // tag -> shadow block
+    std::vector<uint64_t> tags_;                 // shadow block -> tag
+    std::vector<BlockId> free_;
+  };
+  struct Class {
+    uint64_t resident = 0;   // blocks of the class in memory (known: evictable or held)
+    uint64_t capacity = 0;   // the most resident at once
+    uint32_t rateShift = 0;  // 0: no shadows yet (until the class is full: its first eviction)
+    uint64_t shadowCapacity = 0;
+    std::vector<Shadow> shadows;
+    std::array<double, kExperts.size()> score{};
+    uint64_t accesses = 0;  // sampled accesses since the last decay step
+  };
+  struct Block {
+    uint64_t tag = 0;
+    uint32_t sizeClass = 0;
+    bool known : 1 = false;
+    bool held : 1 = false;
+    bool replica : 1 = false;
+  };
+
+  Class& cls(uint32_t c);
+  Block& block(BlockId id);
+  void startShadows(Class& k);
+  void sample(Class& k, uint64_t tag);
+  void maybeSwitch();
+  void rebuild(EvictionKind kind);
+
+  Options options_;
+  std::unique_ptr<EvictionPolicy> leader_;
+  EvictionKind leaderKind_ = EvictionKind::kArc;
+  std::vector<Block> blocks_;
+  std::vector<Class> classes_;
+  uint64_t switches_ = 0;
+  uint64_t sinceSwitch_ = 0;  // sampled accesses since the last switch (or the start)
+  uint64_t switchAfter_ = 0;  // ... needed before the next one
+};
+
+}  // namespace kvtier
