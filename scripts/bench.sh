@@ -17,19 +17,19 @@
 #          restored against recomputed, restore and store of KV against memcpy (needs llama.cpp:
 #          scripts/install-llama-cpp.sh)                              -> bench/results/llama.json
 #
-#   scripts/bench.sh [--suite local|cold|gpu|cluster|scale|llama|all] [kvtier-bench arguments]
+#   scripts/bench.sh [--suite local|cold|gpu|cluster|scale|policy|llama|all] [kvtier-bench arguments]
 #
 # The default is all: local, cold, gpu, cluster, scale, then llama. Other arguments go to every
 # kvtier-bench run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-suites=(local cold gpu cluster scale llama)
+suites=(local cold gpu cluster scale policy llama)
 if [[ "${1:-}" == "--suite" ]]; then
   case "${2:-}" in
-    local | cold | gpu | cluster | scale | llama) suites=("$2") ;;
+    local | cold | gpu | cluster | scale | policy | llama) suites=("$2") ;;
     all) ;;
     *)
-      echo "usage: scripts/bench.sh [--suite local|cold|gpu|cluster|scale|llama|all] [kvtier-bench arguments]" >&2
+      echo "usage: scripts/bench.sh [--suite local|cold|gpu|cluster|scale|policy|llama|all] [kvtier-bench arguments]" >&2
       exit 2
       ;;
   esac
