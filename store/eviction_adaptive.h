@@ -11,6 +11,10 @@
 //   Options::shadowBlocks); a shadow holds R times the class's capacity. Each insert of a sampled
 //   tag is an access of every shadow: a hit when the shadow still holds it, else the shadow evicts
 //   by its policy and takes it. A shadow's hits estimate its policy's on the whole cache.
+// - Hints: a block sealed as the continuation of a prefix the request reused from memory
+//   (sealed(), ARC's and 2Q's rule) is sealed so in the shadows too, after the block the shadow
+//   took last: without it the shadows of ARC and 2Q hit far more than the engine's ARC and 2Q on
+//   some workloads (docs/cache-policy.md §9).
 // - Scores: the shadows' hits, decayed by half every Options::halfLife shadow capacities of
 //   accesses, so that the leader follows a workload that changes.
 // - Switching: a shadow whose score beats the leader's by Options::switchMargin, after at least a
@@ -58,9 +62,7 @@ class AdaptiveEvictionPolicy final : public EvictionPolicy {
   void erase(BlockId id) override;
   void evicted(BlockId id, uint64_t tag) override;
   void moved(BlockId from, BlockId to) override;
-  void sealed(std::span<const BlockId> fresh, BlockId parent, uint64_t position) override {
-    leader_->sealed(fresh, parent, position);
-  }
+  void sealed(std::span<const BlockId> fresh, BlockId parent, uint64_t position) override;
   BlockId victim(uint32_t sizeClass) const override { return leader_->victim(sizeClass); }
   void oldest(uint32_t sizeClass, size_t max, std::vector<BlockId>& out,
               std::span<const BlockId> skip = {}) const override {
@@ -85,13 +87,14 @@ class AdaptiveEvictionPolicy final : public EvictionPolicy {
    public:
     explicit Shadow(EvictionKind kind) : policy_(makeEvictionPolicy(kind)) {}
     // An access of `tag`: true when the shadow held it.
-    bool access(uint64_t tag, uint64_t capacity);
+    bool access(uint64_t tag, uint64_t capacity, bool continues);
 
    private:
     std::unique_ptr<EvictionPolicy> policy_;
     std::unordered_map<uint64_t, BlockId> ids_;  // tag -> shadow block
     std::vector<uint64_t> tags_;                 // shadow block -> tag
     std::vector<BlockId> free_;
+    BlockId last_ = kNoBlock;  // the block inserted last (a parent for the hints)
   };
   struct Class {
     uint64_t resident = 0;   // blocks of the class in memory (known: evictable or held)
@@ -108,12 +111,13 @@ class AdaptiveEvictionPolicy final : public EvictionPolicy {
     bool known : 1 = false;
     bool held : 1 = false;
     bool replica : 1 = false;
+    bool continues : 1 = false;  // sealed(): continues a reused prefix, until its first insert
   };
 
   Class& cls(uint32_t c);
   Block& block(BlockId id);
   void startShadows(Class& k);
-  void sample(Class& k, uint64_t tag);
+  void sample(Class& k, uint64_t tag, bool continues);
   void maybeSwitch();
   void rebuild(EvictionKind kind);
 

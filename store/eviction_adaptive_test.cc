@@ -23,7 +23,8 @@ AdaptiveEvictionPolicy::Options eager() {
   return o;
 }
 
-// Random inserts, uses, holds, evictions and moves across leader switches: a victim is always
+// Random inserts (some after a commit's hint), uses, holds, evictions and moves across leader
+// switches: a victim is always
 // evictable, never held; oldest() lists every evictable block not skipped, victim() first; the
 // size is the evictable count throughout.
 TEST(AdaptiveEvictionTest, EveryLeaderAndEveryRebuildKeepsTheEvictableSet) {
@@ -44,6 +45,9 @@ TEST(AdaptiveEvictionTest, EveryLeaderAndEveryRebuildKeepsTheEvictableSet) {
     const uint64_t op = next(10);
     if (op < 4) {
       if (where[id] == kAbsent) content[id] = next(3) == 0 ? next(nextContent) : nextContent++;
+      if (op == 0 && where[id] == kAbsent) {
+        q.sealed(std::vector<BlockId>{id}, static_cast<BlockId>(next(kIds)), next(3));
+      }
       q.insert(id, 0, next(20) == 0, tagOf(content[id]));
       where[id] = kIn;
     } else if (op < 6) {
