@@ -58,24 +58,29 @@ void AdaptiveEvictionPolicy::insert(BlockId id, uint32_t sizeClass, bool first, 
   if (tag != 0) b.tag = tag;
   leader_->insert(id, sizeClass, first, tag);
   // Every insert is a use of the block's content (new or reused): an access for the shadows.
-  const bool continues = b.continues;
-  b.continues = false;
-  if (!first && b.tag != 0 && k.rateShift != 0) sample(k, b.tag, continues);
+  const Hint hint = b.continues ? Hint::kContinues : b.deadEnd ? Hint::kDeadEnd : Hint::kNone;
+  b.continues = b.deadEnd = false;
+  if (!first && b.tag != 0 && k.rateShift != 0) sample(k, b.tag, hint);
 }
 
 void AdaptiveEvictionPolicy::sealed(std::span<const BlockId> fresh, BlockId parent,
                                     uint64_t position) {
   leader_->sealed(fresh, parent, position);
-  // The shadows get the same hint for the blocks they sample: new blocks that continue a prefix
-  // the request reused from memory (ARC's and 2Q's rule).
+  // The shadows get the same hints for the blocks they sample: new blocks that continue a prefix
+  // the request reused from memory (ARC's and 2Q's rule), else the end of the commit (2Q's dead
+  // end, until a later commit of the same request extends it).
+  if (fresh.empty()) return;
   const bool reused = parent != kNoBlock && parent < blocks_.size() && blocks_[parent].known;
-  if (!reused || fresh.empty() || fresh.size() > ArcEvictionPolicy::kContinuationRatio * position) {
+  if (parent != kNoBlock && !reused) block(parent).deadEnd = false;
+  if (reused && fresh.size() <= ArcEvictionPolicy::kContinuationRatio * position) {
+    for (BlockId id : fresh) {
+      Block& b = block(id);
+      if (!b.known) b.continues = true;
+    }
     return;
   }
-  for (BlockId id : fresh) {
-    Block& b = block(id);
-    if (!b.known) b.continues = true;
-  }
+  Block& end = block(fresh.back());
+  if (!end.known) end.deadEnd = true;
 }
 
 void AdaptiveEvictionPolicy::erase(BlockId id) {
@@ -108,7 +113,7 @@ void AdaptiveEvictionPolicy::moved(BlockId from, BlockId to) {
 // ---------------------------------------------------------------------------------------------
 // Shadows
 
-bool AdaptiveEvictionPolicy::Shadow::access(uint64_t tag, uint64_t capacity, bool continues) {
+bool AdaptiveEvictionPolicy::Shadow::access(uint64_t tag, uint64_t capacity, Hint hint) {
   if (auto it = ids_.find(tag); it != ids_.end()) {
     policy_->erase(it->second);
     policy_->insert(it->second, 0, false, tag);
@@ -131,10 +136,14 @@ bool AdaptiveEvictionPolicy::Shadow::access(uint64_t tag, uint64_t capacity, boo
   }
   tags_[id] = tag;
   ids_.emplace(tag, id);
-  // The hint, as the engine gives it: one new block after a block the shadow holds.
-  if (continues && last_ != kNoBlock && ids_.contains(tags_[last_]) && tags_[last_] != tag) {
-    const BlockId fresh[] = {id};
+  // The hints, as the engine gives them: one new block after a block the shadow holds (it
+  // continues), or one new block after none (it ends its commit).
+  const BlockId fresh[] = {id};
+  if (hint == Hint::kContinues && last_ != kNoBlock && ids_.contains(tags_[last_]) &&
+      tags_[last_] != tag) {
     policy_->sealed(fresh, last_, 1);
+  } else if (hint == Hint::kDeadEnd) {
+    policy_->sealed(fresh, kNoBlock, 0);
   }
   policy_->insert(id, 0, false, tag);
   last_ = id;
@@ -155,13 +164,13 @@ void AdaptiveEvictionPolicy::startShadows(Class& k) {
   switchAfter_ = std::max(switchAfter_, k.shadowCapacity);
 }
 
-void AdaptiveEvictionPolicy::sample(Class& k, uint64_t tag, bool continues) {
+void AdaptiveEvictionPolicy::sample(Class& k, uint64_t tag, Hint hint) {
   const uint64_t h = mixTag(tag);
   if ((h & ((uint64_t{1} << (k.rateShift - 1)) - 1)) != 0) return;
   // The class grew since (a pool extended): the shadows follow.
   k.shadowCapacity = std::max(k.shadowCapacity, k.capacity >> (k.rateShift - 1));
   for (size_t e = 0; e < kExperts.size(); ++e) {
-    if (k.shadows[e].access(tag, k.shadowCapacity, continues)) k.score[e] += 1;
+    if (k.shadows[e].access(tag, k.shadowCapacity, hint)) k.score[e] += 1;
   }
   // Halve the scores every halfLife shadow capacities of accesses, a step at a time.
   const double steps = options_.halfLife * double(k.shadowCapacity);

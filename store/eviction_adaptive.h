@@ -13,8 +13,9 @@
 //   by its policy and takes it. A shadow's hits estimate its policy's on the whole cache.
 // - Hints: a block sealed as the continuation of a prefix the request reused from memory
 //   (sealed(), ARC's and 2Q's rule) is sealed so in the shadows too, after the block the shadow
-//   took last: without it the shadows of ARC and 2Q hit far more than the engine's ARC and 2Q on
-//   some workloads (docs/cache-policy.md §9).
+//   took last, and the end of a commit that continues nothing as a dead end (2Q's rule): without
+//   them the shadows of ARC and 2Q hit far more than the engine's ARC and 2Q on some workloads
+//   (docs/cache-policy.md §9).
 // - Scores: the shadows' hits, decayed by half every Options::halfLife shadow capacities of
 //   accesses, so that the leader follows a workload that changes.
 // - Switching: a shadow whose score beats the leader's by Options::switchMargin, after at least a
@@ -82,12 +83,14 @@ class AdaptiveEvictionPolicy final : public EvictionPolicy {
   std::array<double, kExperts.size()> scores() const;
 
  private:
+  // What sealed() said of a block before its first insert.
+  enum class Hint : uint8_t { kNone, kContinues, kDeadEnd };
   // A cache of tags of a fixed capacity ordered by one expert policy (shadow block ids).
   class Shadow {
    public:
     explicit Shadow(EvictionKind kind) : policy_(makeEvictionPolicy(kind)) {}
     // An access of `tag`: true when the shadow held it.
-    bool access(uint64_t tag, uint64_t capacity, bool continues);
+    bool access(uint64_t tag, uint64_t capacity, Hint hint);
 
    private:
     std::unique_ptr<EvictionPolicy> policy_;
@@ -112,12 +115,13 @@ class AdaptiveEvictionPolicy final : public EvictionPolicy {
     bool held : 1 = false;
     bool replica : 1 = false;
     bool continues : 1 = false;  // sealed(): continues a reused prefix, until its first insert
+    bool deadEnd : 1 = false;    // sealed(): ends its commit, until its first insert
   };
 
   Class& cls(uint32_t c);
   Block& block(BlockId id);
   void startShadows(Class& k);
-  void sample(Class& k, uint64_t tag, bool continues);
+  void sample(Class& k, uint64_t tag, Hint hint);
   void maybeSwitch();
   void rebuild(EvictionKind kind);
 
