@@ -13,7 +13,7 @@ slot: sessions come and go):
   snapshot + restore + drop_snapshot.
 
 KV content is a pure function of the token prefix (as block keys are; the scheme of
-tests/chaos/chaos.py), so any hit from any writer and any tier is checked byte for byte: a
+tests/chaos/chaos_clients.py), so any hit from any writer and any tier is checked byte for byte: a
 difference is `wrong_bytes`, fatal. Typed errors (kvtier.Error subclasses) are allowed and counted
 by call kind, except Internal; any other exception is an untyped error. Each client keeps a
 latency histogram per call kind (log buckets, 16 a doubling: bounded memory) and writes it to a
@@ -46,7 +46,7 @@ import numpy as np
 
 import kvtier
 
-# --- Content (as tests/chaos/chaos.py) -----------------------------------------------------------
+# --- Content (as tests/chaos/chaos_clients.py) ---------------------------------------------------
 
 LAYERS, HEADS, DIM, BT = 4, 2, 16, 16
 WORDS = LAYERS * 2 * HEADS * DIM  # 32-bit words of K and V per token: 1 KiB a token, 16 KiB a block
