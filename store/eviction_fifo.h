@@ -22,7 +22,8 @@
 // the order, never the set of evictable blocks, so they stay const to the engine; oldest()
 // simulates the evictions after that one.
 // Per block: 16 bytes (links and state), as LRU; S3-FIFO's ghosts: at most one per block of M
-// (about 30 bytes each, GhostLists).
+// (about 30 bytes each, GhostLists). Cost: O(1) per call, amortized, plus a step for each held
+// block the hand or a queue's walk passes (none when nothing is evictable: a class keeps count).
 //
 // Not thread-safe (the engine's owner calls it), as every policy.
 #pragma once
