@@ -17,7 +17,7 @@ uint64_t mixTag(uint64_t tag) {
 }  // namespace
 
 AdaptiveEvictionPolicy::AdaptiveEvictionPolicy(Options options)
-    : options_(options), leader_(makeEvictionPolicy(EvictionKind::kArc)) {}
+    : options_(options), leader_(makeEvictionPolicy(EvictionKind::kTwoQ)) {}
 
 AdaptiveEvictionPolicy::Class& AdaptiveEvictionPolicy::cls(uint32_t c) {
   if (c >= classes_.size()) classes_.resize(size_t{c} + 1);
@@ -169,26 +169,52 @@ void AdaptiveEvictionPolicy::sample(Class& k, uint64_t tag, Hint hint) {
   if ((h & ((uint64_t{1} << (k.rateShift - 1)) - 1)) != 0) return;
   // The class grew since (a pool extended): the shadows follow.
   k.shadowCapacity = std::max(k.shadowCapacity, k.capacity >> (k.rateShift - 1));
+  std::array<bool, kExperts.size()> hit{};
   for (size_t e = 0; e < kExperts.size(); ++e) {
-    if (k.shadows[e].access(tag, k.shadowCapacity, hint)) k.score[e] += 1;
+    hit[e] = k.shadows[e].access(tag, k.shadowCapacity, hint);
+    if (hit[e]) k.score[e] += 1;
+  }
+  for (size_t i = 0; i < kExperts.size(); ++i) {
+    for (size_t j = 0; j < kExperts.size(); ++j) {
+      if (hit[i] && !hit[j]) k.wins[i][j] += 1;
+    }
   }
   // Halve the scores every halfLife shadow capacities of accesses, a step at a time.
   const double steps = options_.halfLife * double(k.shadowCapacity);
   const double decay = std::exp2(-1.0 / steps);
   for (double& s : k.score) s *= decay;
+  for (auto& row : k.wins) {
+    for (double& w : row) w *= decay;
+  }
   ++sinceSwitch_;
   maybeSwitch();
 }
 
 void AdaptiveEvictionPolicy::maybeSwitch() {
   if (sinceSwitch_ < switchAfter_) return;
-  const auto s = scores();
-  size_t leader = 0, best = 0;
+  // The shadows saw the same accesses: what tells two apart is the accesses one hit and the other
+  // missed. A shadow leads when it won clearly more of those against the leader's than it lost
+  // (McNemar's test: the difference over the square root of their sum).
+  size_t leader = 0;
   for (size_t e = 0; e < kExperts.size(); ++e) {
     if (kExperts[e] == leaderKind_) leader = e;
-    if (s[e] > s[best]) best = e;
   }
-  if (best == leader || s[best] <= s[leader] * (1 + options_.switchMargin)) return;
+  size_t best = leader;
+  double bestZ = options_.switchZ;
+  for (size_t e = 0; e < kExperts.size(); ++e) {
+    if (e == leader) continue;
+    double won = 0, lost = 0;
+    for (const Class& k : classes_) {
+      won += k.wins[e][leader];
+      lost += k.wins[leader][e];
+    }
+    const double z = (won - lost) / std::sqrt(won + lost + 1);
+    if (z > bestZ) {
+      bestZ = z;
+      best = e;
+    }
+  }
+  if (best == leader) return;
   rebuild(kExperts[best]);
 }
 

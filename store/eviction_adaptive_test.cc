@@ -19,7 +19,7 @@ AdaptiveEvictionPolicy::Options eager() {
   o.minRateShift = 0;
   o.maxRateShift = 0;
   o.halfLife = 0.5;
-  o.switchMargin = 0;
+  o.switchZ = 0;
   return o;
 }
 
@@ -102,12 +102,12 @@ TEST(AdaptiveEvictionTest, EveryLeaderAndEveryRebuildKeepsTheEvictableSet) {
   EXPECT_GE(leaders.size(), 3u) << "the run should have crossed several experts";
 }
 
-// Until a class is full (its first eviction) there is nothing to measure: ARC leads, no shadow.
-TEST(AdaptiveEvictionTest, ARCLeadsUntilTheCacheIsFull) {
+// Until a class is full (its first eviction) there is nothing to measure: 2Q leads, no shadow.
+TEST(AdaptiveEvictionTest, TwoQLeadsUntilTheCacheIsFull) {
   AdaptiveEvictionPolicy q(eager());
   for (BlockId b = 0; b < 100; ++b) q.insert(b, 0, false, tagOf(b));
   for (BlockId b = 0; b < 100; ++b) q.insert(b, 0, false, tagOf(b));
-  EXPECT_EQ(q.leader(), EvictionKind::kArc);
+  EXPECT_EQ(q.leader(), EvictionKind::kTwoQ);
   EXPECT_EQ(q.switches(), 0u);
   for (double s : q.scores()) EXPECT_EQ(s, 0);
 }
