@@ -13,76 +13,25 @@ import json
 import random
 import time
 
-import numpy as np
-
+import kv_content
 import kvtier
 from chaos_processes import Recorder
 
-# --- Content ------------------------------------------------------------------------------------
+# --- Content (tests/chaos/kv_content.py) -------------------------------------------------------
 
 LAYERS, HEADS, DIM, BT = 2, 2, 8, 16
-WORDS = LAYERS * 2 * HEADS * DIM  # 32-bit words of K and V per token
 VOCAB = 1 << 24
-MASK = (1 << 64) - 1
+_CONTENT = kv_content.Content(LAYERS, HEADS, DIM, cache_entries=256)
+WORDS = _CONTENT.words  # 32-bit words of K and V per token
+expected_kv = _CONTENT.expected_kv
+packed = _CONTENT.packed
+wrong_bytes = kv_content.wrong_bytes
 
 
 def layout():
     """4 KiB blocks of 16 tokens (256 B a token)."""
     return kvtier.Layout("chaos/tiny", num_layers=LAYERS, num_kv_heads=HEADS, head_dim=DIM,
                          dtype="float32", block_tokens=BT)
-
-
-def _mix(x):
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK
-    return x ^ (x >> 31)
-
-
-_WORD_SALT = np.arange(WORDS, dtype=np.uint64) * np.uint64(0xD1B54A32D192ED03)
-_cache = collections.OrderedDict()
-
-
-def expected_kv(tokens):
-    """The packed KV (float32 bit patterns) every put of `tokens` writes: position p holds a hash
-    of tokens[0..p], so a prefix's bytes are the same in every sequence that shares it."""
-    key = tuple(tokens)
-    hit = _cache.get(key)
-    if hit is not None:
-        _cache.move_to_end(key)
-        return hit
-    h = 0x243F6A8885A308D3
-    chain = np.empty(len(tokens), np.uint64)
-    for i, t in enumerate(tokens):
-        h = _mix(h ^ (((t + 1) * 0x9E3779B97F4A7C15) & MASK))
-        chain[i] = h
-    with np.errstate(over="ignore"):
-        x = chain[:, None] + _WORD_SALT[None, :]
-        x ^= x >> np.uint64(30)
-        x *= np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(27)
-        x *= np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
-    words = (x & np.uint64(0xFFFFFFFF)).astype(np.uint32)
-    words = words.reshape(len(tokens), LAYERS, 2, HEADS, DIM).transpose(1, 2, 0, 3, 4)
-    kv = np.ascontiguousarray(words).view(np.float32)
-    _cache[key] = kv
-    if len(_cache) > 256:
-        _cache.popitem(last=False)
-    return kv
-
-
-def packed(tokens, lo, hi):
-    """Positions [lo, hi) of expected_kv(tokens), C-contiguous (what put and write take)."""
-    return np.ascontiguousarray(expected_kv(tokens)[:, :, lo:hi])
-
-
-def wrong_bytes(got, want):
-    """How many bytes of `got` differ from `want` (all of them when the shapes differ)."""
-    want = np.ascontiguousarray(want).view(np.uint8)
-    got = np.ascontiguousarray(got).view(np.uint8)
-    if got.shape != want.shape:
-        return int(want.size)
-    return int(np.count_nonzero(got != want))
 
 
 def family_prefix(seed, family):

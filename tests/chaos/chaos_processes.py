@@ -1,6 +1,6 @@
 """Process helpers of the single-node chaos (tests/chaos/chaos.py; cluster_chaos.py uses them
-through it): children forked to die with their parent, the JSON-lines logs they write and the parent
-reads, and the kvtierd process (Daemon).
+through it, tests/soak/soak.py directly): children forked to die with their parent, the JSON-lines
+logs they write and the parent reads, and the kvtierd process (Daemon).
 """
 
 import collections
@@ -19,33 +19,38 @@ _libc = ctypes.CDLL(None, use_errno=True)
 PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(parent_pid):
-    """A child of ours dies with us (SIGKILL), even when we are killed outright."""
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def die_with_parent(parent_pid, sig=signal.SIGKILL):
+    """A child of ours gets `sig` when we die (SIGKILL: dies with us), even when we are killed
+    outright."""
+    _libc.prctl(PR_SET_PDEATHSIG, sig)
     if os.getppid() != parent_pid:
         os._exit(1)
 
 
 def fork_child(stderr_path, fn, *args):
-    """fn(*args) in a forked child whose stderr goes to stderr_path; returns its pid. A child
-    that raises exits 3 (after printing the traceback), one that returns exits 0. The parent holds
-    no kvtier client and runs no thread, so the fork copies nothing half-done."""
+    """fn(*args) in a forked child whose stderr goes to stderr_path; returns its pid. The child
+    exits with fn's int result (0 for None), or 3 after printing the traceback when it raises. The
+    parent holds no kvtier client and runs no thread, so the fork copies nothing half-done."""
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid()
+    # The parent's SIGTERM/SIGINT handler must never run in the child (it would raise there): both
+    # are blocked across the fork and until the child has its own dispositions.
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     pid = os.fork()
     if pid:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
         return pid
     code = 3
     try:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
         die_with_parent(parent)
         fd = os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(fd, 2)
         os.close(fd)
-        fn(*args)
-        code = 0
+        code = fn(*args) or 0
     except BaseException:  # noqa: B036 - the child must end here whatever happened
         traceback.print_exc()
         sys.stderr.flush()
