@@ -1,4 +1,5 @@
 #include "store/eviction_adaptive.h"
+#include "store/eviction_model_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -28,76 +29,16 @@ AdaptiveEvictionPolicy::Options eager() {
 // evictable, never held; oldest() lists every evictable block not skipped, victim() first; the
 // size is the evictable count throughout.
 TEST(AdaptiveEvictionTest, EveryLeaderAndEveryRebuildKeepsTheEvictableSet) {
-  uint64_t rng = 31337;
-  auto next = [&rng](uint64_t n) {
-    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (rng >> 33) % n;
-  };
-  constexpr BlockId kIds = 48;
   AdaptiveEvictionPolicy q(eager());
-  enum { kAbsent, kIn, kHeld };
-  std::vector<int> where(kIds, kAbsent);
-  std::vector<uint64_t> content(kIds, 0);
-  uint64_t nextContent = 1;
   std::set<EvictionKind> leaders;
-  for (int step = 0; step < 40000; ++step) {
-    const BlockId id = static_cast<BlockId>(next(kIds));
-    const uint64_t op = next(10);
-    if (op < 4) {
-      if (where[id] == kAbsent) content[id] = next(3) == 0 ? next(nextContent) : nextContent++;
-      if (op == 0 && where[id] == kAbsent) {
-        q.sealed(std::vector<BlockId>{id}, static_cast<BlockId>(next(kIds)), next(3));
-      }
-      q.insert(id, 0, next(20) == 0, tagOf(content[id]));
-      where[id] = kIn;
-    } else if (op < 6) {
-      q.erase(id);
-      if (where[id] == kIn) where[id] = kHeld;
-    } else if (op < 9) {
-      const BlockId v = q.victim(0);
-      const bool any = std::count(where.begin(), where.end(), kIn) > 0;
-      ASSERT_EQ(v != kNoBlock, any) << "step " << step;
-      if (v == kNoBlock) continue;
-      ASSERT_EQ(where[v], kIn) << "victim " << v << " is not evictable, step " << step
-                               << ", leader " << evictionName(q.leader());
-      q.evicted(v, tagOf(content[v]));
-      where[v] = kAbsent;
-    } else if (where[id] == kHeld) {
-      BlockId to = kNoBlock;
-      for (BlockId b = 0; b < kIds; ++b) {
-        if (where[b] == kAbsent) to = b;
-      }
-      if (to == kNoBlock) continue;
-      q.moved(id, to);
-      content[to] = content[id];
-      where[id] = kAbsent;
-      q.insert(to, 0, false, tagOf(content[to]));
-      where[to] = kIn;
-    }
-    leaders.insert(q.leader());
-    ASSERT_EQ(q.size(), static_cast<size_t>(std::count(where.begin(), where.end(), kIn)))
-        << "step " << step << ", leader " << evictionName(q.leader());
-    if (step % 89 == 0) {
-      std::vector<BlockId> skip;
-      for (BlockId b = 0; b < kIds; ++b) {
-        if (where[b] == kIn && next(4) == 0) skip.push_back(b);
-      }
-      std::vector<BlockId> listed;
-      q.oldest(0, kIds, listed, skip);
-      std::vector<BlockId> expected;
-      for (BlockId b = 0; b < kIds; ++b) {
-        if (where[b] == kIn && !std::binary_search(skip.begin(), skip.end(), b)) {
-          expected.push_back(b);
-        }
-      }
-      std::vector<BlockId> sorted = listed;
-      std::sort(sorted.begin(), sorted.end());
-      ASSERT_EQ(sorted, expected) << "step " << step << ", leader " << evictionName(q.leader());
-      if (skip.empty() && !listed.empty()) {
-        EXPECT_EQ(q.victim(0), listed.front());
-      }
-    }
-  }
+  test::EvictionModel m;
+  m.seed = 31337;
+  m.steps = 40000;
+  m.reuseOneIn = 3;
+  m.checkSize = true;
+  m.oldestEvery = 89;
+  m.afterStep = [&] { leaders.insert(q.leader()); };
+  test::runEvictionModel(q, m);
   EXPECT_GT(q.switches(), 10u);
   EXPECT_GE(leaders.size(), 3u) << "the run should have crossed several experts";
 }

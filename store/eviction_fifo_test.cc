@@ -1,4 +1,5 @@
 #include "store/eviction_fifo.h"
+#include "store/eviction_model_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -155,74 +156,15 @@ TEST_P(FifoFamilyTest, AMovedBlockKeepsItsHistory) {
 // successive evictions take.
 TEST_P(FifoFamilyTest, VictimsAreAlwaysEvictableAndOldestMatchesEvictions) {
   for (uint64_t seed : {777u, 4242u, 99u}) {
-    uint64_t rng = seed;
-    auto next = [&rng](uint64_t n) {
-      rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
-      return (rng >> 33) % n;
-    };
-    constexpr BlockId kIds = 48;
     auto q = make();
-    enum { kAbsent, kIn, kHeld };
-    std::vector<int> where(kIds, kAbsent);
-    std::vector<uint64_t> content(kIds, 0);
-    uint64_t nextContent = 1;
-    for (int step = 0; step < 20000; ++step) {
-      const BlockId id = static_cast<BlockId>(next(kIds));
-      const uint64_t op = next(10);
-      if (op < 4) {
-        if (where[id] == kAbsent) content[id] = next(4) == 0 ? next(nextContent) : nextContent++;
-        q->insert(id, 0, next(20) == 0, tagOf(content[id]));
-        where[id] = kIn;
-      } else if (op < 6) {
-        q->erase(id);
-        if (where[id] == kIn) where[id] = kHeld;
-      } else if (op < 9) {
-        const BlockId v = q->victim(0);
-        const bool any = std::count(where.begin(), where.end(), kIn) > 0;
-        ASSERT_EQ(v != kNoBlock, any) << "seed " << seed << " step " << step;
-        if (v == kNoBlock) continue;
-        ASSERT_LT(v, kIds);
-        ASSERT_EQ(where[v], kIn) << "victim " << v << " is not evictable, step " << step;
-        q->evicted(v, tagOf(content[v]));
-        where[v] = kAbsent;
-      } else if (where[id] == kHeld) {
-        BlockId to = kNoBlock;
-        for (BlockId b = 0; b < kIds; ++b) {
-          if (where[b] == kAbsent) to = b;
-        }
-        if (to == kNoBlock) continue;
-        q->moved(id, to);
-        content[to] = content[id];
-        where[id] = kAbsent;
-        q->insert(to, 0, false, tagOf(content[to]));
-        where[to] = kIn;
-      }
-      ASSERT_EQ(q->size(), static_cast<size_t>(std::count(where.begin(), where.end(), kIn)));
-      if (step % 97 == 0) {
-        std::vector<BlockId> skip;
-        for (BlockId b = 0; b < kIds; ++b) {
-          if (where[b] == kIn && next(4) == 0) skip.push_back(b);
-        }
-        std::vector<BlockId> listed;
-        q->oldest(0, kIds, listed, skip);
-        // The same policy, copied, evicting one victim at a time (the skipped blocks held).
-        std::unique_ptr<EvictionPolicy> copy;
-        if (GetParam() == EvictionKind::kSieve) {
-          copy = std::make_unique<SieveEvictionPolicy>(dynamic_cast<SieveEvictionPolicy&>(*q));
-        } else {
-          copy = std::make_unique<S3FifoEvictionPolicy>(dynamic_cast<S3FifoEvictionPolicy&>(*q));
-        }
-        for (BlockId b : skip) copy->erase(b);
-        std::vector<BlockId> taken;
-        for (BlockId v = copy->victim(0); v != kNoBlock && taken.size() <= kIds;
-             v = copy->victim(0)) {
-          taken.push_back(v);
-          copy->evicted(v, tagOf(content[v]));
-        }
-        ASSERT_EQ(listed, taken) << "seed " << seed << " step " << step;
-        EXPECT_EQ(copy->size(), 0u);
-      }
-    }
+    test::EvictionModel m;
+    m.seed = seed;
+    m.hints = false;
+    m.checkSize = true;
+    m.copy = GetParam() == EvictionKind::kSieve ? test::copyOf<SieveEvictionPolicy>
+                                                : test::copyOf<S3FifoEvictionPolicy>;
+    test::runEvictionModel(*q, m);
+    if (HasFatalFailure()) return;
   }
 }
 

@@ -1,4 +1,5 @@
 #include "store/eviction.h"
+#include "store/eviction_model_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -124,7 +125,6 @@ TEST(LruEvictionTest, ManyBlocksKeepOrder) {
   EXPECT_EQ(lru.size(), kN);
   EXPECT_EQ(drain(lru, 0), expected);
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // ARC, made aware of prefixes (the daemon's default).
@@ -318,70 +318,11 @@ TEST(ArcEvictionTest, NewBlocksThatContinueAReusedPrefixStartWithIt) {
 // in the order (never a held one), and oldest() lists exactly what successive evictions take,
 // also with blocks about to be pinned skipped.
 TEST(ArcEvictionTest, VictimsAreAlwaysEvictableAndOldestMatchesEvictions) {
-  uint64_t rng = 12345;
-  auto next = [&rng](uint64_t n) {
-    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (rng >> 33) % n;
-  };
-  constexpr BlockId kIds = 48;
   ArcEvictionPolicy arc;
-  enum { kAbsent, kIn, kHeld };
-  std::vector<int> where(kIds, kAbsent);
-  std::vector<uint64_t> content(kIds, 0);
-  uint64_t nextContent = 1;
-  for (int step = 0; step < 20000; ++step) {
-    const BlockId id = static_cast<BlockId>(next(kIds));
-    const uint64_t op = next(10);
-    if (op < 4) {  // a block becomes evictable: new content, or a release after a hold
-      if (where[id] == kAbsent) content[id] = next(4) == 0 ? next(nextContent) : nextContent++;
-      if (op == 0 && where[id] == kAbsent) {
-        arc.sealed(std::vector<BlockId>{id}, static_cast<BlockId>(next(kIds)), next(3));
-      }
-      arc.insert(id, 0, next(20) == 0, tagOf(content[id]));
-      where[id] = kIn;
-    } else if (op < 6) {  // held or pinned
-      arc.erase(id);
-      if (where[id] == kIn) where[id] = kHeld;
-    } else if (op < 9) {  // evicted, as allocation does
-      const BlockId v = arc.victim(0);
-      const bool any = std::count(where.begin(), where.end(), kIn) > 0;
-      ASSERT_EQ(v != kNoBlock, any) << "step " << step;
-      if (v == kNoBlock) continue;
-      ASSERT_LT(v, kIds);
-      ASSERT_EQ(where[v], kIn) << "victim " << v << " is not evictable, step " << step;
-      arc.evicted(v, tagOf(content[v]));
-      where[v] = kAbsent;
-    } else if (where[id] == kHeld) {  // a held block moves to a fresh one
-      BlockId to = kNoBlock;
-      for (BlockId b = 0; b < kIds; ++b) {
-        if (where[b] == kAbsent) to = b;
-      }
-      if (to == kNoBlock) continue;
-      arc.moved(id, to);
-      content[to] = content[id];
-      where[id] = kAbsent;
-      arc.insert(to, 0, false, tagOf(content[to]));
-      where[to] = kIn;
-    }
-    if (step % 97 == 0) {
-      // oldest(), with a random skip, against evictions on a copy.
-      std::vector<BlockId> skip;
-      for (BlockId b = 0; b < kIds; ++b) {
-        if (where[b] == kIn && next(4) == 0) skip.push_back(b);
-      }
-      std::vector<BlockId> listed;
-      arc.oldest(0, kIds, listed, skip);
-      ArcEvictionPolicy copy = arc;
-      for (BlockId b : skip) copy.erase(b);
-      std::vector<BlockId> taken;
-      for (BlockId v = copy.victim(0); v != kNoBlock; v = copy.victim(0)) {
-        taken.push_back(v);
-        copy.evicted(v, tagOf(content[v]));
-      }
-      ASSERT_EQ(listed, taken) << "step " << step;
-      EXPECT_EQ(copy.size(), 0u);
-    }
-  }
+  test::EvictionModel m;
+  m.seed = 12345;
+  m.copy = test::copyOf<ArcEvictionPolicy>;
+  test::runEvictionModel(arc, m);
 }
 
 }  // namespace

@@ -1,0 +1,132 @@
+// A model check every eviction policy's tests run: random inserts (some after a commit's hint),
+// holds, evictions and moves of 48 blocks against a model of which are evictable. A victim is
+// always an evictable block, never a held one, and there is one whenever a block is evictable;
+// every `oldestEvery` steps oldest(), with random blocks to skip, is checked against what the
+// policy would evict.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "store/eviction.h"
+
+namespace kvtier::test {
+
+struct EvictionModel {
+  uint64_t seed = 1;
+  int steps = 20000;
+  uint64_t reuseOneIn = 4;  // an insert of absent content takes old content once in this many
+  bool hints = true;        // some new blocks are sealed() first, after a random parent
+  bool checkSize = false;   // size() is the evictable count after every step
+  int oldestEvery = 97;
+  // Set: oldest() is checked against successive victim()/evicted() of a copy made by it (the
+  // skipped blocks erased first). Unset: oldest() lists the evictable blocks not skipped, in some
+  // order, victim() first when nothing is skipped.
+  std::function<std::unique_ptr<EvictionPolicy>(const EvictionPolicy&)> copy;
+  // Called after every step (e.g. to note which policy leads).
+  std::function<void()> afterStep;
+};
+
+// The tag of a content: block ids are where content lives now.
+inline uint64_t modelTag(uint64_t content) { return 1000 + content; }
+
+// Runs `m` on `p`; failures are gtest failures (a fatal one ends the run).
+inline void runEvictionModel(EvictionPolicy& p, const EvictionModel& m) {
+  uint64_t rng = m.seed;
+  auto next = [&rng](uint64_t n) {
+    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (rng >> 33) % n;
+  };
+  constexpr BlockId kIds = 48;
+  enum { kAbsent, kIn, kHeld };
+  std::vector<int> where(kIds, kAbsent);
+  std::vector<uint64_t> content(kIds, 0);
+  uint64_t nextContent = 1;
+  for (int step = 0; step < m.steps; ++step) {
+    SCOPED_TRACE(testing::Message() << "seed " << m.seed << ", step " << step);
+    const BlockId id = static_cast<BlockId>(next(kIds));
+    const uint64_t op = next(10);
+    if (op < 4) {  // a block becomes evictable: new content, or a release after a hold
+      if (where[id] == kAbsent) {
+        content[id] = next(m.reuseOneIn) == 0 ? next(nextContent) : nextContent++;
+      }
+      if (m.hints && op == 0 && where[id] == kAbsent) {
+        p.sealed(std::vector<BlockId>{id}, static_cast<BlockId>(next(kIds)), next(3));
+      }
+      p.insert(id, 0, next(20) == 0, modelTag(content[id]));
+      where[id] = kIn;
+    } else if (op < 6) {  // held or pinned
+      p.erase(id);
+      if (where[id] == kIn) where[id] = kHeld;
+    } else if (op < 9) {  // evicted, as allocation does
+      const BlockId v = p.victim(0);
+      const bool any = std::count(where.begin(), where.end(), kIn) > 0;
+      ASSERT_EQ(v != kNoBlock, any);
+      if (v == kNoBlock) continue;
+      ASSERT_LT(v, kIds);
+      ASSERT_EQ(where[v], kIn) << "victim " << v << " is not evictable";
+      p.evicted(v, modelTag(content[v]));
+      where[v] = kAbsent;
+    } else if (where[id] == kHeld) {  // a held block moves to a fresh one
+      BlockId to = kNoBlock;
+      for (BlockId b = 0; b < kIds; ++b) {
+        if (where[b] == kAbsent) to = b;
+      }
+      if (to == kNoBlock) continue;
+      p.moved(id, to);
+      content[to] = content[id];
+      where[id] = kAbsent;
+      p.insert(to, 0, false, modelTag(content[to]));
+      where[to] = kIn;
+    }
+    if (m.afterStep) m.afterStep();
+    if (m.checkSize) {
+      ASSERT_EQ(p.size(), static_cast<size_t>(std::count(where.begin(), where.end(), kIn)));
+    }
+    if (step % m.oldestEvery != 0) continue;
+    std::vector<BlockId> skip;
+    for (BlockId b = 0; b < kIds; ++b) {
+      if (where[b] == kIn && next(4) == 0) skip.push_back(b);
+    }
+    std::vector<BlockId> listed;
+    p.oldest(0, kIds, listed, skip);
+    if (m.copy) {
+      std::unique_ptr<EvictionPolicy> copy = m.copy(p);
+      for (BlockId b : skip) copy->erase(b);
+      std::vector<BlockId> taken;
+      for (BlockId v = copy->victim(0); v != kNoBlock && taken.size() <= kIds;
+           v = copy->victim(0)) {
+        taken.push_back(v);
+        copy->evicted(v, modelTag(content[v]));
+      }
+      ASSERT_EQ(listed, taken);
+      EXPECT_EQ(copy->size(), 0u);
+    } else {
+      std::vector<BlockId> expected;
+      for (BlockId b = 0; b < kIds; ++b) {
+        if (where[b] == kIn && !std::binary_search(skip.begin(), skip.end(), b)) {
+          expected.push_back(b);
+        }
+      }
+      std::vector<BlockId> sorted = listed;
+      std::sort(sorted.begin(), sorted.end());
+      ASSERT_EQ(sorted, expected);
+      if (skip.empty() && !listed.empty()) {
+        EXPECT_EQ(p.victim(0), listed.front());
+      }
+    }
+  }
+}
+
+// EvictionModel::copy for a copyable policy type.
+template <typename Policy>
+std::unique_ptr<EvictionPolicy> copyOf(const EvictionPolicy& p) {
+  return std::make_unique<Policy>(dynamic_cast<const Policy&>(p));
+}
+
+}  // namespace kvtier::test
