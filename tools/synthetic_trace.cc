@@ -51,6 +51,16 @@ class Builder {
  public:
   explicit Builder(Random& r) : r_(r) {}
   uint64_t newId() { return nextId_++; }
+  // Appends `n` new ids to `ids` (new content: blocks no request had before).
+  void appendNew(std::vector<uint64_t>& ids, uint64_t n) {
+    for (; n > 0; --n) ids.push_back(nextId_++);
+  }
+  // `count` prompts of new ids, each of lo to hi of them.
+  std::vector<std::vector<uint64_t>> newPrompts(size_t count, uint64_t lo, uint64_t hi) {
+    std::vector<std::vector<uint64_t>> prompts(count);
+    for (auto& p : prompts) appendNew(p, r_.between(lo, hi));
+    return prompts;
+  }
   void add(std::vector<uint64_t> ids, uint64_t outputTokens) {
     clock_ += r_.exponential(kMeanGapMs);
     TraceRequest q;
@@ -71,11 +81,7 @@ class Builder {
 std::vector<TraceRequest> sharedPrompts(Random& r) {
   constexpr size_t kPrompts = 32, kSessions = 2500, kLive = 768;
   Builder b(r);
-  std::vector<std::vector<uint64_t>> prompts(kPrompts);
-  for (auto& p : prompts) {
-    p.resize(r.between(16, 64));
-    for (auto& id : p) id = b.newId();
-  }
+  const auto prompts = b.newPrompts(kPrompts, 16, 64);
   const Zipf popularity(kPrompts, 1.0);
   struct Session {
     std::vector<uint64_t> context;
@@ -84,8 +90,8 @@ std::vector<TraceRequest> sharedPrompts(Random& r) {
   std::vector<Session> live;
   size_t started = 0;
   while (started < kSessions || !live.empty()) {
-    const bool start = started < kSessions && (live.size() < kLive / 2 ||
-                                                (live.size() < kLive && r.uniform() < 0.25));
+    const bool start = started < kSessions &&
+                       (live.size() < kLive / 2 || (live.size() < kLive && r.uniform() < 0.25));
     size_t at;
     if (start) {
       live.push_back(Session{prompts[popularity.draw(r)], r.between(1, 12)});
@@ -96,7 +102,7 @@ std::vector<TraceRequest> sharedPrompts(Random& r) {
     }
     Session& s = live[at];
     // The turn's new blocks: the last answer and the new message.
-    for (uint64_t n = r.between(2, 6); n > 0; --n) s.context.push_back(b.newId());
+    b.appendNew(s.context, r.between(2, 6));
     b.add(s.context, r.between(64, 512));
     if (--s.turnsLeft == 0) {
       live[at] = std::move(live.back());
@@ -109,13 +115,10 @@ std::vector<TraceRequest> sharedPrompts(Random& r) {
 std::vector<TraceRequest> scan(Random& r) {
   constexpr size_t kDocs = 400, kRequests = 6000;
   Builder b(r);
-  std::vector<uint64_t> prompt(4);
-  for (auto& id : prompt) id = b.newId();
-  std::vector<std::vector<uint64_t>> docs(kDocs);
-  for (auto& d : docs) {
-    d = prompt;
-    for (uint64_t n = r.between(10, 30); n > 0; --n) d.push_back(b.newId());
-  }
+  std::vector<uint64_t> prompt;
+  b.appendNew(prompt, 4);
+  std::vector<std::vector<uint64_t>> docs(kDocs, prompt);
+  for (auto& d : docs) b.appendNew(d, r.between(10, 30));
   const Zipf popularity(kDocs, 0.9);
   size_t burst = 0;
   while (b.out.size() < kRequests) {
@@ -123,8 +126,7 @@ std::vector<TraceRequest> scan(Random& r) {
     std::vector<uint64_t> ids;
     if (burst > 0) {
       --burst;
-      ids.resize(r.between(64, 256));
-      for (auto& id : ids) id = b.newId();
+      b.appendNew(ids, r.between(64, 256));
     } else {
       ids = docs[popularity.draw(r)];
       ids.push_back(b.newId());  // the question
@@ -137,8 +139,8 @@ std::vector<TraceRequest> scan(Random& r) {
 std::vector<TraceRequest> agents(Random& r) {
   constexpr size_t kTasks = 2000, kLive = 800;
   Builder b(r);
-  std::vector<uint64_t> prompt(8);
-  for (auto& id : prompt) id = b.newId();
+  std::vector<uint64_t> prompt;
+  b.appendNew(prompt, 8);
   struct Task {
     std::vector<uint64_t> context;
     size_t stepsLeft;
@@ -152,7 +154,7 @@ std::vector<TraceRequest> agents(Random& r) {
     }
     const size_t at = r.next() % live.size();
     Task& t = live[at];
-    for (uint64_t n = r.between(1, 3); n > 0; --n) t.context.push_back(b.newId());
+    b.appendNew(t.context, r.between(1, 3));
     b.add(t.context, r.between(16, 256));
     if (--t.stepsLeft == 0) {
       live[at] = std::move(live.back());
@@ -165,18 +167,12 @@ std::vector<TraceRequest> agents(Random& r) {
 std::vector<TraceRequest> hotPrompts(Random& r) {
   constexpr size_t kPrompts = 24, kRequests = 8000;
   Builder b(r);
-  std::vector<std::vector<uint64_t>> prompts(kPrompts);
-  for (auto& p : prompts) {
-    p.resize(r.between(32, 128));
-    for (auto& id : p) id = b.newId();
-  }
+  const auto prompts = b.newPrompts(kPrompts, 32, 128);
   const Zipf popularity(kPrompts, 1.0);
   while (b.out.size() < kRequests) {
     std::vector<uint64_t> ids = prompts[popularity.draw(r)];
     const bool document = r.uniform() < 0.2;
-    for (uint64_t n = document ? r.between(20, 200) : r.between(1, 4); n > 0; --n) {
-      ids.push_back(b.newId());
-    }
+    b.appendNew(ids, document ? r.between(20, 200) : r.between(1, 4));
     b.add(std::move(ids), r.between(32, 256));
   }
   return std::move(b.out);
@@ -185,11 +181,7 @@ std::vector<TraceRequest> hotPrompts(Random& r) {
 std::vector<TraceRequest> documents(Random& r) {
   constexpr size_t kPrompts = 8, kRequests = 6000;
   Builder b(r);
-  std::vector<std::vector<uint64_t>> prompts(kPrompts);
-  for (auto& p : prompts) {
-    p.resize(r.between(2, 8));
-    for (auto& id : p) id = b.newId();
-  }
+  const auto prompts = b.newPrompts(kPrompts, 2, 8);
   // Questions waiting for their turn: (request index, the document's blocks).
   std::vector<std::pair<size_t, std::vector<uint64_t>>> pending;
   while (b.out.size() < kRequests) {
@@ -202,7 +194,7 @@ std::vector<TraceRequest> documents(Random& r) {
       pending.erase(due);
     } else {
       ids = prompts[r.next() % kPrompts];
-      for (uint64_t n = r.between(40, 300); n > 0; --n) ids.push_back(b.newId());
+      b.appendNew(ids, r.between(40, 300));
       for (uint64_t q = r.between(1, 4) - 1; q > 0 && r.uniform() < 0.6; --q) {
         pending.emplace_back(now + 1 + static_cast<size_t>(r.exponential(200)), ids);
       }
