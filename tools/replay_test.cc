@@ -176,6 +176,25 @@ class ReplayTest : public ::testing::Test {
     ASSERT_EQ(trace_.size(), kRequests);
     for (const auto& r : trace_) blocks_ += r.size();
   }
+  // `kvtier replay` of the first `limit` requests against `daemon` at kCapacity, with `extra`
+  // arguments: false (a failure naming the tool's output) unless it exits 0; `doc` gets its JSON,
+  // `output` (if given) what it printed.
+  [[nodiscard]] static bool replaySlice(const test::DaemonProcess& daemon, std::string& doc,
+                                        const std::vector<std::string>& extra = {},
+                                        size_t limit = kRequests, std::string* output = nullptr) {
+    const std::string json = daemon.dataDir() + "/replay.json";
+    std::vector<std::string> args = {"--socket", daemon.socket(),       "replay",
+                                     kTrace,     "--capacity",          std::to_string(kCapacity),
+                                     "--limit",  std::to_string(limit), "--json",
+                                     json};
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::string printed;
+    const int status = test::runTool(args, &printed);
+    if (output) *output = printed;
+    EXPECT_EQ(status, 0) << printed;
+    doc = readAll(json);
+    return status == 0;
+  }
   std::vector<std::vector<uint64_t>> trace_;
   uint64_t blocks_ = 0;
 };
@@ -186,15 +205,8 @@ const std::vector<std::string> kLru = {"--eviction", "lru"};
 // One daemon, cold tier off: what it keeps is what an LRU of its pool keeps, request by request.
 TEST_F(ReplayTest, OneNodeHitsWhatAnLruOfItsPoolHits) {
   test::DaemonProcess daemon(kCapacity * kBlockBytes, "", kLru);
-  const std::string json = daemon.dataDir() + "/replay.json";
-  std::string output;
-  ASSERT_EQ(test::runTool(
-                {"--socket", daemon.socket(), "replay", kTrace, "--capacity",
-                 std::to_string(kCapacity), "--limit", std::to_string(kRequests), "--json", json},
-                &output),
-            0)
-      << output;
-  const std::string doc = readAll(json);
+  std::string doc;
+  ASSERT_TRUE(replaySlice(daemon, doc));
   for (const char* field : {"runs", "capacity_blocks", "nodes", "requests", "hit_rate",
                             "ideal_lru_hit_rate", "hit_blocks", "ideal_lru_hit_blocks"}) {
     EXPECT_NE(doc.find("\"" + std::string(field) + "\":"), std::string::npos) << field;
@@ -272,16 +284,9 @@ TEST_F(ReplayTest, WholePutsHitWhatPutsOfTheMissedBlocksHit) {
   std::string docs[2];
   for (int whole = 0; whole < 2; ++whole) {
     test::DaemonProcess daemon(kCapacity * kBlockBytes, "", kLru);
-    const std::string json = daemon.dataDir() + "/replay.json";
-    std::vector<std::string> args = {"--socket",   daemon.socket(),
-                                     "replay",     kTrace,
-                                     "--capacity", std::to_string(kCapacity),
-                                     "--limit",    std::to_string(kRequests),
-                                     "--json",     json};
-    if (whole) args.push_back("--whole");
-    std::string output;
-    ASSERT_EQ(test::runTool(args, &output), 0) << output;
-    docs[whole] = readAll(json);
+    ASSERT_TRUE(
+        replaySlice(daemon, docs[whole],
+                    whole ? std::vector<std::string>{"--whole"} : std::vector<std::string>{}));
   }
   const std::string& missed = docs[0];
   const std::string& whole = docs[1];
@@ -349,15 +354,9 @@ class StateModel {
 TEST_F(ReplayTest, AHybridModelsCacheHitsWhatAnLruOfBlocksAndStatesHits) {
   constexpr size_t kHybridRequests = 600;
   test::DaemonProcess daemon(kCapacity * kBlockBytes, "", kLru);
-  const std::string json = daemon.dataDir() + "/replay.json";
-  std::string output;
-  ASSERT_EQ(test::runTool({"--socket", daemon.socket(), "replay", kTrace, "--capacity",
-                           std::to_string(kCapacity), "--limit", std::to_string(kHybridRequests),
-                           "--state-blocks", "2", "--checkpoint-blocks", "8", "--json", json},
-                          &output),
-            0)
-      << output;
-  const std::string doc = readAll(json);
+  std::string doc, output;
+  ASSERT_TRUE(replaySlice(daemon, doc, {"--state-blocks", "2", "--checkpoint-blocks", "8"},
+                          kHybridRequests, &output));
   StateModel spaced(kCapacity, 2, 8), every(kCapacity, 2, 1);
   uint64_t spacedHits = 0, everyHits = 0, blocks = 0;
   for (const auto& ids : readHashIds(kHybridRequests)) {
@@ -381,16 +380,9 @@ TEST_F(ReplayTest, AHybridModelsCacheHitsWhatAnLruOfBlocksAndStatesHits) {
 TEST_F(ReplayTest, TheDefaultPolicyBeatsTheLruAnchorByAPointInBothPutModes) {
   for (const bool whole : {false, true}) {
     test::DaemonProcess daemon(kCapacity * kBlockBytes);
-    const std::string json = daemon.dataDir() + "/replay.json";
-    std::vector<std::string> args = {"--socket",   daemon.socket(),
-                                     "replay",     kTrace,
-                                     "--capacity", std::to_string(kCapacity),
-                                     "--limit",    std::to_string(kRequests),
-                                     "--json",     json};
-    if (whole) args.push_back("--whole");
-    std::string output;
-    ASSERT_EQ(test::runTool(args, &output), 0) << output;
-    const std::string doc = readAll(json);
+    std::string doc;
+    ASSERT_TRUE(replaySlice(
+        daemon, doc, whole ? std::vector<std::string>{"--whole"} : std::vector<std::string>{}));
     SCOPED_TRACE(whole ? "whole" : "missed");
     EXPECT_GE(jsonNumber(doc, "hit_blocks"),
               jsonNumber(doc, "ideal_lru_hit_blocks") + double(blocks_) / 100);
@@ -412,15 +404,8 @@ TEST_F(ReplayTest, EveryPolicyOnADaemonHitsWhatTheEngineInProcessHits) {
     const replay::PolicyOutcome inProcess = replay::replayThroughEngine(requests, kCapacity, *kind);
     ASSERT_EQ(inProcess.errors, 0u);
     test::DaemonProcess daemon(kCapacity * kBlockBytes, "", {"--eviction", name});
-    const std::string json = daemon.dataDir() + "/replay.json";
-    std::string output;
-    ASSERT_EQ(test::runTool(
-                  {"--socket", daemon.socket(), "replay", kTrace, "--capacity",
-                   std::to_string(kCapacity), "--limit", std::to_string(kRequests), "--json", json},
-                  &output),
-              0)
-        << output;
-    const std::string doc = readAll(json);
+    std::string doc;
+    ASSERT_TRUE(replaySlice(daemon, doc));
     EXPECT_EQ(jsonNumber(doc, "hit_blocks"), double(inProcess.hits));
     EXPECT_EQ(jsonNumber(doc, "verified_blocks"), double(inProcess.hits));
     EXPECT_EQ(jsonNumber(doc, "wrong_blocks"), 0);
@@ -434,15 +419,10 @@ TEST_F(ReplayTest, EveryPolicyOnADaemonHitsWhatTheEngineInProcessHits) {
 // are left out; an optimum equal to the LRU is said in words. Nothing reads "nan".
 TEST_F(ReplayTest, TheReportComparesOnlyWhatTheAnchorsSimulate) {
   auto replay = [&](const test::DaemonProcess& daemon, size_t limit, std::string* out) {
-    const std::string json = daemon.dataDir() + "/replay.json";
-    EXPECT_EQ(
-        test::runTool({"--socket", daemon.socket(), "replay", kTrace, "--capacity",
-                       std::to_string(kCapacity), "--limit", std::to_string(limit), "--json", json},
-                      out),
-        0)
-        << *out;
+    std::string doc;
+    (void)replaySlice(daemon, doc, {}, limit, out);  // a failure is reported; the checks go on
     EXPECT_EQ(out->find("nan"), std::string::npos) << *out;
-    return readAll(json);
+    return doc;
   };
   // Where the warning stands: before the table (whose header names the hit rate).
   auto warnedUpFront = [](const std::string& out) {
