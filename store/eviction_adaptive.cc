@@ -158,17 +158,25 @@ void AdaptiveEvictionPolicy::startShadows(Class& k) {
     ++shift;
   }
   k.rateShift = shift + 1;  // stored + 1: 0 means no shadows yet
-  k.shadowCapacity = std::max<uint64_t>(1, k.capacity >> shift);
+  setShadowCapacity(k, std::max<uint64_t>(1, k.capacity >> shift));
   k.shadows.clear();
   for (EvictionKind e : kExperts) k.shadows.emplace_back(e);
   switchAfter_ = std::max(switchAfter_, k.shadowCapacity);
+}
+
+void AdaptiveEvictionPolicy::setShadowCapacity(Class& k, uint64_t blocks) const {
+  k.shadowCapacity = blocks;
+  // The counts halve every halfLife shadow capacities of accesses, a step at a time.
+  k.decay = std::exp2(-1.0 / (options_.halfLife * double(blocks)));
 }
 
 void AdaptiveEvictionPolicy::sample(Class& k, uint64_t tag, Hint hint) {
   const uint64_t h = mixTag(tag);
   if ((h & ((uint64_t{1} << (k.rateShift - 1)) - 1)) != 0) return;
   // The class grew since (a pool extended): the shadows follow.
-  k.shadowCapacity = std::max(k.shadowCapacity, k.capacity >> (k.rateShift - 1));
+  if (const uint64_t grown = k.capacity >> (k.rateShift - 1); grown > k.shadowCapacity) {
+    setShadowCapacity(k, grown);
+  }
   std::array<bool, kExperts.size()> hit{};
   for (size_t e = 0; e < kExperts.size(); ++e) {
     hit[e] = k.shadows[e].access(tag, k.shadowCapacity, hint);
@@ -179,12 +187,9 @@ void AdaptiveEvictionPolicy::sample(Class& k, uint64_t tag, Hint hint) {
       if (hit[i] && !hit[j]) k.wins[i][j] += 1;
     }
   }
-  // Halve the scores every halfLife shadow capacities of accesses, a step at a time.
-  const double steps = options_.halfLife * double(k.shadowCapacity);
-  const double decay = std::exp2(-1.0 / steps);
-  for (double& s : k.score) s *= decay;
+  for (double& s : k.score) s *= k.decay;
   for (auto& row : k.wins) {
-    for (double& w : row) w *= decay;
+    for (double& w : row) w *= k.decay;
   }
   ++sinceSwitch_;
   maybeSwitch();

@@ -108,11 +108,11 @@ class AdaptiveEvictionPolicy final : public EvictionPolicy {
     uint64_t capacity = 0;   // the most resident at once
     uint32_t rateShift = 0;  // 0: no shadows yet (until the class is full: its first eviction)
     uint64_t shadowCapacity = 0;
+    double decay = 1;  // the counts' factor per sampled access (setShadowCapacity)
     std::vector<Shadow> shadows;
     std::array<double, kExperts.size()> score{};
     // wins[i][j]: sampled accesses shadow i hit and shadow j missed, decayed alike.
     std::array<std::array<double, kExperts.size()>, kExperts.size()> wins{};
-    uint64_t accesses = 0;  // sampled accesses since the last decay step
   };
   struct Block {
     uint64_t tag = 0;
@@ -127,6 +127,7 @@ class AdaptiveEvictionPolicy final : public EvictionPolicy {
   Class& cls(uint32_t c);
   Block& block(BlockId id);
   void startShadows(Class& k);
+  void setShadowCapacity(Class& k, uint64_t blocks) const;
   void sample(Class& k, uint64_t tag, Hint hint);
   void maybeSwitch();
   void rebuild(EvictionKind kind);
