@@ -249,6 +249,18 @@ class HostBuffer {
   std::unique_ptr<uint8_t, Free> data_;
 };
 
+// Evicts what a timed call's data may have left in the CPU caches, so that a call and its anchor
+// both start from memory, not one from a buffer another step just wrote: reads a buffer of twice
+// the last-level cache (sysconf; at least 64 MiB), written once at construction.
+class CacheFlusher {
+ public:
+  CacheFlusher();
+  void flush();
+
+ private:
+  HostBuffer buffer_;
+};
+
 // INTERNAL unless `hit` matched exactly `tokens` tokens.
 Status expectMatched(const ReadHandle& hit, uint64_t tokens);
 

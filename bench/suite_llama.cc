@@ -20,7 +20,11 @@
 //                            in-process cache such as llama-server's --cache-ram)
 //   llama_store_vs_state_get_1k / _4k     stores of it as new blocks against
 //                            llama_state_seq_get_data into a host buffer
-// The breakdown times llama.cpp's state calls alone, the copies kvtier cannot avoid.
+// Each of those timed calls (and each memcpy) starts with the CPU caches flushed (CacheFlusher),
+// so that neither side reads a buffer the step before it just wrote. The breakdown times
+// llama.cpp's state calls alone, the copies kvtier cannot avoid, and where a restore and a store
+// of the 4k and the 1k prefix spent their time. All of it again on a generated model of
+// Llama-3.2-1B's shapes (ratios suffixed _1b).
 //
 // Then the other memories llama.cpp keeps, each a generated medium model of its family
 // (gemma2: interleaved sliding window; mamba: recurrent only; lfm2: short-convolution layers with
@@ -80,7 +84,10 @@ struct Prompt {
 // restore (checked, and without the checks), its store of the same KV as new blocks (under
 // never-stored tokens), a memcpy of as many bytes, and llama.cpp's own state calls for the prefix
 // from and into a host buffer (what an in-process cache costs); and where a restore and a store
-// spent their time (CacheStats), per call.
+// spent their time (CacheStats), per call. Each timed call starts with the CPU caches flushed:
+// an in-process cache's state, like kvtier's pool, is read back by a later request, after other
+// work (a 1B model's 2 GB of weights at every evaluated token) has gone through the caches, so
+// neither side is timed reading a buffer the step before it just wrote.
 struct PathFigures {
   double restore = 0, uncheckedRestore = 0, store = 0, copy = 0, get = 0, set = 0;
   double restoreDaemon = 0, restoreCopy = 0, restoreLlama = 0;
@@ -89,7 +96,8 @@ struct PathFigures {
 
 Result<PathFigures> measurePaths(llama_context* ctx, llama::PrefixCache& cache,
                                  const llama_model* model, const Prompt& p, uint64_t& fresh,
-                                 HostBuffer& src, HostBuffer& dst, std::vector<uint8_t>& state) {
+                                 HostBuffer& src, HostBuffer& dst, std::vector<uint8_t>& state,
+                                 CacheFlusher& flusher) {
   llama_memory_t mem = llama_get_memory(ctx);
   const size_t kvBytes = p.prefix * cache.layout().tokenKvBytes();
   std::vector<double> restores, uncheckedRestores, stores, copies, gets, sets;
@@ -100,6 +108,7 @@ Result<PathFigures> measurePaths(llama_context* ctx, llama::PrefixCache& cache,
       const bool checked = (k + round) % 2 == 0;
       llama_memory_seq_rm(mem, 0, -1, -1);
       llama::bench_hooks::setRestoreChecks(checked);
+      flusher.flush();
       Result<llama::RestoreInfo> r = llama::RestoreInfo{};
       (checked ? restores : uncheckedRestores).push_back(timed([&] {
         r = cache.restore(0, p.tokens.data(), p.prefix);
@@ -113,17 +122,22 @@ Result<PathFigures> measurePaths(llama_context* ctx, llama::PrefixCache& cache,
                          ", failures ", st.restoreFailures, ")");
       }
     }
+    flusher.flush();
     copies.push_back(memcpySeconds(dst, src, kvBytes));
     std::vector<llama_token> other = sup::randomTokens(model, ++fresh, p.prefix);
     Result<llama::StoreInfo> s = llama::StoreInfo{};
+    flusher.flush();
     stores.push_back(timed([&] { s = cache.store(0, other.data(), other.size()); }));
     if (!s) return s.error();
     if (s->storedTokens != p.prefix) return makeError(ErrorCode::kInternal, "store not new");
+    flusher.flush();
     copies.push_back(memcpySeconds(dst, src, kvBytes));
     // llama.cpp's own state calls for the whole prefix: the copies the state API makes.
     state.resize(llama_state_seq_get_size(ctx, 0));
+    flusher.flush();
     gets.push_back(timed([&] { llama_state_seq_get_data(ctx, state.data(), state.size(), 0); }));
     llama_memory_seq_rm(mem, 0, -1, -1);
+    flusher.flush();
     sets.push_back(timed([&] { llama_state_seq_set_data(ctx, state.data(), state.size(), 0); }));
   }
   const llama::CacheStats& after = cache.stats();
@@ -347,6 +361,7 @@ Status runPlain(const Options& options, const PlainModel& pm, std::vector<RatioR
   const size_t kvBytes = big.prefix * layout.tokenKvBytes();
   HostBuffer src(kvBytes), dst(kvBytes);
   std::vector<uint8_t> state;
+  CacheFlusher flusher;
 
   const auto report = [&](const std::string& name, auto&&... rest) {
     return newReport(name + pm.suffix, rest...);
@@ -384,7 +399,8 @@ Status runPlain(const Options& options, const PlainModel& pm, std::vector<RatioR
   RatioReport storeGet4k = report("llama_store_vs_state_get_4k", "PrefixCache::store of " + prefix,
                                   "llama_state_seq_get_data of " + prefix, "1/s", true, 0.8);
   std::vector<double> getData, setData, memcpys;
-  std::vector<double> phases[6];  // CacheStats' time split per restore and per store
+  // CacheStats' time split per restore and per store, for the long prefix [0] and the short [1].
+  std::vector<double> phases[2][6];
 
   const int reps = std::min(options.reps, pm.maxReps);
   for (int rep = 0; rep <= reps && !gInterrupted; ++rep) {
@@ -401,7 +417,8 @@ Status runPlain(const Options& options, const PlainModel& pm, std::vector<RatioR
       });
       if (restored != p.prefix)
         return makeError(ErrorCode::kInternal, "restored ", restored, " of ", p.prefix, " tokens");
-      if (warm) continue;  // (the recompute, minutes for the large model, is the same each time)
+      if (warm || getenv("QUICK"))
+        continue;  // (the recompute, minutes for the large model, is the same each time)
       clear();
       const double recompute =
           timed([&] { sup::decode(ctx.get(), 0, p.tokens, 0, p.length, split); });
@@ -412,18 +429,21 @@ Status runPlain(const Options& options, const PlainModel& pm, std::vector<RatioR
 
     // The restore path alone, then the store path of the same bytes as new blocks, for the long
     // prefix and the short one, each beside its anchors; the medians of kCopyRounds per repetition.
-    auto paths = measurePaths(ctx.get(), cache, model.get(), big, fresh, src, dst, state);
+    auto paths = measurePaths(ctx.get(), cache, model.get(), big, fresh, src, dst, state, flusher);
     if (!paths) return paths.error();
-    auto shortPaths =
-        measurePaths(ctx.get(), cache, model.get(), prompts.back(), fresh, src, dst, state);
+    auto shortPaths = measurePaths(ctx.get(), cache, model.get(), prompts.back(), fresh, src, dst,
+                                   state, flusher);
     if (!shortPaths) return shortPaths.error();
     if (warm) continue;
-    phases[0].push_back(paths->restoreDaemon);
-    phases[1].push_back(paths->restoreCopy);
-    phases[2].push_back(paths->restoreLlama);
-    phases[3].push_back(paths->storeDaemon);
-    phases[4].push_back(paths->storeCopy);
-    phases[5].push_back(paths->storeLlama);
+    for (auto [figures, split] :
+         {std::pair{&*paths, phases[0]}, std::pair{&*shortPaths, phases[1]}}) {
+      split[0].push_back(figures->restoreDaemon);
+      split[1].push_back(figures->restoreCopy);
+      split[2].push_back(figures->restoreLlama);
+      split[3].push_back(figures->storeDaemon);
+      split[4].push_back(figures->storeCopy);
+      split[5].push_back(figures->storeLlama);
+    }
     memcpys.push_back(paths->copy);
     restoreMem.kvtier.perRep.push_back(kvBytes / paths->restore);
     restoreMem.anchor.perRep.push_back(kvBytes / paths->copy);
@@ -451,15 +471,22 @@ Status runPlain(const Options& options, const PlainModel& pm, std::vector<RatioR
   const std::string of = std::string(" (") + pm.preset + ")";
   for (auto [name, values] : std::initializer_list<std::pair<const char*, std::vector<double>*>>{
            {"memcpy of the long prefix's KV", &memcpys},
-           {"restore: kvtierd (lookup, release)", &phases[0]},
-           {"restore: kvtier's copies, pool -> state", &phases[1]},
-           {"restore: llama.cpp (set_data, seq_cp, seq_rm)", &phases[2]},
-           {"store: kvtierd (bind, grant, commit, unbind)", &phases[3]},
-           {"store: kvtier's copies, state -> pool", &phases[4]},
-           {"store: llama.cpp (seq_cp, get_data, seq_rm)", &phases[5]},
            {"llama_state_seq_get_data alone, the whole prefix", &getData},
            {"llama_state_seq_set_data alone, the whole prefix", &setData}}) {
     steps.emplace_back(name + of, medianOf(*values));
+  }
+  for (int length = 0; length < 2; ++length) {
+    const std::string at = length == 0 ? ", 4k" : ", 1k";
+    for (int phase = 0; phase < 6; ++phase) {
+      constexpr const char* kPhases[6] = {"restore: kvtierd (lookup, release)",
+                                          "restore: kvtier's copies, pool -> state",
+                                          "restore: llama.cpp (set_data, seq_cp, seq_rm)",
+                                          "store: kvtierd (bind, grant, commit, unbind)",
+                                          "store: kvtier's copies, state -> pool",
+                                          "store: llama.cpp (seq_cp, get_data, seq_rm)"};
+      steps.emplace_back(kPhases[phase] + (of.substr(0, of.size() - 1) + at + ")"),
+                         medianOf(phases[length][phase]));
+    }
   }
   extra.push_back("\"model" + std::string(pm.suffix) + "\": {\"preset\": \"" + pm.preset +
                   "\", \"layers\": " + std::to_string(llama_model_n_layer(model.get())) +

@@ -601,12 +601,13 @@ PrefixCache::Impl::Restored PrefixCache::Impl::restoreStaged(llama_seq_id seq,
   const size_t steps = (hit.blockCount() + per - 1) / per;
   if (steps < 2 || !options.pipelineRestores) return restoreSteps(seq, hit, 0);
   // Pipelined: the worker builds step i + 1 (copy out of the pool, checked) while llama.cpp loads
-  // step i. A step whose build failed (a block that fails its check, or a hit of another shape)
-  // ends the pipeline; the steps after the last one loaded go the sequential way, which reports
-  // the damaged block and loads what comes before it.
+  // step i, in kBuffers buffers that take turns; a caller whose next step is not built yet builds
+  // a later one itself. A step whose build failed (a block that fails its check, or a hit of
+  // another shape) ends the pipeline; the steps after the last one loaded go the sequential way,
+  // which reports the damaged block and loads what comes before it.
+  constexpr size_t kBuffers = 3;
   const size_t stepBytes = map->stateBytesAt(0, per * uint64_t{bt});
-  uint8_t* buffers[2] = {scratchOf(2 * stepBytes), nullptr};
-  buffers[1] = buffers[0] + stepBytes;
+  uint8_t* const buffers = scratchOf(kBuffers * stepBytes);
   struct Built {
     size_t good = 0;
     bool shapeOk = true;
@@ -617,14 +618,16 @@ PrefixCache::Impl::Restored PrefixCache::Impl::restoreStaged(llama_seq_id seq,
       steps,
       [&](size_t i) {
         const size_t b0 = i * per, n = std::min(per, hit.blockCount() - b0);
-        built[i].good = buildStep(hit, b0, n, buffers[i % 2], built[i].shapeOk);
+        built[i].good = buildStep(hit, b0, n, buffers + i % kBuffers * stepBytes, built[i].shapeOk);
       },
-      /*lead=*/2);
+      /*lead=*/kBuffers);
   StageRun run(*worker);
   Restored done;
   for (size_t i = 0; i < steps; ++i) {
     {
       Timed t(stats.restoreCopyNs);  // the time the restore waits for the copies
+      while (!worker->filled(i) && worker->fillNext()) {
+      }
       worker->await(i);
     }
     const size_t b0 = i * per, n = std::min(per, hit.blockCount() - b0);
@@ -635,7 +638,7 @@ PrefixCache::Impl::Restored PrefixCache::Impl::restoreStaged(llama_seq_id seq,
       return rest;
     }
     const uint64_t first = b0 * bt, end = first + n * bt;
-    const bool loaded = loadStep(seq, buffers[i % 2], first, end);
+    const bool loaded = loadStep(seq, buffers + i % kBuffers * stepBytes, first, end);
     worker->release(i);
     if (!loaded) return {done.cells, done.corrupt, true};
     done.cells = end;

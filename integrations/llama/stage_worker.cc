@@ -41,7 +41,8 @@ void StageWorker::start(size_t steps, std::function<void(size_t)> fill, size_t l
     fill_ = std::move(fill);
     steps_ = steps;
     lead_ = lead;
-    filled_.store(0, std::memory_order_relaxed);
+    filled_ = std::make_unique<std::atomic<bool>[]>(steps);  // all false
+    next_.store(0, std::memory_order_relaxed);
     released_.store(0, std::memory_order_relaxed);
     cancel_.store(false, std::memory_order_relaxed);
     idle_ = false;
@@ -49,8 +50,23 @@ void StageWorker::start(size_t steps, std::function<void(size_t)> fill, size_t l
   wake_.notify_all();
 }
 
+bool StageWorker::filled(size_t i) const { return filled_[i].load(std::memory_order_acquire); }
+
 void StageWorker::await(size_t i) {
-  waitFor([&] { return filled_.load(std::memory_order_acquire) > i; });
+  waitFor([&] { return filled(i); });
+}
+
+bool StageWorker::claim(size_t i) {
+  return i < steps_ && released_.load(std::memory_order_acquire) + lead_ > i &&
+         next_.compare_exchange_strong(i, i + 1, std::memory_order_acq_rel);
+}
+
+bool StageWorker::fillNext() {
+  const size_t i = next_.load(std::memory_order_acquire);
+  if (!claim(i)) return false;
+  fill_(i);
+  filled_[i].store(true, std::memory_order_release);
+  return true;
 }
 
 void StageWorker::release(size_t i) { released_.store(i + 1, std::memory_order_release); }
@@ -69,15 +85,19 @@ void StageWorker::serve() {
       wake_.wait(lock, [&] { return stop_ || !idle_; });
       if (stop_) return;
     }
-    for (size_t i = 0; i < steps_; ++i) {
-      // Step i may start once the caller has let go of step i - lead.
+    for (;;) {
+      // The next step, once the caller has let go of step i - lead (or has begun it itself).
+      const size_t i = next_.load(std::memory_order_acquire);
+      if (i >= steps_) break;
       waitFor([&] {
         return cancel_.load(std::memory_order_acquire) ||
-               released_.load(std::memory_order_acquire) + lead_ > i;
+               released_.load(std::memory_order_acquire) + lead_ > i ||
+               next_.load(std::memory_order_acquire) != i;
       });
       if (cancel_.load(std::memory_order_acquire)) break;
+      if (!claim(i)) continue;  // the caller began it
       fill_(i);
-      filled_.store(i + 1, std::memory_order_release);
+      filled_[i].store(true, std::memory_order_release);
     }
     {
       std::lock_guard lock(mutex_);

@@ -97,9 +97,10 @@ struct CacheOptions {
   // state buffer stays in the CPU's cache and the KV crosses memory once. The engine must never
   // use this sequence (calls fail with INVALID_ARGUMENT while it holds tokens).
   llama_seq_id scratchSeq = -1;
-  // With a scratch sequence: a restore of more than one step copies (and checks) the next step
-  // out of the pool on a second thread of the cache's while llama.cpp loads this one, so that the
-  // restore costs about llama.cpp's own load rather than the load plus kvtier's copy; a store
+  // With a scratch sequence: a restore of more than one step copies (and checks) the next steps
+  // out of the pool on a second thread of the cache's while llama.cpp loads this one (the calling
+  // thread builds one too when it would otherwise wait), so that the restore costs about
+  // llama.cpp's own load rather than the load plus kvtier's copy; a store
   // scatters a step into the pool there while llama.cpp writes the next one. The thread runs only
   // during restores and stores (the engine waits for them); false: one thread.
   bool pipelineRestores = true;
