@@ -50,7 +50,7 @@ from chaos_processes import Daemon, describe_status, fork_child, read_records, t
 
 # cluster_chaos.py imports this file as `base` for the content and process helpers it shares.
 from chaos_clients import BT, VOCAB, layout, packed, wrong_bytes  # noqa: F401
-from chaos_processes import Recorder, _libc, die_with_parent  # noqa: F401
+from chaos_processes import Recorder, close_quietly  # noqa: F401
 
 
 # --- The run ------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import time
 
 import kv_content
 import kvtier
-from chaos_processes import Recorder
+from chaos_processes import Recorder, close_quietly
 
 # --- Content (tests/chaos/kv_content.py) -------------------------------------------------------
 
@@ -572,11 +572,7 @@ def writer_main(socket, wid, nwriters, seed, log_path, epoch):
             if isinstance(e, (kvtier.Full, kvtier.Conflict)):
                 time.sleep(0.005)  # retryable: the spill frees blocks
             else:
-                if client is not None:
-                    try:
-                        client.close()
-                    except kvtier.Error:
-                        pass
+                close_quietly(client)
                 client = space = None
                 kept.clear()
                 time.sleep(0.02)

@@ -1,6 +1,7 @@
 """Process helpers of the single-node chaos (tests/chaos/chaos.py; cluster_chaos.py uses them
-through it, tests/soak/soak.py directly): children forked to die with their parent, the JSON-lines
-logs they write and the parent reads, and the kvtierd process (Daemon).
+through it, cluster_network.py and tests/soak/soak.py directly): children forked to die with their
+parent, the JSON-lines logs they write and the parent reads, closing a client whose daemon may be
+gone (close_quietly), and the kvtierd process (Daemon).
 """
 
 import collections
@@ -12,6 +13,8 @@ import subprocess
 import sys
 import time
 import traceback
+
+import kvtier
 
 # --- Processes ----------------------------------------------------------------------------------
 
@@ -96,6 +99,17 @@ class Recorder:
 
     def __call__(self, **record):
         os.write(self.fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+
+
+def close_quietly(client):
+    """Closes `client` (None: nothing to do) after a typed error, when its daemon may be gone or
+    restarting: the kvtier.Error closing may raise too is ignored. The caller then forgets it
+    (client = space = None) and connects again when it next needs one."""
+    if client is not None:
+        try:
+            client.close()
+        except kvtier.Error:
+            pass
 
 
 # --- The daemon ---------------------------------------------------------------------------------

@@ -30,6 +30,9 @@ lookup takes longer than its deadline — one peer deadline plus a local allowan
 daemon was stopped or killed meanwhile (lookups_over_deadline); at the end, with the clients gone,
 no pinned block, lease or unsealed block left on any daemon (leaked_pins, leaked_blocks). The last
 line of stdout is one JSON object; the exit status is 1 when any of those is not zero.
+
+The clients and the run are here; the network and the processes in its namespaces (Network, Proc,
+enter_netns) are in cluster_network.py, beside this file.
 """
 
 import argparse
@@ -46,12 +49,12 @@ import time
 
 import chaos as base  # content and process helpers of the single-node chaos (same directory)
 import kvtier
+from cluster_network import Network, Proc, enter_netns
 
 BT = base.BT
 NET = "10.77.0."
 ETCD_IP = NET + "2"
 PEER_PORT = 7000
-CLONE_NEWNET = 0x40000000
 
 PROFILES = {
     # faults, nodes, clients per node, lookups per second per client, seconds between faults
@@ -63,153 +66,6 @@ FAULT_WEIGHTS = {"kill": 3, "stop": 3, "partition": 3, "etcd": 1, "flip": 3}
 
 def node_ip(i):
     return NET + str(10 + i)
-
-
-def sh(*args, check=True):
-    """Runs a command (ip), returning its stdout; raises with its stderr when it fails."""
-    r = subprocess.run(args, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-    if check and r.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)}: {r.stderr.strip()}")
-    return r.stdout
-
-
-def enter_netns(name):
-    """Moves the calling (single-threaded) process into network namespace `name`."""
-    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    try:
-        if base._libc.setns(fd, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns {name}")
-    finally:
-        os.close(fd)
-
-
-# --- The network --------------------------------------------------------------------------------
-
-
-class Network:
-    """A bridge in the run's hub namespace and one namespace per member, each with one address."""
-
-    def __init__(self, prefix, members):
-        self.prefix = prefix
-        self.members = members  # name -> address
-        self.hub = f"{prefix}-hub"
-        self.made = []
-
-    def ns(self, member):
-        return f"{self.prefix}-{member}"
-
-    def setup(self):
-        sh("ip", "netns", "add", self.hub)
-        self.made.append(self.hub)
-        sh("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge")
-        sh("ip", "-n", self.hub, "link", "set", "br0", "up")
-        for k, (member, addr) in enumerate(self.members.items()):
-            ns = self.ns(member)
-            sh("ip", "netns", "add", ns)
-            self.made.append(ns)
-            sh("ip", "-n", self.hub, "link", "add", f"v{k}", "type", "veth", "peer", "name",
-               "eth0", "netns", ns)
-            sh("ip", "-n", self.hub, "link", "set", f"v{k}", "master", "br0", "up")
-            sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
-            sh("ip", "-n", ns, "link", "set", "eth0", "up")
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-
-    def link(self, member, up):
-        k = list(self.members).index(member)
-        sh("ip", "-n", self.hub, "link", "set", f"v{k}", "up" if up else "down")
-
-    def teardown(self):
-        """Kills whatever still runs in the namespaces and deletes them (their veths go too)."""
-        for ns in reversed(self.made):
-            pids = sh("ip", "netns", "pids", ns, check=False).split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except (OSError, ValueError):
-                    pass
-            sh("ip", "netns", "del", ns, check=False)
-        self.made = []
-
-
-# --- Processes in namespaces --------------------------------------------------------------------
-
-
-class Proc:
-    """etcd or one kvtierd, restartable, run inside its member's namespace."""
-
-    def __init__(self, run, name, ns, args, ready_text, env=None):
-        self.run, self.name, self.ns, self.args = run, name, ns, args
-        self.ready_text = ready_text
-        self.env = env
-        self.proc = None
-        self.logs = []
-        self.killed = False  # by us: its exit is no crash
-        self.ready_line = ""
-
-    def start(self, deadline_s=30.0):
-        assert not self.alive()
-        log_path = self.run.path(f"{self.name}-{len(self.logs)}.log")
-        self.logs.append(log_path)
-        parent, ns = os.getpid(), self.ns
-
-        def pre():
-            base.die_with_parent(parent)
-            enter_netns(ns)
-
-        t0 = time.monotonic()
-        with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, preexec_fn=pre, env=self.env)
-        self.killed = False
-        while True:
-            for line in base.tail(log_path, 400).splitlines():
-                if self.ready_text in line:
-                    self.ready_line = line
-                    return time.monotonic() - t0
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited ({self.proc.returncode}) at start: "
-                                   + base.tail(log_path, 8))
-            if time.monotonic() - t0 > deadline_s:
-                raise RuntimeError(f"{self.name} not ready in {deadline_s:.0f} s: "
-                                   + base.tail(log_path, 8))
-            time.sleep(0.01)
-
-    def alive(self):
-        return self.proc is not None and self.proc.poll() is None
-
-    def signal(self, signo):
-        if self.alive():
-            self.proc.send_signal(signo)
-
-    def kill(self):
-        if self.proc is not None:
-            self.killed = True
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait()
-
-    def stop(self, timeout_s=20.0):
-        if self.alive():
-            self.killed = True
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.run.note(f"{self.name} did not stop in {timeout_s:.0f} s after SIGTERM")
-                self.run.counts["errors"] += 1
-        self.kill()
-
-    def crash_lines(self):
-        out = []
-        for path in self.logs:
-            try:
-                with open(path, errors="replace") as f:
-                    out += [ln.strip() for ln in f if "Assertion" in ln or "Fatal" in ln
-                            or "Segmentation" in ln or "level=error" in ln]
-            except OSError:
-                pass
-        return out
 
 
 # --- Clients ------------------------------------------------------------------------------------
@@ -271,11 +127,7 @@ def client_main(ns, sock, cid, seed, prompts, rate, log_path):
                 space.remove(seq)
         except kvtier.Error as e:
             rec(ev="E", t=round(time.monotonic(), 4), err=type(e).__name__)
-            if client is not None:
-                try:
-                    client.close()
-                except kvtier.Error:
-                    pass
+            base.close_quietly(client)
             client = space = None
             time.sleep(0.1)
 
