@@ -36,13 +36,17 @@
 //                                                with the prefix restored, vs evaluating all of it
 // with, per family, the bytes of one state (state_bytes_per_checkpoint) and the pool bytes the
 // prefill kept per token of the prompt (cached_bytes_per_token: blocks and states, whole blocks).
+#include <ggml-backend.h>
+
 #include <cstring>
+#include <string>
 #include <tuple>
 
 #include "bench/harness.h"
 #include "integrations/llama/llama_bench_hooks.h"
 #include "integrations/llama/llama_support.h"
 #include "kvtier/llama.h"
+#include "tools/json_string.h"
 
 namespace kvtier::bench {
 namespace {
@@ -501,10 +505,27 @@ Status runPlain(const Options& options, const PlainModel& pm, std::vector<RatioR
   return {};
 }
 
+// The devices llama.cpp computes on, printed and as a JSON array: a GPU's among them when a GPU
+// back-end was loaded (GGML_BACKEND_PATH, scripts/build-llama-cuda.sh), and then the models'
+// layers and KV cache are on it.
+std::string llamaDevices() {
+  sup::loadBackends();
+  std::string json = "[";
+  for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+    ggml_backend_dev_t dev = ggml_backend_dev_get(i);
+    std::string name =
+        std::string(ggml_backend_dev_name(dev)) + ": " + ggml_backend_dev_description(dev);
+    std::printf("llama.cpp device %zu: %s\n", i, name.c_str());
+    json += (i ? ", " : "") + jsonString(name);
+  }
+  return json + "]";
+}
+
 Status run(const Options& options) {
   std::vector<RatioReport> reports;
   Breakdown breakdown;
   RunInfo info = runInfoOf("llama", options, {{"llama.cpp", "\"node-llama-cpp 3.22.1\""}});
+  info.extra.push_back("\"llama_devices\": " + llamaDevices());
   for (const PlainModel& pm : kPlainModels) {
     if (gInterrupted) break;
     if (auto s = runPlain(options, pm, reports, breakdown.steps, info.extra); !s) return s;

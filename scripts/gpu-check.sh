@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in one run: the GPU kernel tests, the GPU integration tests (real
 # kvtierd processes with GPU pools and GPU client processes sharing them through CUDA IPC), the
-# kernel tests again under compute-sanitizer's memcheck, and the GPU bench suite.
+# kernel tests again under compute-sanitizer's memcheck, the GPU bench suite, and llama.cpp with
+# its KV cache on the GPU restoring from kvtier (when scripts/build-llama-cuda.sh built its CUDA
+# back-end).
 #
 #   scripts/gpu-check.sh [BUILD_DIR] [OUT_DIR]     (defaults: build, gpu-check-out)
 #
@@ -47,6 +49,32 @@ if [ -n "$sanitizer" ]; then
     "$build/tests/kvtier_gpu_test"
 else
   summary+=("memcheck         skipped: no compute-sanitizer (PATH, /usr/local/cuda/bin)")
+fi
+
+# llama.cpp with its layers and KV cache on the GPU, restoring from kvtier: the llama suite with
+# the CUDA back-end scripts/build-llama-cuda.sh builds (GGML_BACKEND_PATH), its ratios in
+# OUT/llama-gpu.json. The back-end needs CUDA 13's libcudart and libcublas: the system's, else
+# those of Python's nvidia packages (a PyTorch image has them).
+cuda_backend=${KVTIER_LLAMA_CUDA_DIR:-.deps/llama.cpp-cuda}/libggml-cuda.so
+if [ -f "$cuda_backend" ]; then
+  if ! ldconfig -p | grep -q 'libcublas\.so\.13'; then
+    site=$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' \
+      2>/dev/null || true)
+    if [ -n "$site" ]; then
+      libs=$(find "$site/nvidia" \( -name 'libcublas.so.13' -o -name 'libcudart.so.13' \) \
+        -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
+      export LD_LIBRARY_PATH=${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    fi
+  fi
+  # The models are generated with NumPy: Debian's python3 has it, else the python3 on PATH.
+  if ! /usr/bin/python3 -c 'import numpy' 2>/dev/null; then export KVTIER_PYTHON=python3; fi
+  export GGML_BACKEND_PATH
+  GGML_BACKEND_PATH=$(realpath "$cuda_backend")
+  step llama_gpu 420 "$build/bench/kvtier-bench" --suite llama --reps 3 \
+    --json "$out/llama-gpu.json"
+  unset GGML_BACKEND_PATH
+else
+  summary+=("llama_gpu        skipped: no $cuda_backend (scripts/build-llama-cuda.sh)")
 fi
 
 echo "== summary"

@@ -124,8 +124,17 @@ std::vector<llama_token> randomTokens(const llama_model* model, uint64_t seed, s
 
 void makeModel(const std::string& path, const std::string& preset, uint64_t seed,
                const std::vector<std::string>& extraArgs) {
-  std::vector<std::string> args = {"/usr/bin/python3", KVTIER_MAKE_GGUF_PATH, "--preset", preset,
-                                   "--seed",           std::to_string(seed),  "--out",    path};
+  // Debian's python3 (with python3-numpy), unless $KVTIER_PYTHON names another interpreter with
+  // NumPy (a machine whose NumPy is elsewhere, as on a PyTorch image).
+  const char* python = std::getenv("KVTIER_PYTHON");
+  std::vector<std::string> args = {python && *python ? python : "/usr/bin/python3",
+                                   KVTIER_MAKE_GGUF_PATH,
+                                   "--preset",
+                                   preset,
+                                   "--seed",
+                                   std::to_string(seed),
+                                   "--out",
+                                   path};
   args.insert(args.end(), extraArgs.begin(), extraArgs.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -135,7 +144,7 @@ void makeModel(const std::string& path, const std::string& preset, uint64_t seed
   if (pid == 0) {
     // The script prints a summary line; the caller's stdout is for its own protocol.
     if (std::FILE* null = std::fopen("/dev/null", "w")) ::dup2(fileno(null), STDOUT_FILENO);
-    ::execv(argv[0], argv.data());
+    ::execvp(argv[0], argv.data());
     ::_exit(127);
   }
   int status = 0;
