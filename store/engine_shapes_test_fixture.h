@@ -19,7 +19,7 @@ namespace kvtier::shapes_test {
 
 using namespace test_util;  // smallLayout, Tags, tags, toks, kOwner, EngineHarness
 
-inline constexpr uint32_t kBt = 16;
+inline constexpr uint32_t kBt = kTestBlockTokens;
 // Checkpoints and entries live in blob blocks of 4 KiB and more (engine_shapes.cc); pools that hold
 // blobs get room for some.
 inline constexpr uint64_t kBlobBlock = 4096;

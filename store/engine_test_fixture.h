@@ -28,7 +28,7 @@ namespace test_util {
 
 // A small layout, so that pools of a few blocks reach FULL and eviction quickly: 2 layers, 1 KV
 // head, head dim 4, fp16 -> 8 bytes per token per layer for K (and V), 512 bytes per block.
-inline constexpr uint32_t kBt = 16;
+inline constexpr uint32_t kBt = kTestBlockTokens;
 inline constexpr uint32_t kBlockBytes = 512;
 
 inline std::vector<BlockLocation> firstBlocks(const std::vector<BlockLocation>& v, size_t n) {
