@@ -467,6 +467,16 @@ Status runPlain(const Options& options, const PlainModel& pm, std::vector<RatioR
       storeR->kvtier.perRep.push_back(1 / figures->store);
       storeR->anchor.perRep.push_back(1 / figures->get);
     }
+    // One line per repetition, as it ends (a run that stops early still shows what it measured).
+    auto last = [](const RatioReport& r) {
+      return r.kvtier.perRep.empty() ? 0.0 : r.kvtier.perRep.back() / r.anchor.perRep.back();
+    };
+    std::printf(
+        "%s rep %d: restore/set_data %.3f (1k) %.3f (4k), store/get_data %.3f (1k) %.3f (4k), "
+        "TTFT speedup %.2f (1k) %.2f (4k)\n",
+        pm.preset, rep, last(restoreSet1k), last(restoreSet4k), last(storeGet1k), last(storeGet4k),
+        last(speed1k), last(speed4k));
+    std::fflush(stdout);
   }
   for (RatioReport* r : {&speed1k, &speed4k, &restoreMem, &restoreUncheckedMem, &storeMem,
                          &restoreSet1k, &restoreSet4k, &storeGet1k, &storeGet4k}) {

@@ -19,12 +19,26 @@ namespace {
 using namespace test_util;
 
 constexpr uint32_t kBt = kTestBlockTokens;
-constexpr uint32_t kBlockBytes = 512;
 constexpr uint8_t kGpu = 1;
 
+// smallLayout() (blocks of 512 bytes), or the same with blocks of 1 MiB.
+Layout layoutOf(bool largeBlocks) {
+  Layout l = smallLayout();
+  if (largeBlocks) {
+    l.numKvHeads = 8;
+    l.headDim = 1024;
+  }
+  return l;
+}
+
 struct Rig {
-  Layout layout = smallLayout();
-  BlockPool pool{{{0, 16 * kBlockBytes, 0}, {1, 4 * kBlockBytes, kGpu}}};
+  // A host pool of 16 blocks and a GPU pool of `gpuBlocks`.
+  explicit Rig(bool largeBlocks = false, uint64_t gpuBlocks = 4)
+      : layout(layoutOf(largeBlocks)),
+        pool{{{0, 16 * layout.blockBytes(), 0}, {1, gpuBlocks * layout.blockBytes(), kGpu}}} {}
+
+  Layout layout;
+  BlockPool pool;
   HeapBlockMemory mem{pool.extents()};
   Engine engine{pool, mem};
   SpaceId space = engine.openSpace(layout, saltFor("t")).value();
@@ -171,6 +185,63 @@ TEST(TierService, BytesChangedInTheHostPoolNeverReachTheGpu) {
   EXPECT_EQ(s.corruptBlocks, 1u);
   EXPECT_EQ(s.gpuBlocksUsed, 1u);
   EXPECT_EQ(s.blocksUsed, used - 2);  // the promoted block's host copy and the damaged one
+  EXPECT_EQ(s.blocksPinned, 0u);
+}
+
+// A batch of several MiB is checked on threads of its own, a promotion's while it is copied: a
+// damaged block anywhere in it is found, the others move.
+TEST(TierService, ALargeBatchIsCheckedWholeWhileItMoves) {
+  kj::EventLoop loop;
+  kj::WaitScope ws(loop);
+  Rig rig(true, 16);  // blocks of 1 MiB
+  ASSERT_EQ(rig.layout.blockBytes(), 1u << 20);
+  TierService tiers(rig.engine, rig.copier(), {kGpu}, 0.0);
+  const auto tokens = toks(12 * kBt, 1000);
+  rig.cache(tokens, 0);
+  const size_t bad[] = {0, 5, 11};
+  {
+    auto r = rig.engine.lookup(kOwner, rig.space, tokens, {}, "", SeqOptions{});
+    ASSERT_TRUE(r.ok());
+    ASSERT_EQ(r->blocks.size(), 12u);
+    for (size_t b : bad) rig.mem.extentBase(r->blocks[b].extent)[r->blocks[b].offset + 4099] ^= 4;
+    ASSERT_TRUE(rig.engine.releaseRead(r->lease).ok());
+  }
+  KJ_ASSERT_NONNULL(tiers.bringTo(rig.space, rig.keysOf(tokens), kGpu)).wait(ws);
+  // Block 0 is damaged: the prefix ends before it, and the 9 good blocks were promoted.
+  EXPECT_TRUE(rig.where(tokens).empty());
+  const EngineStats s = rig.engine.stats();
+  EXPECT_EQ(s.gpuPromoted, 9u);
+  EXPECT_EQ(s.corruptBlocks, 3u);
+  EXPECT_EQ(s.gpuBlocksUsed, 9u);
+  EXPECT_EQ(s.blocksPinned, 0u);
+}
+
+// The same for a large demotion: the copies that are not the writer's bytes are dropped.
+TEST(TierService, ALargeDemotionDropsOnlyTheDamagedCopies) {
+  kj::EventLoop loop;
+  kj::WaitScope ws(loop);
+  Rig rig(true, 16);
+  std::atomic<bool> damage{false};
+  auto copier = [&](std::span<const BlockCopy> cs) {
+    for (size_t i = 0; i < cs.size(); ++i) {
+      std::memcpy(cs[i].dst, cs[i].src, cs[i].bytes);
+      if (damage && i % 4 == 1) cs[i].dst[i * 1000] ^= 1;
+    }
+    return true;
+  };
+  TierService tiers(rig.engine, copier, {kGpu}, 0.0);
+  const auto tokens = toks(12 * kBt, 1100);
+  rig.cache(tokens, 0);
+  KJ_ASSERT_NONNULL(tiers.bringTo(rig.space, rig.keysOf(tokens), kGpu)).wait(ws);
+  ASSERT_EQ(rig.engine.stats().gpuBlocksUsed, 12u);
+  damage = true;
+  tiers.makeRoom(kGpu);
+  tiers.whenSettles().wait(ws);
+  const EngineStats s = rig.engine.stats();
+  EXPECT_EQ(s.gpuDemoted + s.corruptBlocks, 12u);
+  EXPECT_EQ(s.corruptBlocks, 3u);
+  EXPECT_EQ(s.blocksUsed, 9u);  // the good copies, in the host pool
+  EXPECT_EQ(s.gpuBlocksUsed, 0u);
   EXPECT_EQ(s.blocksPinned, 0u);
 }
 

@@ -91,7 +91,9 @@ PRESETS = {
     # sliding-window attention on every other layer (window 128), full attention between
     "gemma2-tiny": dict(_BASE, arch="gemma2", layers=4, embd=64, heads=2, kv_heads=1, ff=128,
                         ctx=8192, swa=128, wtype="f32"),
-    "gemma2-medium": dict(_BASE, arch="gemma2", layers=8, embd=512, heads=8, kv_heads=2,
+    # heads of 256, as Gemma 2's (llama.cpp's CUDA flash attention, with Gemma 2's logit
+    # soft-capping, has kernels for heads of 128 and 256 only)
+    "gemma2-medium": dict(_BASE, arch="gemma2", layers=8, embd=512, heads=2, kv_heads=1,
                           ff=1536, ctx=8192, swa=512, wtype="f16"),
     # recurrent only: a state-space model (d_inner = 2 * embd)
     "mamba-tiny": dict(_BASE, arch="mamba", layers=2, embd=64, heads=0, kv_heads=0, ff=0,
