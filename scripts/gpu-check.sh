@@ -3,7 +3,8 @@
 # kvtierd processes with GPU pools and GPU client processes sharing them through CUDA IPC), the
 # kernel tests again under compute-sanitizer's memcheck, the GPU bench suite, and llama.cpp with
 # its KV cache on the GPU restoring from kvtier (when scripts/build-llama-cuda.sh built its CUDA
-# back-end).
+# back-end); then the cold suite, whose hot-lookup tail wants the cores a GPU machine has to spare.
+# A machine without the build's libraries takes them from scripts/gpu-bundle.sh's bundle.
 #
 #   scripts/gpu-check.sh [BUILD_DIR] [OUT_DIR]     (defaults: build, gpu-check-out)
 #
@@ -66,8 +67,11 @@ if [ -f "$cuda_backend" ]; then
       export LD_LIBRARY_PATH=${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     fi
   fi
-  # The models are generated with NumPy: Debian's python3 has it, else the python3 on PATH.
-  if ! /usr/bin/python3 -c 'import numpy' 2>/dev/null; then export KVTIER_PYTHON=python3; fi
+  # The models are generated with NumPy: $KVTIER_PYTHON's (gpu-bundle.sh's env.sh sets it), else
+  # Debian's python3, else the python3 on PATH.
+  if [ -z "${KVTIER_PYTHON:-}" ] && ! /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
+    export KVTIER_PYTHON=python3
+  fi
   export GGML_BACKEND_PATH
   GGML_BACKEND_PATH=$(realpath "$cuda_backend")
   step llama_gpu 420 "$build/bench/kvtier-bench" --suite llama --reps 3 \
@@ -76,6 +80,10 @@ if [ -f "$cuda_backend" ]; then
 else
   summary+=("llama_gpu        skipped: no $cuda_backend (scripts/build-llama-cuda.sh)")
 fi
+
+# The cold suite's figures depend on cores to spare (hot_p99_under_spill; docs/performance.md):
+# three repetitions, into OUT/cold.json. It needs db_bench on PATH for its anchors.
+step cold 180 "$build/bench/kvtier-bench" --suite cold --reps 3 --json "$out/cold.json"
 
 echo "== summary"
 printf '%s\n' "${summary[@]}"
