@@ -17,10 +17,6 @@
 // reserves those pages itself (vm.nr_hugepages, root only) while that daemon starts, and puts the
 // old value back as soon as the daemon's pool holds them (they stay its own until it exits). Where
 // they cannot be had the figure is skipped, with the reason.
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
@@ -39,17 +35,15 @@
 
 #include "bench/harness.h"
 #include "bench/local_anchors.h"
+#include "bench/local_pool_copies.h"
+#include "bench/local_workload.h"
 #include "client/bench_hooks.h"
 #include "tests/huge_page_reservation.h"
 #include "tools/json_string.h"
-#include "tools/synthetic_kv.h"
 
 namespace kvtier::bench {
 namespace {
 
-// The shapes are benchLayout()'s (256 KiB blocks); the prefix is 64 blocks, 16 MiB.
-constexpr uint64_t kPrefixTokens = 1024;
-constexpr uint32_t kPrefixBlocks = 64;
 constexpr const char* kPoolBytes = "256M";
 constexpr uint64_t kPoolHugePages = 128;  // kPoolBytes in 2 MiB pages
 // A repetition is kRounds rounds; a round runs every measurement once, back to back. Per
@@ -59,34 +53,6 @@ constexpr int kRounds = 8;
 constexpr int kBandwidthIterationsPerRound = 4;
 constexpr int kRttIterationsPerRound = 250;
 constexpr int kPerBlockIterationsPerRound = 50;  // of each kind (samplePerBlock)
-
-// The suite's data: the prompt, its packed KV (also the memcpy source) and the reader's buffer
-// (also the memcpy destination).
-struct Workload {
-  Workload() {
-    const auto packed = synthetic::packedKv(layout, tokens, 0, kPrefixTokens);
-    std::memcpy(kv.data(), packed.data(), kv.size());
-  }
-  size_t bytes() const { return kv.size(); }
-  // A new prompt for every put: the prompt's first token counts the puts, so every block's chained
-  // key is new and the put is what a prefill hands over — 64 fresh blocks written, sealed and
-  // indexed, the pool's oldest blocks evicted to make room once it is full. (A put of blocks the
-  // index already holds writes them to a scratch block and keeps the cached ones: cheaper, and not
-  // what a writer of new KV pays.)
-  std::span<const uint32_t> nextPutTokens() {
-    putTokens[0] = 0x40000000u + ++puts;
-    return putTokens;
-  }
-
-  Layout layout = benchLayout();
-  std::vector<uint32_t> tokens = synthetic::tokens(2024, kPrefixTokens);
-  std::vector<uint32_t> firstBlock =
-      std::vector<uint32_t>(tokens.begin(), tokens.begin() + layout.blockTokens);
-  HostBuffer kv{kPrefixTokens * layout.tokenKvBytes()};
-  HostBuffer out{kPrefixTokens * layout.tokenKvBytes()};
-  std::vector<uint32_t> putTokens = tokens;
-  uint32_t puts = 0;
-};
 
 // The anchor for bytes: one core's memcpy of the same 16 MiB.
 double timeMemcpy(Workload& w, int iterations) {
@@ -155,154 +121,6 @@ Result<double> timePutMany(Space& space, Workload& w, int iterations) {
     }
   }
   return seconds;
-}
-
-// --- The data path against a raw copy on the same memory.
-//
-// A put's write and a get's copy move 16 MiB as runs of 16 KiB (one per layer, K or V, and block:
-// the block layout), between the caller's packed buffer and pool blocks. Their anchor here does
-// the same work on the same memory: plain code copying the same runs into the very blocks the put
-// was granted (or out of the very blocks the lookup pinned), in the same process, right beside
-// the SDK's copy into (out of) the same addresses, with the best of two methods: glibc memcpy and
-// AVX2 streaming stores. What the SDK adds to a raw copy — the layout's loop, the writer's
-// checksum fused into the write, the choice of copy method — is what the ratio shows, whatever
-// this machine's memory is worth.
-
-#if defined(__x86_64__)
-__attribute__((target("avx2"))) void streamRun(uint8_t* dst, const uint8_t* src, size_t n) {
-  auto* d = reinterpret_cast<__m256i*>(dst);
-  const auto* s = reinterpret_cast<const __m256i*>(src);
-  size_t i = 0;
-  for (; i + 4 <= n / 32; i += 4) {
-    const __m256i a = _mm256_loadu_si256(s + i), b = _mm256_loadu_si256(s + i + 1);
-    const __m256i c = _mm256_loadu_si256(s + i + 2), e = _mm256_loadu_si256(s + i + 3);
-    _mm256_stream_si256(d + i, a);
-    _mm256_stream_si256(d + i + 1, b);
-    _mm256_stream_si256(d + i + 2, c);
-    _mm256_stream_si256(d + i + 3, e);
-  }
-  std::memcpy(dst + i * 32, src + i * 32, n - i * 32);
-}
-bool haveStreamRun() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("avx"); }
-#else
-void streamRun(uint8_t* dst, const uint8_t* src, size_t n) { std::memcpy(dst, src, n); }
-bool haveStreamRun() { return false; }
-#endif
-
-// Copies the prefix's runs between the packed buffer and the blocks: into them (`into`) or out.
-// `stream`: AVX2 streaming stores, else memcpy. Returns seconds.
-double rawRuns(std::span<uint8_t* const> blocks, uint8_t* packed, const Layout& layout, bool into,
-               bool stream) {
-  const size_t bt = layout.blockTokens, tokenBytes = layout.tokenBytes();
-  const size_t run = bt * tokenBytes;
-  const size_t lkvs = 2 * size_t{layout.numLayers};
-  const auto t0 = Clock::now();
-  for (size_t b = 0; b < blocks.size(); ++b) {
-    for (size_t lkv = 0; lkv < lkvs; ++lkv) {
-      uint8_t* inBlock = blocks[b] + lkv * run;
-      uint8_t* inPacked = packed + (lkv * kPrefixTokens + b * bt) * tokenBytes;
-      uint8_t* dst = into ? inBlock : inPacked;
-      const uint8_t* src = into ? inPacked : inBlock;
-      if (stream) {
-        streamRun(dst, src, run);
-      } else {
-        std::memcpy(dst, src, run);
-      }
-    }
-  }
-#if defined(__x86_64__)
-  if (stream) _mm_sfence();
-#endif
-  asm volatile("" : : "r"(blocks.data()) : "memory");
-  return secondsSince(t0);
-}
-
-// Seconds of each, over `iterations` fresh puts and as many gets of the prefix.
-struct PoolCopySeconds {
-  double write = 0, writeUnsummed = 0, copyOut = 0, copyOutUnchecked = 0;
-  double rawInto[2] = {}, rawOut[2] = {};  // by method: memcpy, streaming (0: not run)
-};
-
-// Per iteration: a put's grant of 64 fresh blocks; into them the SDK's write with and without the
-// writer's checksums and the raw copy by both methods, in an order that rotates; the grant
-// aborted. Then a lookup of the prefix; out of its blocks copyTo and the raw copy by both
-// methods, likewise. The anchor is the method faster over the whole repetition (not the faster
-// of each pair, which would favour the anchor with the noise).
-Result<PoolCopySeconds> timePoolCopies(Space& space, Workload& w, int iterations) {
-  PoolCopySeconds out;
-  const bool stream = haveStreamRun();
-  for (int i = 0; i < iterations; ++i) {
-    auto lease = space.beginPut("bench-raw", 0, w.nextPutTokens());
-    if (!lease) return lease.error();
-    std::vector<uint8_t*> blocks;
-    for (size_t b = 0; b < lease->blockCount(); ++b) blocks.push_back(lease->block(b).data());
-    if (blocks.size() != kPrefixBlocks || !blocks[0]) {
-      return makeError(ErrorCode::kInternal, "the put was granted ", blocks.size(),
-                       " mapped blocks, expected ", kPrefixBlocks);
-    }
-    for (int k = 0; k < 4; ++k) {
-      switch ((k + i) % 4) {
-        case 0: {
-          const auto t0 = Clock::now();
-          auto s = lease->write(0, kPrefixTokens, w.kv.data(), w.kv.size());
-          if (!s) return s.error();
-          out.write += secondsSince(t0);
-          break;
-        }
-        case 1: {
-          bench_hooks::setWriterChecksums(false);
-          const auto t0 = Clock::now();
-          auto s = lease->write(0, kPrefixTokens, w.kv.data(), w.kv.size());
-          out.writeUnsummed += secondsSince(t0);
-          bench_hooks::setWriterChecksums(true);
-          if (!s) return s.error();
-          break;
-        }
-        case 2:
-          out.rawInto[0] += rawRuns(blocks, w.kv.data(), w.layout, true, false);
-          break;
-        case 3:
-          if (stream) out.rawInto[1] += rawRuns(blocks, w.kv.data(), w.layout, true, true);
-          break;
-      }
-    }
-    if (auto s = lease->abort(); !s) return s.error();
-
-    auto hit = space.lookup(w.tokens);
-    if (!hit) return hit.error();
-    if (auto s = expectMatched(*hit, kPrefixTokens); !s) return s.error();
-    std::vector<uint8_t*> pinned;
-    for (size_t b = 0; b < hit->blockCount(); ++b)
-      pinned.push_back(const_cast<uint8_t*>(hit->block(b).data()));
-    for (int k = 0; k < 4; ++k) {
-      switch ((k + i) % 4) {
-        case 0: {
-          const auto t0 = Clock::now();
-          auto s = hit->copyTo(0, kPrefixTokens, w.out.data(), w.out.size());
-          if (!s) return s.error();
-          out.copyOut += secondsSince(t0);
-          break;
-        }
-        case 1: {
-          bench_hooks::setReaderChecks(false);
-          const auto t0 = Clock::now();
-          auto s = hit->copyTo(0, kPrefixTokens, w.out.data(), w.out.size());
-          out.copyOutUnchecked += secondsSince(t0);
-          bench_hooks::setReaderChecks(true);
-          if (!s) return s.error();
-          break;
-        }
-        case 2:
-          out.rawOut[0] += rawRuns(pinned, w.out.data(), w.layout, false, false);
-          break;
-        case 3:
-          if (stream) out.rawOut[1] += rawRuns(pinned, w.out.data(), w.layout, false, true);
-          break;
-      }
-    }
-    hit->release();
-  }
-  return out;
 }
 
 // Seconds of each lookup that hits exactly one block, its ReadHandle dropped right after (the drop
