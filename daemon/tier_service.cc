@@ -27,10 +27,12 @@ TierService::~TierService() {
 
 namespace {
 
-// A block to check against its writer's checksum after (or while) it is copied.
+// A block to check against its writer's checksum after (or while) it is copied; `ticket` is its
+// move's index in the batch.
 struct Check {
   const uint8_t* at;
   uint64_t bytes, sum;
+  size_t ticket;
 };
 
 // Below this many bytes a batch is checked on the copying thread, after its copy: a thread of
@@ -40,16 +42,14 @@ constexpr uint64_t kSpreadCheckBytes = 4ull << 20;
 // moves 50-55 GB/s host to device: two keep up with it, the third is for a slower core).
 constexpr unsigned kMaxCheckThreads = 3;
 
+// damaged[c.ticket] for each check: its bytes are not the writer's.
 void checkRange(std::span<const Check> checks, uint8_t* damaged) {
-  for (size_t i = 0; i < checks.size(); ++i) {
-    damaged[i] =
-        checks[i].sum != 0 && blockChecksum(checks[i].at, checks[i].bytes) != checks[i].sum;
-  }
+  for (const Check& c : checks) damaged[c.ticket] = blockChecksum(c.at, c.bytes) != c.sum;
 }
 
-// Starts checking `checks` on threads of their own (parts of about equal bytes), writing
-// damaged[i] for each; the threads are joined when the returned vector goes. None when the batch
-// is small: then the caller checks it itself (checkRange).
+// Starts checking `checks` on threads of their own (parts of about equal bytes), each writing its
+// checks' damaged[c.ticket]; the threads are joined when the returned vector goes. None when the
+// batch is small: then the caller checks it itself (checkRange).
 std::vector<std::jthread> startChecks(std::span<const Check> checks, uint8_t* damaged) {
   uint64_t total = 0;
   for (const Check& c : checks) total += c.bytes;
@@ -63,9 +63,8 @@ std::vector<std::jthread> startChecks(std::span<const Check> checks, uint8_t* da
     size_t end = begin;
     while (end < checks.size() && (p == parts || done < total * p / parts))
       done += checks[end++].bytes;
-    threads.emplace_back([part = checks.subspan(begin, end - begin), out = damaged + begin] {
-      checkRange(part, out);
-    });
+    threads.emplace_back(
+        [part = checks.subspan(begin, end - begin), damaged] { checkRange(part, damaged); });
     begin = end;
   }
   return threads;
@@ -75,18 +74,19 @@ std::vector<std::jthread> startChecks(std::span<const Check> checks, uint8_t* da
 
 kj::Promise<TierService::Copied> TierService::copyOnWorker(const std::vector<MoveTicket>& tickets) {
   std::vector<BlockCopy> copies;
-  std::vector<Check> sources, copied;      // promotions' sources; demotions' copies, in host memory
-  std::vector<size_t> sourceAt, copiedAt;  // their tickets
+  std::vector<Check> sources, copied;  // promotions' sources; demotions' copies, in host memory
   copies.reserve(tickets.size());
   BlockMemory& memory = engine_.memory();
   for (size_t i = 0; i < tickets.size(); ++i) {
     const MoveTicket& t = tickets[i];
     copies.push_back(BlockCopy{memory.extentBase(t.dst.extent) + t.dst.offset,
                                memory.extentBase(t.src.extent) + t.src.offset, t.src.bytes});
-    if (t.sum == 0) continue;
-    (t.sumOfSource ? sources : copied)
-        .push_back({t.sumOfSource ? copies.back().src : copies.back().dst, t.src.bytes, t.sum});
-    (t.sumOfSource ? sourceAt : copiedAt).push_back(i);
+    if (t.sum == 0) continue;  // no checksum to hold it to
+    if (t.sumOfSource) {
+      sources.push_back({copies.back().src, t.src.bytes, t.sum, i});
+    } else {
+      copied.push_back({copies.back().dst, t.src.bytes, t.sum, i});
+    }
   }
   // Both ends of every copy stay pinned until finishMoves: the worker reads and writes in place.
   // A copy that throws, or a worker that is gone, is a failed copy: the moves still finish.
@@ -95,23 +95,22 @@ kj::Promise<TierService::Copied> TierService::copyOnWorker(const std::vector<Mov
   // reads it too, a demotion's copy (what the GPU held was the writer's) once it has arrived.
   return worker_
       ->run([this, copies = std::move(copies), sources = std::move(sources),
-             copied = std::move(copied), sourceAt = std::move(sourceAt),
-             copiedAt = std::move(copiedAt), n = tickets.size()]() {
+             copied = std::move(copied), n = tickets.size()]() {
         Copied out;
-        std::vector<uint8_t> sourceDamaged(sources.size()), copiedDamaged(copied.size());
+        out.damaged.assign(n, 0);  // each thread writes its own checks' entries
         {
-          std::vector<std::jthread> checking = startChecks(sources, sourceDamaged.data());
+          std::vector<std::jthread> checking = startChecks(sources, out.damaged.data());
           out.ok = copier_(copies);
-          if (checking.empty()) checkRange(sources, sourceDamaged.data());
+          if (checking.empty()) checkRange(sources, out.damaged.data());
         }
-        if (!out.ok) return out;
+        if (!out.ok) {
+          out.damaged.clear();  // a failed batch moves nothing; what its checks found is moot
+          return out;
+        }
         {
-          std::vector<std::jthread> checking = startChecks(copied, copiedDamaged.data());
-          if (checking.empty()) checkRange(copied, copiedDamaged.data());
-        }
-        out.damaged.assign(n, 0);
-        for (size_t i = 0; i < sources.size(); ++i) out.damaged[sourceAt[i]] = sourceDamaged[i];
-        for (size_t i = 0; i < copied.size(); ++i) out.damaged[copiedAt[i]] = copiedDamaged[i];
+          std::vector<std::jthread> checking = startChecks(copied, out.damaged.data());
+          if (checking.empty()) checkRange(copied, out.damaged.data());
+        }  // joined before `out` is returned
         return out;
       })
       .catch_([](kj::Exception&& e) {

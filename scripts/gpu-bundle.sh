@@ -55,12 +55,9 @@ cat >"$stage/.gpu-bundle/env.sh" <<'EOF'
 # runtime and cuBLAS (the system's, or Python's nvidia packages'), then the bundle's runtime.
 _bundle=$PWD/.gpu-bundle
 _cuda=""  # ":dir:dir..."
-_site=$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' \
-  2>/dev/null || true)
-if [ -n "$_site" ]; then
-  for _d in $(find "$_site/nvidia" \( -name 'libcublas.so.13' -o -name 'libcudart.so.13' \) \
-    -printf '%h\n' 2>/dev/null | sort -u); do _cuda=$_cuda:$_d; done
-fi
+# shellcheck source=scripts/cuda13-libs.sh
+. scripts/cuda13-libs.sh
+for _d in $(cuda13_python_dirs); do _cuda=$_cuda:$_d; done
 for _d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
   [ -d "$_d" ] && _cuda=$_cuda:$_d
 done
@@ -71,7 +68,7 @@ export PATH=$_bundle/bin:$PATH
 printf '#!/bin/sh\nexec env -u LD_LIBRARY_PATH python3 "$@"\n' >"$_bundle/bin/python-numpy"
 chmod +x "$_bundle/bin/python-numpy"
 export KVTIER_PYTHON=$_bundle/bin/python-numpy
-unset _bundle _cuda _d _site
+unset _bundle _cuda _d
 EOF
 
 tar -C "$stage" -cf "$out" --use-compress-program='xz -T0 -6' .

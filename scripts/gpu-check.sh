@@ -59,13 +59,10 @@ fi
 cuda_backend=${KVTIER_LLAMA_CUDA_DIR:-.deps/llama.cpp-cuda}/libggml-cuda.so
 if [ -f "$cuda_backend" ]; then
   if ! ldconfig -p | grep -q 'libcublas\.so\.13'; then
-    site=$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' \
-      2>/dev/null || true)
-    if [ -n "$site" ]; then
-      libs=$(find "$site/nvidia" \( -name 'libcublas.so.13' -o -name 'libcudart.so.13' \) \
-        -printf '%h\n' 2>/dev/null | sort -u | paste -sd:)
-      export LD_LIBRARY_PATH=${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-    fi
+    # shellcheck source=scripts/cuda13-libs.sh
+    . "$(dirname "$0")/cuda13-libs.sh"
+    libs=$(cuda13_python_dirs | paste -sd:)
+    if [ -n "$libs" ]; then export LD_LIBRARY_PATH=${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; fi
   fi
   # The models are generated with NumPy: $KVTIER_PYTHON's (gpu-bundle.sh's env.sh sets it), else
   # Debian's python3, else the python3 on PATH.

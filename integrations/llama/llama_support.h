@@ -59,7 +59,8 @@ std::vector<llama_token> tokenize(const llama_model* model, const std::string& t
 std::vector<llama_token> randomTokens(const llama_model* model, uint64_t seed, size_t length);
 
 // Writes a llama GGUF with random weights (make_gguf.py with Debian's python3, or $KVTIER_PYTHON):
-// preset "tiny", "medium", "llama-1b" or a family's, extra arguments as the script takes them. Throws std::runtime_error on failure.
+// preset "tiny", "medium", "llama-1b" or a family's, extra arguments as the script takes them.
+// Throws std::runtime_error on failure.
 void makeModel(const std::string& path, const std::string& preset, uint64_t seed,
                const std::vector<std::string>& extraArgs = {});
 
