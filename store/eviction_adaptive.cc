@@ -56,6 +56,14 @@ void AdaptiveEvictionPolicy::insert(BlockId id, uint32_t sizeClass, bool first, 
   b.replica = first;
   b.sizeClass = sizeClass;
   if (tag != 0) b.tag = tag;
+  if (b.epoch != epoch_) {
+    // In the order of a policy that led before (or new): a use moves it into the leader's.
+    if (EvictionPolicy* d = donor(b.epoch)) {
+      d->erase(id);
+      dropDrained();
+    }
+    b.epoch = epoch_;
+  }
   leader_->insert(id, sizeClass, first, tag);
   // Every insert is a use of the block's content (new or reused): an access for the shadows.
   const Hint hint = b.continues ? Hint::kContinues : b.deadEnd ? Hint::kDeadEnd : Hint::kNone;
@@ -65,6 +73,7 @@ void AdaptiveEvictionPolicy::insert(BlockId id, uint32_t sizeClass, bool first, 
 
 void AdaptiveEvictionPolicy::sealed(std::span<const BlockId> fresh, BlockId parent,
                                     uint64_t position) {
+  // New blocks join the leader's order: it alone takes the hint.
   leader_->sealed(fresh, parent, position);
   // The shadows get the same hints for the blocks they sample: new blocks that continue a prefix
   // the request reused from memory (ARC's and 2Q's rule), else the end of the commit (2Q's dead
@@ -83,13 +92,20 @@ void AdaptiveEvictionPolicy::sealed(std::span<const BlockId> fresh, BlockId pare
   if (!end.known) end.deadEnd = true;
 }
 
+EvictionPolicy* AdaptiveEvictionPolicy::orderOf(BlockId id) const {
+  if (id >= blocks_.size() || blocks_[id].epoch == epoch_) return leader_.get();
+  return donor(blocks_[id].epoch);
+}
+
 void AdaptiveEvictionPolicy::erase(BlockId id) {
   if (id < blocks_.size() && blocks_[id].known) blocks_[id].held = true;
-  leader_->erase(id);
+  if (EvictionPolicy* p = orderOf(id)) p->erase(id);
+  if (!donors_.empty()) dropDrained();
 }
 
 void AdaptiveEvictionPolicy::evicted(BlockId id, uint64_t tag) {
-  leader_->evicted(id, tag);
+  if (EvictionPolicy* p = orderOf(id)) p->evicted(id, tag);
+  if (!donors_.empty()) dropDrained();
   if (id >= blocks_.size() || !blocks_[id].known) return;
   Class& k = classes_[blocks_[id].sizeClass];
   --k.resident;
@@ -99,15 +115,70 @@ void AdaptiveEvictionPolicy::evicted(BlockId id, uint64_t tag) {
 }
 
 void AdaptiveEvictionPolicy::moved(BlockId from, BlockId to) {
-  leader_->moved(from, to);
-  if (from >= blocks_.size() || !blocks_[from].known) return;
+  if (EvictionPolicy* p = orderOf(from)) p->moved(from, to);
+  if (from >= blocks_.size()) return;
   const Block b = blocks_[from];
+  // `to` takes `from`'s history in the policy that holds it.
+  block(to).epoch = b.epoch;
+  if (!b.known) return;
   --classes_[b.sizeClass].resident;
   blocks_[from] = Block{};
   // `to`'s insert counts it where it lands; its content's tag comes along.
-  Block& t = block(to);
+  Block& t = blocks_[to];
   t = Block{};
   t.tag = b.tag;
+  t.epoch = b.epoch;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The order: the leader's, after what the policies that led before still hold
+
+EvictionPolicy* AdaptiveEvictionPolicy::donor(uint16_t epoch) const {
+  for (const Donor& d : donors_) {
+    if (d.epoch == epoch) return d.policy.get();
+  }
+  return nullptr;
+}
+
+void AdaptiveEvictionPolicy::dropDrained() {
+  std::erase_if(donors_, [](const Donor& d) { return d.policy->size() == 0; });
+}
+
+BlockId AdaptiveEvictionPolicy::victim(uint32_t sizeClass) const {
+  const BlockId v = leader_->victim(sizeClass);
+  if (donors_.empty()) return v;
+  // Replicas go first (the leader orders its own first), then the blocks not used since the
+  // switch, oldest donor first, in their order.
+  if (v != kNoBlock && blocks_[v].replica) return v;
+  for (const Donor& d : donors_) {
+    if (const BlockId dv = d.policy->victim(sizeClass); dv != kNoBlock) return dv;
+  }
+  return v;
+}
+
+void AdaptiveEvictionPolicy::oldest(uint32_t sizeClass, size_t max, std::vector<BlockId>& out,
+                                    std::span<const BlockId> skip) const {
+  if (donors_.empty()) return leader_->oldest(sizeClass, max, out, skip);
+  // victim()'s order: the leader's replicas, each donor's blocks, the leader's others.
+  std::vector<BlockId> led;
+  leader_->oldest(sizeClass, max, led, skip);
+  size_t replicas = 0;
+  while (replicas < led.size() && blocks_[led[replicas]].replica) ++replicas;
+  const size_t start = out.size();
+  out.insert(out.end(), led.begin(), led.begin() + static_cast<std::ptrdiff_t>(replicas));
+  for (const Donor& d : donors_) {
+    if (out.size() - start >= max) break;
+    d.policy->oldest(sizeClass, max - (out.size() - start), out, skip);
+  }
+  for (size_t i = replicas; i < led.size() && out.size() - start < max; ++i) {
+    out.push_back(led[i]);
+  }
+}
+
+size_t AdaptiveEvictionPolicy::size() const {
+  size_t n = leader_->size();
+  for (const Donor& d : donors_) n += d.policy->size();
+  return n;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -225,27 +296,38 @@ void AdaptiveEvictionPolicy::maybeSwitch() {
 
 void AdaptiveEvictionPolicy::rebuild(EvictionKind kind) {
   auto next = makeEvictionPolicy(kind);
-  // The evictable blocks in the old leader's order, first to go first (each class), then the
-  // held ones, known to the new leader and held again.
-  std::vector<BlockId> order;
-  for (uint32_t c = 0; c < classes_.size(); ++c) {
-    order.clear();
-    leader_->oldest(c, leader_->size(), order);
-    for (BlockId id : order) {
-      const Block& b = blocks_[id];
-      next->insert(id, c, b.replica, b.tag);
+  if (size() > options_.rebuildBlocks) {
+    // Too many blocks to order again at once (the engine's loop would stall): the new leader
+    // starts empty, and the old order drains into it as its blocks are used, or goes first.
+    donors_.push_back(Donor{epoch_, std::move(leader_)});
+    ++epoch_;
+  } else {
+    // The evictable blocks in the order so far, first to go first (each class), then the held
+    // ones, known to the new leader and held again.
+    std::vector<BlockId> order;
+    for (uint32_t c = 0; c < classes_.size(); ++c) {
+      order.clear();
+      oldest(c, size(), order);
+      for (BlockId id : order) {
+        const Block& b = blocks_[id];
+        next->insert(id, c, b.replica, b.tag);
+      }
     }
-  }
-  for (BlockId id = 0; id < blocks_.size(); ++id) {
-    const Block& b = blocks_[id];
-    if (!b.known || !b.held) continue;
-    next->insert(id, b.sizeClass, b.replica, b.tag);
-    next->erase(id);
+    ++epoch_;
+    for (BlockId id = 0; id < blocks_.size(); ++id) {
+      Block& b = blocks_[id];
+      b.epoch = epoch_;
+      if (!b.known || !b.held) continue;
+      next->insert(id, b.sizeClass, b.replica, b.tag);
+      next->erase(id);
+    }
+    donors_.clear();
   }
   leader_ = std::move(next);
   leaderKind_ = kind;
   ++switches_;
   sinceSwitch_ = 0;
+  dropDrained();
 }
 
 }  // namespace kvtier

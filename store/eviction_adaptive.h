@@ -23,14 +23,17 @@
 // - Switching: 2Q leads at first (the best fixed policy on the most workloads measured). A shadow
 //   becomes the leader when, against the leader's shadow, it won more of those accesses than it
 //   lost by Options::switchZ standard deviations (McNemar's test: (won - lost) / sqrt(won +
-//   lost)), after at least a shadow capacity of accesses since the last switch. The new leader is
-//   built from the blocks in memory: the evictable ones inserted in the old leader's eviction
-//   order (first to go first), the held ones after them, held again. Their histories (uses,
-//   ghosts) start afresh; the set of blocks does not change.
+//   lost)), after at least a shadow capacity of accesses since the last switch. With up to
+//   Options::rebuildBlocks blocks in memory, the new leader is built from them at once: the
+//   evictable ones inserted in the old order (first to go first), the held ones after them, held
+//   again. Their histories (uses, ghosts) start afresh; the set of blocks does not change. With
+//   more, the switch costs O(1): the old leader becomes a donor, its blocks wait in its order and
+//   go first, and each one used again joins the new leader's order (which starts empty).
 //
-// The engine sees one policy: every call goes to the leader, which alone holds the order; the
-// shadows only see tags. Cost: the leader's, plus 5 shadow accesses per sampled insert (an
-// insert in R), plus a rebuild (O(blocks in memory)) per switch.
+// The engine sees one policy: the leader orders the blocks used since the last switch, the
+// donors (rarely any) those not used since; the shadows only see tags. Cost: the leader's, plus
+// 5 shadow accesses per sampled insert (an insert in R), plus a rebuild (O(blocks in memory, at
+// most rebuildBlocks)) per switch.
 //
 // Not thread-safe (the engine's owner calls it), as every policy.
 #pragma once
@@ -59,6 +62,10 @@ class AdaptiveEvictionPolicy final : public EvictionPolicy {
     // A shadow leads when it beats the leader's by this many standard deviations (see above), and
     // at least a shadow capacity of sampled accesses came since the last switch.
     double switchZ = 3;
+    // A switch with at most this many blocks in memory orders them all for the new leader at
+    // once (a few milliseconds); with more, the new leader starts empty and the old order drains
+    // into it as its blocks are used, evicted first (no pause of the engine's loop).
+    uint64_t rebuildBlocks = 65536;
   };
   AdaptiveEvictionPolicy() : AdaptiveEvictionPolicy(Options{}) {}
   explicit AdaptiveEvictionPolicy(Options options);
@@ -68,12 +75,10 @@ class AdaptiveEvictionPolicy final : public EvictionPolicy {
   void evicted(BlockId id, uint64_t tag) override;
   void moved(BlockId from, BlockId to) override;
   void sealed(std::span<const BlockId> fresh, BlockId parent, uint64_t position) override;
-  BlockId victim(uint32_t sizeClass) const override { return leader_->victim(sizeClass); }
+  BlockId victim(uint32_t sizeClass) const override;
   void oldest(uint32_t sizeClass, size_t max, std::vector<BlockId>& out,
-              std::span<const BlockId> skip = {}) const override {
-    leader_->oldest(sizeClass, max, out, skip);
-  }
-  size_t size() const override { return leader_->size(); }
+              std::span<const BlockId> skip = {}) const override;
+  size_t size() const override;
   void prefetch(BlockId id) const override { leader_->prefetch(id); }
 
   // The experts, in the order the shadows keep them.
@@ -122,6 +127,12 @@ class AdaptiveEvictionPolicy final : public EvictionPolicy {
     bool replica : 1 = false;
     bool continues : 1 = false;  // sealed(): continues a reused prefix, until its first insert
     bool deadEnd : 1 = false;    // sealed(): ends its commit, until its first insert
+    uint16_t epoch = 0;          // the order it is in: the leader's (epoch_) or a donor's
+  };
+  // A policy that led before, whose blocks not used since the switch still wait in its order.
+  struct Donor {
+    uint16_t epoch;
+    std::unique_ptr<EvictionPolicy> policy;
   };
 
   Class& cls(uint32_t c);
@@ -131,6 +142,10 @@ class AdaptiveEvictionPolicy final : public EvictionPolicy {
   void sample(Class& k, uint64_t tag, Hint hint);
   void maybeSwitch();
   void rebuild(EvictionKind kind);
+  // The policy whose order holds `id` (null: a donor that drained).
+  EvictionPolicy* orderOf(BlockId id) const;
+  EvictionPolicy* donor(uint16_t epoch) const;
+  void dropDrained();
 
   Options options_;
   std::unique_ptr<EvictionPolicy> leader_;
@@ -138,6 +153,8 @@ class AdaptiveEvictionPolicy final : public EvictionPolicy {
   std::vector<Block> blocks_;
   std::vector<Class> classes_;
   uint64_t switches_ = 0;
+  uint16_t epoch_ = 0;         // the leader's
+  std::vector<Donor> donors_;  // oldest first
   uint64_t sinceSwitch_ = 0;  // sampled accesses since the last switch (or the start)
   uint64_t switchAfter_ = 0;  // ... needed before the next one
 };

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <vector>
 
@@ -41,6 +42,76 @@ TEST(AdaptiveEvictionTest, EveryLeaderAndEveryRebuildKeepsTheEvictableSet) {
   test::runEvictionModel(q, m);
   EXPECT_GT(q.switches(), 10u);
   EXPECT_GE(leaders.size(), 3u) << "the run should have crossed several experts";
+}
+
+// The same with every switch draining (no rebuild): the old orders' blocks go first, each joins
+// the new leader's when used again, and oldest() still lists what successive evictions take.
+TEST(AdaptiveEvictionTest, EverySwitchThatDrainsKeepsTheEvictableSet) {
+  AdaptiveEvictionPolicy::Options o = eager();
+  o.rebuildBlocks = 0;
+  AdaptiveEvictionPolicy q(o);
+  std::set<EvictionKind> leaders;
+  test::EvictionModel m;
+  m.seed = 4242;
+  m.steps = 40000;
+  m.reuseOneIn = 3;
+  m.checkSize = true;
+  m.oldestEvery = 89;
+  m.afterStep = [&] { leaders.insert(q.leader()); };
+  test::runEvictionModel(q, m);
+  EXPECT_GT(q.switches(), 10u);
+  EXPECT_GE(leaders.size(), 3u) << "the run should have crossed several experts";
+}
+
+// After a switch that drains, the blocks not used since go before any block the new leader
+// orders, in the old leader's order; a block used again leaves the old order for the new one.
+TEST(AdaptiveEvictionTest, ASwitchThatDrainsEvictsWhatWasNotUsedSinceFirst) {
+  AdaptiveEvictionPolicy::Options o = eager();
+  o.rebuildBlocks = 0;
+  AdaptiveEvictionPolicy q(o);
+  // Working sets of 40 contents that change every 200 uses, in a cache of 48 blocks, used as the
+  // engine does (a hit is a hold and a release; a miss evicts the victim for it): recency wins
+  // what 2Q's probation loses, and the leader changes.
+  constexpr BlockId kBlocks = 48;
+  std::vector<uint64_t> held(kBlocks, 0);  // block -> content (0: free)
+  std::map<uint64_t, BlockId> where;       // content -> block
+  BlockId fresh = 0;
+  for (uint64_t n = 0; q.switches() == 0; ++n) {
+    ASSERT_LT(n, 100000u) << "no switch";
+    const uint64_t c = 1 + n / 200 * 40 + n % 40;
+    if (auto it = where.find(c); it != where.end()) {
+      q.erase(it->second);
+      q.insert(it->second, 0, false, tagOf(c));
+      continue;
+    }
+    BlockId b = fresh;
+    if (fresh < kBlocks) {
+      ++fresh;
+    } else {
+      b = q.victim(0);
+      ASSERT_NE(b, kNoBlock);
+      q.evicted(b, tagOf(held[b]));
+      where.erase(held[b]);
+    }
+    held[b] = c;
+    where[c] = b;
+    q.insert(b, 0, false, tagOf(c));
+  }
+  std::vector<BlockId> before;
+  q.oldest(0, kBlocks, before);
+  ASSERT_EQ(before.size(), kBlocks);
+  // Use the first half again: they leave the old order; the rest go first, in that order.
+  for (size_t i = 0; i < kBlocks / 2; ++i) {
+    q.erase(before[i]);
+    q.insert(before[i], 0, false, tagOf(held[before[i]]));
+  }
+  std::vector<BlockId> after;
+  q.oldest(0, kBlocks, after);
+  ASSERT_EQ(after.size(), kBlocks);
+  EXPECT_TRUE(std::equal(before.begin() + kBlocks / 2, before.end(), after.begin()))
+      << "the blocks not used since the switch go first, in the old order";
+  EXPECT_EQ(q.victim(0), before[kBlocks / 2]);
+  EXPECT_EQ(q.size(), kBlocks);
 }
 
 // Until a class is full (its first eviction) there is nothing to measure: 2Q leads, no shadow.
