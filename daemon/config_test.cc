@@ -48,8 +48,8 @@ TEST(DaemonConfig, AStopIsBoundedBy20SecondsAndTheDiskRateIsUnlimitedByDefault) 
   }
 }
 
-TEST(DaemonConfig, EvictionDefaultsToArcAndTakesEveryPolicy) {
-  EXPECT_EQ(parseDaemonArgs({}).value().eviction, EvictionKind::kArc);
+TEST(DaemonConfig, EvictionDefaultsToAdaptiveAndTakesEveryPolicy) {
+  EXPECT_EQ(parseDaemonArgs({}).value().eviction, EvictionKind::kAdaptive);
   EXPECT_EQ(parseDaemonArgs({"--eviction", "lru"}).value().eviction, EvictionKind::kLru);
   EXPECT_EQ(parseDaemonArgs({"--eviction=arc"}).value().eviction, EvictionKind::kArc);
   EXPECT_EQ(parseDaemonArgs({"--eviction", "2q"}).value().eviction, EvictionKind::kTwoQ);

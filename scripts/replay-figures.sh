@@ -83,7 +83,7 @@ KVTIER=$WORK/bin/kvtier
 start_daemon() {
   local name=$1 blocks=$2
   shift 2
-  # The figures of docs/replay.md are LRU's (EVICTION=arc: the default policy's; the cache
+  # The figures of docs/replay.md are LRU's (EVICTION=adaptive: the default policy's; the cache
   # policy's own figures: scripts/cache-policy-figures.sh).
   "$KVTIERD" --data-dir "$WORK/$name" --host-pool-bytes $((blocks * BLOCK_BYTES)) \
     --cold-tier off --gpus none --eviction "${EVICTION:-lru}" "$@" >"$WORK/$name.out" \

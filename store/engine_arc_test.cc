@@ -1,4 +1,4 @@
-// The default eviction policy through the engine (docs/cache-policy.md, "The policy"): prefix
+// ARC and the other policies through the engine (docs/cache-policy.md, §5 and §9): prefix
 // reuse protects a prefix from one-time content, a conversation's newest turn stays with the
 // prefix it extends, a prefix leaves tail first, and nothing held or pinned is ever evicted.
 #include <gtest/gtest.h>

@@ -118,7 +118,7 @@ TEST_F(EnginePolicy, ColdPromoteKeepsThePlannedPrefixInMemory) {
 // reported, in eviction order, once; one evicted before it reached the disk (the spill lagging,
 // the disk failing) has no record to report.
 TEST_F(EnginePolicy, EvictedBlocksWithADiskRecordAreReportedToTheColdTier) {
-  makeEngine(8);
+  makeEngine(8, 0, EvictionKind::kArc);  // ARC's order: A's blocks are the oldest used
   useColdTier();
   const auto a = request(4, 1000), b = request(4, 2000);
   cache("a", a);
@@ -319,7 +319,9 @@ TEST_F(EnginePolicy, AFullPutEvictsNothingWhenTheColdTierLagsBehind) {
 // needs, goes last, and no block stays in memory behind an evicted parent.
 
 TEST_F(EnginePolicy, ARemovedSequenceIsEvictedTailFirst) {
-  makeEngine(8);
+  // ARC's order: A is the older prefix (2Q, which the adaptive policy starts with, takes each
+  // prefix's dead end first; every policy's tail-first order: EngineAnyPolicy).
+  makeEngine(8, 0, EvictionKind::kArc);
   const auto a = request(4, 1000), b = request(4, 2000);
   cache("a", a);
   cache("b", b);

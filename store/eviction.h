@@ -3,8 +3,10 @@
 // A block is evictable when it is sealed and in the prefix index, no sequence holds it and no
 // lease pins it. The engine tells the policy when a block becomes evictable (insert), when it
 // stops being so (erase), and when it leaves memory (evicted, moved); the policy only orders them.
-// Pluggable: `kvtierd --eviction lru|arc|2q|s3fifo|sieve`; ARC is the default
-// (docs/cache-policy.md). SIEVE and S3-FIFO: store/eviction_fifo.h.
+// Pluggable: `kvtierd --eviction adaptive|lru|arc|2q|s3fifo|sieve`; the adaptive policy, which
+// follows whichever of the others would hit most on the workload it sees, is the default
+// (docs/cache-policy.md). SIEVE and S3-FIFO: store/eviction_fifo.h; the adaptive policy:
+// store/eviction_adaptive.h.
 //
 // Not thread-safe: the engine's owner (the daemon's event loop) calls it. Every call is O(1)
 // (oldest: O(max)); nothing allocates per call once the block ids have been seen.
@@ -68,13 +70,13 @@ class EvictionPolicy {
 // The policies `kvtierd --eviction` offers.
 enum class EvictionKind : uint8_t {
   kLru,       // least recently used first
-  kArc,       // adaptive replacement (recency and frequency), the default
+  kArc,       // adaptive replacement (recency and frequency)
   kTwoQ,      // new content on probation, first to go; content seen reused protected (2Q)
   kS3Fifo,    // a small FIFO for new content, a main one for content used again, ghosts (S3-FIFO)
   kSieve,     // one FIFO, a hand that spares blocks used since it last passed (SIEVE)
-  kAdaptive,  // follows whichever of the five would hit most, measured as it runs
+  kAdaptive,  // follows whichever of the five would hit most, measured as it runs: the default
 };
-inline constexpr EvictionKind kDefaultEviction = EvictionKind::kArc;
+inline constexpr EvictionKind kDefaultEviction = EvictionKind::kAdaptive;
 const char* evictionName(EvictionKind kind);
 // "lru", "arc", "2q", "s3fifo", "sieve" or "adaptive"; INVALID_ARGUMENT otherwise.
 Result<EvictionKind> parseEvictionKind(std::string_view name);

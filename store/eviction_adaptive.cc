@@ -25,7 +25,7 @@ AdaptiveEvictionPolicy::Class& AdaptiveEvictionPolicy::cls(uint32_t c) {
 }
 
 AdaptiveEvictionPolicy::Block& AdaptiveEvictionPolicy::block(BlockId id) {
-  if (id >= blocks_.size()) blocks_.resize(size_t{id} + 1);
+  if (id >= blocks_.size()) blocks_.resize(size_t{id} + 1, unplaced());
   return blocks_[id];
 }
 
@@ -109,7 +109,7 @@ void AdaptiveEvictionPolicy::evicted(BlockId id, uint64_t tag) {
   if (id >= blocks_.size() || !blocks_[id].known) return;
   Class& k = classes_[blocks_[id].sizeClass];
   --k.resident;
-  blocks_[id] = Block{};
+  blocks_[id] = unplaced();
   // The class is full (it evicts): the shadows start, sized for its capacity.
   if (k.rateShift == 0) startShadows(k);
 }
@@ -122,7 +122,7 @@ void AdaptiveEvictionPolicy::moved(BlockId from, BlockId to) {
   block(to).epoch = b.epoch;
   if (!b.known) return;
   --classes_[b.sizeClass].resident;
-  blocks_[from] = Block{};
+  blocks_[from] = unplaced();
   // `to`'s insert counts it where it lands; its content's tag comes along.
   Block& t = blocks_[to];
   t = Block{};

@@ -79,7 +79,10 @@ class AdaptiveEvictionPolicy final : public EvictionPolicy {
   void oldest(uint32_t sizeClass, size_t max, std::vector<BlockId>& out,
               std::span<const BlockId> skip = {}) const override;
   size_t size() const override;
-  void prefetch(BlockId id) const override { leader_->prefetch(id); }
+  void prefetch(BlockId id) const override {
+    if (id < blocks_.size()) __builtin_prefetch(&blocks_[id], 1);
+    leader_->prefetch(id);
+  }
 
   // The experts, in the order the shadows keep them.
   static constexpr std::array<EvictionKind, 5> kExperts = {
@@ -135,6 +138,12 @@ class AdaptiveEvictionPolicy final : public EvictionPolicy {
     std::unique_ptr<EvictionPolicy> policy;
   };
 
+  // A block in no order: the leader's epoch, so that its first insert asks no donor.
+  Block unplaced() const {
+    Block b;
+    b.epoch = epoch_;
+    return b;
+  }
   Class& cls(uint32_t c);
   Block& block(BlockId id);
   void startShadows(Class& k);
@@ -150,7 +159,7 @@ class AdaptiveEvictionPolicy final : public EvictionPolicy {
   Options options_;
   std::unique_ptr<EvictionPolicy> leader_;
   EvictionKind leaderKind_ = EvictionKind::kTwoQ;
-  std::vector<Block> blocks_;
+  std::vector<Block, HugePageAllocator<Block>> blocks_;  // by block id
   std::vector<Class> classes_;
   uint64_t switches_ = 0;
   uint16_t epoch_ = 0;         // the leader's

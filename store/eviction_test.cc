@@ -136,7 +136,7 @@ TEST(EvictionKindTest, NamesParseBack) {
     EXPECT_EQ(*parsed, k);
   }
   EXPECT_EQ(parseEvictionKind("lfu").code(), ErrorCode::kInvalidArgument);
-  EXPECT_EQ(kDefaultEviction, EvictionKind::kArc);
+  EXPECT_EQ(kDefaultEviction, EvictionKind::kAdaptive);
   EXPECT_NE(dynamic_cast<ArcEvictionPolicy*>(makeEvictionPolicy(EvictionKind::kArc).get()),
             nullptr);
   EXPECT_NE(dynamic_cast<LruEvictionPolicy*>(makeEvictionPolicy(EvictionKind::kLru).get()),

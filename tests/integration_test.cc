@@ -214,8 +214,8 @@ TEST(Integration, EvictionUnderPressureNeverTouchesPinnedBlocks) {
   EXPECT_EQ(space->lookup(p).value().matchedTokens(), 64u);
   pinned.release();
   // Unpinned, it is evictable like the rest: enough churn pushes it out. The churn is reused
-  // (each prompt put twice), as the prefix was: the default policy (ARC) keeps reused blocks
-  // ahead of blocks used once, which one-time churn would never push out.
+  // (each prompt put twice), as the prefix was: the default policy (2Q while it learns) keeps
+  // reused blocks ahead of blocks used once, which one-time churn would never push out.
   for (uint64_t i = 0; i < 4; ++i) {
     const auto t = synthetic::tokens(200 + i, 64);
     const auto kv = kvFor(t, 0, 64);
