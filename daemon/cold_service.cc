@@ -18,7 +18,7 @@ constexpr size_t kSpillBatchBlocks = 64;
 // Small blocks fill a batch up to this many bytes instead: every batch ends in a flush (the
 // spill skips the write-ahead log) and leaves a table file, and 64 blocks of 1 KiB made one file
 // per 64 KiB: flushes, fsyncs and compactions took more time than the replay itself
-// (docs/cache-policy.md, "The cold tier's speed").
+// (docs/cold-tier.md, "Speed").
 constexpr uint64_t kSpillBatchBytes = uint64_t{4} << 20;
 constexpr size_t kMaxSpillBatchBlocks = 65536;
 // A spill batch in flight is what a stop must wait for (it cannot be cut short): on a disk whose
@@ -181,7 +181,7 @@ kj::Promise<void> ColdService::promote(SpaceId space, std::vector<Key128> keys) 
 kj::Promise<void> ColdService::promoteBatch(SpaceId space, std::vector<Key128> keys, int waits) {
   // One read job on the worker for the whole batch: a lookup's cold blocks used to cost a thread
   // round trip each (a wake-up of the worker, then of the loop), and those, not the reads, were
-  // most of a cold lookup's time (docs/cache-policy.md, "The cold tier's speed").
+  // most of a cold lookup's time (docs/cold-tier.md, "Speed").
   kj::Vector<kj::Promise<void>> pending;
   std::vector<Key128> fresh;
   for (const Key128& key : keys) {

@@ -335,8 +335,7 @@ Status ColdTier::readVerified(const ColdKey& key, const Consume& consume) {
   // runs is an error (a miss) rather than bytes RocksDB's parser meets unchecked, which Debian's
   // build (its assertions on) answers with abort(). That includes the blob's CRC32C, computed in
   // software by Debian's portable build; every byte served is also checked against the record's
-  // header (its key, size and xxh3) below. The cost is measured (docs/performance.md, "Cold
-  // tier").
+  // header (its key, size and xxh3) below. The cost is measured (docs/cold-tier.md).
   rocksdb::ReadOptions options;
   options.verify_checksums = true;
   const rocksdb::Status s = db_->Get(options, blocks_, k, &value);

@@ -101,7 +101,7 @@ struct ColdStats {
   // Bytes of the tier's table and blob files on disk, obsolete ones not yet deleted included:
   // above `bytes` by records dropped but not yet compacted away, and by snapshots' own records and
   // manifests (not counted in `bytes`); write-ahead logs and RocksDB's small metadata files are
-  // not counted (docs/performance.md).
+  // not counted (docs/cold-tier.md).
   uint64_t diskBytes = 0;
   uint64_t written = 0;          // records written
   uint64_t reads = 0;            // records read back (hits)

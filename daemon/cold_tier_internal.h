@@ -62,7 +62,7 @@ constexpr size_t kSnapshotPrefixBytes = 1 + 8 + 16 + 8;
 // Obsolete files (old blob and table files) are deleted in the background, truncated this much at
 // a time (see openDb), at up to this rate. The manager would delete at once, unpaced, whenever
 // the trash passed a ratio of the files it tracks; the ratio is set out of reach, so that the rate
-// alone paces deletions (the trash, on disk beyond --disk-bytes meanwhile: docs/performance.md).
+// alone paces deletions (the trash, on disk beyond --disk-bytes meanwhile: docs/cold-tier.md).
 constexpr uint64_t kDeleteChunkBytes = 4 << 20;
 constexpr int64_t kDeleteBytesPerSecond = int64_t{1} << 30;
 constexpr double kMaxTrashRatio = 1e6;
@@ -145,10 +145,10 @@ constexpr uint64_t kMinBlobBytes = 4096;
 // (ColdTier::putBatch): each block is written once, to a synced blob file, rather than twice (log,
 // then blob file) — and the log's checksum, computed in software by Debian's portable RocksDB
 // build, cost the spill worker about as much CPU as everything else it does
-// (docs/performance.md). A batch of small blocks (below kMinBlobBytes, kept in the tables) goes
+// (docs/cold-tier.md). A batch of small blocks (below kMinBlobBytes, kept in the tables) goes
 // through the log instead: a flush per batch made a level-0 table per batch — hundreds of tables of
 // a few KiB under a replay of small blocks, writes stalled at 48 of them, and the puts waiting for
-// room with them (docs/cache-policy.md, "The cold tier's speed").
+// room with them (docs/cold-tier.md, "Speed").
 inline rocksdb::WriteOptions spillWriteOptions(bool logged) {
   rocksdb::WriteOptions options;
   options.disableWAL = !logged;
