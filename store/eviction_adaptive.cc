@@ -99,13 +99,17 @@ EvictionPolicy* AdaptiveEvictionPolicy::orderOf(BlockId id) const {
 
 void AdaptiveEvictionPolicy::erase(BlockId id) {
   if (id < blocks_.size() && blocks_[id].known) blocks_[id].held = true;
-  if (EvictionPolicy* p = orderOf(id)) p->erase(id);
-  if (!donors_.empty()) dropDrained();
+  if (EvictionPolicy* p = orderOf(id)) {
+    p->erase(id);
+    if (p != leader_.get()) dropDrained();
+  }
 }
 
 void AdaptiveEvictionPolicy::evicted(BlockId id, uint64_t tag) {
-  if (EvictionPolicy* p = orderOf(id)) p->evicted(id, tag);
-  if (!donors_.empty()) dropDrained();
+  if (EvictionPolicy* p = orderOf(id)) {
+    p->evicted(id, tag);
+    if (p != leader_.get()) dropDrained();
+  }
   if (id >= blocks_.size() || !blocks_[id].known) return;
   Class& k = classes_[blocks_[id].sizeClass];
   --k.resident;
@@ -118,16 +122,15 @@ void AdaptiveEvictionPolicy::moved(BlockId from, BlockId to) {
   if (EvictionPolicy* p = orderOf(from)) p->moved(from, to);
   if (from >= blocks_.size()) return;
   const Block b = blocks_[from];
-  // `to` takes `from`'s history in the policy that holds it.
-  block(to).epoch = b.epoch;
-  if (!b.known) return;
-  --classes_[b.sizeClass].resident;
-  blocks_[from] = unplaced();
-  // `to`'s insert counts it where it lands; its content's tag comes along.
-  Block& t = blocks_[to];
-  t = Block{};
-  t.tag = b.tag;
-  t.epoch = b.epoch;
+  Block& t = block(to);
+  if (b.known) {
+    --classes_[b.sizeClass].resident;
+    blocks_[from] = unplaced();
+    // `to`'s insert counts it where it lands; its content's tag comes along.
+    t = Block{};
+    t.tag = b.tag;
+  }
+  t.epoch = b.epoch;  // `to` takes `from`'s history in the policy that holds it
 }
 
 // ---------------------------------------------------------------------------------------------
