@@ -28,11 +28,13 @@ AdaptiveEvictionPolicy::Options eager() {
 // Random inserts (some after a commit's hint), uses, holds, evictions and moves across leader
 // switches: a victim is always evictable, never held; oldest() lists every evictable block not
 // skipped, victim() first; the size is the evictable count throughout.
-void runAcrossSwitches(const AdaptiveEvictionPolicy::Options& options, uint64_t seed) {
+void runAcrossSwitches(const AdaptiveEvictionPolicy::Options& options, uint64_t seed,
+                       uint32_t classes = 1) {
   AdaptiveEvictionPolicy q(options);
   std::set<EvictionKind> leaders;
   test::EvictionModel m;
   m.seed = seed;
+  m.classes = classes;
   m.steps = 40000;
   m.reuseOneIn = 3;
   m.checkSize = true;
@@ -53,6 +55,16 @@ TEST(AdaptiveEvictionTest, EverySwitchThatDrainsKeepsTheEvictableSet) {
   AdaptiveEvictionPolicy::Options o = eager();
   o.rebuildBlocks = 0;
   runAcrossSwitches(o, 4242);
+}
+
+// Both across three size classes (tiers), content moving between them, each class with its own
+// shadows: a victim is always of the class asked for, rebuilding or draining.
+TEST(AdaptiveEvictionTest, EveryClassEvictsOnlyItsOwnBlocksAcrossSwitches) {
+  runAcrossSwitches(eager(), 8086, 3);
+  if (HasFatalFailure()) return;
+  AdaptiveEvictionPolicy::Options o = eager();
+  o.rebuildBlocks = 0;
+  runAcrossSwitches(o, 6502, 3);
 }
 
 // After a switch that drains, the blocks not used since go before any block the new leader

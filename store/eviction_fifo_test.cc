@@ -155,10 +155,13 @@ TEST_P(FifoFamilyTest, AMovedBlockKeepsItsHistory) {
 // victim is always evictable, never held; oldest() (with blocks to skip) lists exactly what
 // successive evictions take.
 TEST_P(FifoFamilyTest, VictimsAreAlwaysEvictableAndOldestMatchesEvictions) {
+  // The last run across three size classes (tiers), content moving between them: a victim is
+  // always of the class asked for, and each class's oldest() is that class's evictions.
   for (uint64_t seed : {777u, 4242u, 99u}) {
     auto q = make();
     test::EvictionModel m;
     m.seed = seed;
+    m.classes = seed == 99u ? 3 : 1;
     m.hints = false;
     m.checkSize = true;
     m.copy = GetParam() == EvictionKind::kSieve ? test::copyOf<SieveEvictionPolicy>

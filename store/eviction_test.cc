@@ -325,5 +325,31 @@ TEST(ArcEvictionTest, VictimsAreAlwaysEvictableAndOldestMatchesEvictions) {
   test::runEvictionModel(arc, m);
 }
 
+// The same across three size classes (tiers), content moving between them: a victim is always of
+// the class asked for, and each class's oldest() is that class's evictions. LRU too.
+TEST(ArcEvictionTest, EveryClassEvictsOnlyItsOwnBlocks) {
+  ArcEvictionPolicy arc;
+  test::EvictionModel m;
+  m.seed = 5150;
+  m.classes = 3;
+  m.checkSize = true;
+  m.copy = test::copyOf<ArcEvictionPolicy>;
+  test::runEvictionModel(arc, m);
+}
+
+TEST(LruEvictionTest, EveryClassEvictsOnlyItsOwnBlocks) {
+  for (uint32_t classes : {1u, 3u}) {
+    LruEvictionPolicy lru;
+    test::EvictionModel m;
+    m.seed = 606 + classes;
+    m.classes = classes;
+    m.hints = false;
+    m.checkSize = true;
+    m.copy = test::copyOf<LruEvictionPolicy>;
+    test::runEvictionModel(lru, m);
+    if (HasFatalFailure()) return;
+  }
+}
+
 }  // namespace
 }  // namespace kvtier

@@ -210,6 +210,18 @@ TEST(TwoQEvictionTest, VictimsAreAlwaysEvictableAndOldestMatchesEvictions) {
   test::runEvictionModel(q, m);
 }
 
+// The same across three size classes (tiers), content moving between them: a victim is always of
+// the class asked for, and each class's oldest() is that class's evictions.
+TEST(TwoQEvictionTest, EveryClassEvictsOnlyItsOwnBlocks) {
+  TwoQEvictionPolicy q;
+  test::EvictionModel m;
+  m.seed = 778;
+  m.classes = 3;
+  m.checkSize = true;
+  m.copy = test::copyOf<TwoQEvictionPolicy>;
+  test::runEvictionModel(q, m);
+}
+
 TEST(TwoQEvictionTest, ParsesAndNamesItsKind) {
   auto k = parseEvictionKind("2q");
   ASSERT_TRUE(k.ok());
