@@ -14,6 +14,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -198,12 +199,17 @@ def test_a_client_calling_without_pause_reconnects_within_a_second_of_the_daemon
 # --- Installed package -------------------------------------------------------------------------
 
 
-def test_importable_from_an_installed_prefix(
-    daemon: Daemon, layout: kvtier.Layout, tmp_path: pathlib.Path
-) -> None:
+def test_importable_from_an_installed_prefix(daemon: Daemon, layout: kvtier.Layout) -> None:
     build = os.environ.get("KVTIER_BUILD_DIR")
     if not build:
         pytest.skip("KVTIER_BUILD_DIR is not set (run through ctest)")
+    # Its own temporary directory, removed however the test ends (pytest's tmp_path outlives the
+    # run: this pytest keeps the last three).
+    with tempfile.TemporaryDirectory(prefix="kvtier-py-install-") as tmp:
+        _install_and_import(daemon, build, pathlib.Path(tmp))
+
+
+def _install_and_import(daemon: Daemon, build: str, tmp_path: pathlib.Path) -> None:
     prefix = tmp_path / "prefix"
     subprocess.run(
         [os.environ.get("KVTIER_CMAKE", "cmake"), "--install", build, "--prefix", str(prefix),
