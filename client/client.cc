@@ -557,6 +557,9 @@ Result<Stats> Client::stats() {
           out.hits = s.getHits();
           out.misses = s.getMisses();
           out.evictions = s.getEvictions();
+          out.evictionPolicy = s.getEvictionPolicy().cStr();
+          out.evictionFollowing = s.getEvictionFollowing().cStr();
+          out.evictionSwitches = s.getEvictionSwitches();
           out.blocksCorrupt = s.getBlocksCorrupt();
           out.clients = s.getClients();
           out.sequences = s.getSequences();
@@ -657,6 +660,8 @@ std::string Stats::toJson() const {
     << ", \"corrupt\": " << blocksCorrupt << "}, \"bytes\": {\"total\": " << bytesTotal
     << ", \"used\": " << bytesUsed << ", \"put\": " << bytesPut << ", \"got\": " << bytesGot
     << "}, \"hits\": " << hits << ", \"misses\": " << misses << ", \"evictions\": " << evictions
+    << ", \"eviction\": {\"policy\": \"" << evictionPolicy << "\", \"following\": \""
+    << evictionFollowing << "\", \"switches\": " << evictionSwitches << "}"
     << ", \"clients\": " << clients << ", \"sequences\": " << sequences
     << ", \"leases\": {\"read\": " << readLeases << ", \"write\": " << writeLeases
     << "}, \"snapshots\": " << snapshots << ", \"entries\": " << entries

@@ -151,6 +151,9 @@ class SessionImpl final : public rpc::Session::Server {
     out.setHits(s.hits);
     out.setMisses(s.misses);
     out.setEvictions(s.evictions);
+    out.setEvictionPolicy(s.eviction);
+    out.setEvictionFollowing(s.evictionFollowing);
+    out.setEvictionSwitches(s.evictionSwitches);
     out.setBlocksCorrupt(s.corruptBlocks);
     out.setClients(server_.sessions());
     out.setSequences(s.sequences);

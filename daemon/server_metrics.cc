@@ -27,6 +27,14 @@ std::string Server::metricsText() {
   counter("kvtier_lookup_hit_blocks_total", "Blocks found by lookups.", s.hits);
   counter("kvtier_lookup_misses_total", "Lookups that stopped short.", s.misses);
   counter("kvtier_evictions_total", "Blocks evicted from memory.", s.evictions);
+  out +=
+      "# HELP kvtier_eviction_following The eviction policy (kvtierd --eviction) and the one that "
+      "orders the blocks now (the adaptive policy's current expert; the policy itself otherwise): "
+      "1.\n# TYPE kvtier_eviction_following gauge\n";
+  out += std::string("kvtier_eviction_following{policy=\"") + s.eviction + "\",following=\"" +
+         s.evictionFollowing + "\"} 1\n";
+  counter("kvtier_eviction_switches_total",
+          "Times the adaptive eviction policy changed the expert it follows.", s.evictionSwitches);
   counter("kvtier_blocks_corrupt_total",
           "Blocks a reader found differing from their writer's checksum: out of the index, freed.",
           s.corruptBlocks);

@@ -208,6 +208,10 @@ struct Stats {
   blocksCorrupt @64 :UInt64;        # blocks in memory a reader found differing from their writer's
                                     # checksum (checked again here): out of the index, freed
   coldQuarantined @65 :UInt64;      # damaged cold tiers moved aside (kvtierd went on with an empty one)
+  evictionPolicy @66 :Text;         # kvtierd --eviction: "adaptive" (the default), "lru", "arc", "2q", "s3fifo" or "sieve"
+  evictionFollowing @67 :Text;      # the policy that orders the blocks now: the adaptive policy's
+                                    # current expert ("2q" until it has measured), else the policy itself
+  evictionSwitches @68 :UInt64;     # times the adaptive policy changed the expert it follows
 }
 
 interface Daemon {

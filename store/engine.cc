@@ -711,6 +711,9 @@ EngineStats Engine::stats() const {
   s.hits = hits_;
   s.misses = misses_;
   s.evictions = evictions_;
+  s.eviction = evictionName(policy_->kind());
+  s.evictionFollowing = evictionName(policy_->following());
+  s.evictionSwitches = policy_->switches();
   s.corruptBlocks = corruptBlocks_;
   s.readLeases = readLeases_.size();
   s.snapshots = snapshots_.size();

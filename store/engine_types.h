@@ -205,6 +205,11 @@ struct EngineStats {
   uint64_t blocksTotal = 0, blocksUsed = 0, blocksPinned = 0, blocksCached = 0;
   uint64_t bytesTotal = 0, bytesUsed = 0;
   uint64_t hits = 0, misses = 0, evictions = 0;
+  // The eviction policy, the one that orders the blocks now (the adaptive policy's current
+  // expert; the policy itself otherwise) and how many times that changed: evictionName()s.
+  const char* eviction = "";
+  const char* evictionFollowing = "";
+  uint64_t evictionSwitches = 0;
   uint64_t corruptBlocks = 0;  // Engine::dropCorrupt
   uint64_t sequences = 0, readLeases = 0, writeLeases = 0;
   uint64_t snapshots = 0, entries = 0, checkpoints = 0;

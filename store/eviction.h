@@ -26,6 +26,20 @@
 
 namespace kvtier {
 
+// The policies `kvtierd --eviction` offers.
+enum class EvictionKind : uint8_t {
+  kLru,       // least recently used first
+  kArc,       // adaptive replacement (recency and frequency)
+  kTwoQ,      // new content on probation, first to go; content seen reused protected (2Q)
+  kS3Fifo,    // a small FIFO for new content, a main one for content used again, ghosts (S3-FIFO)
+  kSieve,     // one FIFO, a hand that spares blocks used since it last passed (SIEVE)
+  kAdaptive,  // follows whichever of the five would hit most, measured as it runs: the default
+};
+inline constexpr EvictionKind kDefaultEviction = EvictionKind::kAdaptive;
+const char* evictionName(EvictionKind kind);
+// "lru", "arc", "2q", "s3fifo", "sieve" or "adaptive"; INVALID_ARGUMENT otherwise.
+Result<EvictionKind> parseEvictionKind(std::string_view name);
+
 class EvictionPolicy {
  public:
   virtual ~EvictionPolicy() = default;
@@ -65,21 +79,13 @@ class EvictionPolicy {
   // Brings what insert/erase of `id` read into the cache: a caller about to hold or release a run
   // of blocks issues these a few blocks ahead, so that the misses of a large index overlap.
   virtual void prefetch(BlockId /*id*/) const {}
+  // For stats: the policy (`kvtierd --eviction`); the one that orders the blocks now (the
+  // adaptive policy's current expert; the policy itself otherwise); how many times that changed.
+  virtual EvictionKind kind() const = 0;
+  virtual EvictionKind following() const { return kind(); }
+  virtual uint64_t switches() const { return 0; }
 };
 
-// The policies `kvtierd --eviction` offers.
-enum class EvictionKind : uint8_t {
-  kLru,       // least recently used first
-  kArc,       // adaptive replacement (recency and frequency)
-  kTwoQ,      // new content on probation, first to go; content seen reused protected (2Q)
-  kS3Fifo,    // a small FIFO for new content, a main one for content used again, ghosts (S3-FIFO)
-  kSieve,     // one FIFO, a hand that spares blocks used since it last passed (SIEVE)
-  kAdaptive,  // follows whichever of the five would hit most, measured as it runs: the default
-};
-inline constexpr EvictionKind kDefaultEviction = EvictionKind::kAdaptive;
-const char* evictionName(EvictionKind kind);
-// "lru", "arc", "2q", "s3fifo", "sieve" or "adaptive"; INVALID_ARGUMENT otherwise.
-Result<EvictionKind> parseEvictionKind(std::string_view name);
 std::unique_ptr<EvictionPolicy> makeEvictionPolicy(EvictionKind kind);
 
 // Intrusive doubly linked lists over block ids, one node per id (8 bytes), O(1) link and unlink
@@ -114,6 +120,7 @@ class BlockLists {
 // Least recently used first.
 class LruEvictionPolicy final : public EvictionPolicy {
  public:
+  EvictionKind kind() const override { return EvictionKind::kLru; }
   void insert(BlockId id, uint32_t sizeClass, bool first = false, uint64_t tag = 0) override;
   void erase(BlockId id) override;
   void evicted(BlockId id, uint64_t /*tag*/) override { erase(id); }
@@ -198,6 +205,7 @@ class GhostLists {
 // (about 24 bytes each, GhostLists).
 class ArcEvictionPolicy final : public EvictionPolicy {
  public:
+  EvictionKind kind() const override { return EvictionKind::kArc; }
   void insert(BlockId id, uint32_t sizeClass, bool first = false, uint64_t tag = 0) override;
   void erase(BlockId id) override;
   void evicted(BlockId id, uint64_t tag) override;
@@ -331,6 +339,7 @@ class EvictionHistory {
 // EvictionHistory::kBitsPerEntry bits per block of c (10 bytes).
 class TwoQEvictionPolicy final : public EvictionPolicy {
  public:
+  EvictionKind kind() const override { return EvictionKind::kTwoQ; }
   void insert(BlockId id, uint32_t sizeClass, bool first = false, uint64_t tag = 0) override;
   void erase(BlockId id) override;
   void evicted(BlockId id, uint64_t tag) override;

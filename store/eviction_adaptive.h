@@ -88,10 +88,13 @@ class AdaptiveEvictionPolicy final : public EvictionPolicy {
   static constexpr std::array<EvictionKind, 5> kExperts = {
       EvictionKind::kLru, EvictionKind::kArc, EvictionKind::kTwoQ, EvictionKind::kS3Fifo,
       EvictionKind::kSieve};
-  // For tests and stats: the policy that orders the blocks now, how many times it changed, and
-  // the shadows' decayed hits (kExperts' order) summed over the classes.
+  EvictionKind kind() const override { return EvictionKind::kAdaptive; }
+  // The expert that orders the blocks now (the leader), and how many times it changed.
+  EvictionKind following() const override { return leaderKind_; }
+  uint64_t switches() const override { return switches_; }
+  // For tests and stats: the leader, and the shadows' decayed hits (kExperts' order) summed over
+  // the classes.
   EvictionKind leader() const { return leaderKind_; }
-  uint64_t switches() const { return switches_; }
   std::array<double, kExperts.size()> scores() const;
 
  private:

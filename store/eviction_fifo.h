@@ -100,6 +100,7 @@ class FifoFamilyPolicy : public EvictionPolicy {
 
 class SieveEvictionPolicy final : public FifoFamilyPolicy {
  public:
+  EvictionKind kind() const override { return EvictionKind::kSieve; }
   void insert(BlockId id, uint32_t sizeClass, bool first = false, uint64_t tag = 0) override;
   void evicted(BlockId id, uint64_t tag) override;
   BlockId victim(uint32_t sizeClass) const override;
@@ -114,6 +115,7 @@ class SieveEvictionPolicy final : public FifoFamilyPolicy {
 
 class S3FifoEvictionPolicy final : public FifoFamilyPolicy {
  public:
+  EvictionKind kind() const override { return EvictionKind::kS3Fifo; }
   void insert(BlockId id, uint32_t sizeClass, bool first = false, uint64_t tag = 0) override;
   void evicted(BlockId id, uint64_t tag) override;
   BlockId victim(uint32_t sizeClass) const override;

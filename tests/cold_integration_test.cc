@@ -365,7 +365,9 @@ TEST(ColdIntegration, MetricsEndpointServesPrometheusText) {
        {"# TYPE kvtier_blocks_total gauge", "kvtier_blocks_total 16",
         "# TYPE kvtier_spilled_blocks_total counter", "kvtier_cold_records ",
         "# TYPE kvtier_cold_disk_bytes gauge", "kvtier_cold_corrupt_dropped_total 0",
-        "kvtier_promoted_blocks_total "}) {
+        "kvtier_promoted_blocks_total ", "# TYPE kvtier_eviction_following gauge",
+        "\nkvtier_eviction_following{policy=\"adaptive\",following=\"",
+        "# TYPE kvtier_eviction_switches_total counter", "\nkvtier_eviction_switches_total "}) {
     EXPECT_NE(page.find(line), std::string::npos) << line << " missing from:\n" << page;
   }
   EXPECT_NE(httpGet(daemon.metricsAddr(), "/other").find("404"), std::string::npos);

@@ -227,6 +227,37 @@ TEST(Integration, EvictionUnderPressureNeverTouchesPinnedBlocks) {
   EXPECT_LT(space->lookup(p).value().matchedTokens(), 64u);
 }
 
+// Stats say which eviction policy the daemon runs and which policy orders its blocks now: the
+// adaptive default follows 2Q until it has measured the workload; a fixed policy, itself. The
+// `kvtier stats` JSON carries the same.
+TEST(Integration, StatsSayWhichEvictionPolicyOrdersTheBlocks) {
+  {
+    DaemonProcess daemon(16 * kBlockBytes);
+    const Stats s = daemon.connect()->stats().value();
+    EXPECT_EQ(s.evictionPolicy, "adaptive");
+    EXPECT_EQ(s.evictionFollowing, "2q");
+    EXPECT_EQ(s.evictionSwitches, 0u);
+    EXPECT_NE(
+        s.toJson().find(R"("eviction": {"policy": "adaptive", "following": "2q", "switches": 0})"),
+        std::string::npos)
+        << s.toJson();
+  }
+  DaemonProcess daemon(16 * kBlockBytes, "", {"--eviction", "sieve"});
+  auto client = daemon.connect();
+  auto space = client->open(testLayout()).value();
+  for (uint64_t i = 0; i < 8; ++i) {  // evicts: a fixed policy never changes
+    const auto t = synthetic::tokens(300 + i, 64);
+    const auto kv = kvFor(t, 0, 64);
+    ASSERT_TRUE(space->put("p", 0, t, kv.data(), kv.size()).ok());
+    ASSERT_TRUE(space->remove("p", 0).ok());
+  }
+  const Stats s = client->stats().value();
+  EXPECT_GT(s.evictions, 0u);
+  EXPECT_EQ(s.evictionPolicy, "sieve");
+  EXPECT_EQ(s.evictionFollowing, "sieve");
+  EXPECT_EQ(s.evictionSwitches, 0u);
+}
+
 TEST(Integration, StaleBlockReferenceIsRefusedNeverServed) {
   DaemonProcess daemon(8 * kBlockBytes);
   auto client = daemon.connect();

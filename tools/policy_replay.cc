@@ -10,7 +10,8 @@
 //                        [--eviction P[,P...]] [--limit N] [--no-opt]
 //
 // One line of JSON a (workload, capacity, policy): hit rate, the ideal LRU's and the optimum's,
-// the share of the LRU->optimum gap closed, evictions, and the engine's time per lookup and per
+// the share of the LRU->optimum gap closed, evictions, the policy that ordered the blocks at the
+// end and the adaptive policy's changes of expert, and the engine's time per lookup and per
 // request (the policy's share of the control path: lookups pin and unpin, puts evict and insert).
 #include <algorithm>
 #include <cmath>
@@ -133,12 +134,13 @@ int run(int argc, char** argv) {
           "{\"workload\":\"%s\",\"capacity\":%llu,\"eviction\":\"%s\",\"hit_rate\":%.5f,"
           "\"ideal_lru_hit_rate\":%.5f,\"opt_hit_rate\":%.5f,\"gap_closed\":%.4f,"
           "\"hit_blocks\":%llu,\"blocks\":%llu,\"evictions\":%llu,\"errors\":%llu,"
-          "\"lookup_ns\":%.0f,\"request_ns\":%.0f}\n",
+          "\"following\":\"%s\",\"switches\":%llu,\"lookup_ns\":%.0f,\"request_ns\":%.0f}\n",
           workload.c_str(), static_cast<unsigned long long>(capacity), evictionName(kind), rate,
           lruRate, optimum ? optRate : std::nan(""), optimum ? gap : std::nan(""),
           static_cast<unsigned long long>(o.hits), static_cast<unsigned long long>(o.blocks),
           static_cast<unsigned long long>(o.evictions), static_cast<unsigned long long>(o.errors),
-          o.lookupNs, o.requestNs);
+          o.following.c_str(), static_cast<unsigned long long>(o.switches), o.lookupNs,
+          o.requestNs);
       std::fflush(stdout);
     }
   }

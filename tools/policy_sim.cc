@@ -78,7 +78,10 @@ PolicyOutcome replayThroughEngine(std::span<const TraceRequest> trace, uint64_t 
     out.blocks += blocks;
     out.hits += hit;
   }
-  out.evictions = engine.stats().evictions;
+  const EngineStats stats = engine.stats();
+  out.evictions = stats.evictions;
+  out.following = stats.evictionFollowing;
+  out.switches = stats.evictionSwitches;
   out.lookupNs = trace.empty() ? 0 : lookupNs / double(trace.size());
   out.requestNs = trace.empty() ? 0 : requestNs / double(trace.size());
   return out;

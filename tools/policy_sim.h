@@ -20,6 +20,10 @@ namespace kvtier::replay {
 
 struct PolicyOutcome {
   uint64_t blocks = 0, hits = 0, evictions = 0, errors = 0;
+  // At the end: the policy that ordered the blocks (the adaptive policy's expert then), and how
+  // many times the adaptive policy changed expert.
+  std::string following;
+  uint64_t switches = 0;
   double lookupNs = 0, requestNs = 0;  // means per request: the engine's control path
   double hitRate() const { return blocks ? double(hits) / double(blocks) : 0; }
 };

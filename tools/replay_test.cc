@@ -634,10 +634,17 @@ TEST(ReplayPolicies, ATableOfEveryPolicyAtEachCapacity) {
 // (agents) it loses nothing that counts.
 TEST(ReplayPolicies, TheAdaptivePolicyFollowsTheBetterExpert) {
   const auto hot = replay::syntheticTrace(replay::SyntheticKind::kHotPrompts);
-  const double arc = replay::replayThroughEngine(hot, 1000, EvictionKind::kArc).hitRate();
+  const auto arcRun = replay::replayThroughEngine(hot, 1000, EvictionKind::kArc);
+  const double arc = arcRun.hitRate();
+  EXPECT_EQ(arcRun.following, "arc");  // a fixed policy follows itself
+  EXPECT_EQ(arcRun.switches, 0u);
   const double sieve = replay::replayThroughEngine(hot, 1000, EvictionKind::kSieve).hitRate();
   const auto adaptive = replay::replayThroughEngine(hot, 1000, EvictionKind::kAdaptive);
   EXPECT_EQ(adaptive.errors, 0u);
+  // The engine's stats say whom it followed: 2Q at first, then the FIFO family, which hits most.
+  EXPECT_GE(adaptive.switches, 1u);
+  EXPECT_TRUE(adaptive.following == "sieve" || adaptive.following == "s3fifo")
+      << adaptive.following;
   ASSERT_GT(sieve, arc + 0.05) << "the workload no longer separates the experts";
   EXPECT_GT(adaptive.hitRate(), arc + 0.6 * (sieve - arc))
       << "arc " << arc << ", sieve " << sieve << ", adaptive " << adaptive.hitRate();

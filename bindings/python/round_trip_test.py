@@ -361,3 +361,11 @@ def test_recurrent_state_checkpoints(
     space.rewind(seq, 16)
     assert space.length(seq) == 16
     space.drop_snapshot(snap.id)
+
+
+def test_stats_say_which_eviction_policy_orders_the_blocks(client: kvtier.Client) -> None:
+    eviction = client.stats()["eviction"]
+    assert eviction["policy"] == "adaptive"  # the daemon's default
+    # The expert the adaptive policy follows now: 2Q until it has measured the workload.
+    assert eviction["following"] in {"lru", "arc", "2q", "s3fifo", "sieve"}
+    assert eviction["switches"] >= 0

@@ -271,6 +271,11 @@ class _LaneStats(TypedDict):
     attached: int
     refused: int
 
+class _EvictionStats(TypedDict):
+    policy: str  # kvtierd --eviction: "adaptive" (the default), "lru", "arc", "2q", "s3fifo", "sieve"
+    following: str  # the policy that orders the blocks now: the adaptive policy's current expert
+    switches: int  # times the adaptive policy changed the expert it follows
+
 class _PoolStats(TypedDict):
     pages: str  # "hugetlb-2M" or "4k"
     reason: str  # why 4 KiB pages; empty on huge pages
@@ -288,6 +293,7 @@ class _Stats(TypedDict):
     hits: int
     misses: int
     evictions: int
+    eviction: _EvictionStats
     clients: int
     sequences: int
     leases: _LeaseStats

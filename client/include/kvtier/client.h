@@ -100,6 +100,11 @@ struct Stats {
   uint64_t blocksTotal = 0, blocksUsed = 0, blocksPinned = 0, blocksCached = 0;
   uint64_t bytesTotal = 0, bytesUsed = 0;
   uint64_t hits = 0, misses = 0, evictions = 0;
+  // The eviction policy (kvtierd --eviction: "adaptive" by default), the one that orders the
+  // blocks now (the adaptive policy's current expert: "lru", "arc", "2q", "s3fifo" or "sieve";
+  // the policy itself otherwise), and how many times the adaptive policy changed expert.
+  std::string evictionPolicy, evictionFollowing;
+  uint64_t evictionSwitches = 0;
   // Blocks a reader found differing from their writer's checksum (checked again by the daemon):
   // out of the index, freed.
   uint64_t blocksCorrupt = 0;
