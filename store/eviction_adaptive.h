@@ -92,9 +92,7 @@ class AdaptiveEvictionPolicy final : public EvictionPolicy {
   // The expert that orders the blocks now (the leader), and how many times it changed.
   EvictionKind following() const override { return leaderKind_; }
   uint64_t switches() const override { return switches_; }
-  // For tests and stats: the leader, and the shadows' decayed hits (kExperts' order) summed over
-  // the classes.
-  EvictionKind leader() const { return leaderKind_; }
+  // For tests and stats: the shadows' decayed hits (kExperts' order) summed over the classes.
   std::array<double, kExperts.size()> scores() const;
 
  private:

@@ -39,7 +39,7 @@ void runAcrossSwitches(const AdaptiveEvictionPolicy::Options& options, uint64_t 
   m.reuseOneIn = 3;
   m.checkSize = true;
   m.oldestEvery = 89;
-  m.afterStep = [&] { leaders.insert(q.leader()); };
+  m.afterStep = [&] { leaders.insert(q.following()); };
   test::runEvictionModel(q, m);
   EXPECT_GT(q.switches(), 10u);
   EXPECT_GE(leaders.size(), 3u) << "the run should have crossed several experts";
@@ -123,7 +123,7 @@ TEST(AdaptiveEvictionTest, TwoQLeadsUntilTheCacheIsFull) {
   AdaptiveEvictionPolicy q(eager());
   for (BlockId b = 0; b < 100; ++b) q.insert(b, 0, false, tagOf(b));
   for (BlockId b = 0; b < 100; ++b) q.insert(b, 0, false, tagOf(b));
-  EXPECT_EQ(q.leader(), EvictionKind::kTwoQ);
+  EXPECT_EQ(q.following(), EvictionKind::kTwoQ);
   EXPECT_EQ(q.switches(), 0u);
   for (double s : q.scores()) EXPECT_EQ(s, 0);
 }

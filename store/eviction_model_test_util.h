@@ -30,9 +30,9 @@ struct EvictionModel {
   // Set: oldest() is checked against successive victim()/evicted() of a copy made by it (the
   // skipped blocks erased first). Unset: oldest() lists the evictable blocks not skipped, in some
   // order, victim() first when nothing is skipped.
-  std::function<std::unique_ptr<EvictionPolicy>(const EvictionPolicy&)> copy;
+  std::function<std::unique_ptr<EvictionPolicy>(const EvictionPolicy&)> copy{};
   // Called after every step (e.g. to note which policy leads).
-  std::function<void()> afterStep;
+  std::function<void()> afterStep{};
 };
 
 // The tag of a content: block ids are where content lives now.
@@ -142,6 +142,14 @@ inline void runEvictionModel(EvictionPolicy& p, const EvictionModel& m) {
 template <typename Policy>
 std::unique_ptr<EvictionPolicy> copyOf(const EvictionPolicy& p) {
   return std::make_unique<Policy>(dynamic_cast<const Policy&>(p));
+}
+
+// `m` on a fresh `Policy`, oldest() checked against the evictions of a copy (copyOf).
+template <typename Policy>
+void runCopyableModel(EvictionModel m) {
+  Policy p;
+  m.copy = copyOf<Policy>;
+  runEvictionModel(p, m);
 }
 
 }  // namespace kvtier::test

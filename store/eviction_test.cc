@@ -318,35 +318,19 @@ TEST(ArcEvictionTest, NewBlocksThatContinueAReusedPrefixStartWithIt) {
 // in the order (never a held one), and oldest() lists exactly what successive evictions take,
 // also with blocks about to be pinned skipped.
 TEST(ArcEvictionTest, VictimsAreAlwaysEvictableAndOldestMatchesEvictions) {
-  ArcEvictionPolicy arc;
-  test::EvictionModel m;
-  m.seed = 12345;
-  m.copy = test::copyOf<ArcEvictionPolicy>;
-  test::runEvictionModel(arc, m);
+  test::runCopyableModel<ArcEvictionPolicy>({.seed = 12345});
 }
 
 // The same across three size classes (tiers), content moving between them: a victim is always of
 // the class asked for, and each class's oldest() is that class's evictions. LRU too.
 TEST(ArcEvictionTest, EveryClassEvictsOnlyItsOwnBlocks) {
-  ArcEvictionPolicy arc;
-  test::EvictionModel m;
-  m.seed = 5150;
-  m.classes = 3;
-  m.checkSize = true;
-  m.copy = test::copyOf<ArcEvictionPolicy>;
-  test::runEvictionModel(arc, m);
+  test::runCopyableModel<ArcEvictionPolicy>({.seed = 5150, .checkSize = true, .classes = 3});
 }
 
 TEST(LruEvictionTest, EveryClassEvictsOnlyItsOwnBlocks) {
   for (uint32_t classes : {1u, 3u}) {
-    LruEvictionPolicy lru;
-    test::EvictionModel m;
-    m.seed = 606 + classes;
-    m.classes = classes;
-    m.hints = false;
-    m.checkSize = true;
-    m.copy = test::copyOf<LruEvictionPolicy>;
-    test::runEvictionModel(lru, m);
+    test::runCopyableModel<LruEvictionPolicy>(
+        {.seed = 606 + classes, .hints = false, .checkSize = true, .classes = classes});
     if (HasFatalFailure()) return;
   }
 }

@@ -203,23 +203,13 @@ TEST(TwoQEvictionTest, AMovedBlockKeepsItsList) {
 // is always a block in the order (never a held one), and oldest() lists exactly what successive
 // evictions take, also with blocks about to be pinned skipped.
 TEST(TwoQEvictionTest, VictimsAreAlwaysEvictableAndOldestMatchesEvictions) {
-  TwoQEvictionPolicy q;
-  test::EvictionModel m;
-  m.seed = 777;
-  m.copy = test::copyOf<TwoQEvictionPolicy>;
-  test::runEvictionModel(q, m);
+  test::runCopyableModel<TwoQEvictionPolicy>({.seed = 777});
 }
 
 // The same across three size classes (tiers), content moving between them: a victim is always of
 // the class asked for, and each class's oldest() is that class's evictions.
 TEST(TwoQEvictionTest, EveryClassEvictsOnlyItsOwnBlocks) {
-  TwoQEvictionPolicy q;
-  test::EvictionModel m;
-  m.seed = 778;
-  m.classes = 3;
-  m.checkSize = true;
-  m.copy = test::copyOf<TwoQEvictionPolicy>;
-  test::runEvictionModel(q, m);
+  test::runCopyableModel<TwoQEvictionPolicy>({.seed = 778, .checkSize = true, .classes = 3});
 }
 
 TEST(TwoQEvictionTest, ParsesAndNamesItsKind) {
