@@ -404,10 +404,10 @@ kj::Promise<void> Server::attachLane(kj::Own<kj::AsyncIoStream> stream,
   // The rest of the Attach: version and token.
   auto attach = kj::heap<lane::Attach>();
   auto* rest = reinterpret_cast<kj::byte*>(attach.get()) + sizeof(uint32_t);
-  const size_t restBytes = sizeof(lane::Attach) - sizeof(uint32_t);
+  constexpr size_t restBytes = sizeof(lane::Attach) - sizeof(uint32_t);
   auto read = stream->tryRead(rest, restBytes, restBytes);
-  return read.then([this, stream = kj::mv(stream), attach = kj::mv(attach), peer,
-                    restBytes](size_t n) mutable -> kj::Promise<void> {
+  return read.then([this, stream = kj::mv(stream), attach = kj::mv(attach),
+                    peer](size_t n) mutable -> kj::Promise<void> {
     Lane::Token token;
     std::memcpy(token.data(), attach->token, token.size());
     auto found = lanes_.find(token);
