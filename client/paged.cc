@@ -25,7 +25,6 @@ Status Space::pagedCopy(Connection& on, bool scatter, const std::vector<BlockRef
                    " need ", (to - 1) / cache.blockTokens + 1);
   }
   if (from == to) return {};
-  auto* client = client_.impl_.get();
   std::vector<uint8_t*> tensors;
   for (uint32_t l = 0; l < layout_.numLayers; ++l) {
     tensors.push_back(static_cast<uint8_t*>(cache.keys[l]));
@@ -64,6 +63,7 @@ Status Space::pagedCopy(Connection& on, bool scatter, const std::vector<BlockRef
   (void)stream;
   return makeError(ErrorCode::kNotSupported, "this kvtier client was built without CUDA");
 #else
+  auto* client = client_.impl_.get();
   std::lock_guard<std::mutex> lock(client->gpuMutex);
   for (const auto& ref : refs) {
     auto p = client->devicePointer(on, ref);

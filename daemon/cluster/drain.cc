@@ -85,7 +85,7 @@ kj::Promise<DrainProgress> ClusterService::Impl::drainStep(uint32_t maxSnapshots
             if (r.getSnapshot() == 0) kj::throwFatalException(KJ_EXCEPTION(FAILED, "not taken"));
             return dropLocalSnapshot(space, id).then([progress] { ++progress->snapshotsMoved; });
           })
-          .catch_([this, progress, id](kj::Exception&& e) {
+          .catch_([progress, id](kj::Exception&& e) {
             ++progress->failures;
             logWarn("drain_snapshot_failed",
                     "snapshot=" + std::to_string(id) + " " +

@@ -203,7 +203,7 @@ kj::Promise<void> ClusterService::Impl::ensureTransport(std::shared_ptr<Link> li
               std::shared_ptr<UcxEndpoint> ep =
                   orThrow(ucx_->connect(hostOf(link->address), response.getUcxPort()));
               auto ready = ep->connected(timer_.now() + options_.peerTimeout);
-              return ready.then([this, link, ep, epoch, response = kj::mv(response)]() mutable {
+              return ready.then([link, ep, epoch, response = kj::mv(response)]() mutable {
                 if (link->transportEpoch != epoch) {
                   throwRpcError(makeError(ErrorCode::kUnavailable, "the link to ", link->nodeId,
                                           " changed while its transport was set up"));
