@@ -25,10 +25,10 @@
 namespace kvtier::bench {
 namespace {
 
+#ifdef KVTIER_HAVE_CUDA
 // 256 blocks of the local suite's 256 KiB: a 64 MiB prefix (4096 tokens).
 constexpr uint64_t kGpuPrefixBlocks = 256;
 
-#ifdef KVTIER_HAVE_CUDA
 // The engine's paged cache on GPU 0 for the suite's layout: 16-token blocks, a shuffled table.
 struct GpuPagedCache {
   PagedKvCache view;
