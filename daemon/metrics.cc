@@ -2,8 +2,7 @@
 
 namespace kvtier {
 
-void appendMetric(std::string& out, const char* name, const char* type, const char* help,
-                  uint64_t value) {
+void appendMetricHeader(std::string& out, const char* name, const char* type, const char* help) {
   out += "# HELP ";
   out += name;
   out += ' ';
@@ -13,6 +12,11 @@ void appendMetric(std::string& out, const char* name, const char* type, const ch
   out += ' ';
   out += type;
   out += '\n';
+}
+
+void appendMetric(std::string& out, const char* name, const char* type, const char* help,
+                  uint64_t value) {
+  appendMetricHeader(out, name, type, help);
   out += name;
   out += ' ';
   out += std::to_string(value);

@@ -23,6 +23,8 @@ class MetricsService final : public kj::HttpService {
   std::function<std::string()> render_;
 };
 
+// Appends a metric's HELP and TYPE lines to `out`: the caller adds its labelled samples.
+void appendMetricHeader(std::string& out, const char* name, const char* type, const char* help);
 // Appends one metric (HELP, TYPE and value lines) to `out`.
 void appendMetric(std::string& out, const char* name, const char* type, const char* help,
                   uint64_t value);

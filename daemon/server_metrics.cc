@@ -27,10 +27,9 @@ std::string Server::metricsText() {
   counter("kvtier_lookup_hit_blocks_total", "Blocks found by lookups.", s.hits);
   counter("kvtier_lookup_misses_total", "Lookups that stopped short.", s.misses);
   counter("kvtier_evictions_total", "Blocks evicted from memory.", s.evictions);
-  out +=
-      "# HELP kvtier_eviction_following The eviction policy (kvtierd --eviction) and the one that "
-      "orders the blocks now (the adaptive policy's current expert; the policy itself otherwise): "
-      "1.\n# TYPE kvtier_eviction_following gauge\n";
+  appendMetricHeader(out, "kvtier_eviction_following", "gauge",
+                     "The eviction policy (kvtierd --eviction) and the one that orders the blocks "
+                     "now (the adaptive policy's current expert; the policy itself otherwise): 1.");
   out += std::string("kvtier_eviction_following{policy=\"") + s.eviction + "\",following=\"" +
          s.evictionFollowing + "\"} 1\n";
   counter("kvtier_eviction_switches_total",
@@ -61,8 +60,8 @@ std::string Server::metricsText() {
   gauge("kvtier_tenant_quota_bytes", "The most host-pool bytes one tenant may take (0: none).",
         s.tenantQuotaBytes);
   if (!s.tenants.empty()) {
-    out += "# HELP kvtier_tenant_bytes_used Host-pool bytes of a tenant's blocks.\n";
-    out += "# TYPE kvtier_tenant_bytes_used gauge\n";
+    appendMetricHeader(out, "kvtier_tenant_bytes_used", "gauge",
+                       "Host-pool bytes of a tenant's blocks.");
     for (const auto& t : s.tenants) {
       std::string name;
       for (const auto& [salt, n] : tenantNames_) {
@@ -143,8 +142,7 @@ std::string Server::metricsText() {
                                                       {"transfer", r.fetchTransfer},
                                                       {"checksum", r.fetchChecksum},
                                                       {"full", r.fetchFull}};
-    out += "# HELP kvtier_fetch_errors_total Remote fetch errors by kind.\n";
-    out += "# TYPE kvtier_fetch_errors_total counter\n";
+    appendMetricHeader(out, "kvtier_fetch_errors_total", "counter", "Remote fetch errors by kind.");
     for (const auto& [kind, v] : kinds) {
       out += std::string("kvtier_fetch_errors_total{kind=\"") + kind + "\"} " + std::to_string(v) +
              "\n";
